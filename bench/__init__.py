@@ -1,0 +1,1 @@
+"""Benchmarks for bulkinfer (not part of the test suite)."""

