@@ -31,9 +31,8 @@ $(STAMP): pyproject.toml Makefile
 demo: install
 	mkdir -p demo_out
 	$(VENV)/bin/bulkinfer run sample_data/sharegpt.jsonl -o demo_out/sharegpt.out.jsonl --overwrite \
-	  --max-tokens 128 --temperature 0.7
-	$(PY) -c "import orjson; rows = [orjson.loads(l) for l in open('demo_out/sharegpt.out.jsonl', 'rb')][:3]; \
-	  [print('--', r['id'], '|', r['completion'][:300].replace(chr(10), ' ')) for r in rows]"
+	  --config configs/demo.toml
+	$(PY) -m bench.show sample_data/sharegpt.jsonl demo_out/sharegpt.out.jsonl 3
 
 test: install
 	$(PY) -m pytest -q tests

@@ -44,8 +44,19 @@ def run_one(rows: int, workdir: Path) -> dict[str, object]:
     src = workdir / f"scale_{rows}.jsonl"
     write_rows(src, rows)
     out = workdir / f"scale_{rows}.out.jsonl"
-    cmd = [sys.executable, "-m", "bulkinfer", "run", str(src), "-o", str(out), "--overwrite",
-           "--max-tokens", "1", "--plain-progress"]
+    cmd = [
+        sys.executable,
+        "-m",
+        "bulkinfer",
+        "run",
+        str(src),
+        "-o",
+        str(out),
+        "--overwrite",
+        "--max-tokens",
+        "1",
+        "--plain-progress",
+    ]
     started = time.monotonic()
     proc = subprocess.run(cmd, capture_output=True, text=True)
     wall = time.monotonic() - started
@@ -73,7 +84,11 @@ def main() -> None:
             result = run_one(rows, Path(tmp))
             print(orjson.dumps(result).decode(), flush=True)
             results.append(result)
-    machine = {"cpu": platform.processor() or platform.machine(), "cores": os.cpu_count(), "python": sys.version.split()[0]}
+    machine = {
+        "cpu": platform.processor() or platform.machine(),
+        "cores": os.cpu_count(),
+        "python": sys.version.split()[0],
+    }
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_bytes(orjson.dumps({"machine": machine, "results": results}, option=orjson.OPT_INDENT_2))
 

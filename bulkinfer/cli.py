@@ -15,8 +15,9 @@ import typer
 from bulkinfer.errors import BulkinferError
 
 EXIT_CODES_HELP = """Exit codes: 0 all rows completed; 2 usage or config error; 3 finished but some rows
-failed (see OUT.errors.jsonl); 4 input unreadable; 5 model or engine failure; 6 output exists
-(use --overwrite); 128+N stopped by signal N."""
+failed (see OUT.errors.jsonl); 4 input unreadable; 5 model or engine failure; 6 output (or an
+interrupted run's partial output) exists: use --resume or --overwrite; 7 another run holds this
+output's lock; 128+N stopped by signal N (finished rows kept: continue with --resume)."""
 
 app = typer.Typer(
     name="bulkinfer",
@@ -59,7 +60,17 @@ def run(
             help="Local Hugging Face model directory or hub id (default: the embedded smollm2-135m-instruct)."
         ),
     ] = None,
-    overwrite: Annotated[bool, typer.Option(help="Replace an existing output atomically.")] = False,
+    apply_chat_template: Annotated[
+        bool | None,
+        typer.Option(
+            "--apply-chat-template/--raw-prompts",
+            help="Send each `prompt` as a user message through the model's chat template (instruct models).",
+        ),
+    ] = None,
+    overwrite: Annotated[bool, typer.Option(help="Replace an existing (or partial) output atomically.")] = False,
+    resume: Annotated[
+        bool, typer.Option(help="Continue an interrupted run: finished rows are kept, the rest run.")
+    ] = False,
     max_tokens: Annotated[int | None, typer.Option(rich_help_panel=SAMPLING)] = None,
     temperature: Annotated[float | None, typer.Option(rich_help_panel=SAMPLING)] = None,
     top_p: Annotated[float | None, typer.Option(rich_help_panel=SAMPLING)] = None,
@@ -97,6 +108,7 @@ def run(
     """Generate a completion for every row of INPUT; write OUT, OUT.errors.jsonl and OUT.report.json."""
     overrides: dict[str, Any] = {
         "model": model,
+        "apply_chat_template": apply_chat_template,
         "sampling.max_tokens": max_tokens,
         "sampling.temperature": temperature,
         "sampling.top_p": top_p,
@@ -128,12 +140,14 @@ def run(
 
     try:
         settings = load_settings(config, overrides)
-        result = run_job(
-            RunPaths.build(input_path, output), settings, overwrite=overwrite, progress_plain=plain_progress
-        )
+        paths = RunPaths.build(input_path, output)
+        result = run_job(paths, settings, overwrite=overwrite, resume=resume, progress_plain=plain_progress)
     except BulkinferError as exc:
         _fail(exc)
-    print_summary(result.report, Console())
+    if result.report.get("already_complete"):
+        typer.echo(f"bulkinfer: {paths.output} is already complete; nothing to do")
+    else:
+        print_summary(result.report, Console())
     raise typer.Exit(code=result.exit_code)
 
 

@@ -98,6 +98,9 @@ class Settings:
     engine: EngineSettings = field(default_factory=EngineSettings)
     plan: PlanSettings = field(default_factory=PlanSettings)
     passthrough: bool = True
+    # Send each ``prompt`` as a one-message user chat through the model's chat
+    # template (what instruct models expect); ``messages`` rows always are.
+    apply_chat_template: bool = False
 
     def to_dict(self) -> dict[str, Any]:
         """A JSON-ready copy (tuples become lists)."""
@@ -109,7 +112,7 @@ _SECTIONS: dict[str, type] = {
     "engine": EngineSettings,
     "plan": PlanSettings,
 }
-_TOP_LEVEL = {"model", "passthrough"}
+_TOP_LEVEL = {"model", "passthrough", "apply_chat_template"}
 
 
 def _check_keys(where: str, cls: type, values: Mapping[str, Any]) -> None:
@@ -194,6 +197,8 @@ def validate(settings: Settings) -> None:
     """
     s, e, p = settings.sampling, settings.engine, settings.plan
     checks: list[tuple[bool, str]] = [
+        (isinstance(settings.passthrough, bool), "passthrough must be true or false"),
+        (isinstance(settings.apply_chat_template, bool), "apply_chat_template must be true or false"),
         (_int_ge_1(s.max_tokens), "sampling.max_tokens must be an integer >= 1"),
         (_number(s.temperature) and 0 <= s.temperature <= 2, "sampling.temperature must be in [0, 2]"),
         (_number(s.top_p) and 0 < s.top_p <= 1, "sampling.top_p must be in (0, 1]"),

@@ -11,7 +11,9 @@ Exit codes (also in the README and ``bulkinfer run --help``):
 3     the run finished but some rows failed (see ``*.errors.jsonl``)
 4     the input file cannot be read (missing, not JSONL/Parquet, bad schema)
 5     the model cannot be prepared or loaded, or the engine failed
-6     the output already exists (use ``--overwrite``)
+6     the output already exists (use ``--overwrite``), or an interrupted
+      run's partial output does (use ``--resume`` or ``--overwrite``)
+7     another run holds the lock on this output
 128+N the run was stopped by signal N
 ====  ==========================================================
 """
@@ -24,6 +26,7 @@ EXIT_PARTIAL = 3
 EXIT_INPUT = 4
 EXIT_ENGINE = 5
 EXIT_OUTPUT_EXISTS = 6
+EXIT_LOCKED = 7
 
 
 class BulkinferError(Exception):
@@ -60,3 +63,18 @@ class OutputExistsError(BulkinferError):
     """The final output already exists and no ``--overwrite`` was given."""
 
     exit_code = EXIT_OUTPUT_EXISTS
+
+
+class LockHeldError(BulkinferError):
+    """Another bulkinfer run is writing the same output."""
+
+    exit_code = EXIT_LOCKED
+
+
+class Interrupted(BulkinferError):
+    """The run was stopped by a signal; finished rows were flushed to disk."""
+
+    def __init__(self, signum: int, message: str):
+        super().__init__(message)
+        self.signum = signum
+        self.exit_code = 128 + signum

@@ -74,7 +74,8 @@ class Progress:
         line = f"{stamp} bulkinfer: {self.done}{of} rows ({self.failed} failed)"
         line += f", {self.tokens_per_s():.1f} completion tok/s"
         elapsed = time.monotonic() - self._start
-        if self.total and self.done:
+        # rows finish in bursts under continuous batching: no ETA from the first few
+        if self.total and self.done >= max(1, self.total // 20):
             remaining = max(self.total - self.done, 0) * elapsed / self.done
             line += f", eta {dt.timedelta(seconds=round(remaining))}"
         print(line, file=self.stream, flush=True)

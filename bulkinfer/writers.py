@@ -112,13 +112,16 @@ def error_record(error: RowError) -> dict[str, Any]:
 
 
 class JsonlAppender:
-    """Appends records to ``path`` (created empty), flushing to the OS after
-    each group and fsync-ing at most every :data:`FSYNC_INTERVAL_S` seconds."""
+    """Appends records to ``path``, flushing to the OS after each group and
+    fsync-ing at most every :data:`FSYNC_INTERVAL_S` seconds.
 
-    def __init__(self, path: Path):
+    ``count`` starts at ``already`` (records an earlier attempt left in the
+    file when ``append`` is True; otherwise the file starts empty)."""
+
+    def __init__(self, path: Path, append: bool = False, already: int = 0):
         self.path = path
-        self.count = 0
-        self._file: IO[bytes] = open(path, "wb")
+        self.count = already if append else 0
+        self._file: IO[bytes] = open(path, "ab" if append else "wb")
         self._last_sync = time.monotonic()
 
     def write(self, record: dict[str, Any]) -> None:

@@ -113,7 +113,12 @@ def test_passthrough_fields_kept(mixed: dict[str, Any]) -> None:
 def test_report_agrees_with_output(mixed: dict[str, Any]) -> None:
     report = orjson.loads((mixed["out"].parent / "out.report.json").read_bytes())
     outputs = read_jsonl(mixed["out"])
-    assert report["request_counts"] == {"total": len(mixed["rows"]), "completed": len(outputs), "failed": 3}
+    assert report["request_counts"] == {
+        "total": len(mixed["rows"]),
+        "completed": len(outputs),
+        "failed": 3,
+        "skipped": 0,
+    }
     assert report["rows"] == len(mixed["rows"])
     assert report["tokens"]["prompt"] == sum(o["prompt_tokens"] for o in outputs)
     assert report["tokens"]["completion"] == sum(o["completion_tokens"] for o in outputs)

@@ -1,0 +1,62 @@
+"""A fake engine for testing the orchestration of failures (rejected requests,
+crashes, signals, kills at chosen moments). It never stands in as proof that
+inference works: tests/test_e2e.py runs the real vLLM engine for that."""
+
+from __future__ import annotations
+
+import os
+import signal
+import time
+from collections import deque
+from typing import Any
+
+from bulkinfer.engine import Completion
+from bulkinfer.errors import EngineError
+from bulkinfer.rows import Request
+
+
+class FakeEngine:
+    max_model_len = 2048
+    max_num_seqs = 4
+    settings: dict[str, Any] = {"fake": True}
+
+    def __init__(
+        self,
+        reject: set[str] = frozenset(),
+        crash_at: int | None = None,
+        signal_at: int | None = None,
+        step_delay: float = 0.0,
+    ):
+        self.step_delay = step_delay
+        self.queue: deque[tuple[str, Request]] = deque()
+        self.reject, self.crash_at, self.signal_at = reject, crash_at, signal_at
+        self.steps = 0
+        self.max_queued = 0
+        self.closed = False
+
+    def add(self, request_id: str, request: Request) -> Completion | None:
+        assert request.prompt_token_ids
+        if request.id in self.reject:
+            return Completion(request_id, "", "error", len(request.prompt_token_ids), 0, "ValueError: rejected")
+        self.queue.append((request_id, request))
+        self.max_queued = max(self.max_queued, len(self.queue))
+        return None
+
+    def step(self) -> list[Completion]:
+        self.steps += 1
+        time.sleep(self.step_delay)
+        if self.steps == self.signal_at:
+            os.kill(os.getpid(), signal.SIGTERM)
+        if self.steps == self.crash_at:
+            raise EngineError("the vLLM engine failed: RuntimeError: boom")
+        done = []
+        for _ in range(min(2, len(self.queue))):
+            rid, req = self.queue.popleft()
+            done.append(Completion(rid, f"echo {req.id}", "stop", len(req.prompt_token_ids or ()), 1))
+        return done
+
+    def has_unfinished(self) -> bool:
+        return bool(self.queue)
+
+    def close(self) -> None:
+        self.closed = True

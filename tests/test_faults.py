@@ -1,0 +1,121 @@
+"""Crash safety: kill a run at chosen moments, resume it, and check that every
+input row ends in exactly one output or error record.
+
+The runs use a slow fake engine (tests/fault_driver.py) so that the kill lands
+where intended; tests/test_e2e.py does the same with the real engine once.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import orjson
+import pytest
+
+HERE = Path(__file__).resolve().parent
+N_ROWS = 40
+
+
+def make_input(tmp_path: Path) -> Path:
+    src = tmp_path / "in.jsonl"
+    rows = [orjson.dumps({"id": f"r{i}", "prompt": "word " * (i % 7 + 1)}) for i in range(N_ROWS)]
+    rows.insert(5, b"{broken json")  # line 6: one error record
+    src.write_bytes(b"\n".join(rows) + b"\n")
+    return src
+
+
+def driver(src: Path, out: Path, *args: str, env: dict[str, str] | None = None) -> subprocess.Popen[bytes]:
+    return subprocess.Popen(
+        [sys.executable, str(HERE / "fault_driver.py"), str(src), str(out), *args],
+        env={**os.environ, **(env or {})},
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+    )
+
+
+def spool_lines(out: Path) -> int:
+    spool = out.with_name(f".{out.name}.partial.jsonl")
+    return spool.read_bytes().count(b"\n") if spool.exists() else 0
+
+
+def wait_for(predicate, timeout: float = 60.0) -> None:  # type: ignore[no-untyped-def]
+    deadline = time.monotonic() + timeout
+    while not predicate():
+        assert time.monotonic() < deadline, "timed out"
+        time.sleep(0.05)
+
+
+def assert_every_row_once(out: Path) -> None:
+    ids = [orjson.loads(line)["id"] for line in out.read_bytes().splitlines()]
+    errors = [orjson.loads(line) for line in out.with_name("out.errors.jsonl").read_bytes().splitlines()]
+    assert sorted(ids) == sorted(f"r{i}" for i in range(N_ROWS)), "output ids differ from the input's"
+    assert len(ids) == len(set(ids))
+    assert [(e["line"], e["error"]["type"]) for e in errors] == [(6, "invalid_json")]
+
+
+def resume(src: Path, out: Path, expected_code: int = 3) -> None:
+    """Resume; 3 = finished with the one bad row; 0 = was already complete."""
+    proc = driver(src, out, "--resume", "--step-delay", "0")
+    _, stderr = proc.communicate(timeout=120)
+    assert proc.returncode == expected_code, stderr.decode()
+
+
+def test_sigkill_during_generation_then_resume(tmp_path: Path) -> None:
+    src, out = make_input(tmp_path), tmp_path / "out.jsonl"
+    proc = driver(src, out)
+    wait_for(lambda: spool_lines(out) >= 8)
+    proc.kill()
+    proc.wait()
+    assert not out.exists()
+    assert 8 <= spool_lines(out) < N_ROWS
+    resume(src, out)
+    assert_every_row_once(out)
+
+
+@pytest.mark.parametrize("point", ["before_publish", "between_publish", "after_publish"])
+def test_sigkill_during_the_final_rename_then_resume(tmp_path: Path, point: str) -> None:
+    src, out = make_input(tmp_path), tmp_path / "out.jsonl"
+    proc = driver(src, out, "--step-delay", "0", env={"BULKINFER_FAILPOINT": point})
+    proc.communicate(timeout=120)
+    assert proc.returncode == -signal.SIGKILL
+    assert out.exists() == (point == "after_publish")
+    resume(src, out, expected_code=0 if point == "after_publish" else 3)
+    assert_every_row_once(out)
+
+
+def test_sigterm_exits_143_then_resume(tmp_path: Path) -> None:
+    src, out = make_input(tmp_path), tmp_path / "out.jsonl"
+    proc = driver(src, out)
+    wait_for(lambda: spool_lines(out) >= 4)
+    proc.send_signal(signal.SIGTERM)
+    _, stderr = proc.communicate(timeout=60)
+    assert proc.returncode == 143, stderr.decode()
+    assert b"stopped by SIGTERM" in stderr
+    resume(src, out)
+    assert_every_row_once(out)
+
+
+def test_second_run_is_refused_at_once_and_lock_freed_by_sigkill(tmp_path: Path) -> None:
+    src, out = make_input(tmp_path), tmp_path / "out.jsonl"
+    first = driver(src, out, "--step-delay", "0.2")
+    wait_for(lambda: spool_lines(out) >= 1)
+    started = time.monotonic()
+    second = subprocess.run(
+        [sys.executable, "-m", "bulkinfer", "run", str(src), "-o", str(out), "--resume"],
+        capture_output=True,
+        text=True,
+        timeout=30,
+    )
+    refused_after = time.monotonic() - started
+    assert second.returncode == 7, second.stderr
+    assert "another bulkinfer run" in second.stderr
+    assert refused_after < 5  # no model or engine load before the lock (measured well under a second)
+    first.kill()
+    first.wait()
+    resume(src, out)  # the kernel freed the lock of the killed holder
+    assert_every_row_once(out)

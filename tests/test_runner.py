@@ -1,0 +1,194 @@
+"""Orchestration of failures in the run loop, with a fake engine.
+
+The fake engine stands in only to provoke failures at chosen moments (a
+rejected request, an engine crash, a signal mid-run); that inference works is
+proven by tests/test_e2e.py with the real engine.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+from pathlib import Path
+from typing import Any
+
+import orjson
+import pytest
+from fakes import FakeEngine
+
+from bulkinfer.config import Settings, load_settings
+from bulkinfer.errors import (
+    EXIT_OK,
+    EXIT_PARTIAL,
+    ConfigError,
+    EngineError,
+    Interrupted,
+    LockHeldError,
+    OutputExistsError,
+)
+from bulkinfer.journal import OutputFiles
+from bulkinfer.runner import RunPaths, run
+
+
+def make_input(tmp_path: Path, n: int = 20) -> Path:
+    src = tmp_path / "in.jsonl"
+    src.write_bytes(b"".join(orjson.dumps({"id": f"r{i}", "prompt": "word " * (i + 1)}) + b"\n" for i in range(n)))
+    return src
+
+
+def settings(**plan: Any) -> Settings:
+    return load_settings(None, {f"plan.{k}": v for k, v in plan.items()})
+
+
+def test_all_rows_complete_and_in_flight_is_bounded(tmp_path: Path) -> None:
+    engine = FakeEngine()
+    paths = RunPaths.build(make_input(tmp_path), tmp_path / "out.jsonl")
+    result = run(paths, settings(max_in_flight=3, window_rows=7), engine_factory=lambda m, s: engine)
+    assert result.exit_code == EXIT_OK
+    ids = [orjson.loads(line)["id"] for line in paths.output.read_bytes().splitlines()]
+    assert sorted(ids) == sorted(f"r{i}" for i in range(20))
+    assert engine.max_queued <= 3
+    assert engine.closed
+    assert result.report["request_counts"] == {"total": 20, "completed": 20, "failed": 0, "skipped": 0}
+
+
+def test_longest_prompts_are_fed_first_within_a_window(tmp_path: Path) -> None:
+    engine = FakeEngine()
+    paths = RunPaths.build(make_input(tmp_path, 6), tmp_path / "out.jsonl")
+    run(paths, settings(max_in_flight=100), engine_factory=lambda m, s: engine)
+    ids = [orjson.loads(line)["id"] for line in paths.output.read_bytes().splitlines()]
+    assert ids == ["r5", "r4", "r3", "r2", "r1", "r0"]
+
+
+def test_rejected_request_is_that_rows_error(tmp_path: Path) -> None:
+    engine = FakeEngine(reject={"r3"})
+    paths = RunPaths.build(make_input(tmp_path), tmp_path / "out.jsonl")
+    result = run(paths, settings(), engine_factory=lambda m, s: engine)
+    assert result.exit_code == EXIT_PARTIAL
+    errors = [orjson.loads(line) for line in paths.errors.read_bytes().splitlines()]
+    assert errors == [{"id": "r3", "line": 4, "error": {"type": "engine_error", "message": "ValueError: rejected"}}]
+    assert result.report["request_counts"] == {"total": 20, "completed": 19, "failed": 1, "skipped": 0}
+
+
+def test_engine_crash_ends_the_run_and_keeps_no_final_output(tmp_path: Path) -> None:
+    engine = FakeEngine(crash_at=3)
+    paths = RunPaths.build(make_input(tmp_path), tmp_path / "out.jsonl")
+    with pytest.raises(EngineError, match="boom"):
+        run(paths, settings(max_in_flight=2), engine_factory=lambda m, s: engine)
+    assert not paths.output.exists()
+    assert engine.closed
+
+
+def test_sigterm_stops_feeding_flushes_and_exits_143(tmp_path: Path) -> None:
+    engine = FakeEngine(signal_at=3)
+    paths = RunPaths.build(make_input(tmp_path), tmp_path / "out.jsonl")
+    handler_before = signal.getsignal(signal.SIGTERM)
+    with pytest.raises(Interrupted) as info:
+        run(paths, settings(max_in_flight=2), engine_factory=lambda m, s: engine)
+    assert info.value.exit_code == 143
+    assert not paths.output.exists()
+    spool = tmp_path / ".out.jsonl.partial.jsonl"
+    kept = [orjson.loads(line)["id"] for line in spool.read_bytes().splitlines()]
+    assert len(kept) == 6  # three steps of two finished rows; nothing fed after the signal
+    assert engine.steps == 3
+    assert signal.getsignal(signal.SIGTERM) == handler_before  # handlers restored
+
+
+def interrupted_run(tmp_path: Path, n: int = 20, signal_at: int = 3) -> RunPaths:
+    paths = RunPaths.build(make_input(tmp_path, n), tmp_path / "out.jsonl")
+    with pytest.raises(Interrupted):
+        run(paths, settings(max_in_flight=2), engine_factory=lambda m, s: FakeEngine(signal_at=signal_at))
+    return paths
+
+
+def output_ids(paths: RunPaths) -> list[str]:
+    return [orjson.loads(line)["id"] for line in paths.output.read_bytes().splitlines()]
+
+
+def test_resume_after_sigterm_gives_every_row_once(tmp_path: Path) -> None:
+    paths = interrupted_run(tmp_path)
+    engine = FakeEngine()
+    result = run(paths, settings(max_in_flight=2), resume=True, engine_factory=lambda m, s: engine)
+    assert result.exit_code == EXIT_OK
+    ids = output_ids(paths)
+    assert sorted(ids) == sorted(f"r{i}" for i in range(20))
+    assert len(engine.queue) == 0 and engine.steps == 7  # only the 14 rows not done before ran
+    assert result.report["resumed"] == {"completed": 6, "failed": 0}
+    assert result.report["request_counts"]["completed"] == 20
+    assert sorted(p.name for p in tmp_path.glob(".out*")) == [".out.jsonl.lock"]  # no spool, journal left
+
+
+def test_resume_cuts_a_torn_last_line(tmp_path: Path) -> None:
+    paths = interrupted_run(tmp_path)
+    spool = tmp_path / ".out.jsonl.partial.jsonl"
+    with open(spool, "ab") as f:
+        f.write(b'{"id": "r19", "completion": "tor')  # kill -9 in the middle of a write
+    run(paths, settings(), resume=True, engine_factory=lambda m, s: FakeEngine())
+    ids = output_ids(paths)
+    assert sorted(ids) == sorted(f"r{i}" for i in range(20))
+
+
+def test_resume_after_crash_between_the_final_renames(tmp_path: Path) -> None:
+    src = make_input(tmp_path, 10)
+    with open(src, "ab") as f:
+        f.write(b"not json\n")
+    paths = RunPaths.build(src, tmp_path / "out.jsonl")
+    with pytest.raises(Interrupted):
+        run(paths, settings(max_in_flight=2), engine_factory=lambda m, s: FakeEngine(signal_at=2))
+    # the errors file was published, then the process died before the output's rename
+    os.replace(tmp_path / ".out.errors.jsonl.partial.jsonl", paths.errors)
+    result = run(paths, settings(), resume=True, engine_factory=lambda m, s: FakeEngine())
+    assert result.exit_code == EXIT_PARTIAL
+    assert sorted(output_ids(paths)) == sorted(f"r{i}" for i in range(10))
+    errors = [orjson.loads(line) for line in paths.errors.read_bytes().splitlines()]
+    assert [e["line"] for e in errors] == [11]
+
+
+def test_partial_output_without_flags_is_refused(tmp_path: Path) -> None:
+    paths = interrupted_run(tmp_path)
+    with pytest.raises(OutputExistsError, match="--resume"):
+        run(paths, settings(), engine_factory=lambda m, s: FakeEngine())
+
+
+def test_resume_with_changed_input_or_settings_is_refused(tmp_path: Path) -> None:
+    paths = interrupted_run(tmp_path)
+    with pytest.raises(ConfigError, match="settings differ"):
+        run(
+            paths,
+            load_settings(None, {"sampling.max_tokens": 7}),
+            resume=True,
+            engine_factory=lambda m, s: FakeEngine(),
+        )
+    with open(paths.input, "ab") as f:
+        f.write(b'{"id": "extra", "prompt": "x"}\n')
+    with pytest.raises(ConfigError, match="started from input"):
+        run(paths, settings(), resume=True, engine_factory=lambda m, s: FakeEngine())
+
+
+def test_resume_on_complete_output_does_nothing(tmp_path: Path) -> None:
+    paths = RunPaths.build(make_input(tmp_path), tmp_path / "out.jsonl")
+    run(paths, settings(), engine_factory=lambda m, s: FakeEngine())
+    before = paths.output.read_bytes()
+    engine = FakeEngine()
+    result = run(paths, settings(), resume=True, engine_factory=lambda m, s: engine)
+    assert result.exit_code == EXIT_OK and result.report["already_complete"]
+    assert engine.steps == 0
+    assert paths.output.read_bytes() == before
+
+
+def test_overwrite_replaces_a_complete_output(tmp_path: Path) -> None:
+    paths = RunPaths.build(make_input(tmp_path, 5), tmp_path / "out.jsonl")
+    paths.output.write_text("old\n")
+    with pytest.raises(OutputExistsError):
+        run(paths, settings(), engine_factory=lambda m, s: FakeEngine())
+    assert paths.output.read_text() == "old\n"
+    run(paths, settings(), overwrite=True, engine_factory=lambda m, s: FakeEngine())
+    assert sorted(output_ids(paths)) == [f"r{i}" for i in range(5)]
+
+
+def test_a_held_lock_refuses_a_second_run(tmp_path: Path) -> None:
+    paths = RunPaths.build(make_input(tmp_path, 5), tmp_path / "out.jsonl")
+    with OutputFiles(paths.output, paths.errors).locked():
+        with pytest.raises(LockHeldError, match="another bulkinfer run"):
+            run(paths, settings(), engine_factory=lambda m, s: FakeEngine())
+    run(paths, settings(), engine_factory=lambda m, s: FakeEngine())  # free again
