@@ -150,10 +150,18 @@ class VllmEngine:
         self._final_only = RequestOutputKind.FINAL_ONLY
         device = detect_device()
         args = resolve_engine_args(str(model), settings, device, mem_available=available_memory_bytes())
+        import psutil  # a dependency of vLLM
+
+        from bulkinfer.watchdog import Watchdog
+
+        self._watchdog = Watchdog()
         try:
             self._engine = LLMEngine.from_engine_args(EngineArgs(**args), usage_context=UsageContext.LLM_CLASS)
         except Exception as exc:
+            self._watchdog.close()
             raise EngineError(f"the vLLM engine failed to start: {type(exc).__name__}: {exc}") from exc
+        watchdog_pid = self._watchdog.pid
+        self._watchdog.watch(p.pid for p in psutil.Process().children(recursive=True) if p.pid != watchdog_pid)
         vllm_config = self._engine.vllm_config
         self.max_model_len: int = vllm_config.model_config.max_model_len
         self.max_num_seqs: int = vllm_config.scheduler_config.max_num_seqs
@@ -230,3 +238,4 @@ class VllmEngine:
         core = getattr(self._engine, "engine_core", None)
         if core is not None and hasattr(core, "shutdown"):
             core.shutdown()
+        self._watchdog.close()

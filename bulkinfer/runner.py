@@ -256,7 +256,10 @@ class Generation:
         resumed = bool(done.completed or done.failed)
         self.spool = writers.JsonlAppender(files.spool, append=resumed, already=done.completed)
         self.errors = writers.JsonlAppender(files.errors_spool, append=resumed, already=done.failed)
-        self.progress = Progress(count_rows(paths.input), force_plain=progress_plain)
+        total = count_rows(paths.input)
+        if total is not None:  # rows left for this attempt (blank lines included: an estimate)
+            total = max(total - done.completed - done.failed, 0)
+        self.progress = Progress(total, force_plain=progress_plain)
         self.pending: deque[Request] = deque()
         self.in_flight: dict[str, Request] = {}
         self.seconds = {"plan": 0.0, "generate": 0.0, "write": 0.0}

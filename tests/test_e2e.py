@@ -9,6 +9,7 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
+import time
 from pathlib import Path
 from typing import Any
 
@@ -188,3 +189,40 @@ def test_existing_output_is_refused(mixed: dict[str, Any]) -> None:
     assert proc.returncode == 6
     assert "already exists" in proc.stderr
     assert mixed["out"].read_bytes() == before
+
+
+def test_kill_9_mid_run_then_resume_with_the_real_engine(tmp_path: Path) -> None:
+    import psutil
+
+    src, out = tmp_path / "in.jsonl", tmp_path / "out.jsonl"
+    write_jsonl(src, read_jsonl(SAMPLE / "sharegpt.jsonl")[:40])
+    flags = ["--max-tokens", "32", "--temperature", "0", "--plain-progress"]
+    first = subprocess.Popen(
+        [sys.executable, "-m", "bulkinfer", "run", str(src), "-o", str(out), *flags],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+        cwd=ROOT,
+    )
+    spool = tmp_path / ".out.jsonl.partial.jsonl"
+    deadline = time.monotonic() + 600
+    while not (spool.exists() and spool.read_bytes().count(b"\n") >= 5):
+        assert first.poll() is None and time.monotonic() < deadline, "the run ended before it could be killed"
+        time.sleep(0.2)
+
+    second = bulkinfer("run", str(src), "-o", str(out), "--resume", *flags)
+    assert second.returncode == 7 and "another bulkinfer run" in second.stderr
+
+    engine = [p for p in psutil.Process(first.pid).children(recursive=True) if "VLLM" in " ".join(p.cmdline())]
+    assert engine, "no engine processes found"
+    first.kill()
+    first.wait()
+    gone, alive = psutil.wait_procs(engine, timeout=30)
+    assert not alive, f"engine processes outlived bulkinfer: {alive}"
+
+    resumed = bulkinfer("run", str(src), "-o", str(out), "--resume", *flags)
+    assert resumed.returncode == 0, resumed.stderr[-3000:]
+    ids = [r["id"] for r in read_jsonl(out)]
+    assert sorted(ids) == sorted(r["id"] for r in read_jsonl(src))
+    report = orjson.loads((tmp_path / "out.report.json").read_bytes())
+    assert report["resumed"]["completed"] >= 5
+    assert report["request_counts"]["completed"] == 40
