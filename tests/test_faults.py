@@ -114,7 +114,7 @@ def test_second_run_is_refused_at_once_and_lock_freed_by_sigkill(tmp_path: Path)
     refused_after = time.monotonic() - started
     assert second.returncode == 7, second.stderr
     assert "another bulkinfer run" in second.stderr
-    assert refused_after < 5  # no model or engine load before the lock (measured well under a second)
+    assert refused_after < 1.0  # the lock is taken before any model or engine loads (measured: 0.2 s)
     first.kill()
     first.wait()
     resume(src, out)  # the kernel freed the lock of the killed holder
