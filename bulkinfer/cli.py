@@ -151,6 +151,70 @@ def run(
     raise typer.Exit(code=result.exit_code)
 
 
+@app.command(name="eval", epilog=EXIT_CODES_HELP + " 8 a metric is below its --fail-under bar.")
+def eval_command(
+    golden: Annotated[Path, typer.Argument(help="Golden rows: prompt or messages, id, reference (.jsonl/.parquet).")],
+    output: Annotated[
+        Path | None, typer.Option("--output", "-o", help="Scored predictions (default: GOLDEN_STEM.out.jsonl).")
+    ] = None,
+    predictions: Annotated[
+        Path | None, typer.Option(help="Score this existing output instead of generating (rows matched by id).")
+    ] = None,
+    perplexity: Annotated[bool, typer.Option(help="Also the perplexity of each reference given its prompt.")] = False,
+    bootstrap: Annotated[int, typer.Option(help="Paired bootstrap resamples for 95% intervals (0: none).")] = 0,
+    fail_under: Annotated[
+        str | None, typer.Option(help="Exit 8 when a metric is below its bar, e.g. bleu=20,rougeL=30.")
+    ] = None,
+    compare: Annotated[Path | None, typer.Option(help="A previous OUT.eval.json: print each metric's change.")] = None,
+    config: Annotated[Path | None, typer.Option(help="TOML settings file (see configs/default.toml).")] = None,
+    model: Annotated[str | None, typer.Option(help="Local model directory or hub id.")] = None,
+    apply_chat_template: Annotated[
+        bool | None, typer.Option("--apply-chat-template/--raw-prompts", help="Send prompts through the chat template.")
+    ] = None,
+    max_tokens: Annotated[int | None, typer.Option()] = None,
+    temperature: Annotated[float | None, typer.Option()] = None,
+    overwrite: Annotated[bool, typer.Option(help="Replace an existing output.")] = False,
+    resume: Annotated[bool, typer.Option(help="Continue an interrupted generation.")] = False,
+    plain_progress: Annotated[bool, typer.Option(help="Plain progress lines even on a terminal.")] = False,
+) -> None:
+    """Run GOLDEN through the model (or take --predictions) and score it: BLEU, chrF, ROUGE, exact match, perplexity."""
+    from rich.console import Console
+
+    from bulkinfer.config import load_settings
+    from bulkinfer.eval_job import load_eval, print_eval, run_eval
+    from bulkinfer.evaluate import parse_fail_under
+    from bulkinfer.writers import default_output
+
+    overrides: dict[str, Any] = {
+        "model": model,
+        "apply_chat_template": apply_chat_template,
+        "sampling.max_tokens": max_tokens,
+        "sampling.temperature": temperature,
+    }
+    try:
+        bars = parse_fail_under(fail_under) if fail_under else None
+        previous = load_eval(compare) if compare else None
+        settings = load_settings(config, overrides)
+        result = run_eval(
+            golden,
+            output or default_output(golden),
+            settings,
+            predictions=predictions,
+            perplexity=perplexity,
+            bootstrap=bootstrap,
+            fail_under=bars,
+            overwrite=overwrite,
+            resume=resume,
+            progress_plain=plain_progress,
+        )
+    except BulkinferError as exc:
+        _fail(exc)
+    print_eval(result.report, previous, Console())
+    for line in result.below_bar:
+        typer.echo(f"bulkinfer: below the bar: {line}", err=True)
+    raise typer.Exit(code=result.exit_code)
+
+
 @app.command()
 def models() -> None:
     """List the models prepared under $BULKINFER_HOME (default ~/.cache/bulkinfer)."""

@@ -37,6 +37,10 @@ class Completion:
     prompt_tokens: int
     completion_tokens: int
     error: str | None = None
+    # Scoring requests only: negative log-likelihood (nats) of the tokens from
+    # ``score_from`` on, and how many tokens that is.
+    nll: float | None = None
+    scored_tokens: int = 0
 
 
 class Engine(Protocol):
@@ -174,6 +178,7 @@ class VllmEngine:
             "device": device,
             "vllm_version": vllm.__version__,
         }
+        self._score_from: dict[str, int] = {}
         self._tokens_input: Callable[[list[int]], Any]
         try:
             from vllm.inputs import tokens_input
@@ -186,15 +191,22 @@ class VllmEngine:
         """Queue one tokenized request. Returns a failed :class:`Completion`
         when vLLM rejects this request (the run goes on), else None."""
         assert request.prompt_token_ids is not None
-        params = self._sampling_params(
-            max_tokens=request.max_tokens,
-            temperature=request.temperature,
-            top_p=request.top_p,
-            seed=request.seed,
-            stop=list(request.stop) or None,
-            ignore_eos=request.ignore_eos,
-            output_kind=self._final_only,
-        )
+        if request.score_from is not None:
+            # prompt_logprobs=0: the log-probability of each actual prompt token.
+            params = self._sampling_params(
+                max_tokens=1, temperature=0.0, prompt_logprobs=0, output_kind=self._final_only
+            )
+            self._score_from[request_id] = request.score_from
+        else:
+            params = self._sampling_params(
+                max_tokens=request.max_tokens,
+                temperature=request.temperature,
+                top_p=request.top_p,
+                seed=request.seed,
+                stop=list(request.stop) or None,
+                ignore_eos=request.ignore_eos,
+                output_kind=self._final_only,
+            )
         try:
             self._engine.add_request(request_id, self._tokens_input(request.prompt_token_ids), params)
         except (ValueError, TypeError) as exc:
@@ -216,6 +228,10 @@ class VllmEngine:
             if not out.finished or not isinstance(out.outputs, list):
                 continue
             choice = out.outputs[0]
+            score_from = self._score_from.pop(out.request_id, None)
+            if score_from is not None:
+                done.append(self._scored(out, score_from))
+                continue
             done.append(
                 Completion(
                     request_id=out.request_id,
@@ -226,6 +242,14 @@ class VllmEngine:
                 )
             )
         return done
+
+    @staticmethod
+    def _scored(out: Any, score_from: int) -> Completion:
+        ids = list(out.prompt_token_ids or ())
+        logprobs = out.prompt_logprobs or []
+        nll = -sum(logprobs[i][ids[i]].logprob for i in range(max(score_from, 1), len(ids)))
+        scored = len(ids) - max(score_from, 1)
+        return Completion(out.request_id, "", "scored", len(ids), 0, nll=nll, scored_tokens=scored)
 
     def has_unfinished(self) -> bool:
         return bool(self._engine.has_unfinished_requests())

@@ -14,6 +14,7 @@ Exit codes (also in the README and ``bulkinfer run --help``):
 6     the output already exists (use ``--overwrite``), or an interrupted
       run's partial output does (use ``--resume`` or ``--overwrite``)
 7     another run holds the lock on this output
+8     ``bulkinfer eval``: a metric fell below its ``--fail-under`` bar
 128+N the run was stopped by signal N
 ====  ==========================================================
 """
@@ -27,6 +28,7 @@ EXIT_INPUT = 4
 EXIT_ENGINE = 5
 EXIT_OUTPUT_EXISTS = 6
 EXIT_LOCKED = 7
+EXIT_BELOW_BAR = 8
 
 
 class BulkinferError(Exception):

@@ -35,6 +35,7 @@ from pathlib import Path
 from typing import Any
 
 from bulkinfer.errors import ModelError
+from bulkinfer.writers import fsync_path
 
 log = logging.getLogger(__name__)
 
@@ -319,7 +320,7 @@ def _write_marker(model_dir: Path, *, name: str, source: Path) -> None:
     for path in model_dir.rglob("*"):
         if path.is_file():
             size += path.stat().st_size
-            _fsync(path)
+            fsync_path(path)
     marker = {
         "name": name,
         "format_version": CONVERSION_FORMAT,
@@ -363,7 +364,7 @@ def _move_into_place(tmp: Path, final: Path) -> None:
         old = final.with_name(f"{_OLD_PREFIX}{final.name}-{os.getpid()}")
         os.replace(final, old)
     os.replace(tmp, final)
-    _fsync(final.parent)
+    fsync_path(final.parent)
     if old is not None:
         shutil.rmtree(old, ignore_errors=True)
 
@@ -413,11 +414,3 @@ def _sha256(path: Path) -> str:
         while chunk := f.read(1 << 20):
             digest.update(chunk)
     return digest.hexdigest()
-
-
-def _fsync(path: Path) -> None:
-    fd = os.open(path, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)

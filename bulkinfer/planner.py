@@ -148,6 +148,16 @@ class Planner:
             return request.prompt
         return str(self.tokenizer.apply_chat_template(request.messages, tokenize=False, add_generation_prompt=True))
 
+    def encode(self, request: Request) -> list[int]:
+        """Token ids of one request's rendered prompt (special tokens as in
+        :meth:`plan_window`).
+
+        Raises:
+            Exception: whatever the chat template raises for this row.
+        """
+        ids = self.tokenizer(self.render(request), add_special_tokens=request.messages is None)["input_ids"]
+        return list(ids)
+
     def plan_window(self, requests: Sequence[Request]) -> tuple[list[Request], list[RowError]]:
         """Tokenize ``requests`` (arrival order) and return them in feed order.
 

@@ -50,6 +50,9 @@ class Request:
     passthrough: dict[str, Any] = field(default_factory=dict)
     openai_url: str | None = None
     prompt_token_ids: list[int] | None = None
+    # Set for a scoring request (perplexity): the position in prompt_token_ids
+    # where the scored continuation starts; the engine then generates nothing.
+    score_from: int | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -127,9 +130,8 @@ def _parse_messages(value: Any, row_id: str | None, openai: bool) -> list[dict[s
     return messages
 
 
-def _sampling(
-    source: dict[str, Any], defaults: SamplingDefaults, row_id: str | None, openai: bool
-) -> tuple[int, float, float, int | None, tuple[str, ...]]:
+def _sampling(source: dict[str, Any], defaults: SamplingDefaults, row_id: str | None, openai: bool) -> dict[str, Any]:
+    """The request's sampling fields (Request keyword arguments), defaults filled in."""
     max_tokens_field = "max_tokens"
     max_tokens = source.get("max_tokens")
     if max_tokens is None and openai and source.get("max_completion_tokens") is not None:
@@ -162,7 +164,14 @@ def _sampling(
         stop_t = tuple(stop)
     else:
         raise _field_error("stop", "a string or a list of strings", stop, row_id, openai)
-    return max_tokens, float(temperature), float(top_p), seed, stop_t
+    return {
+        "max_tokens": max_tokens,
+        "temperature": float(temperature),
+        "top_p": float(top_p),
+        "seed": seed,
+        "stop": stop_t,
+        "ignore_eos": defaults.ignore_eos,
+    }
 
 
 def parse_row(data: Any, seq: int, line: int, defaults: SamplingDefaults) -> Request:
@@ -200,21 +209,15 @@ def parse_row(data: Any, seq: int, line: int, defaults: SamplingDefaults) -> Req
         messages = _parse_messages(messages, row_id, False)
     elif not isinstance(prompt, str) or not prompt:
         raise _field_error("prompt", "a non-empty string", prompt, row_id, False)
-    max_tokens, temperature, top_p, seed, stop = _sampling(data, defaults, row_id, False)
     passthrough = {k: v for k, v in data.items() if k not in CONSUMED_FIELDS}
     return Request(
-        seq,
-        line,
-        row_id,
-        prompt,
-        messages,
-        max_tokens,
-        temperature,
-        top_p,
-        seed,
-        stop,
-        ignore_eos=defaults.ignore_eos,
+        seq=seq,
+        line=line,
+        id=row_id,
+        prompt=prompt,
+        messages=messages,
         passthrough=passthrough,
+        **_sampling(data, defaults, row_id, False),
     )
 
 
@@ -242,19 +245,13 @@ def _parse_openai(data: dict[str, Any], seq: int, line: int, defaults: SamplingD
         prompt = body.get("prompt")
         if not isinstance(prompt, str) or not prompt:
             raise _field_error("body.prompt", "a non-empty string", prompt, custom_id, True)
-    max_tokens, temperature, top_p, seed, stop = _sampling(body, defaults, custom_id, True)
     return Request(
-        seq,
-        line,
-        custom_id,
-        prompt,
-        messages,
-        max_tokens,
-        temperature,
-        top_p,
-        seed,
-        stop,
-        ignore_eos=defaults.ignore_eos,
+        seq=seq,
+        line=line,
+        id=custom_id,
+        prompt=prompt,
+        messages=messages,
         openai_url=url,
+        **_sampling(body, defaults, custom_id, True),
         passthrough={"model": body["model"]} if isinstance(body.get("model"), str) else {},
     )

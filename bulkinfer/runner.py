@@ -110,6 +110,20 @@ def count_rows(path: Path) -> int | None:
         return None
 
 
+def to_request(data: Any, seq: int, line: int, settings: Settings) -> Request:
+    """:func:`~bulkinfer.rows.parse_row` with the run's settings applied: with
+    ``apply_chat_template`` a ``prompt`` becomes a one-message user chat
+    (except on OpenAI ``/v1/completions`` lines).
+
+    Raises:
+        RowInvalid: as parse_row.
+    """
+    request = parse_row(data, seq, line, settings.sampling)
+    if settings.apply_chat_template and request.prompt is not None and request.openai_url != COMPLETIONS_URL:
+        request.messages, request.prompt = [{"role": "user", "content": request.prompt}], None
+    return request
+
+
 def iter_windows(
     reader: Reader, settings: Settings, on_error: Callable[[RowError], None], done: Done | None = None
 ) -> Iterator[list[Request]]:
@@ -129,12 +143,10 @@ def iter_windows(
             on_error(raw.error.to_error(raw.line))
             continue
         try:
-            request = parse_row(raw.data, seq, raw.line, settings.sampling)
+            request = to_request(raw.data, seq, raw.line, settings)
         except RowInvalid as exc:
             on_error(exc.to_error(raw.line))
             continue
-        if settings.apply_chat_template and request.prompt is not None and request.openai_url != COMPLETIONS_URL:
-            request.messages, request.prompt = [{"role": "user", "content": request.prompt}], None
         if request.id in done.done_ids and request.id not in window_ids_skipped:
             window_ids_skipped.add(request.id)
             continue

@@ -145,8 +145,9 @@ def spool_path(out: Path) -> Path:
     return out.with_name(f".{out.name}.partial.jsonl")
 
 
-def _fsync_dir(directory: Path) -> None:
-    fd = os.open(directory, os.O_RDONLY)
+def fsync_path(path: Path) -> None:
+    """fsync a file or a directory (a directory: so a rename in it is durable)."""
+    fd = os.open(path, os.O_RDONLY)
     try:
         os.fsync(fd)
     finally:
@@ -164,7 +165,7 @@ def publish(spool: Path, out: Path) -> None:
         spool.unlink()
     else:
         os.replace(spool, out)
-    _fsync_dir(out.parent)
+    fsync_path(out.parent)
 
 
 def iter_jsonl_chunks(path: Path, rows: int | None = None) -> Iterator[list[dict[str, Any]]]:

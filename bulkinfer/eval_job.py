@@ -1,0 +1,315 @@
+"""``bulkinfer eval``: run a golden set through the model (or take existing
+predictions) and score the completions against the references.
+
+Golden rows are ordinary input rows with a ``reference`` (a string or a list
+of strings). Generation goes through :func:`bulkinfer.runner.run`, so resume,
+per-row errors, the lock and the run report behave exactly as for ``run``.
+Scoring reads the predictions and references into memory (golden sets are
+thousands of rows, not millions).
+
+Files: ``OUT`` (the predictions with per-row ``bleu``, ``rougeL``,
+``exact_match`` and, with ``--perplexity``, ``perplexity``) and
+``OUT.eval.json`` (corpus scores, signatures, model, settings, row counts,
+library versions).
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import orjson
+
+from bulkinfer import evaluate, writers
+from bulkinfer.config import Settings
+from bulkinfer.engine import Engine
+from bulkinfer.errors import EXIT_BELOW_BAR, EXIT_OK, ConfigError, InputFileError, OutputExistsError
+from bulkinfer.journal import OutputFiles
+from bulkinfer.models import DEFAULT_MODEL, resolve_model
+from bulkinfer.readers import open_reader
+from bulkinfer.report import write_report
+from bulkinfer.rows import Request, RowInvalid
+from bulkinfer.runner import EngineFactory, RunPaths, load_tokenizer, run, to_request, vllm_engine
+
+
+@dataclass(slots=True)
+class GoldenRow:
+    """One golden row: its id, line, references and (for perplexity) its request."""
+
+    id: str
+    line: int
+    references: list[str]
+    request: Request
+
+
+@dataclass(frozen=True, slots=True)
+class EvalResult:
+    report: dict[str, Any]
+    exit_code: int
+    below_bar: list[str]
+
+
+def eval_path(out: Path) -> Path:
+    """``res/out.jsonl`` -> ``res/out.eval.json``."""
+    return writers.sibling(out, ".eval.json")
+
+
+def read_golden(path: Path, settings: Settings) -> tuple[list[GoldenRow], list[dict[str, Any]]]:
+    """Golden rows in file order, and the rows that cannot be scored (bad
+    row, missing or invalid ``reference``) as ``{"line", "id", "error"}``.
+
+    Raises:
+        InputFileError: the file cannot be read.
+    """
+    rows: list[GoldenRow] = []
+    invalid: list[dict[str, Any]] = []
+    for seq, raw in enumerate(open_reader(path)):
+        try:
+            if raw.error is not None:
+                raise raw.error
+            request = to_request(raw.data, seq, raw.line, settings)
+            references = evaluate.references_of(raw.data.get("reference"))
+        except RowInvalid as exc:
+            invalid.append({"line": raw.line, "id": exc.row_id, "error": exc.message})
+            continue
+        except evaluate.InvalidReference as exc:
+            invalid.append({"line": raw.line, "id": request.id, "error": str(exc)})
+            continue
+        rows.append(GoldenRow(request.id, raw.line, references, request))
+    return rows, invalid
+
+
+def completion_text(record: dict[str, Any]) -> tuple[str, str] | None:
+    """(id, completion) of an output record in bulkinfer or OpenAI batch shape."""
+    if "custom_id" in record:
+        body = ((record.get("response") or {}).get("body")) or {}
+        choices = body.get("choices") or [{}]
+        choice = choices[0]
+        text = (choice.get("message") or {}).get("content", choice.get("text"))
+        return (record["custom_id"], text) if isinstance(text, str) else None
+    if isinstance(record.get("id"), str) and isinstance(record.get("completion"), str):
+        return record["id"], record["completion"]
+    return None
+
+
+def read_predictions(path: Path) -> list[dict[str, Any]]:
+    """Every record of a predictions file (JSONL or Parquet output of ``run``).
+
+    Raises:
+        InputFileError: the file is missing or unreadable.
+    """
+    if not path.is_file():
+        raise InputFileError(f"predictions file not found: {path}")
+    if path.suffix.lower() in (".parquet", ".pq"):
+        import pyarrow.parquet as pq
+
+        return list(pq.read_table(path).to_pylist())
+    return [record for chunk in writers.iter_jsonl_chunks(path) for record in chunk]
+
+
+def reference_nll(
+    rows: list[GoldenRow], tokenizer: Any, engine: Engine, settings: Settings
+) -> dict[str, tuple[float, int]]:
+    """Negative log-likelihood (nats) and token count of each row's first
+    reference given its prompt, from vLLM's ``prompt_logprobs`` on
+    prompt + reference; rows that do not fit the context are left out.
+
+    Perplexity = exp(NLL / tokens) per row; the corpus perplexity is
+    exp(total NLL / total reference tokens).
+    """
+    from bulkinfer.planner import Planner
+
+    planner = Planner(tokenizer, settings.plan, engine.max_model_len)
+    pending = []
+    for row in rows:
+        prompt_ids = planner.encode(row.request)
+        reference_ids = list(tokenizer(row.references[0], add_special_tokens=False)["input_ids"])
+        if not reference_ids or len(prompt_ids) + len(reference_ids) > engine.max_model_len:
+            continue
+        row.request.prompt_token_ids = prompt_ids + reference_ids
+        row.request.score_from = len(prompt_ids)
+        pending.append(row)
+    by_request = {str(i): row for i, row in enumerate(pending)}
+    results: dict[str, tuple[float, int]] = {}
+    queue = list(by_request.items())[::-1]
+    in_flight = 0
+    limit = settings.plan.max_in_flight or 2 * engine.max_num_seqs
+    while queue or in_flight:
+        while queue and in_flight < limit:
+            request_id, row = queue.pop()
+            if engine.add(request_id, row.request) is None:
+                in_flight += 1
+        for done in engine.step():
+            in_flight -= 1
+            if done.nll is not None and done.scored_tokens:
+                results[by_request[done.request_id].id] = (done.nll, done.scored_tokens)
+    return results
+
+
+def run_eval(
+    golden: Path,
+    out: Path,
+    settings: Settings,
+    *,
+    predictions: Path | None = None,
+    perplexity: bool = False,
+    bootstrap: int = 0,
+    fail_under: dict[str, float] | None = None,
+    overwrite: bool = False,
+    resume: bool = False,
+    progress_plain: bool = False,
+    engine_factory: EngineFactory = vllm_engine,
+) -> EvalResult:
+    """Generate (unless ``predictions`` is given), score, and write ``OUT`` and
+    ``OUT.eval.json``. The exit code is :data:`EXIT_OK`, or
+    :data:`EXIT_BELOW_BAR` when a metric is below its ``fail_under`` bar.
+
+    Raises:
+        the errors of :func:`bulkinfer.runner.run`; InputFileError for an
+        unreadable predictions file; ConfigError when no row can be scored.
+    """
+    started = time.monotonic()
+    paths = RunPaths.build(golden, out)
+    run_report: dict[str, Any] = {}
+    if predictions is None:
+        run_report = run(
+            paths,
+            settings,
+            overwrite=overwrite,
+            resume=resume,
+            engine_factory=engine_factory,
+            progress_plain=progress_plain,
+        ).report
+        predictions = out
+    elif out.exists() and not overwrite:
+        raise OutputExistsError(f"output {out} already exists; use --overwrite to replace it")
+    rows, invalid = read_golden(golden, settings)
+    records = read_predictions(predictions)
+    by_id: dict[str, tuple[int, str]] = {}
+    for index, record in enumerate(records):
+        found = completion_text(record)
+        if found is not None and found[0] not in by_id:
+            by_id[found[0]] = (index, found[1])
+    matched = [row for row in rows if row.id in by_id]
+    if not matched:
+        raise ConfigError(f"no prediction in {predictions} matches an id of {golden}")
+    texts = [by_id[row.id][1] for row in matched]
+    scores = evaluate.score(texts, [row.references for row in matched], bootstrap=bootstrap)
+    per_row = {row.id: evaluate.row_scores(by_id[row.id][1], row.references) for row in matched}
+
+    nll: dict[str, tuple[float, int]] = {}
+    model_path = resolve_model(settings.model)
+    if perplexity:
+        engine = engine_factory(model_path, settings)
+        try:
+            nll = reference_nll(
+                matched, load_tokenizer(model_path, settings.engine.trust_remote_code), engine, settings
+            )
+        finally:
+            engine.close()
+
+    golden_ids = {row.id for row in rows}
+    scored_index = {index: row_id for row_id, (index, _) in by_id.items() if row_id in per_row}
+    for index, row_id in scored_index.items():  # the first record of each id gets the scores
+        records[index] = {**records[index], **per_row[row_id]}
+        if row_id in nll:
+            total, count = nll[row_id]
+            records[index]["perplexity"] = math.exp(total / count)
+    _write_records(paths, records)
+
+    corpus = scores.to_dict()
+    if perplexity:
+        total_nll = sum(v[0] for v in nll.values())
+        total_tokens = sum(v[1] for v in nll.values())
+        corpus["perplexity"] = math.exp(total_nll / total_tokens) if total_tokens else None
+        corpus["perplexity_rows"] = len(nll)
+        corpus["perplexity_tokens"] = total_tokens
+    below = evaluate.check_fail_under(corpus, fail_under) if fail_under else []
+    report = {
+        "golden": str(golden),
+        "predictions": str(predictions),
+        "output": str(out),
+        "model": settings.model or DEFAULT_MODEL,
+        "model_path": model_path,
+        "scores": corpus,
+        "row_counts": {
+            "golden": len(rows) + len(invalid),
+            "scored": len(matched),
+            "unmatched_golden": [row.id for row in rows if row.id not in by_id],
+            "unmatched_predictions": sorted(set(by_id) - golden_ids),
+            "invalid_golden": invalid,
+        },
+        "fail_under": {"bars": fail_under or {}, "below": below},
+        "settings": settings.to_dict(),
+        "metrics_version": evaluate.metrics_versions(),
+        "run_report": str(paths.report) if run_report else None,
+        "seconds": time.monotonic() - started,
+    }
+    write_report(report, eval_path(out))
+    return EvalResult(report, EXIT_BELOW_BAR if below else EXIT_OK, below)
+
+
+def _write_records(paths: RunPaths, records: list[dict[str, Any]]) -> None:
+    """Replace ``paths.output`` with ``records`` atomically, under its lock."""
+    files = OutputFiles(paths.output, paths.errors)
+    with files.locked():
+        spool = writers.JsonlAppender(paths.output.with_name(f".{paths.output.name}.scored.jsonl"))
+        for record in records:
+            spool.write(record)
+        spool.close()
+        writers.publish(spool.path, paths.output)
+
+
+def load_eval(path: Path) -> dict[str, Any]:
+    """A saved ``.eval.json`` (for ``--compare``).
+
+    Raises:
+        ConfigError: missing or not JSON.
+    """
+    try:
+        data: dict[str, Any] = orjson.loads(path.read_bytes())
+        evaluate.compare({}, data.get("scores", data))
+    except (OSError, orjson.JSONDecodeError, ValueError, AttributeError) as exc:
+        raise ConfigError(f"cannot compare with {path}: {exc}") from None
+    return data
+
+
+def print_eval(report: dict[str, Any], previous: dict[str, Any] | None, console: Any) -> None:
+    """The corpus scores as a rich table, with 95% intervals when resampled and
+    the change against ``previous`` (a saved ``.eval.json``) when given."""
+    from rich.table import Table
+
+    scores = report["scores"]
+    ci = scores.get("ci") or {}
+    changes = {}
+    if previous is not None:
+        changes = {name: delta for name, _, _, delta in evaluate.compare(scores, previous.get("scores", previous))}
+    table = Table(title=f"bulkinfer eval: {report['golden']} ({report['row_counts']['scored']} rows scored)")
+    table.add_column("metric")
+    table.add_column("score", justify="right")
+    if ci:
+        table.add_column("95% interval", justify="right")
+    if previous is not None:
+        table.add_column("change", justify="right")
+    names = [*evaluate.METRICS, *(["perplexity"] if scores.get("perplexity") is not None else [])]
+    for name in names:
+        cells = [name, f"{scores[name]:.2f}"]
+        if ci:
+            low_high = ci.get(name)
+            cells.append(f"{low_high[0]:.2f} - {low_high[1]:.2f}" if low_high else "")
+        if previous is not None:
+            delta = changes.get(name)
+            cells.append(f"{delta:+.2f}" if delta is not None else "n/a")
+        table.add_row(*cells)
+    console.print(table)
+    for name, signature in scores["signatures"].items():
+        console.print(f"{name} signature: {signature}")
+    for line in [*scores.get("warnings", []), *scores.get("notes", [])]:
+        console.print(f"note: {line}")
+    unmatched = report["row_counts"]["unmatched_golden"]
+    if unmatched:
+        console.print(f"{len(unmatched)} golden rows without a prediction (not scored): {', '.join(unmatched[:10])}")
+    console.print(f"written: {report['output']} and its .eval.json")

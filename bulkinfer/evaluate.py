@@ -1,0 +1,471 @@
+"""Completions + references -> BLEU, chrF, ROUGE and exact match, on a 0-100 scale.
+
+The scoring core of ``bulkinfer eval``: pure functions over strings, no files,
+no engine. Golden rows are ordinary bulkinfer input rows with a ``reference``
+field (a string, or a list of strings when a row has several references).
+
+Where each number comes from:
+
+- ``bleu``: corpus BLEU, ``sacrebleu.metrics.BLEU()`` with its defaults
+  (``tok:13a``, ``smooth:exp``, mixed case) -- the same as
+  ``sacrebleu.corpus_bleu``. Per row: ``sacrebleu.sentence_bleu`` (effective
+  order on, as sacrebleu recommends for sentences).
+- ``chrf``: corpus chrF2, ``sacrebleu.metrics.CHRF()`` with its defaults -- the
+  same as ``sacrebleu.corpus_chrf``.
+- ``rouge1``, ``rouge2``, ``rougeL``, ``rougeLsum``: F1 from Google's
+  ``rouge-score`` package (``RougeScorer(..., use_stemmer=True)``, Porter
+  stemming), best reference per row (``RougeScorer.score_multi``: highest F1
+  per ROUGE type), mean over rows, times 100. ``rougeLsum`` splits both texts
+  into sentences on ``"\\n"`` (the package's ``split_summaries=False``
+  behaviour); the texts are passed unchanged, so a completion without newlines
+  is a single sentence and its ROUGE-Lsum equals its ROUGE-L.
+- ``exact_match``: 100 when the completion equals any reference after
+  ``str.strip()``, else 0; mean over rows.
+- ``ci``: 95% confidence intervals by bootstrap resampling over rows (Koehn
+  2004, "Statistical Significance Tests for Machine Translation Evaluation"):
+  the same resampled row indices serve every metric, so the intervals are
+  paired across metrics, and across runs with the same seed and row count.
+
+The rouge-score tokenizer lowercases and keeps only ASCII letters and digits
+(``[a-z0-9]+``); every other character is a token boundary and is dropped. On
+Chinese, Russian, Arabic... references ROUGE is therefore close to 0 whatever
+the completions are: :func:`score` says so in ``notes`` and warns in
+``warnings`` when most reference letters are not Latin.
+"""
+
+from __future__ import annotations
+
+import math
+import unicodedata
+from collections.abc import Iterable, Iterator, Mapping, Sequence
+from dataclasses import dataclass, field
+from functools import lru_cache
+from importlib import metadata
+from typing import Any, cast
+
+from bulkinfer.errors import ConfigError
+
+#: The corpus metrics, in report order; all on a 0-100 scale.
+METRICS = ("bleu", "chrf", "rouge1", "rouge2", "rougeL", "rougeLsum", "exact_match")
+ROUGE_TYPES = ("rouge1", "rouge2", "rougeL", "rougeLsum")
+#: Default bootstrap seed: sacrebleu's own default (``SACREBLEU_SEED=12345``).
+DEFAULT_SEED = 12345
+#: ``warnings`` gets the non-Latin warning when more than this share of the
+#: references' letters are not Latin letters.
+NON_LATIN_WARN_SHARE = 0.5
+
+ROUGE_TOKENIZER_NOTE = (
+    "ROUGE (rouge-score): the tokenizer lowercases and keeps only ASCII letters and digits [a-z0-9]; "
+    "accented and non-Latin letters, CJK characters and punctuation are dropped as token boundaries; "
+    "Porter stemming on; ROUGE-Lsum splits sentences on newlines; "
+    "F1 of the best reference per row, mean over rows."
+)
+
+
+class InvalidReference(ValueError):
+    """A golden row's ``reference`` is missing or not a string / non-empty list of strings.
+
+    ``type`` is the row error type (``missing_field`` or ``invalid_field``), as
+    in :class:`bulkinfer.rows.RowError`.
+    """
+
+    def __init__(self, type_: str, message: str):
+        super().__init__(message)
+        self.type = type_
+        self.message = message
+
+
+class FailUnderError(ConfigError, ValueError):
+    """A bad ``--fail-under`` value (unknown metric, bad number, bad syntax).
+
+    A :class:`ValueError`, and a :class:`~bulkinfer.errors.ConfigError` so the
+    CLI exits with the usage code.
+    """
+
+
+@dataclass(frozen=True, slots=True)
+class EvalScores:
+    """Corpus scores of one set of completions against their references.
+
+    All metric values are on a 0-100 scale. ``signatures`` holds sacrebleu's
+    signature strings (``nrefs``, case, tokenizer, smoothing, version) for
+    ``bleu`` and ``chrf``; ``nrefs:var`` means rows have different numbers of
+    references. ``rows`` is the number of rows scored, ``references`` the number
+    of reference strings. ``ci`` maps each metric to its 95% interval
+    ``[low, high]`` when ``bootstrap`` resamples were drawn (with ``seed``),
+    else it is ``None``. ``warnings`` are things the reader must know to trust
+    the numbers; ``notes`` describe how they were computed.
+    """
+
+    bleu: float
+    chrf: float
+    rouge1: float
+    rouge2: float
+    rougeL: float
+    rougeLsum: float
+    exact_match: float
+    signatures: Mapping[str, str]
+    rows: int
+    references: int
+    bootstrap: int = 0
+    seed: int | None = None
+    ci: Mapping[str, tuple[float, float]] | None = None
+    warnings: tuple[str, ...] = ()
+    notes: tuple[str, ...] = field(default=(ROUGE_TOKENIZER_NOTE,))
+
+    def to_dict(self) -> dict[str, Any]:
+        """A JSON-ready dict: the metrics at top level (as :func:`check_fail_under`
+        and :func:`compare` read them), then ``signatures``, ``rows``,
+        ``references``, ``bootstrap`` {``samples``, ``seed``, ``confidence``}
+        and ``ci`` when resampled, ``warnings`` and ``notes``."""
+        out: dict[str, Any] = {name: getattr(self, name) for name in METRICS}
+        out["signatures"] = dict(self.signatures)
+        out["rows"] = self.rows
+        out["references"] = self.references
+        if self.ci is not None:
+            out["bootstrap"] = {"samples": self.bootstrap, "seed": self.seed, "confidence": 95}
+            out["ci"] = {name: [low, high] for name, (low, high) in self.ci.items()}
+        out["warnings"] = list(self.warnings)
+        out["notes"] = list(self.notes)
+        return out
+
+
+def references_of(value: Any) -> list[str]:
+    """A golden row's ``reference`` field as a list of reference strings.
+
+    Accepts a string (one reference) or a non-empty list of strings (several
+    references; an empty string is kept as a genuinely empty reference).
+
+    Raises:
+        InvalidReference: the field is missing (``None``), or is not a string
+            or a non-empty list of strings.
+    """
+    if value is None:
+        raise InvalidReference(
+            "missing_field", "row needs a 'reference' field (a string, or a list of strings for several references)"
+        )
+    if isinstance(value, str):
+        return [value]
+    if isinstance(value, list | tuple):
+        if not value:
+            raise InvalidReference("invalid_field", "field 'reference': expected a string or a non-empty list, got []")
+        for i, ref in enumerate(value):
+            if not isinstance(ref, str):
+                raise InvalidReference("invalid_field", f"field 'reference[{i}]': expected a string, got {_shown(ref)}")
+        return list(value)
+    raise InvalidReference(
+        "invalid_field", f"field 'reference': expected a string or a non-empty list of strings, got {_shown(value)}"
+    )
+
+
+def _shown(value: Any) -> str:
+    shown = repr(value)
+    return shown if len(shown) <= 80 else shown[:77] + "..."
+
+
+def reference_streams(references: Sequence[Sequence[str]]) -> list[list[str | None]]:
+    """Per-row references -> sacrebleu's reference *streams*.
+
+    ``references[i]`` are the references of row ``i``; the result has one
+    stream per reference position, ``max(len(refs))`` streams of ``len(references)``
+    entries each, where stream ``k`` holds every row's ``k``-th reference or
+    ``None`` when the row has fewer than ``k + 1``.
+
+    ``None`` is sacrebleu's placeholder for "no reference here"
+    (``Metric._cache_references`` in sacrebleu/metrics/base.py drops it:
+    ``lines = [x for x in refs if x is not None]``, and the signature then
+    reads ``nrefs:var``). The README's "Variable Number of References" section
+    also mentions ``''``, but sacrebleu 2.x keeps ``''`` as a real, empty
+    reference: it can become BLEU's closest reference length (brevity penalty
+    1) and the signature stays ``nrefs:N``. So padding is ``None``, never ``''``.
+    """
+    width = max((len(refs) for refs in references), default=0)
+    return [[refs[k] if k < len(refs) else None for refs in references] for k in range(width)]
+
+
+@lru_cache(maxsize=1)
+def _rouge_scorer() -> Any:
+    from rouge_score import rouge_scorer
+
+    return rouge_scorer.RougeScorer(list(ROUGE_TYPES), use_stemmer=True, split_summaries=False)
+
+
+def _rouge_f1(prediction: str, references: Sequence[str]) -> dict[str, float]:
+    """ROUGE F1 (0-1) per type, each from the reference with the highest F1 of that type."""
+    best = _rouge_scorer().score_multi(list(references), prediction)
+    return {name: best[name].fmeasure for name in ROUGE_TYPES}
+
+
+def _exact_match(prediction: str, references: Sequence[str]) -> float:
+    stripped = prediction.strip()
+    return 100.0 if any(stripped == ref.strip() for ref in references) else 0.0
+
+
+def row_scores(prediction: str, references: Sequence[str]) -> dict[str, float]:
+    """Scores of one completion against its references, each on 0-100.
+
+    Returns ``bleu`` (``sacrebleu.sentence_bleu``: 13a tokens, exp smoothing,
+    effective order), ``rougeL`` (rouge-score F1 with Porter stemming, best
+    reference) and ``exact_match`` (100 when the stripped completion equals a
+    stripped reference, else 0).
+
+    Raises:
+        ValueError: ``references`` is empty or is a bare string.
+    """
+    import sacrebleu
+
+    refs = _check_row(prediction, references, "row")
+    rouge_l = _rouge_scorer().score_multi(refs, prediction)["rougeL"].fmeasure
+    return {
+        "bleu": sacrebleu.sentence_bleu(prediction, refs).score,
+        "rougeL": 100.0 * rouge_l,
+        "exact_match": _exact_match(prediction, refs),
+    }
+
+
+def _check_row(prediction: Any, references: Any, where: str) -> list[str]:
+    if not isinstance(prediction, str):
+        raise ValueError(f"{where}: prediction must be a string, got {_shown(prediction)}")
+    if isinstance(references, str) or not isinstance(references, Sequence):
+        raise ValueError(f"{where}: references must be a list of strings, got {_shown(references)}")
+    if not references:
+        raise ValueError(f"{where}: no references")
+    if not all(isinstance(ref, str) for ref in references):
+        raise ValueError(f"{where}: references must be strings, got {_shown(references)}")
+    return list(references)
+
+
+def score(
+    predictions: Sequence[str],
+    references: Sequence[Sequence[str]],
+    bootstrap: int = 0,
+    seed: int = DEFAULT_SEED,
+) -> EvalScores:
+    """Corpus BLEU, chrF, ROUGE and exact match of ``predictions`` (0-100).
+
+    Args:
+        predictions: one completion per row (``""`` for an empty one).
+        references: ``references[i]`` is the non-empty list of references of
+            row ``i``; rows may have different numbers of references (padded
+            with ``None`` into sacrebleu's streams, see :func:`reference_streams`).
+        bootstrap: number of bootstrap resamples for 95% confidence intervals
+            (0: none; 1000 is usual). Each resample draws ``len(predictions)``
+            row indices with replacement (:func:`resample_indices`) and
+            recomputes every corpus metric on it -- BLEU and chrF from their
+            summed sacrebleu sufficient statistics, as sacrebleu's own
+            bootstrap does, ROUGE and exact match as the mean of the resampled
+            rows' scores; the interval is the 2.5th and 97.5th percentile.
+        seed: seed of ``numpy.random.default_rng`` for the resampling.
+
+    Raises:
+        ValueError: no rows, ``predictions`` and ``references`` differ in
+            length, a row has no references, a value is not a string, or
+            ``bootstrap`` is negative.
+    """
+    from sacrebleu.metrics import BLEU, CHRF
+
+    if len(predictions) != len(references):
+        raise ValueError(f"{len(predictions)} predictions but {len(references)} rows of references")
+    if not predictions:
+        raise ValueError("nothing to score: no rows")
+    if bootstrap < 0:
+        raise ValueError(f"bootstrap must be 0 (off) or a number of resamples, got {bootstrap}")
+    preds = list(predictions)
+    refs = [_check_row(p, r, f"row {i}") for i, (p, r) in enumerate(zip(preds, references, strict=True))]
+    # sacrebleu's type hints omit the None placeholder its docs and code accept.
+    streams = cast("list[list[str]]", reference_streams(refs))
+
+    bleu, chrf = BLEU(), CHRF()
+    bleu_score = bleu.corpus_score(preds, streams).score
+    chrf_score = chrf.corpus_score(preds, streams).score
+    signatures = {"bleu": bleu.get_signature().format(), "chrf": chrf.get_signature().format()}
+
+    rouge_rows = [_rouge_f1(p, r) for p, r in zip(preds, refs, strict=True)]
+    per_row = {name: [100.0 * row[name] for row in rouge_rows] for name in ROUGE_TYPES}
+    per_row["exact_match"] = [_exact_match(p, r) for p, r in zip(preds, refs, strict=True)]
+    means = {name: math.fsum(values) / len(values) for name, values in per_row.items()}
+
+    ci = None
+    if bootstrap:
+        ci = _bootstrap_ci(preds, streams, per_row, bootstrap, seed)
+
+    warnings = []
+    share = non_latin_share(ref for row in refs for ref in row)
+    if share > NON_LATIN_WARN_SHARE:
+        warnings.append(
+            f"{100 * share:.0f}% of the reference letters are not Latin: rouge-score's tokenizer keeps only "
+            "ASCII letters and digits, so ROUGE is near 0 and meaningless here; use chrF (or BLEU) instead"
+        )
+    return EvalScores(
+        bleu=bleu_score,
+        chrf=chrf_score,
+        rouge1=means["rouge1"],
+        rouge2=means["rouge2"],
+        rougeL=means["rougeL"],
+        rougeLsum=means["rougeLsum"],
+        exact_match=means["exact_match"],
+        signatures=signatures,
+        rows=len(preds),
+        references=sum(len(r) for r in refs),
+        bootstrap=bootstrap,
+        seed=seed if bootstrap else None,
+        ci=ci,
+        warnings=tuple(warnings),
+    )
+
+
+def resample_indices(rows: int, bootstrap: int, seed: int = DEFAULT_SEED) -> Iterator[Any]:
+    """The row indices of each bootstrap resample: ``bootstrap`` int arrays of
+    length ``rows``, drawn with replacement by ``numpy.random.default_rng(seed)``.
+    The same ``rows``, ``bootstrap`` and ``seed`` give the same resamples."""
+    import numpy as np
+
+    rng = np.random.default_rng(seed)
+    for _ in range(bootstrap):
+        yield rng.integers(0, rows, size=rows)
+
+
+def _bootstrap_ci(
+    preds: list[str],
+    streams: list[list[str]],
+    per_row: Mapping[str, Sequence[float]],
+    bootstrap: int,
+    seed: int,
+) -> dict[str, tuple[float, float]]:
+    """95% intervals of every metric over ``bootstrap`` resamples of the rows.
+
+    BLEU and chrF are corpus statistics, not means: each resample sums the
+    rows' sufficient statistics (n-gram matches, lengths) weighted by how often
+    the row was drawn, and sacrebleu turns the sums into a score -- the method
+    of sacrebleu's ``significance._bootstrap_resample``, on its
+    ``_extract_corpus_statistics`` / ``_compute_score_from_stats`` (with exact
+    integer sums where sacrebleu uses float32).
+    """
+    import numpy as np
+    from sacrebleu.metrics import BLEU, CHRF
+
+    rows = len(preds)
+    corpus_metrics = {"bleu": BLEU(), "chrf": CHRF()}
+    stats = {
+        name: np.asarray(metric._extract_corpus_statistics(preds, streams), dtype=np.int64)
+        for name, metric in corpus_metrics.items()
+    }
+    row_values = {name: np.asarray(values, dtype=np.float64) for name, values in per_row.items()}
+    samples: dict[str, list[float]] = {name: [] for name in METRICS}
+    for idx in resample_indices(rows, bootstrap, seed):
+        counts = np.bincount(idx, minlength=rows)
+        for name, metric in corpus_metrics.items():
+            summed = (counts @ stats[name]).tolist()
+            samples[name].append(metric._compute_score_from_stats(summed).score)
+        for name, values in row_values.items():
+            samples[name].append(float(counts @ values) / rows)
+    ci = {}
+    for name in METRICS:
+        low, high = np.percentile(np.asarray(samples[name]), [2.5, 97.5])
+        ci[name] = (float(low), float(high))
+    return ci
+
+
+def non_latin_share(texts: Iterable[str]) -> float:
+    """The share (0-1) of letters in ``texts`` that are not Latin letters
+    (Unicode name not starting with ``LATIN``): CJK, Cyrillic, Arabic... 0.0
+    when there are no letters."""
+    letters = non_latin = 0
+    for text in texts:
+        for ch in text:
+            if ch.isalpha():
+                letters += 1
+                if not ch.isascii() and not unicodedata.name(ch, "").startswith("LATIN"):
+                    non_latin += 1
+    return non_latin / letters if letters else 0.0
+
+
+def parse_fail_under(spec: str) -> dict[str, float]:
+    """``"bleu=20,rougeL=30"`` -> ``{"bleu": 20.0, "rougeL": 30.0}`` (0-100 bars).
+
+    Raises:
+        FailUnderError (a ValueError): empty spec, an item without ``=``, an
+            unknown or repeated metric name, or a bar that is not a number
+            between 0 and 100.
+    """
+    bars: dict[str, float] = {}
+    items = [item.strip() for item in spec.split(",") if item.strip()]
+    if not items:
+        raise FailUnderError(f"--fail-under: expected METRIC=BAR[,METRIC=BAR...], got {spec!r}")
+    for item in items:
+        name, sep, raw = (part.strip() for part in item.partition("="))
+        if not sep:
+            raise FailUnderError(f"--fail-under: {item!r} is not METRIC=BAR (e.g. bleu=20)")
+        if name not in METRICS:
+            raise FailUnderError(f"--fail-under: unknown metric {name!r}; metrics are {', '.join(METRICS)}")
+        if name in bars:
+            raise FailUnderError(f"--fail-under: {name} is given twice")
+        try:
+            bar = float(raw)
+        except ValueError:
+            raise FailUnderError(f"--fail-under: {name}={raw!r} is not a number") from None
+        if not 0.0 <= bar <= 100.0:
+            raise FailUnderError(f"--fail-under: {name}={raw} is outside 0-100 (metrics are on a 0-100 scale)")
+        bars[name] = bar
+    return bars
+
+
+def check_fail_under(scores: Mapping[str, Any], bars: Mapping[str, float]) -> list[str]:
+    """The metrics of ``scores`` (an :meth:`EvalScores.to_dict`) strictly below
+    their bar, as messages like ``"bleu 18.52 < 20"``; empty when all pass.
+
+    Raises:
+        ValueError: a barred metric is not a number in ``scores``.
+    """
+    failures = []
+    for name, bar in bars.items():
+        value = scores.get(name)
+        if not isinstance(value, int | float) or isinstance(value, bool):
+            raise ValueError(f"--fail-under: no {name} score to check")
+        if value < bar:
+            shown = f"{value:.2f}"
+            if float(shown) >= bar:  # 19.999 would print as 20.00 < 20
+                shown = repr(value)
+            failures.append(f"{name} {shown} < {bar:g}")
+    return failures
+
+
+def compare(
+    current: Mapping[str, Any], previous: Mapping[str, Any]
+) -> list[tuple[str, float | None, float, float | None]]:
+    """Each metric's change from a previous eval: ``(name, previous, current,
+    current - previous)`` in :data:`METRICS` order, for every metric in
+    ``current``; ``previous`` and the change are ``None`` when the previous
+    eval lacks that metric. Both are :meth:`EvalScores.to_dict` dicts (0-100).
+
+    Raises:
+        ValueError: ``previous`` holds none of the metrics (not an eval result).
+    """
+
+    def number(scores: Mapping[str, Any], name: str) -> float | None:
+        value = scores.get(name)
+        return float(value) if isinstance(value, int | float) and not isinstance(value, bool) else None
+
+    if not any(number(previous, name) is not None for name in METRICS):
+        raise ValueError(f"previous results hold none of the metrics {', '.join(METRICS)}; is it an eval result?")
+    changes = []
+    for name in METRICS:
+        cur = number(current, name)
+        if cur is None:
+            continue
+        prev = number(previous, name)
+        changes.append((name, prev, cur, None if prev is None else cur - prev))
+    return changes
+
+
+def metrics_versions() -> dict[str, str]:
+    """The installed versions of the packages the scores depend on:
+    ``{"sacrebleu": ..., "rouge-score": ..., "numpy": ...}`` (``"not installed"``
+    when one is missing)."""
+    versions = {}
+    for package in ("sacrebleu", "rouge-score", "numpy"):
+        try:
+            versions[package] = metadata.version(package)
+        except metadata.PackageNotFoundError:
+            versions[package] = "not installed"
+    return versions
