@@ -216,6 +216,44 @@ def eval_command(
 
 
 @app.command()
+def plan(
+    input_path: Annotated[Path, typer.Argument(metavar="INPUT", help="Prompts: .jsonl or .parquet.")],
+    config: Annotated[Path | None, typer.Option(help="TOML settings file (see configs/default.toml).")] = None,
+    model: Annotated[str | None, typer.Option(help="Local model directory or hub id.")] = None,
+    apply_chat_template: Annotated[
+        bool | None, typer.Option("--apply-chat-template/--raw-prompts", help="Send prompts through the chat template.")
+    ] = None,
+    max_tokens: Annotated[int | None, typer.Option()] = None,
+    max_model_len: Annotated[int | None, typer.Option()] = None,
+    buckets: Annotated[str | None, typer.Option(help="Bucket upper bounds in tokens, e.g. 64,128,256.")] = None,
+    padding_batch_size: Annotated[int | None, typer.Option(help="Static batch size B for padding figures.")] = None,
+    json_out: Annotated[Path | None, typer.Option("--json", help="Also write the plan as JSON to this file.")] = None,
+) -> None:
+    """Dry run: row counts, failures, prompt lengths, buckets, padding and a time estimate. Loads no engine."""
+    from rich.console import Console
+
+    from bulkinfer.config import load_settings
+    from bulkinfer.plan_job import plan_file, print_plan
+    from bulkinfer.report import write_report
+
+    overrides: dict[str, Any] = {
+        "model": model,
+        "apply_chat_template": apply_chat_template,
+        "sampling.max_tokens": max_tokens,
+        "engine.max_model_len": max_model_len,
+        "plan.buckets": _buckets(buckets),
+        "plan.padding_batch_size": padding_batch_size,
+    }
+    try:
+        result = plan_file(input_path, load_settings(config, overrides))
+    except BulkinferError as exc:
+        _fail(exc)
+    print_plan(result, Console())
+    if json_out is not None:
+        write_report(result, json_out)
+
+
+@app.command()
 def models() -> None:
     """List the models prepared under $BULKINFER_HOME (default ~/.cache/bulkinfer)."""
     from bulkinfer.models import bulkinfer_home, list_models

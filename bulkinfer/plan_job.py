@@ -1,0 +1,234 @@
+"""``bulkinfer plan``: what an input file holds and what its run will cost,
+without loading an engine.
+
+It reads, validates and tokenizes exactly as ``run`` does (same reader, same
+row rules, same planner), so its counts are the counts a run would report.
+The time estimate comes from a calibration: the throughput that the last
+``run`` of the same model measured on this machine (stored under
+``$BULKINFER_HOME/calibration.json`` by every run).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import time
+from array import array
+from collections import Counter
+from pathlib import Path
+from typing import Any
+
+import orjson
+
+from bulkinfer.config import Settings
+from bulkinfer.models import bulkinfer_home, resolve_model
+from bulkinfer.planner import Planner, efficiency, static_batch_tokens
+from bulkinfer.readers import open_reader
+from bulkinfer.rows import RowError
+from bulkinfer.runner import iter_windows, load_tokenizer
+
+DEFAULT_CONTEXT = 2048
+MAX_EXAMPLES = 20
+
+
+def calibration_path() -> Path:
+    return bulkinfer_home() / "calibration.json"
+
+
+def record_calibration(report: dict[str, Any]) -> None:
+    """Remember a finished run's throughput for its model (atomic write).
+
+    Runs that completed fewer than 16 rows teach nothing and are skipped."""
+    if report.get("request_counts", {}).get("completed", 0) - report.get("resumed", {}).get("completed", 0) < 16:
+        return
+    path = calibration_path()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    data = load_calibrations()
+    data[str(report["model_path"])] = {
+        "completion_tokens_per_s": report["throughput"]["completion_tokens_per_s"],
+        "prompt_tokens_per_s": report["throughput"]["prompt_tokens_per_s"],
+        "requests_per_s": report["throughput"]["requests_per_s"],
+        "load_seconds": report["seconds"]["load"],
+        "device": report.get("engine", {}).get("device"),
+        "dtype": report.get("engine", {}).get("dtype"),
+        "rows": report["request_counts"]["completed"],
+        "measured_at": time.strftime("%Y-%m-%dT%H:%M:%S"),
+        "report": report.get("output"),
+    }
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    tmp.write_bytes(orjson.dumps(data, option=orjson.OPT_INDENT_2))
+    os.replace(tmp, path)
+
+
+def load_calibrations() -> dict[str, Any]:
+    try:
+        data: dict[str, Any] = orjson.loads(calibration_path().read_bytes())
+        return data
+    except (OSError, orjson.JSONDecodeError):
+        return {}
+
+
+def context_length(model_path: str, settings: Settings) -> int:
+    """The context a run would use, in tokens: ``--max-model-len``, else the
+    model config's ``max_position_embeddings``, else 2048."""
+    if settings.engine.max_model_len:
+        return settings.engine.max_model_len
+    try:
+        config = json.loads((Path(model_path) / "config.json").read_text())
+        return int(config.get("max_position_embeddings") or DEFAULT_CONTEXT)
+    except (OSError, ValueError):
+        return DEFAULT_CONTEXT
+
+
+def percentile(sorted_values: Any, q: float) -> int:
+    """Nearest-rank percentile (q in 0..100) of an ascending sequence."""
+    if not len(sorted_values):
+        return 0
+    rank = max(1, -(-len(sorted_values) * q // 100))
+    return int(sorted_values[int(min(rank, len(sorted_values))) - 1])
+
+
+def plan_file(input_path: Path, settings: Settings) -> dict[str, Any]:
+    """Read and tokenize ``input_path`` as ``run`` would; return the plan.
+
+    Keys: ``rows`` {``total``, ``valid``, ``failed``, ``skipped``},
+    ``errors`` {type: count}, ``error_examples`` (first 20), ``prompt_tokens``
+    {``min``, ``median``, ``p90``, ``p99``, ``max``, ``total``}, ``buckets``
+    (as in the run report), ``padding_efficiency`` {``arrival``,
+    ``bucketed``, ``sorted``} for static batches of ``batch_size``,
+    ``max_completion_tokens`` (sum of the rows' ``max_tokens``), ``estimate``
+    (from the calibration, or None), ``context``, ``seconds``.
+
+    Raises:
+        InputFileError, ModelError: as ``run``.
+    """
+    started = time.monotonic()
+    reader = open_reader(input_path, passthrough=settings.passthrough)
+    model = resolve_model(settings.model)
+    planner = Planner(
+        load_tokenizer(model, settings.engine.trust_remote_code), settings.plan, context_length(model, settings)
+    )
+    errors: Counter[str] = Counter()
+    examples: list[dict[str, Any]] = []
+
+    def on_error(error: RowError) -> None:
+        errors[error.type] += 1
+        if len(examples) < MAX_EXAMPLES:
+            examples.append({"line": error.line, "id": error.id, "type": error.type, "message": error.message})
+
+    lengths = array("i")
+    max_completion = 0
+    for window in iter_windows(reader, settings, on_error):
+        planned, window_errors = planner.plan_window(window)
+        for error in window_errors:
+            on_error(error)
+        lengths.extend(len(r.prompt_token_ids or ()) for r in planned)
+        max_completion += sum(r.max_tokens for r in planned)
+    planner.padding.finish()
+    padding = planner.padding.to_report()
+    batch = settings.plan.padding_batch_size
+    ordered = sorted(lengths)
+    real, padded = static_batch_tokens(ordered[::-1], batch)
+    failed = sum(errors.values())
+    total_prompt = sum(ordered)
+    plan: dict[str, Any] = {
+        "input": str(input_path),
+        "model_path": model,
+        "context": planner.max_model_len,
+        "rows": {
+            "total": len(ordered) + failed + reader.blank_lines,
+            "valid": len(ordered),
+            "failed": failed,
+            "skipped": reader.blank_lines,
+        },
+        "errors": dict(errors),
+        "error_examples": examples,
+        "prompt_tokens": {
+            "min": ordered[0] if ordered else 0,
+            "median": percentile(ordered, 50),
+            "p90": percentile(ordered, 90),
+            "p99": percentile(ordered, 99),
+            "max": ordered[-1] if ordered else 0,
+            "total": total_prompt,
+        },
+        "buckets": padding["buckets"],
+        "padding_efficiency": {
+            "batch_size": batch,
+            "arrival": padding["padding_efficiency"]["arrival"],
+            "bucketed": padding["padding_efficiency"]["sorted"],
+            "sorted": efficiency(real, padded),
+        },
+        "max_completion_tokens": max_completion,
+        "estimate": None,
+    }
+    calibration = load_calibrations().get(model)
+    if calibration and calibration["completion_tokens_per_s"] > 0:
+        plan["estimate"] = {
+            "generate_seconds_at_most": max_completion / calibration["completion_tokens_per_s"],
+            "load_seconds": calibration["load_seconds"],
+            "calibration": calibration,
+            "note": "assumes every row generates its max_tokens; rows that stop early finish sooner",
+        }
+    plan["seconds"] = time.monotonic() - started
+    return plan
+
+
+def print_plan(plan: dict[str, Any], console: Any) -> None:
+    """The plan as rich tables."""
+    from rich.table import Table
+
+    rows, tokens, pad = plan["rows"], plan["prompt_tokens"], plan["padding_efficiency"]
+    summary = Table(title=f"bulkinfer plan: {plan['input']}", show_header=False)
+    summary.add_column("what", style="bold")
+    summary.add_column("value", justify="right")
+    summary.add_row(
+        "rows", f"{rows['total']} ({rows['valid']} valid, {rows['failed']} would fail, {rows['skipped']} blank skipped)"
+    )
+    for error_type, count in sorted(plan["errors"].items()):
+        summary.add_row(f"  {error_type}", str(count))
+    summary.add_row(
+        "prompt tokens",
+        f"min {tokens['min']}, median {tokens['median']}, p90 {tokens['p90']}, "
+        f"p99 {tokens['p99']}, max {tokens['max']} (total {tokens['total']})",
+    )
+    summary.add_row("context", f"{plan['context']} tokens")
+    summary.add_row(
+        f"padding efficiency (static B={pad['batch_size']})",
+        f"arrival {100 * pad['arrival']:.1f}%, bucketed {100 * pad['bucketed']:.1f}%, "
+        f"sorted {100 * pad['sorted']:.1f}%",
+    )
+    summary.add_row("completion tokens", f"at most {plan['max_completion_tokens']}")
+    estimate = plan["estimate"]
+    if estimate:
+        cal = estimate["calibration"]
+        summary.add_row(
+            "estimate",
+            f"generation at most {estimate['generate_seconds_at_most']:.0f} s "
+            f"+ load {estimate['load_seconds']:.0f} s "
+            f"(at {cal['completion_tokens_per_s']:.1f} completion tok/s, "
+            f"measured {cal['measured_at']})",
+        )
+    else:
+        summary.add_row("estimate", "none yet: no run of this model on this machine to calibrate from")
+    summary.add_row("planned in", f"{plan['seconds']:.1f} s")
+    console.print(summary)
+    buckets = Table(title="buckets (prompt tokens)")
+    for name in ("range", "rows", "histogram", "real tokens", "padded tokens", "padding efficiency"):
+        if name == "histogram":
+            buckets.add_column(name, no_wrap=True, min_width=20)
+        else:
+            buckets.add_column(name, justify="right")
+    most = max((b["rows"] for b in plan["buckets"]), default=1)
+    for b in plan["buckets"]:
+        bar = "#" * max(1, round(20 * b["rows"] / most))
+        buckets.add_row(
+            b["range"],
+            str(b["rows"]),
+            bar,
+            str(b["real_tokens"]),
+            str(b["padded_tokens"]),
+            f"{100 * b['padding_efficiency']:.1f}%",
+        )
+    console.print(buckets)
+    for example in plan["error_examples"][:5]:
+        console.print(f"line {example['line']}: {example['type']}: {example['message']}")
