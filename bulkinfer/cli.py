@@ -254,6 +254,40 @@ def plan(
 
 
 @app.command()
+def report(
+    path: Annotated[Path, typer.Argument(help="A saved OUT.report.json (run) or OUT.eval.json (eval).")],
+) -> None:
+    """Re-render the terminal summary and the HTML report (OUT.report.html) from a saved report."""
+    import orjson
+    from rich.console import Console
+
+    try:
+        data = orjson.loads(path.read_bytes())
+    except (OSError, orjson.JSONDecodeError) as exc:
+        typer.echo(f"bulkinfer: error: cannot read {path}: {exc}", err=True)
+        raise typer.Exit(code=2) from None
+    html_path = path.with_name(
+        path.name.removesuffix(".json").removesuffix(".report").removesuffix(".eval") + ".report.html"
+    )
+    if "scores" in data:
+        from bulkinfer.eval_job import print_eval, read_predictions, write_eval_html
+
+        output = Path(data["output"])
+        records = read_predictions(output) if output.is_file() else []
+        run_path = Path(data["run_report"]) if data.get("run_report") else None
+        run_report = orjson.loads(run_path.read_bytes()) if run_path and run_path.is_file() else {}
+        print_eval(data, None, Console())
+        write_eval_html(data, run_report, records, html_path)
+    else:
+        from bulkinfer.report import print_summary
+        from bulkinfer.runner import write_run_html
+
+        print_summary(data, Console())
+        write_run_html(data, html_path)
+    typer.echo(f"written: {html_path}")
+
+
+@app.command()
 def models() -> None:
     """List the models prepared under $BULKINFER_HOME (default ~/.cache/bulkinfer)."""
     from bulkinfer.models import bulkinfer_home, list_models

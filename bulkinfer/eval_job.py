@@ -252,8 +252,25 @@ def run_eval(
         "seconds": time.monotonic() - started,
     }
     write_report(report, eval_path(out))
+    write_eval_html(report, run_report, records, paths.html)
     # a metric below its bar is what a nightly job must see first; then failed rows
     return EvalResult(report, EXIT_BELOW_BAR if below else run_code, below)
+
+
+def write_eval_html(
+    report: dict[str, Any], run_report: dict[str, Any], records: list[dict[str, Any]], path: Path
+) -> None:
+    """HTML: the eval's scores and per-row distributions, after the run's charts
+    when this eval generated. Never fails the eval."""
+    import sys
+
+    try:
+        from bulkinfer.html_report import eval_sections, run_sections, write_html
+
+        sections = [*eval_sections(report, records), *(run_sections(run_report) if "seconds" in run_report else [])]
+        write_html(f"bulkinfer eval: {report['golden']}", sections, path)
+    except Exception as exc:
+        print(f"bulkinfer: warning: HTML report not written: {type(exc).__name__}: {exc}", file=sys.stderr)
 
 
 def _write_records(paths: RunPaths, records: list[dict[str, Any]]) -> None:

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import signal
 import time
-from collections import deque
+from collections import Counter, deque
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -26,13 +26,15 @@ from bulkinfer.engine import Completion, Engine, configure_environment
 from bulkinfer.errors import EXIT_OK, EXIT_PARTIAL, EngineError, InputFileError, Interrupted
 from bulkinfer.journal import Done, OutputFiles, input_identity, settings_fingerprint
 from bulkinfer.models import DEFAULT_MODEL, resolve_model
-from bulkinfer.planner import Planner
+from bulkinfer.planner import Planner, bucket_index, bucket_label
 from bulkinfer.progress import Progress
 from bulkinfer.readers import Reader, open_reader
 from bulkinfer.report import peak_rss_bytes, throughput, write_report
 from bulkinfer.rows import COMPLETIONS_URL, Request, RowError, RowInvalid, parse_row
 
 EngineFactory = Callable[[str, Settings], Engine]
+# completion-length histogram bins (tokens): 1, 2, 3-4, 5-8, ..., 8193+
+LENGTH_BINS: tuple[int, ...] = tuple(2**i for i in range(14))
 
 
 @dataclass(frozen=True, slots=True)
@@ -49,6 +51,10 @@ class RunPaths:
     @property
     def report(self) -> Path:
         return writers.sibling(self.output, ".report.json")
+
+    @property
+    def html(self) -> Path:
+        return writers.sibling(self.output, ".report.html")
 
     @classmethod
     def build(cls, input_path: Path, output: Path | None) -> RunPaths:
@@ -170,6 +176,19 @@ def iter_windows(
         yield window
 
 
+def write_run_html(report: dict[str, Any], path: Path, extra_sections: list[str] | None = None) -> None:
+    """The self-contained HTML report beside the output. A failure to draw it
+    is reported on stderr and never fails the run (the JSON report has it all)."""
+    import sys
+
+    try:
+        from bulkinfer.html_report import run_sections, write_html
+
+        write_html(f"bulkinfer: {report['input']}", [*run_sections(report), *(extra_sections or [])], path)
+    except Exception as exc:  # matplotlib missing, a font problem, ...
+        print(f"bulkinfer: warning: HTML report not written: {type(exc).__name__}: {exc}", file=sys.stderr)
+
+
 def load_tokenizer(model: str, trust_remote_code: bool = False) -> Any:
     """The model's Hugging Face tokenizer (fast when one exists)."""
     from transformers import AutoTokenizer
@@ -238,6 +257,7 @@ def run(
         report = generation.report(reader, model, load_s, time.monotonic() - started)
         report["peak_rss_bytes"] = peak_rss_bytes()
         write_report(report, paths.report)
+        write_run_html(report, paths.html)
         from bulkinfer.plan_job import record_calibration
 
         record_calibration(report)
@@ -279,6 +299,11 @@ class Generation:
         self.in_flight: dict[str, Request] = {}
         self.seconds = {"plan": 0.0, "generate": 0.0, "write": 0.0}
         self.prompt_tokens = self.completion_tokens = 0
+        # for the HTML report: completion lengths (power-of-two bins) and the
+        # cumulative completion tokens over time (at most one point a second)
+        self.completion_lengths: Counter[int] = Counter()
+        self.timeline: list[tuple[float, int]] = []
+        self._started = time.monotonic()
 
     def fail(self, error: RowError) -> None:
         self.errors.write(writers.error_record(error))
@@ -296,7 +321,7 @@ class Generation:
         """
         windows = iter_windows(reader, self.settings, self.fail, self.done)
         exhausted = False
-        start = time.monotonic()
+        start = self._started = time.monotonic()
         while True:
             if self.signals.received is not None:
                 self._close()
@@ -353,10 +378,14 @@ class Generation:
             self.spool.write(writers.output_record(request, completion, self.model_name))
             self.prompt_tokens += completion.prompt_tokens
             self.completion_tokens += completion.completion_tokens
+            self.completion_lengths[bucket_index(completion.completion_tokens, LENGTH_BINS)] += 1
             self.progress.update(done=1, completion_tokens=completion.completion_tokens)
         if finished:
             self.spool.flush()
             self.errors.flush()
+            elapsed = time.monotonic() - self._started
+            if not self.timeline or elapsed - self.timeline[-1][0] >= 1.0:
+                self.timeline.append((round(elapsed, 2), self.completion_tokens))
         self.seconds["write"] += time.monotonic() - t
 
     def _close(self) -> None:
@@ -405,4 +434,11 @@ class Generation:
             },
             "engine": self.engine.settings,
             "sampling": self.settings.to_dict()["sampling"],
+            "completion_length_histogram": [
+                {"range": bucket_label(i, LENGTH_BINS), "rows": n} for i, n in sorted(self.completion_lengths.items())
+            ],
+            "timeline": [
+                *self.timeline,
+                (round(seconds["generate"], 2), self.completion_tokens),
+            ],
         }
