@@ -254,6 +254,25 @@ def plan(
 
 
 @app.command()
+def calibrate(
+    config: Annotated[Path | None, typer.Option(help="TOML settings file (engine settings are used).")] = None,
+    model: Annotated[str | None, typer.Option(help="Local model directory or hub id.")] = None,
+) -> None:
+    """Measure this machine with a short fixed workload; `bulkinfer plan` estimates from it."""
+    from bulkinfer.config import load_settings
+    from bulkinfer.plan_job import calibrate as run_calibration
+
+    try:
+        entry = run_calibration(load_settings(config, {"model": model}))
+    except BulkinferError as exc:
+        _fail(exc)
+    typer.echo(
+        f"calibrated: {entry['completion_tokens_per_s']:.1f} completion tokens/s, "
+        f"{entry['prompt_tokens_per_s']:.1f} prompt tokens/s, load {entry['load_seconds']:.1f} s"
+    )
+
+
+@app.command()
 def report(
     path: Annotated[Path, typer.Argument(help="A saved OUT.report.json (run) or OUT.eval.json (eval).")],
 ) -> None:

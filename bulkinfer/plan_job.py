@@ -232,3 +232,36 @@ def print_plan(plan: dict[str, Any], console: Any) -> None:
     console.print(buckets)
     for example in plan["error_examples"][:5]:
         console.print(f"line {example['line']}: {example['type']}: {example['message']}")
+
+
+CALIBRATION_ROWS = 64
+CALIBRATION_MAX_TOKENS = 64
+
+
+def calibrate(settings: Settings, engine_factory: Any = None) -> dict[str, Any]:
+    """Measure this machine: run a short fixed workload (64 chat prompts x 64
+    completion tokens, ``ignore_eos``) through the real engine, record its
+    throughput as the model's calibration, and return that entry.
+
+    Raises:
+        ModelError, EngineError: as ``run``.
+    """
+    import dataclasses
+    import tempfile
+
+    from bulkinfer.runner import RunPaths, run, vllm_engine
+
+    topics = ["the sea", "a city at night", "an old clock", "bread", "a mountain road", "winter", "a library", "rain"]
+    sampling = dataclasses.replace(
+        settings.sampling, max_tokens=CALIBRATION_MAX_TOKENS, temperature=0.0, ignore_eos=True
+    )
+    fixed = dataclasses.replace(settings, sampling=sampling, apply_chat_template=True)
+    with tempfile.TemporaryDirectory(prefix="bulkinfer-calibrate-") as tmp:
+        src = Path(tmp) / "calibrate.jsonl"
+        src.write_bytes(b"".join(
+            orjson.dumps({"id": f"c{i}", "prompt": f"Write a short paragraph about {topics[i % len(topics)]}."}) + b"\n"
+            for i in range(CALIBRATION_ROWS)
+        ))  # fmt: skip
+        paths = RunPaths.build(src, Path(tmp) / "out.jsonl")
+        report = run(paths, fixed, engine_factory=engine_factory or vllm_engine).report
+    return dict(load_calibrations()[report["model_path"]])

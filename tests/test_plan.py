@@ -91,3 +91,19 @@ def test_plan_estimate_comes_from_the_last_run(tmp_path: Path, monkeypatch) -> N
     estimate = plan_file(src, settings)["estimate"]
     assert estimate["generate_seconds_at_most"] == pytest.approx(10 * 50 / 250.0)
     assert estimate["load_seconds"] == 30.0
+
+
+def test_calibrate_records_what_plan_estimates_from(tmp_path: Path, monkeypatch) -> None:  # type: ignore[no-untyped-def]
+    from fakes import FakeEngine
+
+    from bulkinfer.plan_job import calibrate, load_calibrations
+
+    model = resolve_model(None)
+    monkeypatch.setenv("BULKINFER_HOME", str(tmp_path))
+    entry = calibrate(load_settings(None, {"model": model}), engine_factory=lambda m, s: FakeEngine())
+    assert load_calibrations()[model] == entry
+    assert entry["rows"] == 64 and entry["completion_tokens_per_s"] > 0
+    src = tmp_path / "in.jsonl"
+    src.write_bytes(orjson.dumps({"prompt": "hi", "max_tokens": 10}) + b"\n")
+    estimate = plan_file(src, load_settings(None, {"model": model}))["estimate"]
+    assert estimate["generate_seconds_at_most"] == pytest.approx(10 / entry["completion_tokens_per_s"])
