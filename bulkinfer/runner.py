@@ -302,7 +302,7 @@ class Generation:
         # for the HTML report: completion lengths (power-of-two bins) and the
         # cumulative completion tokens over time (at most one point a second)
         self.completion_lengths: Counter[int] = Counter()
-        self.timeline: list[tuple[float, int]] = []
+        self.timeline: list[tuple[float, int]] = [(0.0, 0)]
         self._started = time.monotonic()
 
     def fail(self, error: RowError) -> None:
