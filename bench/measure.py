@@ -45,7 +45,11 @@ class Measured:
 
 
 def run_measured(
-    cmd: list[str], log_path: Path, env: dict[str, str] | None = None, cwd: Path | None = None, timeout: float | None = None
+    cmd: list[str],
+    log_path: Path,
+    env: dict[str, str] | None = None,
+    cwd: Path | None = None,
+    timeout: float | None = None,
 ) -> Measured:
     """Run ``cmd`` with stdout and stderr to ``log_path``; wall time from start to exit."""
     loadavg = os.getloadavg()

@@ -25,8 +25,8 @@ def main() -> None:
                 continue
             done = outputs[row["id"]]
             print(
-                f"--- {row['id']} ({done['prompt_tokens']} prompt tokens, {done['completion_tokens']} completion tokens, "
-                f"{done['finish_reason']})"
+                f"--- {row['id']} ({done['prompt_tokens']} prompt tokens, "
+                f"{done['completion_tokens']} completion tokens, {done['finish_reason']})"
             )
             print("prompt:    ", row["prompt"][:200].replace("\n", " "))
             print("completion:", done["completion"][:400].replace("\n", " "))

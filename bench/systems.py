@@ -154,8 +154,7 @@ def run_bulkinfer(rows: Sequence[Row], order: str, settings: BenchSettings) -> d
     """(a) ``bulkinfer run`` with ``--order``; generation from its report."""
     key = f"a-{order}"
     src = settings.workdir / "bulkinfer.jsonl"
-    if not src.exists():
-        write_bulkinfer_input(rows, src)
+    write_bulkinfer_input(rows, src)
     out = settings.workdir / f"{key}.out.jsonl"
     cmd = [
         *_bulkinfer_exe(),
@@ -324,14 +323,16 @@ def run_vllm_run_batch(rows: Sequence[Row], settings: BenchSettings) -> dict[str
     if errors:
         raise SystemFailed(f"c: {len(errors)} requests failed, e.g. {errors[:3]}")
     counts = {"rows": ok, "prompt_tokens": prompt, "completion_tokens": completion, "rows_full_length": full}
+    clocks = json.loads(timing.read_text())
     return result(
         "c",
         "vllm run-batch (OpenAI batch file)",
         counts,
-        json.loads(timing.read_text())["generate_s"],
+        clocks["generate_s"],
         measured,
         cmd,
         rows,
+        load_s=clocks["load_s"],
         extra={"rows_prompt_tokens_mismatch": prompt_mismatch},
     )
 

@@ -36,7 +36,9 @@ def _vllm_generate_once(llm: Any, rows: Sequence[Row], temperature: float, top_p
 
     prompts = [TokensPrompt(prompt_token_ids=r.prompt_token_ids) for r in rows]
     params = [
-        SamplingParams(n=1, temperature=temperature, top_p=top_p, ignore_eos=True, max_tokens=r.max_tokens, detokenize=True)
+        SamplingParams(
+            n=1, temperature=temperature, top_p=top_p, ignore_eos=True, max_tokens=r.max_tokens, detokenize=True
+        )
         for r in rows
     ]
     start = time.perf_counter()
@@ -89,7 +91,7 @@ def hf_static(args: argparse.Namespace) -> None:
     tokenizer.padding_side = "left"
     if tokenizer.pad_token is None:
         tokenizer.pad_token = tokenizer.eos_token
-    model = AutoModelForCausalLM.from_pretrained(args.model, dtype=getattr(torch, args.dtype))
+    model: Any = AutoModelForCausalLM.from_pretrained(args.model, dtype=getattr(torch, args.dtype))
     model.eval()
     load_s = time.perf_counter() - started
     batches = static_batches(rows, args.batch_size)
@@ -115,7 +117,9 @@ def hf_static(args: argparse.Namespace) -> None:
             )
             tokenizer.batch_decode(out, skip_special_tokens=True)
             width = enc["input_ids"].shape[1]
-            for row, real, seq in zip(batch, enc["attention_mask"].sum(dim=1).tolist(), out[:, width:].tolist(), strict=True):
+            for row, real, seq in zip(
+                batch, enc["attention_mask"].sum(dim=1).tolist(), out[:, width:].tolist(), strict=True
+            ):
                 prompt_mismatch += real != len(row.prompt_token_ids)
                 prompt_tokens += real
                 came_back = seq.index(eos) + 1 if eos in seq else len(seq)
@@ -150,6 +154,7 @@ def run_batch(args: argparse.Namespace) -> None:
     loaded) and when every response is in, before the output file is written.
     Their difference is run-batch's generation phase (reading the input,
     rendering and tokenizing prompts, generating)."""
+    started = time.perf_counter()
     import asyncio
 
     from vllm.entrypoints.launchers import run_batch as rb
@@ -171,7 +176,7 @@ def run_batch(args: argparse.Namespace) -> None:
     rb.build_endpoint_registry = timed_build_registry
     rb.write_file = timed_write_file
     asyncio.run(rb.main(parsed))
-    _write(args.timing, {"generate_s": marks["responses_in"] - marks["ready"]})
+    _write(args.timing, {"load_s": marks["ready"] - started, "generate_s": marks["responses_in"] - marks["ready"]})
 
 
 def main(argv: Sequence[str] | None = None) -> None:

@@ -148,7 +148,11 @@ def write_openai_batch(rows: Sequence[Row], path: Path, model: str, temperature:
 def write_token_rows(rows: Sequence[Row], path: Path) -> None:
     """Rows for the in-process workers (raw vLLM, transformers)."""
     _write_jsonl(
-        path, [{"id": r.id, "prompt": r.prompt, "prompt_token_ids": r.prompt_token_ids, "max_tokens": r.max_tokens} for r in rows]
+        path,
+        [
+            {"id": r.id, "prompt": r.prompt, "prompt_token_ids": r.prompt_token_ids, "max_tokens": r.max_tokens}
+            for r in rows
+        ],
     )
 
 
