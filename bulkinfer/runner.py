@@ -176,7 +176,7 @@ def iter_windows(
         yield window
 
 
-def write_run_html(report: dict[str, Any], path: Path, extra_sections: list[str] | None = None) -> None:
+def write_run_html(report: dict[str, Any], path: Path) -> None:
     """The self-contained HTML report beside the output. A failure to draw it
     is reported on stderr and never fails the run (the JSON report has it all)."""
     import sys
@@ -184,7 +184,7 @@ def write_run_html(report: dict[str, Any], path: Path, extra_sections: list[str]
     try:
         from bulkinfer.html_report import run_sections, write_html
 
-        write_html(f"bulkinfer: {report['input']}", [*run_sections(report), *(extra_sections or [])], path)
+        write_html(f"bulkinfer: {report['input']}", run_sections(report), path)
     except Exception as exc:  # matplotlib missing, a font problem, ...
         print(f"bulkinfer: warning: HTML report not written: {type(exc).__name__}: {exc}", file=sys.stderr)
 
