@@ -1,23 +1,28 @@
 """Compare bulkinfer with raw vLLM, vLLM run-batch and static transformers batches on one workload.
 
-Usage (from the repo root, after `make install`; the full run takes roughly 30-40 min on 2 CPU cores):
+Usage (from the repo root, after `make install`):
 
-    .venv/bin/python -m bench.compare --workload sharegpt --n 200
+    .venv/bin/python -m bench.compare --workload sharegpt --n 200     # the table: ~25 min on 2 CPU cores
+    .venv/bin/python -m bench.compare --workload sharegpt --n 200 --systems a \
+        --orders arrival,ascending,descending --repeats 3             # bulkinfer's feed orders: ~45 min
     .venv/bin/python -m bench.compare --workload fixed --n 200      # control: 128-token prompts, 64 tokens out
-    .venv/bin/python -m bench.compare --workload fixed --n 4 --max-output 4 --hf-subset 4 --orders descending
+    .venv/bin/python -m bench.compare --workload fixed --n 4 --max-output 4 --hf-subset 4
 
 Systems (``--systems``, letters or names), each in its own subprocess, in this order:
 
     b  vllm       raw vLLM LLM.generate, all prompts at once, arrival order (the reference)
-    a  bulkinfer  `bulkinfer run`, once per --orders entry (arrival, ascending, descending)
+    a  bulkinfer  `bulkinfer run`, once per --orders entry (default: bulkinfer's default
+                  order), --repeats times, interleaved (a-<order>, or a-<order>-<i>)
     c  run-batch  vLLM's OpenAI batch runner on the same rows
     d  hf         transformers generate, static batches (B=16), arrival and length-bucketed,
-                  on the first --hf-subset rows; compared with b on those rows (b-subset)
+                  on the first --hf-subset rows with prompt + output <= --hf-max-total tokens;
+                  compared with b on those rows (b-subset)
 
 Every system gets the same rows, prompt tokens and per-row max_tokens, generates with
 ignore_eos (so each produces the same completion tokens), the same model, dtype, seed
 and sampling, and the vLLM ones the same engine arguments. Results:
-bench/results/compare-<workload>-n<N>-<time>.json and .md. See bench/README.md.
+bench/results/compare-<workload>-n<N>-<time>.json and .md, rewritten after every
+system (``"complete": false`` until the last). See bench/README.md.
 The scale series (1k..100k rows, seconds and memory) is bench/scale.py.
 """
 
@@ -26,6 +31,7 @@ from __future__ import annotations
 import argparse
 import os
 import shlex
+import shutil
 import sys
 import tempfile
 from collections.abc import Sequence
@@ -36,6 +42,7 @@ from typing import Any
 import orjson
 
 from bench import measure, systems, table, workload
+from bulkinfer.config import PlanSettings
 
 SYSTEM_NAMES = {"a": "a", "bulkinfer": "a", "b": "b", "vllm": "b", "c": "c", "run-batch": "c", "d": "d", "hf": "d"}
 ORDERS = ("arrival", "ascending", "descending")
@@ -90,8 +97,17 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--workload", choices=("sharegpt", "fixed"), default="sharegpt")
     p.add_argument("--n", type=int, default=200, help="rows (sharegpt: the first N of sample_data/sharegpt.jsonl)")
     p.add_argument("--systems", type=parse_systems, default=["a", "b", "c", "d"], help="e.g. a,b,c,d (default)")
-    p.add_argument("--orders", type=parse_orders, default=list(ORDERS), help="bulkinfer --order values to run")
+    p.add_argument(
+        "--orders", type=parse_orders, default=[PlanSettings().order], help="bulkinfer --order values to run"
+    )
+    p.add_argument("--repeats", type=int, default=1, help="runs of each bulkinfer order, interleaved")
     p.add_argument("--hf-subset", type=int, default=32, help="rows for the static baseline: the first K (0: all)")
+    p.add_argument(
+        "--hf-max-total",
+        type=int,
+        default=512,
+        help="static baseline rows: only those with prompt + output <= this many tokens (0: no limit)",
+    )
     p.add_argument("--hf-batch-size", type=int, default=16)
     p.add_argument("--max-output", type=int, default=None, help="cap every row's max_tokens (tiny runs)")
     p.add_argument("--kv-cache-gib", type=float, default=4.0, help="vLLM kv_cache_memory_bytes, in GiB")
@@ -108,7 +124,9 @@ def build_parser() -> argparse.ArgumentParser:
     return p
 
 
-def describe_workload(args: argparse.Namespace, rows: Sequence[workload.Row]) -> dict[str, Any]:
+def describe_workload(
+    args: argparse.Namespace, rows: Sequence[workload.Row], subset: Sequence[workload.Row]
+) -> dict[str, Any]:
     cap = f", capped at {args.max_output}" if args.max_output is not None else ""
     if args.workload == "sharegpt":
         text = (
@@ -121,17 +139,22 @@ def describe_workload(args: argparse.Namespace, rows: Sequence[workload.Row]) ->
             f"{len(rows)} prompts of {workload.FIXED_PROMPT_TOKENS} tokens (random common words, seed {args.seed}), "
             f"max_tokens {workload.FIXED_OUTPUT_TOKENS}{cap}"
         )
-    k = len(rows) if args.hf_subset <= 0 else min(args.hf_subset, len(rows))
-    subset = (
-        f"all {k} rows" if k == len(rows) else f"the first {k} rows (compared with b-subset: raw vLLM on those rows)"
-    )
+    if len(subset) == len(rows):
+        which = f"all {len(rows)} rows"
+    else:
+        limit = f" with prompt + output <= {args.hf_max_total} tokens" if args.hf_max_total > 0 else ""
+        which = (
+            f"the first {len(subset)} rows{limit} (compared with b-subset: raw vLLM on those rows; "
+            f"{workload.describe(subset)['completion_tokens']} completion tokens)"
+        )
     return {
         "name": args.workload,
         "n": args.n,
         "max_output": args.max_output,
         "description": text,
-        "hf_subset": f"{subset}, batches of {args.hf_batch_size}, arrival order and sorted by prompt length",
-        "hf_subset_rows": k,
+        "hf_subset": f"{which}, batches of {args.hf_batch_size}, arrival order and sorted by prompt length",
+        "hf_subset_rows": len(subset),
+        "hf_subset_ids": [r.id for r in subset],
         **workload.describe(rows),
     }
 
@@ -157,13 +180,53 @@ def add_ratios(results: list[dict[str, Any]]) -> None:
         }
 
 
-def run(args: argparse.Namespace, workdir: Path) -> tuple[dict[str, Any], bool]:
-    """Run the chosen systems; return the results document and whether all succeeded."""
+def summarize_orders(results: list[dict[str, Any]]) -> dict[str, Any] | None:
+    """bulkinfer's generation completion tokens/s per feed order over its
+    repeats: each run, mean, min, max, and the order with the best mean."""
+    runs: dict[str, list[float]] = {}
+    for r in results:
+        if r["key"].startswith("a-") and "error" not in r and r["throughput_generate"]:
+            runs.setdefault(r["order"], []).append(r["throughput_generate"]["completion_tokens_per_s"])
+    if not runs:
+        return None
+    means = {order: sum(xs) / len(xs) for order, xs in runs.items()}
+    by_order = {order: {"runs": xs, "mean": means[order], "min": min(xs), "max": max(xs)} for order, xs in runs.items()}
+    best = max(means, key=means.__getitem__)
+    return {"completion_tokens_per_s_generate": by_order, "best": best}
+
+
+def plan_jobs(
+    args: argparse.Namespace,
+    rows: Sequence[workload.Row],
+    subset: Sequence[workload.Row],
+    settings: systems.BenchSettings,
+) -> list[tuple[str, Any]]:
+    """(key, thunk) per system run, in the order they run."""
+    jobs: list[tuple[str, Any]] = []
+    if "b" in args.systems:
+        jobs.append(("b", lambda: systems.run_vllm_generate(rows, settings, subset if "d" in args.systems else ())))
+    if "a" in args.systems:
+        for i in range(1, args.repeats + 1):
+            for o in args.orders:
+                key = f"a-{o}" if args.repeats == 1 else f"a-{o}-{i}"
+                jobs.append((key, lambda o=o, key=key: systems.run_bulkinfer(rows, o, settings, key)))
+    if "c" in args.systems:
+        jobs.append(("c", lambda: systems.run_vllm_run_batch(rows, settings)))
+    if "d" in args.systems:
+        jobs += [(f"d-{o}", lambda o=o: systems.run_hf_static(rows, subset, o, settings)) for o in HF_ORDERS]
+    return jobs
+
+
+def run(args: argparse.Namespace, workdir: Path, save: Any) -> tuple[dict[str, Any], bool]:
+    """Run the chosen systems, calling ``save(doc)`` after each; return the
+    results document and whether all succeeded."""
     from bulkinfer.models import resolve_model
 
     model = resolve_model(args.model)
     rows = workload.build(args.workload, workload.load_tokenizer(model), args.n, args.max_output, args.seed)
-    hf_subset = args.hf_subset if 0 < args.hf_subset < len(rows) else 0
+    subset = workload.static_subset(rows, args.hf_subset, args.hf_max_total if args.hf_max_total > 0 else None)
+    if "d" in args.systems and not subset:
+        raise SystemExit(f"no row has prompt + output <= --hf-max-total {args.hf_max_total}")
     settings = systems.BenchSettings(
         model=model,
         workdir=workdir,
@@ -172,13 +235,13 @@ def run(args: argparse.Namespace, workdir: Path) -> tuple[dict[str, Any], bool]:
         temperature=args.temperature,
         top_p=args.top_p,
         hf_batch_size=args.hf_batch_size,
-        hf_subset=hf_subset,
         timeout_s=args.timeout,
     )
     doc: dict[str, Any] = {
         "benchmark": "bench.compare",
         "created": datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%SZ"),
         "command": shlex.join(["python", "-m", "bench.compare", *sys.argv[1:]]),
+        "complete": False,
         "loadavg_before": list(os.getloadavg()),
         "machine": measure.machine(),
         "versions": measure.versions(),
@@ -189,23 +252,17 @@ def run(args: argparse.Namespace, workdir: Path) -> tuple[dict[str, Any], bool]:
             "top_p": args.top_p,
             "ignore_eos": True,
             "hf_batch_size": args.hf_batch_size,
+            "bulkinfer_default_order": PlanSettings().order,
             "env": {"VLLM_CPU_NUM_OF_RESERVED_CPU": "0", "TOKENIZERS_PARALLELISM": "false"},
         },
-        "workload": describe_workload(args, rows),
+        "workload": describe_workload(args, rows, subset),
         "memory": f"psutil every {measure.SAMPLE_INTERVAL_S} s over each system's process tree: "
         "peak_rss_bytes = largest sum of RSS, peak_rss_largest_process_bytes = largest single process",
         "notes": NOTES,
         "results": [],
+        "work_dir": str(workdir),
     }
-    jobs: list[tuple[str, Any]] = []
-    if "b" in args.systems:
-        jobs.append(("b", lambda: systems.run_vllm_generate(rows, settings)))
-    if "a" in args.systems:
-        jobs += [(f"a-{o}", lambda o=o: systems.run_bulkinfer(rows, o, settings)) for o in args.orders]
-    if "c" in args.systems:
-        jobs.append(("c", lambda: systems.run_vllm_run_batch(rows, settings)))
-    if "d" in args.systems:
-        jobs += [(f"d-{o}", lambda o=o: systems.run_hf_static(rows, o, settings)) for o in HF_ORDERS]
+    jobs = plan_jobs(args, rows, subset, settings)
     if args.warmup:
         # Untimed: read vLLM's, torch's and transformers' files into the page cache once, so that the
         # first system measured does not pay a cold disk the others do not.
@@ -221,36 +278,42 @@ def run(args: argparse.Namespace, workdir: Path) -> tuple[dict[str, Any], bool]:
             print(f"[bench] {key} failed: {exc}", file=sys.stderr, flush=True)
             doc["results"].append({"key": key, "error": f"{type(exc).__name__}: {exc}"})
             ok = False
-            continue
-        doc["results"] += out if isinstance(out, list) else [out]
-    add_ratios(doc["results"])
-    doc["work_dir"] = str(workdir)
+        else:
+            doc["results"] += out if isinstance(out, list) else [out]
+        add_ratios(doc["results"])
+        doc["orders"] = summarize_orders(doc["results"])
+        save(doc)
+    doc["complete"] = True
     return doc, ok
 
 
 def main(argv: Sequence[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
-    if args.n < 1:
-        raise SystemExit("--n must be >= 1")
+    if args.n < 1 or args.repeats < 1:
+        raise SystemExit("--n and --repeats must be >= 1")
     stem = f"compare-{args.workload}-n{args.n}-{datetime.now(UTC).strftime('%Y%m%d-%H%M%S')}"
     args.out_dir.mkdir(parents=True, exist_ok=True)
+    json_path = args.out_dir / f"{stem}.json"
+    md_path = args.out_dir / f"{stem}.md"
+
+    def save(doc: dict[str, Any]) -> None:
+        for path, data in ((json_path, orjson.dumps(doc, option=orjson.OPT_INDENT_2)), (md_path, table.render(doc))):
+            tmp = path.with_name(path.name + ".tmp")
+            tmp.write_bytes(data if isinstance(data, bytes) else data.encode())
+            os.replace(tmp, path)
+
     if args.work_dir is not None:
         args.work_dir.mkdir(parents=True, exist_ok=True)
-        doc, ok = run(args, args.work_dir.resolve())
+        doc, ok = run(args, args.work_dir.resolve(), save)
     else:
         workdir = Path(tempfile.mkdtemp(prefix=f"{stem}-"))
-        doc, ok = run(args, workdir)
+        doc, ok = run(args, workdir, save)
         if ok:
-            for path in sorted(workdir.iterdir()):
-                path.unlink()
-            workdir.rmdir()
+            shutil.rmtree(workdir)
             doc["work_dir"] = None
         else:
             print(f"[bench] logs kept in {workdir}", file=sys.stderr)
-    json_path = args.out_dir / f"{stem}.json"
-    md_path = args.out_dir / f"{stem}.md"
-    json_path.write_bytes(orjson.dumps(doc, option=orjson.OPT_INDENT_2))
-    md_path.write_text(table.render(doc))
+    save(doc)
     print(md_path.read_text())
     print(f"[bench] wrote {json_path} and {md_path}", file=sys.stderr)
     return 0 if ok else 1

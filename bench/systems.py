@@ -10,7 +10,8 @@
   ``vllm.entrypoints.openai.run_batch`` (``bench.workers run-batch`` adds only
   two clocks around it).
 - ``d`` transformers static batches of ``hf_batch_size``, in arrival order and
-  length-bucketed, on the first ``hf_subset`` rows (``bench.workers hf-static``).
+  length-bucketed, on a subset of the rows (``bench.workers hf-static``),
+  compared with raw vLLM on the same subset (``b-subset``).
 
 End to end = the subprocess's wall time, start to exit (imports, model load,
 generation, writing, shutdown). Every result counts tokens from what came back.
@@ -59,7 +60,6 @@ class BenchSettings:
     temperature: float = 0.0
     top_p: float = 1.0
     hf_batch_size: int = 16
-    hf_subset: int = 32
     timeout_s: float | None = None
 
     def engine_args(self) -> dict[str, Any]:
@@ -150,9 +150,10 @@ def _bulkinfer_exe() -> list[str]:
     return [str(found)] if found else [sys.executable, "-m", "bulkinfer"]
 
 
-def run_bulkinfer(rows: Sequence[Row], order: str, settings: BenchSettings) -> dict[str, Any]:
-    """(a) ``bulkinfer run`` with ``--order``; generation from its report."""
-    key = f"a-{order}"
+def run_bulkinfer(rows: Sequence[Row], order: str, settings: BenchSettings, key: str | None = None) -> dict[str, Any]:
+    """(a) ``bulkinfer run`` with ``--order``; generation from its report.
+    ``key`` names the result and its files (default ``a-<order>``; repeats add a suffix)."""
+    key = key or f"a-{order}"
     src = settings.workdir / "bulkinfer.jsonl"
     write_bulkinfer_input(rows, src)
     out = settings.workdir / f"{key}.out.jsonl"
@@ -202,16 +203,20 @@ def run_bulkinfer(rows: Sequence[Row], order: str, settings: BenchSettings) -> d
         rows,
         load_s=report["seconds"]["load"],
         padding={"arrival": pad["arrival"], "sorted": pad["sorted"], "batch_size": pad["batch_size"], "static": False},
-        extra={"bulkinfer_seconds": report["seconds"], "engine": report.get("engine")},
+        extra={"order": order, "bulkinfer_seconds": report["seconds"], "engine": report.get("engine")},
     )
 
 
-def run_vllm_generate(rows: Sequence[Row], settings: BenchSettings) -> list[dict[str, Any]]:
-    """(b) raw ``LLM.generate``; with a smaller HF subset also (b-subset) those rows alone."""
+def run_vllm_generate(rows: Sequence[Row], settings: BenchSettings, subset: Sequence[Row] = ()) -> list[dict[str, Any]]:
+    """(b) raw ``LLM.generate`` on ``rows``; then, when ``subset`` (the static
+    baseline's rows) is given and is not all of them, (b-subset) those rows alone."""
     src = settings.workdir / "rows.jsonl"
     write_token_rows(rows, src)
     out = settings.workdir / "b.result.json"
-    subset = settings.hf_subset if 0 < settings.hf_subset < len(rows) else 0
+    subset_src = settings.workdir / "subset_rows.jsonl"
+    with_subset = 0 < len(subset) < len(rows)
+    if with_subset:
+        write_token_rows(subset, subset_src)
     cmd = [
         sys.executable,
         "-m",
@@ -229,8 +234,7 @@ def run_vllm_generate(rows: Sequence[Row], settings: BenchSettings) -> list[dict
         str(settings.temperature),
         "--top-p",
         str(settings.top_p),
-        "--subset",
-        str(subset),
+        *(["--subset-rows", str(subset_src)] if with_subset else []),
     ]
     measured = _run(cmd, "b", settings)
     res = json.loads(out.read_text())
@@ -250,12 +254,12 @@ def run_vllm_generate(rows: Sequence[Row], settings: BenchSettings) -> list[dict
         results.append(
             result(
                 "b-subset",
-                f"vLLM LLM.generate, first {subset} rows (same process, after b)",
+                f"vLLM LLM.generate, the static baseline's {len(subset)} rows (same process, after b)",
                 res["subset"],
                 res["subset"]["generate_s"],
                 None,
                 cmd,
-                rows[:subset],
+                subset,
                 reference="b-subset",
             )
         )
@@ -337,9 +341,8 @@ def run_vllm_run_batch(rows: Sequence[Row], settings: BenchSettings) -> dict[str
     )
 
 
-def run_hf_static(rows: Sequence[Row], order: str, settings: BenchSettings) -> dict[str, Any]:
-    """(d) transformers ``generate``, static batches, on the first ``hf_subset`` rows."""
-    subset = list(rows[: settings.hf_subset]) if settings.hf_subset > 0 else list(rows)
+def run_hf_static(rows: Sequence[Row], subset: Sequence[Row], order: str, settings: BenchSettings) -> dict[str, Any]:
+    """(d) transformers ``generate``, static batches, on ``subset`` (of ``rows``)."""
     key = f"d-{order}"
     src = settings.workdir / "hf_rows.jsonl"
     write_token_rows(subset, src)
@@ -374,7 +377,7 @@ def run_hf_static(rows: Sequence[Row], order: str, settings: BenchSettings) -> d
     return result(
         key,
         f"transformers generate, static B={settings.hf_batch_size}, {order}"
-        + ("" if same_rows else f", first {len(subset)} rows"),
+        + ("" if same_rows else f", {len(subset)} rows"),
         res["all"],
         res["all"]["generate_s"],
         measured,

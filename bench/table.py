@@ -41,6 +41,27 @@ def _rss(r: dict[str, Any]) -> str:
     return f"{r['peak_rss_bytes'] / GiB:.2f} / {r['peak_rss_largest_process_bytes'] / GiB:.2f}"
 
 
+def _orders(summary: dict[str, Any] | None) -> list[str]:
+    """bulkinfer's feed orders side by side (only when more than one order or run)."""
+    if not summary:
+        return []
+    by_order = summary["completion_tokens_per_s_generate"]
+    if len(by_order) == 1 and all(len(v["runs"]) == 1 for v in by_order.values()):
+        return []
+    lines = [
+        "",
+        "bulkinfer by feed order, generation completion tokens/s:",
+        "",
+        "| order | runs | mean | min | max |",
+        "|---|---|--:|--:|--:|",
+    ]
+    for order, v in by_order.items():
+        runs = ", ".join(f"{x:.1f}" for x in v["runs"])
+        best = " (best mean)" if order == summary["best"] else ""
+        lines.append(f"| {order}{best} | {runs} | {v['mean']:.1f} | {v['min']:.1f} | {v['max']:.1f} |")
+    return lines
+
+
 def render(doc: dict[str, Any]) -> str:
     """Title, machine and settings, the results table, and what the columns mean."""
     w, m, v, s = doc["workload"], doc["machine"], doc["versions"], doc["settings"]
@@ -81,5 +102,8 @@ def render(doc: dict[str, Any]) -> str:
             f"| {_rate(e2e, 'total_tokens_per_s')} | {_rate(e2e, 'requests_per_s')} "
             f"| {_rss(r)} | {_padding(r['padding_efficiency'])} | {_ratio(r)} |"
         )
+    lines += _orders(doc.get("orders"))
+    if not doc.get("complete", True):
+        lines += ["", "**Incomplete**: the run stopped (or is still going) before its last system."]
     lines += ["", *(f"- {note}" for note in doc["notes"]), ""]
     return "\n".join(lines)

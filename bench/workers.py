@@ -1,6 +1,7 @@
 """Subprocess entry points for the systems that `bench.compare` drives in-process code for.
 
-    python -m bench.workers vllm-generate --rows R.jsonl --out RES.json --model DIR --engine-args JSON [--subset K]
+    python -m bench.workers vllm-generate --rows R.jsonl --out RES.json --model DIR --engine-args JSON \
+        [--subset-rows S.jsonl]
     python -m bench.workers hf-static --rows R.jsonl --out RES.json --model DIR --order {arrival,bucketed}
     python -m bench.workers run-batch --timing RES.json -- <run_batch arguments>
 
@@ -63,9 +64,10 @@ def vllm_generate(args: argparse.Namespace) -> None:
     llm = LLM(model=args.model, tokenizer=args.model, **json.loads(args.engine_args))
     load_s = time.perf_counter() - started
     result: dict[str, Any] = {"load_s": load_s, "all": _vllm_generate_once(llm, rows, args.temperature, args.top_p)}
-    if args.subset and args.subset < len(rows):
+    if args.subset_rows is not None:
         # The static baseline's rows, on the same (now warm) engine: its like-for-like reference.
-        result["subset"] = _vllm_generate_once(llm, rows[: args.subset], args.temperature, args.top_p)
+        subset = read_token_rows(args.subset_rows)
+        result["subset"] = _vllm_generate_once(llm, subset, args.temperature, args.top_p)
     _write(args.out, result)
 
 
@@ -192,7 +194,7 @@ def main(argv: Sequence[str] | None = None) -> None:
         p.add_argument("--seed", type=int, default=0)
     gen = sub.choices["vllm-generate"]
     gen.add_argument("--engine-args", required=True, help="vLLM engine arguments as a JSON object")
-    gen.add_argument("--subset", type=int, default=0, help="then also time the first K rows alone")
+    gen.add_argument("--subset-rows", type=Path, default=None, help="then also time these rows alone")
     hf = sub.choices["hf-static"]
     hf.add_argument("--order", choices=("arrival", "bucketed"), default="arrival")
     hf.add_argument("--batch-size", type=int, default=16)

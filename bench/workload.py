@@ -96,6 +96,16 @@ def build(name: str, tokenizer: Any, n: int, max_output: int | None = None, seed
     raise ValueError(f"unknown workload {name!r}")
 
 
+def static_subset(rows: Sequence[Row], k: int, max_total: int | None) -> list[Row]:
+    """The static baseline's rows: the first ``k`` rows (``k`` <= 0: all) whose
+    prompt + ``max_tokens`` is at most ``max_total`` tokens (None: no limit), in
+    arrival order. A length limit keeps the slow baseline inside the benchmark's
+    time budget; it favours that baseline (its cost per step grows with the
+    padded length), so it never flatters the vLLM systems."""
+    fits = [r for r in rows if max_total is None or len(r.prompt_token_ids) + r.max_tokens <= max_total]
+    return fits if k <= 0 else fits[:k]
+
+
 def describe(rows: Sequence[Row]) -> dict[str, Any]:
     """Row count and prompt / output token statistics."""
     prompt = [len(r.prompt_token_ids) for r in rows]

@@ -1,0 +1,96 @@
+"""bench.compare's bookkeeping without an engine: the static baseline's subset and the feed-order summary."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+
+from bench.compare import summarize_orders
+from bench.table import render
+from bench.workload import Row, static_subset
+
+
+def _row(i: int, prompt: int, out: int) -> Row:
+    return Row(f"r{i}", "x", list(range(prompt)), out)
+
+
+def test_static_subset_takes_the_first_rows_within_the_length_limit() -> None:
+    rows = [_row(0, 10, 500), _row(1, 10, 10), _row(2, 400, 200), _row(3, 5, 5), _row(4, 1, 1)]
+    assert [r.id for r in static_subset(rows, 2, 512)] == ["r0", "r1"]  # r0: 510 <= 512; r2: 600 > 512
+    assert [r.id for r in static_subset(rows, 2, 300)] == ["r1", "r3"]
+    assert [r.id for r in static_subset(rows, 0, 100)] == ["r1", "r3", "r4"]
+    assert static_subset(rows, 0, None) == rows
+    assert [r.id for r in static_subset(rows, 3, None)] == ["r0", "r1", "r2"]
+
+
+def test_static_subset_limit_is_inclusive() -> None:
+    rows = [_row(0, 12, 500), _row(1, 13, 500)]
+    assert [r.id for r in static_subset(rows, 0, 512)] == ["r0"]
+
+
+def _a(key: str, order: str, tps: float | None) -> dict[str, Any]:
+    gen = None if tps is None else {"completion_tokens_per_s": tps}
+    return {"key": key, "order": order, "throughput_generate": gen}
+
+
+def test_summarize_orders_means_and_best() -> None:
+    results = [
+        {"key": "b", "throughput_generate": {"completion_tokens_per_s": 999.0}},
+        _a("a-arrival-1", "arrival", 260.0),
+        _a("a-descending-1", "descending", 250.0),
+        _a("a-arrival-2", "arrival", 250.0),
+        _a("a-descending-2", "descending", 270.0),
+        {"key": "a-ascending-1", "error": "SystemFailed: boom"},
+    ]
+    summary = summarize_orders(results)
+    assert summary is not None
+    by_order = summary["completion_tokens_per_s_generate"]
+    assert set(by_order) == {"arrival", "descending"}
+    assert by_order["arrival"] == {"runs": [260.0, 250.0], "mean": 255.0, "min": 250.0, "max": 260.0}
+    assert by_order["descending"]["mean"] == pytest.approx(260.0)
+    assert summary["best"] == "descending"
+    assert summarize_orders([{"key": "b", "throughput_generate": None}]) is None
+
+
+def test_table_lists_orders_and_marks_an_incomplete_run() -> None:
+    doc: dict[str, Any] = {
+        "created": "2026-11-22T00:00:00Z",
+        "command": "python -m bench.compare",
+        "complete": False,
+        "loadavg_before": [0.0, 0.0, 0.0],
+        "machine": {
+            "cpu": "cpu",
+            "logical_cores": 2,
+            "physical_cores": 1,
+            "memory_bytes": 2**30,
+            "gpus": [],
+            "python": "3.12",
+        },
+        "versions": {"vllm": "v", "torch": "t", "transformers": "x"},
+        "settings": {
+            "model": "m",
+            "dtype": "float32",
+            "enforce_eager": True,
+            "kv_cache_memory_bytes": 1,
+            "seed": 0,
+            "temperature": 0.0,
+            "top_p": 1.0,
+        },
+        "workload": {
+            "name": "w",
+            "rows": 1,
+            "description": "d",
+            "prompt_tokens": 1,
+            "completion_tokens": 1,
+            "prompt_tokens_min_mean_max": [1, 1, 1],
+            "completion_tokens_min_mean_max": [1, 1, 1],
+            "hf_subset": "s",
+        },
+        "notes": [],
+        "results": [],
+        "orders": summarize_orders([_a("a-arrival-1", "arrival", 260.0), _a("a-arrival-2", "arrival", 250.0)]),
+    }
+    page = render(doc)
+    assert "| arrival (best mean) | 260.0, 250.0 | 255.0 | 250.0 | 260.0 |" in page
+    assert "**Incomplete**" in page
