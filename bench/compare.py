@@ -110,7 +110,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
     p.add_argument("--hf-batch-size", type=int, default=16)
     p.add_argument("--max-output", type=int, default=None, help="cap every row's max_tokens (tiny runs)")
-    p.add_argument("--kv-cache-gib", type=float, default=4.0, help="vLLM kv_cache_memory_bytes, in GiB")
+    p.add_argument("--kv-cache-gib", type=float, default=6.0, help="vLLM kv_cache_memory_bytes, in GiB")
     p.add_argument("--seed", type=int, default=0, help="engine / torch seed (and the fixed workload's prompts)")
     p.add_argument("--temperature", type=float, default=0.0, help="0 = greedy (default)")
     p.add_argument("--top-p", type=float, default=1.0)
