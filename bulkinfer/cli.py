@@ -46,6 +46,42 @@ def _buckets(value: str | None) -> tuple[int, ...] | None:
         raise typer.BadParameter("expected comma-separated integers, e.g. 64,128,256") from None
 
 
+# Command-line option -> the dotted settings key it overrides (see bulkinfer.config.load_settings).
+OVERRIDES = {
+    "model": "model",
+    "apply_chat_template": "apply_chat_template",
+    **{name: f"sampling.{name}" for name in ("max_tokens", "temperature", "top_p", "stop", "ignore_eos")},
+    **{
+        name: f"engine.{name}"
+        for name in (
+            "dtype",
+            "tensor_parallel_size",
+            "data_parallel_size",
+            "max_model_len",
+            "max_num_seqs",
+            "max_num_batched_tokens",
+            "gpu_memory_utilization",
+            "kv_cache_memory_bytes",
+            "enforce_eager",
+            "seed",
+            "trust_remote_code",
+        )
+    },
+    **{name: f"plan.{name}" for name in ("order", "buckets", "window_rows", "max_in_flight", "padding_batch_size")},
+}
+
+
+def _overrides(options: dict[str, Any]) -> dict[str, Any]:
+    """Settings overrides from a command's options (its ``locals()``): every
+    option named in :data:`OVERRIDES`; ``None`` means "not given"."""
+    values = {OVERRIDES[name]: value for name, value in options.items() if name in OVERRIDES}
+    if "sampling.stop" in values:
+        values["sampling.stop"] = tuple(values["sampling.stop"]) if values["sampling.stop"] else None
+    if "plan.buckets" in values:
+        values["plan.buckets"] = _buckets(values["plan.buckets"])
+    return values
+
+
 @app.command(epilog=EXIT_CODES_HELP)
 def run(
     input_path: Annotated[Path, typer.Argument(metavar="INPUT", help="Prompts: .jsonl or .parquet.")],
@@ -106,31 +142,7 @@ def run(
     plain_progress: Annotated[bool, typer.Option(help="Plain progress lines even on a terminal.")] = False,
 ) -> None:
     """Generate a completion for every row of INPUT; write OUT, OUT.errors.jsonl and OUT.report.json."""
-    overrides: dict[str, Any] = {
-        "model": model,
-        "apply_chat_template": apply_chat_template,
-        "sampling.max_tokens": max_tokens,
-        "sampling.temperature": temperature,
-        "sampling.top_p": top_p,
-        "sampling.stop": tuple(stop) if stop else None,
-        "sampling.ignore_eos": ignore_eos,
-        "engine.dtype": dtype,
-        "engine.tensor_parallel_size": tensor_parallel_size,
-        "engine.data_parallel_size": data_parallel_size,
-        "engine.max_model_len": max_model_len,
-        "engine.max_num_seqs": max_num_seqs,
-        "engine.max_num_batched_tokens": max_num_batched_tokens,
-        "engine.gpu_memory_utilization": gpu_memory_utilization,
-        "engine.kv_cache_memory_bytes": kv_cache_memory_bytes,
-        "engine.enforce_eager": enforce_eager,
-        "engine.seed": seed,
-        "engine.trust_remote_code": trust_remote_code,
-        "plan.order": order,
-        "plan.buckets": _buckets(buckets),
-        "plan.window_rows": window_rows,
-        "plan.max_in_flight": max_in_flight,
-        "plan.padding_batch_size": padding_batch_size,
-    }
+    overrides = _overrides(locals())  # first: only the options are local yet
     from rich.console import Console
 
     from bulkinfer.config import load_settings
@@ -178,6 +190,7 @@ def eval_command(
     plain_progress: Annotated[bool, typer.Option(help="Plain progress lines even on a terminal.")] = False,
 ) -> None:
     """Run GOLDEN through the model (or take --predictions) and score it: BLEU, chrF, ROUGE, exact match, perplexity."""
+    overrides = _overrides(locals())  # first: only the options are local yet
     from rich.console import Console
 
     from bulkinfer.config import load_settings
@@ -185,12 +198,6 @@ def eval_command(
     from bulkinfer.evaluate import parse_fail_under
     from bulkinfer.writers import default_output
 
-    overrides: dict[str, Any] = {
-        "model": model,
-        "apply_chat_template": apply_chat_template,
-        "sampling.max_tokens": max_tokens,
-        "sampling.temperature": temperature,
-    }
     try:
         bars = parse_fail_under(fail_under) if fail_under else None
         previous = load_eval(compare) if compare else None
@@ -230,20 +237,13 @@ def plan(
     json_out: Annotated[Path | None, typer.Option("--json", help="Also write the plan as JSON to this file.")] = None,
 ) -> None:
     """Dry run: row counts, failures, prompt lengths, buckets, padding and a time estimate. Loads no engine."""
+    overrides = _overrides(locals())  # first: only the options are local yet
     from rich.console import Console
 
     from bulkinfer.config import load_settings
     from bulkinfer.plan_job import plan_file, print_plan
     from bulkinfer.report import write_report
 
-    overrides: dict[str, Any] = {
-        "model": model,
-        "apply_chat_template": apply_chat_template,
-        "sampling.max_tokens": max_tokens,
-        "engine.max_model_len": max_model_len,
-        "plan.buckets": _buckets(buckets),
-        "plan.padding_batch_size": padding_batch_size,
-    }
     try:
         result = plan_file(input_path, load_settings(config, overrides))
     except BulkinferError as exc:

@@ -78,3 +78,52 @@ def test_eval_bad_fail_under_exits_2(tmp_path: Path) -> None:
     result = runner.invoke(app, ["eval", str(golden), "--fail-under", "blue=3"])
     assert result.exit_code == 2
     assert "blue" in result.output
+
+
+def test_every_override_option_reaches_its_setting() -> None:
+    import inspect
+
+    from bulkinfer.cli import OVERRIDES, _overrides, run
+    from bulkinfer.config import load_settings
+
+    # Every mapped option is an option of `run`, and every target is a real setting.
+    assert set(OVERRIDES) <= set(inspect.signature(run).parameters)
+    values = {
+        "model": "/m",
+        "apply_chat_template": True,
+        "max_tokens": 7,
+        "temperature": 0.5,
+        "top_p": 0.9,
+        "stop": ["END", "###"],
+        "ignore_eos": True,
+        "dtype": "bfloat16",
+        "tensor_parallel_size": 1,
+        "data_parallel_size": 1,
+        "max_model_len": 1024,
+        "max_num_seqs": 8,
+        "max_num_batched_tokens": 2048,
+        "gpu_memory_utilization": 0.5,
+        "kv_cache_memory_bytes": 2**30,
+        "enforce_eager": False,
+        "seed": 3,
+        "trust_remote_code": True,
+        "order": "ascending",
+        "buckets": "64,128",
+        "window_rows": 100,
+        "max_in_flight": 16,
+        "padding_batch_size": 4,
+        "not_a_setting": "ignored",
+    }
+    assert set(values) - {"not_a_setting"} == set(OVERRIDES)
+    s = load_settings(None, _overrides(values))
+    assert (s.model, s.apply_chat_template) == ("/m", True)
+    assert (s.sampling.max_tokens, s.sampling.temperature, s.sampling.top_p) == (7, 0.5, 0.9)
+    assert (s.sampling.stop, s.sampling.ignore_eos) == (("END", "###"), True)
+    assert (s.engine.dtype, s.engine.max_model_len, s.engine.max_num_seqs) == ("bfloat16", 1024, 8)
+    assert (s.engine.max_num_batched_tokens, s.engine.gpu_memory_utilization) == (2048, 0.5)
+    assert (s.engine.kv_cache_memory_bytes, s.engine.enforce_eager, s.engine.seed) == (2**30, False, 3)
+    assert s.engine.trust_remote_code is True
+    assert (s.plan.order, s.plan.buckets, s.plan.window_rows) == ("ascending", (64, 128), 100)
+    assert (s.plan.max_in_flight, s.plan.padding_batch_size) == (16, 4)
+    # Options not given (None) keep the defaults.
+    assert load_settings(None, _overrides(dict.fromkeys(OVERRIDES))) == load_settings()
