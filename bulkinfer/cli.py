@@ -7,11 +7,13 @@ commands, so ``bulkinfer --help`` stays fast.
 
 from __future__ import annotations
 
+import dataclasses
 from pathlib import Path
 from typing import Annotated, Any, NoReturn
 
 import typer
 
+from bulkinfer.config import EngineSettings, PlanSettings
 from bulkinfer.errors import BulkinferError
 
 EXIT_CODES_HELP = """Exit codes: 0 all rows completed; 2 usage or config error; 3 finished but some rows
@@ -46,28 +48,14 @@ def _buckets(value: str | None) -> tuple[int, ...] | None:
         raise typer.BadParameter("expected comma-separated integers, e.g. 64,128,256") from None
 
 
-# Command-line option -> the dotted settings key it overrides (see bulkinfer.config.load_settings).
+# Command-line option -> the dotted settings key it overrides (see bulkinfer.config.load_settings):
+# every engine and plan setting has an option of the same name; `--seed` is the engine's seed.
 OVERRIDES = {
     "model": "model",
     "apply_chat_template": "apply_chat_template",
     **{name: f"sampling.{name}" for name in ("max_tokens", "temperature", "top_p", "stop", "ignore_eos")},
-    **{
-        name: f"engine.{name}"
-        for name in (
-            "dtype",
-            "tensor_parallel_size",
-            "data_parallel_size",
-            "max_model_len",
-            "max_num_seqs",
-            "max_num_batched_tokens",
-            "gpu_memory_utilization",
-            "kv_cache_memory_bytes",
-            "enforce_eager",
-            "seed",
-            "trust_remote_code",
-        )
-    },
-    **{name: f"plan.{name}" for name in ("order", "buckets", "window_rows", "max_in_flight", "padding_batch_size")},
+    **{f.name: f"engine.{f.name}" for f in dataclasses.fields(EngineSettings)},
+    **{f.name: f"plan.{f.name}" for f in dataclasses.fields(PlanSettings)},
 }
 
 
