@@ -1,31 +1,45 @@
 """Scale series: seconds and peak RSS of `bulkinfer run` for N short prompts with max_tokens 1.
 
-Usage (from the repo root, after `make install`):
+Usage (from the repo root, after `make install`; ~25 min for the default sizes on 2 CPU cores):
 
-    .venv/bin/python -m bench.scale --rows 10000 100000 --out bench/results/scale.json
+    .venv/bin/python -m bench.scale                       # 1k, 10k, 100k rows -> bench/results/scale.json
+    .venv/bin/python -m bench.scale --rows 1000 10000 --out /tmp/scale.json
 
-Each size is a fresh `bulkinfer run` process (one engine start each). Peak RSS
-is read by the parent with `resource.getrusage(RUSAGE_CHILDREN)` after each
-run, i.e. the largest of the bulkinfer process and its engine processes, and
-from the run's own report (`peak_rss_bytes.bulkinfer`: the bulkinfer process
-alone, which holds the reader, planner and writer).
+Each size is a fresh `bulkinfer run` process (one engine start each) on rows of
+4..16 random common words (seed 0), `--max-tokens 1`: the cost of reading,
+tokenizing, planning, feeding and writing many rows, with as little generation
+as vLLM allows (a prefill and one token per row).
+
+Memory, per size: ``peak_rss_bytes_bulkinfer`` is the run's own report
+(``getrusage(RUSAGE_SELF)``: the bulkinfer process alone, which holds the
+reader, planner, spool and writer: the part that could grow with the file);
+``peak_rss_tree_bytes`` samples the whole process tree (bulkinfer + vLLM's
+engine processes) with psutil every 0.5 s (:func:`bench.measure.run_measured`).
+
+Growth, against the smallest size that is at least 10k rows (so that the
+engine start does not dominate): ``rss_ratio`` = peak RSS / its peak RSS, and
+``seconds_per_row_ratio`` = (generation seconds / row) / its value; linear
+scaling is 1.0. The file is rewritten after every size.
 """
 
 from __future__ import annotations
 
 import argparse
 import os
-import platform
 import random
-import subprocess
+import shlex
 import sys
 import tempfile
-import time
+from datetime import UTC, datetime
 from pathlib import Path
+from typing import Any
 
 import orjson
 
+from bench import measure
+
 WORDS = "the of and to in is for on that with as by at from this be are it an or was".split()
+BASELINE_MIN_ROWS = 10_000
 
 
 def write_rows(path: Path, rows: int, seed: int = 0) -> None:
@@ -40,57 +54,85 @@ def write_rows(path: Path, rows: int, seed: int = 0) -> None:
             f.write(b"".join(block))
 
 
-def run_one(rows: int, workdir: Path) -> dict[str, object]:
+def run_one(rows: int, workdir: Path) -> dict[str, Any]:
+    """One ``bulkinfer run`` over ``rows`` generated rows; raises SystemExit on failure."""
     src = workdir / f"scale_{rows}.jsonl"
     write_rows(src, rows)
     out = workdir / f"scale_{rows}.out.jsonl"
-    cmd = [
-        sys.executable,
-        "-m",
-        "bulkinfer",
-        "run",
-        str(src),
-        "-o",
-        str(out),
-        "--overwrite",
-        "--max-tokens",
-        "1",
-        "--plain-progress",
-    ]
-    started = time.monotonic()
-    proc = subprocess.run(cmd, capture_output=True, text=True)
-    wall = time.monotonic() - started
-    if proc.returncode != 0:
-        raise SystemExit(f"bulkinfer failed for {rows} rows:\n{proc.stderr[-3000:]}")
+    cmd = [sys.executable, "-m", "bulkinfer", "run", str(src), "-o", str(out), "--overwrite", "--max-tokens", "1"]
+    cmd.append("--plain-progress")
+    env = {**os.environ, "VLLM_CPU_NUM_OF_RESERVED_CPU": "0"}
+    measured = measure.run_measured(cmd, workdir / f"scale_{rows}.log", env=env)
+    if measured.returncode != 0:
+        raise SystemExit(f"bulkinfer failed for {rows} rows:\n{measure.tail(workdir / f'scale_{rows}.log')}")
     report = orjson.loads((workdir / f"scale_{rows}.out.report.json").read_bytes())
+    src.unlink()
     return {
         "rows": rows,
-        "wall_s": wall,
-        "seconds": report["seconds"],
-        "peak_rss_bytes_bulkinfer": report["peak_rss_bytes"]["bulkinfer"],
-        "peak_rss_bytes_engine": report["peak_rss_bytes"]["children"],
         "completed": report["request_counts"]["completed"],
+        "prompt_tokens": report["tokens"]["prompt"],
+        "completion_tokens": report["tokens"]["completion"],
+        "wall_s": measured.wall_s,
+        "seconds": report["seconds"],
+        "generate_ms_per_row": 1000 * report["seconds"]["generate"] / rows,
+        "peak_rss_bytes_bulkinfer": report["peak_rss_bytes"]["bulkinfer"],
+        "peak_rss_tree_bytes": measured.peak_rss_bytes,
+        "peak_rss_largest_process_bytes": measured.peak_rss_largest_process_bytes,
+        "loadavg_before": list(measured.loadavg_before),
     }
 
 
-def main() -> None:
+def add_growth(results: list[dict[str, Any]]) -> dict[str, Any] | None:
+    """Ratios of each result to the baseline (see the module docstring); None without one."""
+    base = next((r for r in sorted(results, key=lambda r: r["rows"]) if r["rows"] >= BASELINE_MIN_ROWS), None)
+    if base is None:
+        return None
+    for r in results:
+        r["growth"] = {
+            "baseline_rows": base["rows"],
+            "rows_ratio": r["rows"] / base["rows"],
+            "rss_ratio": r["peak_rss_bytes_bulkinfer"] / base["peak_rss_bytes_bulkinfer"],
+            "seconds_per_row_ratio": r["generate_ms_per_row"] / base["generate_ms_per_row"],
+            "total_seconds_ratio": r["seconds"]["total"] / base["seconds"]["total"],
+        }
+    return {"baseline_rows": base["rows"]}
+
+
+def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--rows", type=int, nargs="+", default=[10_000, 100_000])
+    parser.add_argument("--rows", type=int, nargs="+", default=[1_000, 10_000, 100_000])
     parser.add_argument("--out", type=Path, default=Path("bench/results/scale.json"))
-    args = parser.parse_args()
-    results = []
+    args = parser.parse_args(argv)
+    doc: dict[str, Any] = {
+        "benchmark": "bench.scale",
+        "created": datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%SZ"),
+        "command": shlex.join(["python", "-m", "bench.scale", *(sys.argv[1:] if argv is None else argv)]),
+        "machine": measure.machine(),
+        "versions": measure.versions(),
+        "workload": "rows of 4..16 random common words (seed 0), bulkinfer run --max-tokens 1, default settings",
+        "results": [],
+    }
+    args.out.parent.mkdir(parents=True, exist_ok=True)
     with tempfile.TemporaryDirectory() as tmp:
         for rows in args.rows:
             result = run_one(rows, Path(tmp))
-            print(orjson.dumps(result).decode(), flush=True)
-            results.append(result)
-    machine = {
-        "cpu": platform.processor() or platform.machine(),
-        "cores": os.cpu_count(),
-        "python": sys.version.split()[0],
-    }
-    args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.write_bytes(orjson.dumps({"machine": machine, "results": results}, option=orjson.OPT_INDENT_2))
+            doc["results"].append(result)
+            doc["growth"] = add_growth(doc["results"])
+            args.out.write_bytes(orjson.dumps(doc, option=orjson.OPT_INDENT_2))
+            print(
+                f"[scale] {rows} rows: {result['wall_s']:.1f} s wall, {result['seconds']['generate']:.1f} s generate "
+                f"({result['generate_ms_per_row']:.2f} ms/row), bulkinfer peak RSS "
+                f"{result['peak_rss_bytes_bulkinfer'] / 1e6:.0f} MB, tree {result['peak_rss_tree_bytes'] / 1e6:.0f} MB",
+                flush=True,
+            )
+    for r in doc["results"]:
+        g = r.get("growth")
+        if g:
+            print(
+                f"[scale] {r['rows']} rows vs {g['baseline_rows']}: RSS x{g['rss_ratio']:.2f}, "
+                f"generation seconds per row x{g['seconds_per_row_ratio']:.2f}"
+            )
+    print(f"[scale] wrote {args.out}")
 
 
 if __name__ == "__main__":

@@ -3,7 +3,7 @@
 Not a timing test: it checks that every system ran on the same rows and
 produced exactly the requested tokens, and that the results are written.
 Three vLLM engine starts (bulkinfer, raw vLLM, run-batch) and two
-transformers runs: a few minutes on CPU.
+transformers runs, then one tiny scale-series run: a few minutes on CPU.
 """
 
 from __future__ import annotations
@@ -80,3 +80,24 @@ def test_compare_runs_every_system_on_a_tiny_workload(tmp_path: Path) -> None:
     assert "| system |" in md
     for key in results:
         assert f"| `{key}` " in md
+
+
+def test_scale_series_runs_on_a_tiny_size(tmp_path: Path) -> None:
+    out = tmp_path / "scale.json"
+    proc = subprocess.run(
+        [sys.executable, "-m", "bench.scale", "--rows", "25", "--out", str(out)],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    doc = json.loads(out.read_text())
+    [r] = doc["results"]
+    assert (r["rows"], r["completed"], r["completion_tokens"]) == (25, 25, 25)  # max_tokens 1
+    assert r["prompt_tokens"] >= 25 * 4
+    assert r["seconds"]["total"] > r["seconds"]["generate"] > 0
+    # The whole tree (bulkinfer + vLLM's engine processes) holds more than bulkinfer alone.
+    assert r["peak_rss_tree_bytes"] > r["peak_rss_bytes_bulkinfer"] > 0
+    assert doc["growth"] is None  # no size of 10k rows or more to compare with
+    assert doc["machine"]["logical_cores"] >= 1 and doc["versions"]["vllm"]

@@ -94,3 +94,26 @@ def test_table_lists_orders_and_marks_an_incomplete_run() -> None:
     page = render(doc)
     assert "| arrival (best mean) | 260.0, 250.0 | 255.0 | 250.0 | 260.0 |" in page
     assert "**Incomplete**" in page
+
+
+def test_scale_growth_is_relative_to_the_smallest_size_of_at_least_10k_rows() -> None:
+    from bench.scale import add_growth
+
+    def res(rows: int, rss: int, generate_s: float) -> dict[str, Any]:
+        return {
+            "rows": rows,
+            "peak_rss_bytes_bulkinfer": rss,
+            "generate_ms_per_row": 1000 * generate_s / rows,
+            "seconds": {"total": generate_s + 30},
+        }
+
+    results = [res(1_000, 500, 2.0), res(10_000, 700, 100.0), res(100_000, 770, 1200.0)]
+    assert add_growth(results) == {"baseline_rows": 10_000}
+    small, base, big = (r["growth"] for r in results)
+    assert base["rss_ratio"] == 1.0 and base["seconds_per_row_ratio"] == 1.0
+    assert big["rows_ratio"] == 10.0
+    assert big["rss_ratio"] == pytest.approx(1.1)
+    assert big["seconds_per_row_ratio"] == pytest.approx(1.2)  # 12 ms/row over 10 ms/row: worse than linear
+    assert big["total_seconds_ratio"] == pytest.approx(1230 / 130)
+    assert small["rss_ratio"] == pytest.approx(500 / 700)
+    assert add_growth([res(1_000, 500, 2.0)]) is None
