@@ -1,36 +1,41 @@
-"""Put a `bench.compare` results table into README.md's Performance section.
+"""Put a benchmark's results page into README.md's Performance section.
 
-Usage: python -m bench.readme bench/results/compare-sharegpt-n200-<time>.json
+Usage: python -m bench.readme RESULTS.json [--marker NAME] [--readme README.md]
 
-Replaces what stands between the markers ``<!-- bench.compare:start -->`` and
-``<!-- bench.compare:end -->`` with the run's rendered page (bench.table), so the
-README's numbers always come from a committed results file.
+Replaces what stands between the markers ``<!-- NAME:start -->`` and
+``<!-- NAME:end -->`` with the run's rendered page (bench.table for
+``bench.compare`` results, bench.scale.render for ``bench.scale``), so the
+README's numbers always come from a committed results file. NAME defaults to
+the file's ``benchmark`` field; the feed-order runs use ``--marker bench.orders``.
 """
 
 from __future__ import annotations
 
-import sys
+import argparse
 from pathlib import Path
 
 import orjson
 
-from bench.table import render
-
-START, END = "<!-- bench.compare:start -->", "<!-- bench.compare:end -->"
+from bench import scale, table
 
 
-def main() -> None:
-    results = Path(sys.argv[1])
-    readme = Path(sys.argv[2]) if len(sys.argv) > 2 else Path("README.md")
-    page = render(orjson.loads(results.read_bytes()))
-    body = page.replace("# bench.compare", "#### bench.compare", 1)
-    block = f"{START}\n{body}\nResults file: `{results}`.\n{END}"
-    text = readme.read_text(encoding="utf-8")
-    head, _, rest = text.partition(START)
-    _, _, tail = rest.partition(END)
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("results", type=Path)
+    parser.add_argument("--marker", default=None)
+    parser.add_argument("--readme", type=Path, default=Path("README.md"))
+    args = parser.parse_args(argv)
+    doc = orjson.loads(args.results.read_bytes())
+    marker = args.marker or doc["benchmark"]
+    page = scale.render(doc) if doc["benchmark"] == "bench.scale" else table.render(doc)
+    body = page.replace(f"# {doc['benchmark']}", f"#### {doc['benchmark']}", 1).rstrip("\n")
+    start, end = f"<!-- {marker}:start -->", f"<!-- {marker}:end -->"
+    text = args.readme.read_text(encoding="utf-8")
+    head, _, rest = text.partition(start)
+    _, _, tail = rest.partition(end)
     if not rest:
-        raise SystemExit(f"{readme} has no {START} marker")
-    readme.write_text(head + block + tail, encoding="utf-8")
+        raise SystemExit(f"{args.readme} has no {start} marker")
+    args.readme.write_text(f"{head}{start}\n{body}\n\nResults file: `{args.results}`.\n{end}{tail}", encoding="utf-8")
 
 
 if __name__ == "__main__":

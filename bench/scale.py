@@ -19,7 +19,8 @@ engine processes) with psutil every 0.5 s (:func:`bench.measure.run_measured`).
 Growth, against the smallest size that is at least 10k rows (so that the
 engine start does not dominate): ``rss_ratio`` = peak RSS / its peak RSS, and
 ``seconds_per_row_ratio`` = (generation seconds / row) / its value; linear
-scaling is 1.0. The file is rewritten after every size.
+scaling is 1.0. The JSON file and its markdown page (same name, ``.md``) are
+rewritten after every size.
 """
 
 from __future__ import annotations
@@ -98,6 +99,40 @@ def add_growth(results: list[dict[str, Any]]) -> dict[str, Any] | None:
     return {"baseline_rows": base["rows"]}
 
 
+def render(doc: dict[str, Any]) -> str:
+    """The markdown page of one scale series: machine, command and a row per size."""
+    m, v = doc["machine"], doc["versions"]
+    gpus = ", ".join(m["gpus"]) or "none"
+    lines = [
+        f"# bench.scale ({doc['created']})",
+        "",
+        f"- Machine: {m['cpu']}, {m['logical_cores']} logical / {m['physical_cores']} physical cores, "
+        f"{m['memory_bytes'] / 2**30:.1f} GiB, GPU: {gpus}",
+        f"- Versions: vllm {v['vllm']}, torch {v['torch']}, transformers {v['transformers']}, python {m['python']}",
+        f"- Workload: {doc['workload']}",
+        f"- Command: `{doc['command']}`",
+        "",
+        "| rows | total s | load s | plan s | generate s | ms per row (generate) | bulkinfer peak RSS MB "
+        "| process tree peak RSS MB | RSS vs baseline | s/row vs baseline |",
+        "|--:|--:|--:|--:|--:|--:|--:|--:|--:|--:|",
+    ]
+    for r in doc["results"]:
+        s, g = r["seconds"], r.get("growth")
+        ratios = f"{g['rss_ratio']:.2f}x | {g['seconds_per_row_ratio']:.2f}x" if g else "— | —"
+        lines.append(
+            f"| {r['rows']:,} | {s['total']:.1f} | {s['load']:.1f} | {s['plan']:.1f} | {s['generate']:.1f} "
+            f"| {r['generate_ms_per_row']:.2f} | {r['peak_rss_bytes_bulkinfer'] / 1e6:.0f} "
+            f"| {r['peak_rss_tree_bytes'] / 1e6:.0f} | {ratios} |"
+        )
+    if doc.get("growth"):
+        lines += [
+            "",
+            f"Baseline: the {doc['growth']['baseline_rows']:,}-row run. Linear scaling = 1.00x seconds per row; "
+            "bulkinfer's memory holds about two planning windows, whatever the file size.",
+        ]
+    return "\n".join(lines) + "\n"
+
+
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--rows", type=int, nargs="+", default=[1_000, 10_000, 100_000])
@@ -119,6 +154,7 @@ def main(argv: list[str] | None = None) -> None:
             doc["results"].append(result)
             doc["growth"] = add_growth(doc["results"])
             args.out.write_bytes(orjson.dumps(doc, option=orjson.OPT_INDENT_2))
+            args.out.with_suffix(".md").write_text(render(doc))
             print(
                 f"[scale] {rows} rows: {result['wall_s']:.1f} s wall, {result['seconds']['generate']:.1f} s generate "
                 f"({result['generate_ms_per_row']:.2f} ms/row), bulkinfer peak RSS "
@@ -132,7 +168,7 @@ def main(argv: list[str] | None = None) -> None:
                 f"[scale] {r['rows']} rows vs {g['baseline_rows']}: RSS x{g['rss_ratio']:.2f}, "
                 f"generation seconds per row x{g['seconds_per_row_ratio']:.2f}"
             )
-    print(f"[scale] wrote {args.out}")
+    print(f"[scale] wrote {args.out} and {args.out.with_suffix('.md')}")
 
 
 if __name__ == "__main__":

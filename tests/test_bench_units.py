@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Any
 
+import orjson
 import pytest
 
 from bench.compare import summarize_orders
@@ -117,3 +119,45 @@ def test_scale_growth_is_relative_to_the_smallest_size_of_at_least_10k_rows() ->
     assert big["total_seconds_ratio"] == pytest.approx(1230 / 130)
     assert small["rss_ratio"] == pytest.approx(500 / 700)
     assert add_growth([res(1_000, 500, 2.0)]) is None
+
+
+def test_readme_takes_the_scale_page_between_its_markers(tmp_path: Path) -> None:
+    from bench import readme
+
+    doc = {
+        "benchmark": "bench.scale",
+        "created": "2026-11-22T00:00:00Z",
+        "command": "python -m bench.scale",
+        "machine": {
+            "cpu": "cpu",
+            "logical_cores": 2,
+            "physical_cores": 1,
+            "memory_bytes": 2**30,
+            "gpus": [],
+            "python": "3.12",
+        },
+        "versions": {"vllm": "v", "torch": "t", "transformers": "x"},
+        "workload": "w",
+        "results": [
+            {
+                "rows": 10_000,
+                "seconds": {"total": 130.0, "load": 25.0, "plan": 1.0, "generate": 100.0},
+                "generate_ms_per_row": 10.0,
+                "peak_rss_bytes_bulkinfer": 700e6,
+                "peak_rss_tree_bytes": 2e9,
+                "growth": {"rss_ratio": 1.0, "seconds_per_row_ratio": 1.0},
+            },
+        ],
+        "growth": {"baseline_rows": 10_000},
+    }
+    results = tmp_path / "scale.json"
+    results.write_bytes(orjson.dumps(doc))
+    page = tmp_path / "README.md"
+    page.write_text("intro\n<!-- bench.scale:start -->\nOLD CONTENT\n<!-- bench.scale:end -->\nafter\n")
+    readme.main([str(results), "--readme", str(page)])
+    text = page.read_text()
+    assert text.startswith("intro\n<!-- bench.scale:start -->\n#### bench.scale (2026-11-22T00:00:00Z)")
+    assert "| 10,000 | 130.0 | 25.0 | 1.0 | 100.0 | 10.00 | 700 | 2000 | 1.00x | 1.00x |" in text
+    assert "OLD CONTENT" not in text and text.endswith("<!-- bench.scale:end -->\nafter\n")
+    with pytest.raises(SystemExit, match="no <!-- bench.orders:start --> marker"):
+        readme.main([str(results), "--readme", str(page), "--marker", "bench.orders"])
