@@ -59,6 +59,15 @@ def _orders(summary: dict[str, Any] | None) -> list[str]:
         runs = ", ".join(f"{x:.1f}" for x in v["runs"])
         best = " (best mean)" if order == summary["best"] else ""
         lines.append(f"| {order}{best} | {runs} | {v['mean']:.1f} | {v['min']:.1f} | {v['max']:.1f} |")
+    best = by_order[summary["best"]]
+    others = [v for order, v in by_order.items() if order != summary["best"]]
+    spread = max((v["max"] - v["min"]) / v["mean"] for v in by_order.values())
+    if others and best["min"] <= max(v["max"] for v in others):
+        lines += [
+            "",
+            f"No order is measurably best: the slowest run of {summary['best']} ({best['min']:.1f}) is slower than "
+            f"the fastest run of another order; run-to-run spread is up to {100 * spread:.1f}% of the mean.",
+        ]
     return lines
 
 
@@ -80,7 +89,11 @@ def render(doc: dict[str, Any]) -> str:
         f"(min/mean/max {'/'.join(f'{x:.0f}' for x in w['prompt_tokens_min_mean_max'])}), "
         f"completion tokens {w['completion_tokens']} "
         f"(min/mean/max {'/'.join(f'{x:.0f}' for x in w['completion_tokens_min_mean_max'])})",
-        f"- Static baseline (d): {w['hf_subset']}",
+        *(
+            [f"- Static baseline (d): {w['hf_subset']}"]
+            if any(r["key"].startswith("d-") for r in doc["results"])
+            else []
+        ),
         f"- Command: `{doc['command']}`",
         "",
         "| system | rows | completion tokens | generate s | gen. completion tok/s | gen. total tok/s | gen. req/s "

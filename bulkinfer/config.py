@@ -73,7 +73,9 @@ class PlanSettings:
 
     - ``buckets``: inclusive upper bounds in prompt tokens, ascending.
     - ``order``: the order buckets are fed in; ``descending`` (longest first)
-      measured fastest (see README, Performance).
+      by default: the three orders measured level on ShareGPT-200 on CPU
+      (README, Performance: Feed order), and longest-first shortens the tail
+      when the queue is deeper than the engine's running batch.
     - ``window_rows``: rows read, tokenized and sorted together; memory is
       bounded by about two windows whatever the file size.
     - ``max_in_flight``: requests handed to the engine and not yet finished;

@@ -96,6 +96,7 @@ def test_table_lists_orders_and_marks_an_incomplete_run() -> None:
     page = render(doc)
     assert "| arrival (best mean) | 260.0, 250.0 | 255.0 | 250.0 | 260.0 |" in page
     assert "**Incomplete**" in page
+    assert "No order is measurably best" not in page  # one order only
 
 
 def test_scale_growth_is_relative_to_the_smallest_size_of_at_least_10k_rows() -> None:
@@ -161,3 +162,20 @@ def test_readme_takes_the_scale_page_between_its_markers(tmp_path: Path) -> None
     assert "OLD CONTENT" not in text and text.endswith("<!-- bench.scale:end -->\nafter\n")
     with pytest.raises(SystemExit, match="no <!-- bench.orders:start --> marker"):
         readme.main([str(results), "--readme", str(page), "--marker", "bench.orders"])
+
+
+def test_table_says_when_no_order_is_measurably_best() -> None:
+    from bench.table import _orders
+
+    overlapping = summarize_orders(
+        [
+            _a("a-x-1", "arrival", 250.0),
+            _a("a-x-2", "arrival", 262.0),
+            _a("a-y-1", "descending", 255.0),
+            _a("a-y-2", "descending", 259.0),
+        ]
+    )
+    assert overlapping is not None and overlapping["best"] == "descending"  # 257.0 vs 256.0
+    assert any("No order is measurably best: the slowest run of descending (255.0)" in x for x in _orders(overlapping))
+    separated = summarize_orders([_a("a-x-1", "arrival", 250.0), _a("a-y-1", "descending", 270.0)])
+    assert not any("No order" in x for x in _orders(separated))
