@@ -22,10 +22,22 @@ class Progress:
         total: expected rows (an estimate; None when unknown).
         stream: where to show progress (stderr by default).
         force_plain: plain lines even on a terminal.
+        task: what is counted, shown before the rows (``generating``; the
+            eval's perplexity pass shows ``perplexity``).
+        tokens: which tokens the tokens/s counts (``completion``, or
+            ``reference`` for the perplexity pass).
     """
 
-    def __init__(self, total: int | None, stream: IO[str] | None = None, force_plain: bool = False):
+    def __init__(
+        self,
+        total: int | None,
+        stream: IO[str] | None = None,
+        force_plain: bool = False,
+        task: str = "generating",
+        tokens: str = "completion",
+    ):
         self.total = total
+        self.task, self.tokens = task, tokens
         self.stream = stream or sys.stderr
         self.done = 0
         self.failed = 0
@@ -40,7 +52,7 @@ class Progress:
             from rich.progress import Progress as RichProgress
 
             self._bar = RichProgress(
-                TextColumn("[bold]generating"),
+                TextColumn(f"[bold]{task}"),
                 BarColumn(),
                 MofNCompleteColumn(),
                 TextColumn("rows"),
@@ -71,8 +83,9 @@ class Progress:
     def _plain_line(self) -> None:
         stamp = dt.datetime.now().isoformat(timespec="seconds")
         of = f"/{self.total}" if self.total else ""
-        line = f"{stamp} bulkinfer: {self.done}{of} rows ({self.failed} failed)"
-        line += f", {self.tokens_per_s():.1f} completion tok/s"
+        task = "" if self.task == "generating" else f"{self.task}: "
+        line = f"{stamp} bulkinfer: {task}{self.done}{of} rows ({self.failed} failed)"
+        line += f", {self.tokens_per_s():.1f} {self.tokens} tok/s"
         elapsed = time.monotonic() - self._start
         # rows finish in bursts under continuous batching: no ETA from the first few
         if self.total and self.done >= max(1, self.total // 20):

@@ -14,6 +14,8 @@ from bulkinfer.engine import Completion
 from bulkinfer.errors import EngineError
 from bulkinfer.rows import Request
 
+NLL_PER_TOKEN = 0.5
+
 
 class FakeEngine:
     max_model_len = 2048
@@ -52,7 +54,12 @@ class FakeEngine:
         done = []
         for _ in range(min(2, len(self.queue))):
             rid, req = self.queue.popleft()
-            done.append(Completion(rid, f"echo {req.id}", "stop", len(req.prompt_token_ids or ()), 1))
+            n = len(req.prompt_token_ids or ())
+            if req.score_from is not None:  # a scoring request: NLL_PER_TOKEN nats per scored token
+                scored = n - req.score_from
+                done.append(Completion(rid, "", "length", n, 0, nll=NLL_PER_TOKEN * scored, scored_tokens=scored))
+            else:
+                done.append(Completion(rid, f"echo {req.id}", "stop", n, 1))
         return done
 
     def has_unfinished(self) -> bool:

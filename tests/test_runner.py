@@ -192,3 +192,57 @@ def test_a_held_lock_refuses_a_second_run(tmp_path: Path) -> None:
         with pytest.raises(LockHeldError, match="another bulkinfer run"):
             run(paths, settings(), engine_factory=lambda m, s: FakeEngine())
     run(paths, settings(), engine_factory=lambda m, s: FakeEngine())  # free again
+
+
+def test_eval_perplexity_reuses_the_generation_engine_and_closes_it(tmp_path: Path) -> None:
+    """One engine start for generation + perplexity; closed once everything is scored."""
+    import math
+
+    from fakes import NLL_PER_TOKEN
+
+    from bulkinfer.eval_job import run_eval
+
+    golden = tmp_path / "golden.jsonl"
+    golden.write_bytes(
+        b"".join(
+            orjson.dumps({"id": f"g{i}", "prompt": f"say {i}", "reference": f"echo g{i} and more"}) + b"\n"
+            for i in range(5)
+        )
+    )
+    made: list[FakeEngine] = []
+
+    def factory(model: str, s: Settings) -> FakeEngine:
+        made.append(FakeEngine())
+        return made[-1]
+
+    result = run_eval(golden, tmp_path / "out.jsonl", load_settings(), perplexity=True, engine_factory=factory)
+    assert len(made) == 1 and made[0].closed
+    assert result.report["scores"]["perplexity"] == pytest.approx(math.exp(NLL_PER_TOKEN))
+    assert result.report["scores"]["perplexity_rows"] == 5
+    # With --predictions there is no generation: the perplexity pass makes (and closes) its own engine.
+    made.clear()
+    run_eval(
+        golden,
+        tmp_path / "scored.jsonl",
+        load_settings(),
+        predictions=tmp_path / "out.jsonl",
+        perplexity=True,
+        engine_factory=factory,
+    )
+    assert len(made) == 1 and made[0].closed
+
+
+def test_eval_closes_the_kept_engine_when_scoring_fails(tmp_path: Path) -> None:
+    from bulkinfer.eval_job import run_eval
+
+    golden = tmp_path / "golden.jsonl"
+    golden.write_bytes(orjson.dumps({"id": "g0", "prompt": "hi", "reference": "echo g0"}) + b"\n")
+    made: list[FakeEngine] = []
+
+    def factory(model: str, s: Settings) -> FakeEngine:
+        made.append(FakeEngine(reject={"g0"}))  # the only row fails: nothing to score
+        return made[-1]
+
+    with pytest.raises(ConfigError, match="no prediction"):
+        run_eval(golden, tmp_path / "out.jsonl", load_settings(), perplexity=True, engine_factory=factory)
+    assert len(made) == 1 and made[0].closed
