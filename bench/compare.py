@@ -34,6 +34,7 @@ import shlex
 import shutil
 import sys
 import tempfile
+import time
 from collections.abc import Sequence
 from datetime import UTC, datetime
 from pathlib import Path
@@ -55,7 +56,7 @@ NOTES = [
     "rendering and tokenizing included, output writing not); for transformers the batch loop (tokenize, "
     "generate, decode), as vLLM's `hf` backend times it.",
     "End to end = wall time of the system's process from start to exit: interpreter, imports, model load, "
-    "engine start, generation, writing, shutdown.",
+    "engine start, generation, writing, shutdown (for b, minus the b-subset rerun its process does after b).",
     "Tokens are counted from what came back (bulkinfer's report, vLLM's outputs, run-batch's `usage`, "
     "the transformers output ids up to each row's max_tokens). Total = prompt + completion.",
     "Peak RSS is sampled every 0.5 s with psutil over the system's process tree: the sum over its processes "
@@ -262,6 +263,7 @@ def run(args: argparse.Namespace, workdir: Path, save: Any) -> tuple[dict[str, A
         "results": [],
         "work_dir": str(workdir),
     }
+    started = time.monotonic()
     jobs = plan_jobs(args, rows, subset, settings)
     if args.warmup:
         # Untimed: read vLLM's, torch's and transformers' files into the page cache once, so that the
@@ -282,6 +284,7 @@ def run(args: argparse.Namespace, workdir: Path, save: Any) -> tuple[dict[str, A
             doc["results"] += out if isinstance(out, list) else [out]
         add_ratios(doc["results"])
         doc["orders"] = summarize_orders(doc["results"])
+        doc["wall_s"] = time.monotonic() - started  # the whole benchmark so far, warm-up included
         save(doc)
     doc["complete"] = True
     return doc, ok

@@ -24,7 +24,7 @@ import os
 import shutil
 import sys
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -238,16 +238,19 @@ def run_vllm_generate(rows: Sequence[Row], settings: BenchSettings, subset: Sequ
     ]
     measured = _run(cmd, "b", settings)
     res = json.loads(out.read_text())
+    # b's end to end is its process without the b-subset rerun that follows b's own generate call.
+    subset_s = res["subset"]["generate_s"] if "subset" in res else 0.0
     results = [
         result(
             "b",
             "vLLM LLM.generate, all at once, arrival order",
             res["all"],
             res["all"]["generate_s"],
-            measured,
+            replace(measured, wall_s=measured.wall_s - subset_s),
             cmd,
             rows,
             load_s=res["load_s"],
+            extra={"process_wall_s": measured.wall_s, "end_to_end_excludes_subset_s": subset_s},
         )
     ]
     if "subset" in res:

@@ -41,6 +41,30 @@ def _rss(r: dict[str, Any]) -> str:
     return f"{r['peak_rss_bytes'] / GiB:.2f} / {r['peak_rss_largest_process_bytes'] / GiB:.2f}"
 
 
+def _headline(results: list[dict[str, Any]]) -> list[str]:
+    """bulkinfer (its first run) against raw vLLM and the static baseline in
+    arrival order, in completion tokens/s."""
+    by_key = {r["key"]: r for r in results if "error" not in r}
+    a = next((r for r in results if r["key"].startswith("a-") and "error" not in r), None)
+    if a is None:
+        return []
+    out = []
+    b = by_key.get("b")
+    if b is not None:
+        gen = a["throughput_generate"]["completion_tokens_per_s"] / b["throughput_generate"]["completion_tokens_per_s"]
+        out.append(f"- bulkinfer (`{a['key']}`) generation: {gen:.2f}x raw vLLM's (`b`).")
+    d = by_key.get("d-arrival")
+    if d is not None:
+        e2e = (
+            a["throughput_end_to_end"]["completion_tokens_per_s"] / d["throughput_generate"]["completion_tokens_per_s"]
+        )
+        out.append(
+            f"- bulkinfer end to end (model load included): {e2e:.1f}x the completion tokens/s of transformers "
+            f"static batches in arrival order (`d-arrival`, generation only, on its {d['rows']} rows)."
+        )
+    return ["", *out] if out else []
+
+
 def _orders(summary: dict[str, Any] | None) -> list[str]:
     """bulkinfer's feed orders side by side (only when more than one order or run)."""
     if not summary:
@@ -94,7 +118,7 @@ def render(doc: dict[str, Any]) -> str:
             if any(r["key"].startswith("d-") for r in doc["results"])
             else []
         ),
-        f"- Command: `{doc['command']}`",
+        f"- Command: `{doc['command']}`" + (f" ({doc['wall_s'] / 60:.1f} min in all)" if doc.get("wall_s") else ""),
         "",
         "| system | rows | completion tokens | generate s | gen. completion tok/s | gen. total tok/s | gen. req/s "
         "| end-to-end s (incl. load) | e2e completion tok/s | e2e total tok/s | e2e req/s "
@@ -115,6 +139,9 @@ def render(doc: dict[str, Any]) -> str:
             f"| {_rate(e2e, 'total_tokens_per_s')} | {_rate(e2e, 'requests_per_s')} "
             f"| {_rss(r)} | {_padding(r['padding_efficiency'])} | {_ratio(r)} |"
         )
+    lines += _headline(doc["results"])
+    if doc.get("recomputed"):
+        lines += ["", f"Recomputed: {doc['recomputed']}."]
     lines += _orders(doc.get("orders"))
     if not doc.get("complete", True):
         lines += ["", "**Incomplete**: the run stopped (or is still going) before its last system."]

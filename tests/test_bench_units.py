@@ -179,3 +179,20 @@ def test_table_says_when_no_order_is_measurably_best() -> None:
     assert any("No order is measurably best: the slowest run of descending (255.0)" in x for x in _orders(overlapping))
     separated = summarize_orders([_a("a-x-1", "arrival", 250.0), _a("a-y-1", "descending", 270.0)])
     assert not any("No order" in x for x in _orders(separated))
+
+
+def test_headline_ratios() -> None:
+    from bench.table import _headline
+
+    def res(key: str, gen: float, e2e: float | None, rows: int = 200) -> dict[str, Any]:
+        return {
+            "key": key,
+            "rows": rows,
+            "throughput_generate": {"completion_tokens_per_s": gen},
+            "throughput_end_to_end": None if e2e is None else {"completion_tokens_per_s": e2e},
+        }
+
+    lines = _headline([res("b", 250.0, 220.0), res("a-descending", 255.0, 225.0), res("d-arrival", 45.0, 40.0, 32)])
+    assert "- bulkinfer (`a-descending`) generation: 1.02x raw vLLM's (`b`)." in lines
+    assert any(x.startswith("- bulkinfer end to end (model load included): 5.0x") and "its 32 rows" in x for x in lines)
+    assert _headline([res("b", 250.0, 220.0)]) == []
