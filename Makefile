@@ -45,7 +45,7 @@ test: install browser
 	$(PY) -m pytest -q tests
 
 lint: install
-	$(VENV)/bin/ruff check bulkinfer tests
+	$(VENV)/bin/ruff check bulkinfer tests bench
 	$(VENV)/bin/mypy
 
 clean:
