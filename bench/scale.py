@@ -60,8 +60,8 @@ def run_one(rows: int, workdir: Path) -> dict[str, Any]:
     src = workdir / f"scale_{rows}.jsonl"
     write_rows(src, rows)
     out = workdir / f"scale_{rows}.out.jsonl"
-    cmd = [sys.executable, "-m", "bulkinfer", "run", str(src), "-o", str(out), "--overwrite", "--max-tokens", "1"]
-    cmd.append("--plain-progress")
+    cmd = [sys.executable, "-m", "bulkinfer", "run", str(src), "-o", str(out)]
+    cmd += ["--overwrite", "--max-tokens", "1", "--plain-progress"]
     env = {**os.environ, "VLLM_CPU_NUM_OF_RESERVED_CPU": "0"}
     measured = measure.run_measured(cmd, workdir / f"scale_{rows}.log", env=env)
     if measured.returncode != 0:

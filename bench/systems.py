@@ -71,6 +71,19 @@ class BenchSettings:
             "seed": self.seed,
         }
 
+    def engine_flags(self) -> list[str]:
+        """:meth:`engine_args` as command-line flags; ``bulkinfer run`` and vLLM's
+        run-batch spell them the same."""
+        return [
+            "--dtype",
+            self.dtype,
+            "--enforce-eager" if self.enforce_eager else "--no-enforce-eager",
+            "--kv-cache-memory-bytes",
+            str(self.kv_cache_memory_bytes),
+            "--seed",
+            str(self.seed),
+        ]
+
     def env(self) -> dict[str, str]:
         return {
             **os.environ,
@@ -174,13 +187,7 @@ def run_bulkinfer(rows: Sequence[Row], order: str, settings: BenchSettings, key:
         str(settings.top_p),
         "--order",
         order,
-        "--dtype",
-        settings.dtype,
-        "--enforce-eager" if settings.enforce_eager else "--no-enforce-eager",
-        "--kv-cache-memory-bytes",
-        str(settings.kv_cache_memory_bytes),
-        "--seed",
-        str(settings.seed),
+        *settings.engine_flags(),
     ]
     measured = _run(cmd, key, settings)
     report = orjson.loads(out.with_name(out.name.removesuffix(".jsonl") + ".report.json").read_bytes())
@@ -291,13 +298,7 @@ def run_vllm_run_batch(rows: Sequence[Row], settings: BenchSettings) -> dict[str
         str(out),
         "--model",
         settings.model,
-        "--dtype",
-        settings.dtype,
-        "--enforce-eager" if settings.enforce_eager else "--no-enforce-eager",
-        "--kv-cache-memory-bytes",
-        str(settings.kv_cache_memory_bytes),
-        "--seed",
-        str(settings.seed),
+        *settings.engine_flags(),
         "--chat-template",
         str(template),
         "--chat-template-content-format",

@@ -48,6 +48,20 @@ def _buckets(value: str | None) -> tuple[int, ...] | None:
         raise typer.BadParameter("expected comma-separated integers, e.g. 64,128,256") from None
 
 
+# Options that run, eval, plan and calibrate share.
+ConfigOption = Annotated[Path | None, typer.Option(help="TOML settings file (see configs/default.toml).")]
+ModelOption = Annotated[
+    str | None,
+    typer.Option(help="Local Hugging Face model directory or hub id (default: the embedded smollm2-135m-instruct)."),
+]
+ChatTemplateOption = Annotated[
+    bool | None,
+    typer.Option(
+        "--apply-chat-template/--raw-prompts",
+        help="Send each `prompt` as a user message through the model's chat template (instruct models).",
+    ),
+]
+
 # Command-line option -> the dotted settings key it overrides (see bulkinfer.config.load_settings):
 # every engine and plan setting has an option of the same name; `--seed` is the engine's seed.
 OVERRIDES = {
@@ -77,20 +91,9 @@ def run(
         Path | None,
         typer.Option("--output", "-o", help="Output .jsonl or .parquet (default: INPUT_STEM.out.jsonl beside INPUT)."),
     ] = None,
-    config: Annotated[Path | None, typer.Option(help="TOML settings file (see configs/default.toml).")] = None,
-    model: Annotated[
-        str | None,
-        typer.Option(
-            help="Local Hugging Face model directory or hub id (default: the embedded smollm2-135m-instruct)."
-        ),
-    ] = None,
-    apply_chat_template: Annotated[
-        bool | None,
-        typer.Option(
-            "--apply-chat-template/--raw-prompts",
-            help="Send each `prompt` as a user message through the model's chat template (instruct models).",
-        ),
-    ] = None,
+    config: ConfigOption = None,
+    model: ModelOption = None,
+    apply_chat_template: ChatTemplateOption = None,
     overwrite: Annotated[bool, typer.Option(help="Replace an existing (or partial) output atomically.")] = False,
     resume: Annotated[
         bool, typer.Option(help="Continue an interrupted run: finished rows are kept, the rest run.")
@@ -166,11 +169,9 @@ def eval_command(
         str | None, typer.Option(help="Exit 8 when a metric is below its bar, e.g. bleu=20,rougeL=30.")
     ] = None,
     compare: Annotated[Path | None, typer.Option(help="A previous OUT.eval.json: print each metric's change.")] = None,
-    config: Annotated[Path | None, typer.Option(help="TOML settings file (see configs/default.toml).")] = None,
-    model: Annotated[str | None, typer.Option(help="Local model directory or hub id.")] = None,
-    apply_chat_template: Annotated[
-        bool | None, typer.Option("--apply-chat-template/--raw-prompts", help="Send prompts through the chat template.")
-    ] = None,
+    config: ConfigOption = None,
+    model: ModelOption = None,
+    apply_chat_template: ChatTemplateOption = None,
     max_tokens: Annotated[int | None, typer.Option()] = None,
     temperature: Annotated[float | None, typer.Option()] = None,
     overwrite: Annotated[bool, typer.Option(help="Replace an existing output.")] = False,
@@ -213,11 +214,9 @@ def eval_command(
 @app.command()
 def plan(
     input_path: Annotated[Path, typer.Argument(metavar="INPUT", help="Prompts: .jsonl or .parquet.")],
-    config: Annotated[Path | None, typer.Option(help="TOML settings file (see configs/default.toml).")] = None,
-    model: Annotated[str | None, typer.Option(help="Local model directory or hub id.")] = None,
-    apply_chat_template: Annotated[
-        bool | None, typer.Option("--apply-chat-template/--raw-prompts", help="Send prompts through the chat template.")
-    ] = None,
+    config: ConfigOption = None,
+    model: ModelOption = None,
+    apply_chat_template: ChatTemplateOption = None,
     max_tokens: Annotated[int | None, typer.Option()] = None,
     max_model_len: Annotated[int | None, typer.Option()] = None,
     buckets: Annotated[str | None, typer.Option(help="Bucket upper bounds in tokens, e.g. 64,128,256.")] = None,
@@ -244,7 +243,7 @@ def plan(
 @app.command()
 def calibrate(
     config: Annotated[Path | None, typer.Option(help="TOML settings file (engine settings are used).")] = None,
-    model: Annotated[str | None, typer.Option(help="Local model directory or hub id.")] = None,
+    model: ModelOption = None,
 ) -> None:
     """Measure this machine with a short fixed workload; `bulkinfer plan` estimates from it."""
     from bulkinfer.config import load_settings

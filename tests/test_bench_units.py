@@ -12,6 +12,19 @@ from bench.compare import summarize_orders
 from bench.table import render
 from bench.workload import Row, static_subset
 
+# The machine and versions every results page starts with (bench.measure.machine / versions).
+PROVENANCE: dict[str, Any] = {
+    "machine": {
+        "cpu": "cpu",
+        "logical_cores": 2,
+        "physical_cores": 1,
+        "memory_bytes": 2**30,
+        "gpus": [],
+        "python": "3.12",
+    },
+    "versions": {"vllm": "v", "torch": "t", "transformers": "x"},
+}
+
 
 def _row(i: int, prompt: int, out: int) -> Row:
     return Row(f"r{i}", "x", list(range(prompt)), out)
@@ -61,15 +74,7 @@ def test_table_lists_orders_and_marks_an_incomplete_run() -> None:
         "command": "python -m bench.compare",
         "complete": False,
         "loadavg_before": [0.0, 0.0, 0.0],
-        "machine": {
-            "cpu": "cpu",
-            "logical_cores": 2,
-            "physical_cores": 1,
-            "memory_bytes": 2**30,
-            "gpus": [],
-            "python": "3.12",
-        },
-        "versions": {"vllm": "v", "torch": "t", "transformers": "x"},
+        **PROVENANCE,
         "settings": {
             "model": "m",
             "dtype": "float32",
@@ -129,15 +134,7 @@ def test_readme_takes_the_scale_page_between_its_markers(tmp_path: Path) -> None
         "benchmark": "bench.scale",
         "created": "2026-11-22T00:00:00Z",
         "command": "python -m bench.scale",
-        "machine": {
-            "cpu": "cpu",
-            "logical_cores": 2,
-            "physical_cores": 1,
-            "memory_bytes": 2**30,
-            "gpus": [],
-            "python": "3.12",
-        },
-        "versions": {"vllm": "v", "torch": "t", "transformers": "x"},
+        **PROVENANCE,
         "workload": "w",
         "results": [
             {
