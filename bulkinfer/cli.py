@@ -8,18 +8,22 @@ commands, so ``bulkinfer --help`` stays fast.
 from __future__ import annotations
 
 import dataclasses
+import os
+import sys
 from pathlib import Path
 from typing import Annotated, Any, NoReturn
 
 import typer
 
 from bulkinfer.config import EngineSettings, PlanSettings
-from bulkinfer.errors import BulkinferError
+from bulkinfer.errors import BulkinferError, Interrupted
 
 EXIT_CODES_HELP = """Exit codes: 0 all rows completed; 2 usage or config error; 3 finished but some rows
-failed (see OUT.errors.jsonl); 4 input unreadable; 5 model or engine failure; 6 output (or an
-interrupted run's partial output) exists: use --resume or --overwrite; 7 another run holds this
-output's lock; 128+N stopped by signal N (finished rows kept: continue with --resume)."""
+failed (see OUT.errors.jsonl); 4 input unreadable; 5 model or engine failure (the engine died or
+is stuck: finished rows kept, continue with --resume); 6 output (or an interrupted run's partial
+output) exists: use --resume or --overwrite; 7 another run holds this output's lock; 9 a file of
+the run cannot be written (disk full, read-only, permission): fix it, then --resume; 128+N
+stopped by signal N (finished rows kept: continue with --resume)."""
 
 app = typer.Typer(
     name="bulkinfer",
@@ -36,7 +40,23 @@ PLAN = "Plan"
 
 def _fail(exc: BulkinferError) -> NoReturn:
     typer.echo(f"bulkinfer: error: {exc}", err=True)
+    if isinstance(exc, Interrupted):
+        # The spools are closed and the engine is shut down: a further signal
+        # while the process winds down ends it at once, with 128 + N.
+        import signal
+
+        for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):
+            signal.signal(sig, _exit_at_once)
+        _stopped_by_signal.append(exc.exit_code)
     raise typer.Exit(code=exc.exit_code)
+
+
+def _exit_at_once(signum: int, frame: object) -> None:
+    os._exit(128 + signum)
+
+
+# Set by _fail when a stop signal ended the command: main() then leaves at once.
+_stopped_by_signal: list[int] = []
 
 
 def _buckets(value: str | None) -> tuple[int, ...] | None:
@@ -129,6 +149,10 @@ def run(
     max_in_flight: Annotated[int | None, typer.Option(rich_help_panel=PLAN)] = None,
     padding_batch_size: Annotated[
         int | None, typer.Option(help="Static batch size B for the padding report.", rich_help_panel=PLAN)
+    ] = None,
+    stall_timeout_s: Annotated[
+        float | None,
+        typer.Option(help="Seconds one engine step may take before the engine counts as stuck.", rich_help_panel=PLAN),
     ] = None,
     plain_progress: Annotated[bool, typer.Option(help="Plain progress lines even on a terminal.")] = False,
 ) -> None:
@@ -307,4 +331,14 @@ def models() -> None:
 
 
 def main() -> None:
-    app()
+    try:
+        app()
+    except SystemExit:
+        if not _stopped_by_signal:
+            raise
+        # Finished rows are on disk and the engine is shut down: skip the
+        # interpreter's shutdown (1-2 s with torch and vLLM loaded), during
+        # which a further signal would end the process by that signal.
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os._exit(_stopped_by_signal[0])

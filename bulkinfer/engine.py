@@ -10,13 +10,17 @@ Importing this module does not import vLLM or torch; :class:`VllmEngine` does.
 from __future__ import annotations
 
 import os
+import queue
+import signal
+import threading
+import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Protocol
 
-from bulkinfer.config import EngineSettings
-from bulkinfer.errors import EngineError
+from bulkinfer.config import EngineSettings, SamplingDefaults
+from bulkinfer.errors import BulkinferError, ConfigError, EngineError
 from bulkinfer.rows import Request
 
 GiB = 1024**3
@@ -24,6 +28,10 @@ GiB = 1024**3
 CPU_KV_CACHE_SHARE = 0.25
 CPU_KV_CACHE_MIN_BYTES = 1 * GiB
 CPU_KV_CACHE_MAX_BYTES = 8 * GiB
+# While waiting for an engine step, the engine's processes are checked this often (seconds).
+LIVENESS_INTERVAL_S = 0.2
+# close(): how long vLLM's own shutdown may take before the processes are killed (seconds).
+CLOSE_TIMEOUT_S = 5.0
 
 
 @dataclass(frozen=True, slots=True)
@@ -44,14 +52,20 @@ class Completion:
 
 
 class Engine(Protocol):
-    """What the runner needs from an engine; :class:`VllmEngine` is the real one."""
+    """What the runner needs from an engine; :class:`VllmEngine` is the real one.
+
+    ``step(wait)`` returns the requests that finished; with ``wait`` (seconds)
+    it returns ``[]`` once that time has passed even though the engine step is
+    still running (its results come with a later call), so the caller can
+    react to a stop signal. It raises :class:`EngineError` when the engine died.
+    """
 
     max_model_len: int
     max_num_seqs: int
     settings: dict[str, Any]
 
     def add(self, request_id: str, request: Request) -> Completion | None: ...
-    def step(self) -> list[Completion]: ...
+    def step(self, wait: float | None = None) -> list[Completion]: ...
     def has_unfinished(self) -> bool: ...
     def close(self) -> None: ...
 
@@ -134,14 +148,124 @@ def detect_device() -> str:
     return "cuda" if torch.cuda.is_available() else "cpu"
 
 
+def sampling_params(request: Request, sampling_params_cls: Any, output_kind: Any) -> Any:
+    """vLLM ``SamplingParams`` for one request (a scoring request: ``max_tokens=1``
+    and ``prompt_logprobs=0``, the log-probability of each actual prompt token).
+
+    Raises:
+        whatever vLLM's ``SamplingParams`` raises for values it rejects
+        (``VLLMValidationError``, a ``ValueError``, since vLLM 0.12).
+    """
+    if request.score_from is not None:
+        return sampling_params_cls(max_tokens=1, temperature=0.0, prompt_logprobs=0, output_kind=output_kind)
+    return sampling_params_cls(
+        max_tokens=request.max_tokens,
+        temperature=request.temperature,
+        top_p=request.top_p,
+        seed=request.seed,
+        stop=list(request.stop) or None,
+        ignore_eos=request.ignore_eos,
+        output_kind=output_kind,
+    )
+
+
+def check_sampling_defaults(defaults: SamplingDefaults) -> None:
+    """Build vLLM's ``SamplingParams`` from the run's ``[sampling]`` defaults
+    once, before any model loads, so a default vLLM rejects (``stop = [""]``)
+    fails the run at once instead of every row. Without vLLM installed it
+    checks nothing (the engine's start reports that).
+
+    Raises:
+        ConfigError: vLLM rejects a default; the message is vLLM's.
+    """
+    try:
+        from vllm import SamplingParams
+    except ImportError:
+        return
+    probe = Request(
+        seq=0,
+        line=0,
+        id="[sampling]",
+        prompt="-",
+        messages=None,
+        max_tokens=defaults.max_tokens,
+        temperature=defaults.temperature,
+        top_p=defaults.top_p,
+        seed=defaults.seed,
+        stop=defaults.stop,
+        ignore_eos=defaults.ignore_eos,
+    )
+    try:
+        sampling_params(probe, SamplingParams, None)
+    except Exception as exc:
+        raise ConfigError(f"[sampling] defaults rejected by vLLM: {exc}") from None
+
+
+class _Stepper:
+    """Runs the engine's ``step()`` in one daemon thread, so the caller can wait
+    for it with a timeout (vLLM's synchronous client blocks forever when its
+    engine core process dies: its output thread exits without a word)."""
+
+    def __init__(self, step: Callable[[], Any]):
+        self._step = step
+        self._go: queue.SimpleQueue[bool] = queue.SimpleQueue()
+        self._done: queue.SimpleQueue[tuple[Any, BaseException | None]] = queue.SimpleQueue()
+        self.running_since: float | None = None
+        threading.Thread(target=self._loop, name="bulkinfer-engine-step", daemon=True).start()
+
+    def _loop(self) -> None:
+        while self._go.get():
+            try:
+                self._done.put((self._step(), None))
+            except BaseException as exc:  # handed to the caller's thread
+                self._done.put((None, exc))
+
+    def start(self) -> None:
+        if self.running_since is None:
+            self.running_since = time.monotonic()
+            self._go.put(True)
+
+    def result(self, timeout: float) -> tuple[Any, BaseException | None] | None:
+        """The running step's (outputs, error), or None if it is still running after ``timeout`` s."""
+        try:
+            outcome = self._done.get(timeout=timeout)
+        except queue.Empty:
+            return None
+        self.running_since = None
+        return outcome
+
+    def stop(self) -> None:
+        self._go.put(False)
+
+
+def _exit_description(code: int | None) -> str:
+    if code is None:
+        return "exited"
+    if code < 0:
+        name = signal.Signals(-code).name if -code in signal.Signals.__members__.values() else str(-code)
+        hint = " (the out-of-memory killer sends this: see `dmesg`)" if -code == signal.SIGKILL else ""
+        return f"was killed by {name}{hint}"
+    return f"exited with code {code}"
+
+
 class VllmEngine:
     """One vLLM ``LLMEngine`` for the whole run.
 
+    Args:
+        model: a model directory or hub id, as vLLM takes it.
+        settings: the engine arguments.
+        stall_timeout_s: an engine step that has not returned after this many
+            seconds while requests are in flight means the engine is stuck
+            (:class:`EngineError`); None waits for ever (process death is
+            still noticed within :data:`LIVENESS_INTERVAL_S`).
+
     Raises:
         EngineError: vLLM is not installed or the engine fails to start.
+        Interrupted: a stop signal arrived during the start (the engine's
+            processes are terminated before it propagates).
     """
 
-    def __init__(self, model: str | Path, settings: EngineSettings):
+    def __init__(self, model: str | Path, settings: EngineSettings, stall_timeout_s: float | None = None):
         configure_environment()
         try:
             import vllm
@@ -152,20 +276,33 @@ class VllmEngine:
             raise EngineError(f"vLLM is not installed ({exc}); run `make install`") from None
         self._sampling_params = SamplingParams
         self._final_only = RequestOutputKind.FINAL_ONLY
+        self._stall_timeout_s = stall_timeout_s
         device = detect_device()
         args = resolve_engine_args(str(model), settings, device, mem_available=available_memory_bytes())
         import psutil  # a dependency of vLLM
 
         from bulkinfer.watchdog import Watchdog
 
-        self._watchdog = Watchdog()
+        self._watchdog = Watchdog()  # before any engine process exists
         try:
             self._engine = LLMEngine.from_engine_args(EngineArgs(**args), usage_context=UsageContext.LLM_CLASS)
-        except Exception as exc:
-            self._watchdog.close()
+        except BaseException as exc:
+            self._watchdog.kill()
+            if isinstance(exc, BulkinferError | KeyboardInterrupt | SystemExit):
+                raise
             raise EngineError(f"the vLLM engine failed to start: {type(exc).__name__}: {exc}") from exc
         watchdog_pid = self._watchdog.pid
-        self._watchdog.watch(p.pid for p in psutil.Process().children(recursive=True) if p.pid != watchdog_pid)
+        # The engine's processes; multiprocessing's resource tracker is not one
+        # (it stays until this process exits, and cleans up after the others).
+        self._processes = [
+            p
+            for p in psutil.Process().children(recursive=True)
+            if p.pid != watchdog_pid and "resource_tracker" not in " ".join(_cmdline(p))
+        ]
+        self._names = {p.pid: _name(p) for p in self._processes}
+        self._stepper = _Stepper(self._engine.step)
+        self._buffered: list[Completion] = []
+        self._closed = False
         vllm_config = self._engine.vllm_config
         self.max_model_len: int = vllm_config.model_config.max_model_len
         self.max_num_seqs: int = vllm_config.scheduler_config.max_num_seqs
@@ -189,40 +326,91 @@ class VllmEngine:
 
     def add(self, request_id: str, request: Request) -> Completion | None:
         """Queue one tokenized request. Returns a failed :class:`Completion`
-        when vLLM rejects this request (the run goes on), else None."""
-        assert request.prompt_token_ids is not None
-        if request.score_from is not None:
-            # prompt_logprobs=0: the log-probability of each actual prompt token.
-            params = self._sampling_params(
-                max_tokens=1, temperature=0.0, prompt_logprobs=0, output_kind=self._final_only
-            )
-            self._score_from[request_id] = request.score_from
-        else:
-            params = self._sampling_params(
-                max_tokens=request.max_tokens,
-                temperature=request.temperature,
-                top_p=request.top_p,
-                seed=request.seed,
-                stop=list(request.stop) or None,
-                ignore_eos=request.ignore_eos,
-                output_kind=self._final_only,
-            )
-        try:
-            self._engine.add_request(request_id, self._tokens_input(request.prompt_token_ids), params)
-        except (ValueError, TypeError) as exc:
-            return Completion(request_id, "", "error", len(request.prompt_token_ids), 0, f"{type(exc).__name__}: {exc}")
-        return None
-
-    def step(self) -> list[Completion]:
-        """Run one engine step; return the requests that finished in it.
+        when vLLM rejects this request (its ``SamplingParams`` or its
+        ``add_request`` validation: any exception but a dead engine), so one
+        bad row never stops the run; else None.
 
         Raises:
-            EngineError: the engine process died or raised.
+            EngineError: the engine died.
         """
+        assert request.prompt_token_ids is not None
+        if self._stepper.running_since is not None:  # never send while a step is in flight
+            self._buffered.extend(self._wait_step(None))
         try:
-            outputs = self._engine.step()
+            params = sampling_params(request, self._sampling_params, self._final_only)
+            self._engine.add_request(request_id, self._tokens_input(request.prompt_token_ids), params)
         except Exception as exc:
-            raise EngineError(f"the vLLM engine failed: {type(exc).__name__}: {exc}") from exc
+            self._check_alive()
+            return Completion(request_id, "", "error", len(request.prompt_token_ids), 0, f"{type(exc).__name__}: {exc}")
+        if request.score_from is not None:
+            self._score_from[request_id] = request.score_from
+        return None
+
+    def step(self, wait: float | None = None) -> list[Completion]:
+        """Run one engine step; return the requests that finished in it.
+
+        With ``wait`` (seconds), return ``[]`` after that time if the step is
+        still running; its results come with the next call.
+
+        Raises:
+            EngineError: an engine process died, vLLM raised, or no step
+                returned for ``stall_timeout_s`` seconds.
+        """
+        if self._buffered:
+            done, self._buffered = self._buffered, []
+            return done
+        self._stepper.start()
+        return self._wait_step(wait)
+
+    def _wait_step(self, wait: float | None) -> list[Completion]:
+        deadline = None if wait is None else time.monotonic() + wait
+        while True:
+            timeout = LIVENESS_INTERVAL_S if deadline is None else min(LIVENESS_INTERVAL_S, deadline - time.monotonic())
+            outcome = self._stepper.result(max(timeout, 0.0))
+            if outcome is not None:
+                break
+            self._check_alive()
+            since = self._stepper.running_since
+            if self._stall_timeout_s is not None and since is not None:
+                if time.monotonic() - since > self._stall_timeout_s:
+                    raise EngineError(
+                        f"the vLLM engine is stuck: no engine step finished in {self._stall_timeout_s:g} s "
+                        "(plan.stall_timeout_s); finished rows are kept: continue with --resume"
+                    )
+            if deadline is not None and time.monotonic() >= deadline:
+                return []
+        outputs, error = outcome
+        if error is not None:
+            self._check_alive()
+            if isinstance(error, BulkinferError | KeyboardInterrupt):
+                raise error
+            raise EngineError(f"the vLLM engine failed: {type(error).__name__}: {error}") from error
+        return self._completions(outputs)
+
+    def _check_alive(self) -> None:
+        """Raises EngineError naming the first engine process that is gone."""
+        for proc in self._processes:
+            if not _alive(proc):
+                name = self._names.get(proc.pid, "")
+                raise EngineError(
+                    f"the vLLM engine process {name} (pid {proc.pid}) "
+                    f"{_exit_description(self._exit_code(proc.pid))}; "
+                    "finished rows are kept: continue with --resume"
+                )
+        resources = getattr(getattr(self._engine, "engine_core", None), "resources", None)
+        if getattr(resources, "engine_dead", False):
+            raise EngineError("the vLLM engine core died; finished rows are kept: continue with --resume")
+
+    def _exit_code(self, pid: int) -> int | None:
+        """The exit code of an engine core process vLLM started (negative: a signal), if known."""
+        resources = getattr(getattr(self._engine, "engine_core", None), "resources", None)
+        for proc in getattr(getattr(resources, "engine_manager", None), "processes", None) or ():
+            if getattr(proc, "pid", None) == pid:
+                code = proc.exitcode
+                return code if isinstance(code, int) else None
+        return None
+
+    def _completions(self, outputs: Any) -> list[Completion]:
         done = []
         for out in outputs:
             if not out.finished or not isinstance(out.outputs, list):
@@ -258,8 +446,40 @@ class VllmEngine:
         self._engine.abort_request(list(request_ids))
 
     def close(self) -> None:
-        """Shut the engine's worker processes down."""
+        """Shut the engine's processes down: vLLM's own shutdown, bounded by
+        :data:`CLOSE_TIMEOUT_S`, then SIGTERM/SIGKILL to any left (never hangs)."""
+        if self._closed:
+            return
+        self._closed = True
+        self._stepper.stop()
         core = getattr(self._engine, "engine_core", None)
         if core is not None and hasattr(core, "shutdown"):
-            core.shutdown()
-        self._watchdog.close()
+            closer = threading.Thread(target=core.shutdown, name="bulkinfer-engine-close", daemon=True)
+            closer.start()
+            closer.join(CLOSE_TIMEOUT_S)
+        if any(_alive(p) for p in self._processes):
+            self._watchdog.kill()
+        else:
+            self._watchdog.close()
+
+
+def _alive(proc: Any) -> bool:
+    """A psutil process that still runs (a zombie has exited)."""
+    try:
+        return bool(proc.is_running() and proc.status() != "zombie")
+    except Exception:  # psutil.NoSuchProcess and kin
+        return False
+
+
+def _name(proc: Any) -> str:
+    try:
+        return str(proc.name())
+    except Exception:
+        return ""
+
+
+def _cmdline(proc: Any) -> list[str]:
+    try:
+        return list(proc.cmdline())
+    except Exception:
+        return []

@@ -15,11 +15,16 @@ Exit codes (also in the README and ``bulkinfer run --help``):
       run's partial output does (use ``--resume`` or ``--overwrite``)
 7     another run holds the lock on this output
 8     ``bulkinfer eval``: a metric fell below its ``--fail-under`` bar
+9     a file of the run cannot be written (disk full, read-only file
+      system, permission denied, a path component that is not a
+      directory); finished rows are kept: fix it, then ``--resume``
 128+N the run was stopped by signal N
 ====  ==========================================================
 """
 
 from __future__ import annotations
+
+import errno
 
 EXIT_OK = 0
 EXIT_USAGE = 2
@@ -29,6 +34,7 @@ EXIT_ENGINE = 5
 EXIT_OUTPUT_EXISTS = 6
 EXIT_LOCKED = 7
 EXIT_BELOW_BAR = 8
+EXIT_WRITE = 9
 
 
 class BulkinferError(Exception):
@@ -73,6 +79,13 @@ class LockHeldError(BulkinferError):
     exit_code = EXIT_LOCKED
 
 
+class OutputWriteError(BulkinferError):
+    """A file of the run (output, errors, report, spool, journal, lock) cannot
+    be written: ENOSPC, EDQUOT, EROFS, EACCES, EPERM, ENOTDIR, EISDIR, EFBIG."""
+
+    exit_code = EXIT_WRITE
+
+
 class Interrupted(BulkinferError):
     """The run was stopped by a signal; finished rows were flushed to disk."""
 
@@ -80,3 +93,28 @@ class Interrupted(BulkinferError):
         super().__init__(message)
         self.signum = signum
         self.exit_code = 128 + signum
+
+
+# errno -> what to do, for the OSErrors that mean "this file cannot be written"
+_WRITE_HINTS = {
+    "ENOSPC": "the disk is full: free some space, then continue with --resume",
+    "EDQUOT": "the disk quota is exceeded: free some space, then continue with --resume",
+    "EFBIG": "the file is too large for this file system: choose another -o",
+    "EROFS": "the file system is read-only: choose another -o",
+    "EACCES": "permission denied: fix the permissions or choose another -o",
+    "EPERM": "operation not permitted: fix the permissions or choose another -o",
+    "ENOTDIR": "a component of the path is not a directory: choose another -o",
+    "EISDIR": "it is a directory: choose another -o",
+}
+WRITE_ERRNOS = frozenset(getattr(errno, name) for name in _WRITE_HINTS)
+
+
+def write_error(exc: OSError, path: object = None) -> OutputWriteError:
+    """An :class:`OutputWriteError` for ``exc`` naming the file (``path``, else
+    ``exc.filename``) and what to do; for any errno in :data:`WRITE_ERRNOS`
+    and, with a plainer hint, any other."""
+    name = errno.errorcode.get(exc.errno or 0, "")
+    where = path if path is not None else exc.filename
+    hint = _WRITE_HINTS.get(name, "finished rows are kept: continue with --resume once it is fixed")
+    reason = exc.strerror or str(exc)
+    return OutputWriteError(f"cannot write {where}: {reason} ({name or 'OSError'}); {hint}")

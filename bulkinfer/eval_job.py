@@ -325,7 +325,7 @@ def write_eval_html(
 
 def _write_records(paths: RunPaths, records: list[dict[str, Any]]) -> None:
     """Replace ``paths.output`` with ``records`` atomically, under its lock."""
-    files = OutputFiles(paths.output, paths.errors)
+    files = OutputFiles(paths.output)
     with files.locked():
         spool = writers.JsonlAppender(paths.output.with_name(f".{paths.output.name}.scored.jsonl"))
         for record in records:

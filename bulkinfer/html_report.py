@@ -16,7 +16,6 @@ from __future__ import annotations
 import base64
 import html
 import io
-import os
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
@@ -218,6 +217,6 @@ def write_html(title: str, sections: Sequence[str], path: Path) -> None:
         f"<style>{_STYLE}</style><script>{_CHECK}</script></head>"
         f"<body><h1>{html.escape(title)}</h1>{''.join(sections)}</body></html>"
     )
-    tmp = path.with_name(f".{path.name}.tmp")
-    tmp.write_text(page, encoding="utf-8")
-    os.replace(tmp, path)
+    from bulkinfer.writers import atomic_write
+
+    atomic_write(path, page.encode("utf-8"))

@@ -1,15 +1,21 @@
-"""Crash-safe state of one output: its lock, its spools and its journal.
+"""Crash-safe state of one output: its files, its lock, its spools and its journal.
 
-Beside ``OUT`` a run keeps (all hidden, all in the same directory so renames
-are atomic):
+A run on ``OUT`` (say ``res/r.jsonl``) writes only these paths, all in the
+output's directory so renames are atomic (:meth:`OutputFiles.paths` lists them):
 
-- ``.OUT.lock``: held with ``fcntl.flock`` for the whole run; the kernel frees
-  it when the holder dies, even by ``kill -9``.
-- ``.OUT.partial.jsonl`` and ``.OUT.errors.jsonl.partial.jsonl``: the spools,
-  one complete JSON line per finished row, appended as rows finish.
-- ``.OUT.journal.json``: the input's identity (path, size, mtime) and a
-  fingerprint of the settings that shape results, so that ``--resume`` refuses
-  to continue with another input or other settings.
+- ``r.jsonl``, ``r.errors.jsonl``, ``r.report.json``, ``r.report.html``: the
+  final files (the last three are shared by every output format of the stem
+  ``r``: ``r.parquet`` would write them too);
+- ``.r.lock``: held with ``fcntl.flock`` for the whole run; one lock per
+  output *stem*, so ``-o r.jsonl`` and ``-o r.parquet`` never run at once.
+  The kernel frees it when the holder dies, even by ``kill -9``;
+- ``.r.jsonl.partial.jsonl`` and ``.r.errors.jsonl.partial.jsonl``: the
+  spools, one complete JSON line per finished row, appended as rows finish;
+- ``.r.jsonl.journal.json``: the input's identity (path, size, mtime) and a
+  fingerprint of the settings that shape results, so that ``--resume``
+  refuses to continue with another input or other settings;
+- temporaries ``.NAME.tmp`` / ``.NAME.PID.tmp`` that become a final file by
+  ``os.replace``, removed when a write fails.
 
 The spools are the record of what is done: after a crash, a torn last line is
 cut off and every complete line stays done. The final files appear by
@@ -22,7 +28,6 @@ from __future__ import annotations
 import fcntl
 import hashlib
 import os
-import signal
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
@@ -33,7 +38,8 @@ import orjson
 
 from bulkinfer import writers
 from bulkinfer.config import Settings
-from bulkinfer.errors import ConfigError, LockHeldError, OutputExistsError
+from bulkinfer.errors import ConfigError, LockHeldError, OutputExistsError, write_error
+from bulkinfer.writers import failpoint
 
 
 @dataclass(slots=True)
@@ -86,13 +92,44 @@ class OutputFiles:
     """The files of one output ``out`` and the rules for starting, resuming
     and finishing a run on it."""
 
-    def __init__(self, out: Path, errors: Path):
+    def __init__(self, out: Path):
         self.out = out
-        self.errors = errors
+        self.errors = writers.sibling(out, ".errors.jsonl")
+        self.report = writers.sibling(out, ".report.json")
+        self.html = writers.sibling(out, ".report.html")
         self.spool = writers.spool_path(out)
-        self.errors_spool = writers.spool_path(errors)
+        self.errors_spool = writers.spool_path(self.errors)
         self.journal = out.with_name(f".{out.name}.journal.json")
-        self.lock_path = out.with_name(f".{out.name}.lock")
+        self.lock_path = out.with_name(f".{out.stem}.lock")
+        self.tmp = out.with_name(f".{out.name}.tmp")
+
+    def paths(self) -> list[Path]:
+        """Every path a run on this output writes (temporaries of the
+        report files are ``.NAME.PID.tmp`` beside them)."""
+        return [
+            self.out,
+            self.errors,
+            self.report,
+            self.html,
+            self.spool,
+            self.errors_spool,
+            self.journal,
+            self.lock_path,
+            self.tmp,
+        ]
+
+    def siblings(self) -> list[Path]:
+        """Outputs of the same stem in another format, with their spools and
+        journals: they share this output's errors and report files."""
+        found = []
+        for suffix in writers.OUTPUT_SUFFIXES:
+            other = self.out.with_suffix(suffix)
+            if other.suffix.lower() == self.out.suffix.lower():
+                continue
+            for path in (other, writers.spool_path(other), other.with_name(f".{other.name}.journal.json")):
+                if path.exists():
+                    found.append(path)
+        return found
 
     @contextmanager
     def locked(self) -> Iterator[None]:
@@ -101,7 +138,10 @@ class OutputFiles:
         Raises:
             LockHeldError: another process holds it (exit code 7).
         """
-        fd = os.open(self.lock_path, os.O_RDWR | os.O_CREAT, 0o644)
+        try:
+            fd = os.open(self.lock_path, os.O_RDWR | os.O_CREAT, 0o644)
+        except OSError as exc:
+            raise write_error(exc, self.lock_path) from None
         try:
             try:
                 fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
@@ -119,6 +159,18 @@ class OutputFiles:
     def has_partial(self) -> bool:
         return self.spool.exists() or self.journal.exists()
 
+    def nothing_done(self) -> bool:
+        """True when no attempt finished a row: the spools hold no record."""
+        return not any(
+            path.exists() and path.stat().st_size > 0 and self._has_line(path)
+            for path in (self.spool, self.errors_spool)
+        )
+
+    @staticmethod
+    def _has_line(path: Path) -> bool:
+        with open(path, "rb") as f:
+            return any(b"\n" in block for block in iter(lambda: f.read(1 << 16), b""))
+
     def start(self, identity: dict[str, Any], fingerprint: str, resume: bool, overwrite: bool) -> Done:
         """Decide how this run starts; call with the lock held.
 
@@ -129,8 +181,15 @@ class OutputFiles:
                 or a partial one does (without ``resume`` or ``overwrite``).
             ConfigError: ``resume`` with another input or other settings.
         """
+        others = self.siblings()
+        if others:
+            raise OutputExistsError(
+                f"{others[0]} shares {self.errors.name} and {self.report.name} with {self.out}; "
+                "remove it or choose another output name"
+            )
         if self.is_complete() and not overwrite:
             raise OutputExistsError(f"output {self.out} already exists; use --overwrite to replace it")
+        self.discard_if_nothing_done()  # a start that failed before any row finished: nothing to keep
         if self.has_partial() and not (resume or overwrite):
             raise OutputExistsError(
                 f"an interrupted run left partial output for {self.out}; "
@@ -154,12 +213,7 @@ class OutputFiles:
         return Done()
 
     def _write_journal(self, data: dict[str, Any]) -> None:
-        tmp = self.journal.with_name(self.journal.name + ".tmp")
-        with open(tmp, "wb") as f:
-            f.write(orjson.dumps(data))
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, self.journal)
+        writers.atomic_write(self.journal, orjson.dumps(data))
 
     def _read_progress(self) -> Done:
         # A crash between the two final renames leaves the errors published
@@ -189,9 +243,15 @@ class OutputFiles:
                     progress.done_lines.add(record["line"])
         return progress
 
+    def discard_if_nothing_done(self) -> None:
+        """After a failed attempt: when no row finished in any attempt, remove
+        the journal and spools so they stand in no later run's way."""
+        if self.nothing_done() and not self.errors.exists():
+            self.discard_partial()
+
     def discard_partial(self) -> None:
         """Remove spools, journal and temporaries of an earlier attempt."""
-        for path in (self.spool, self.errors_spool, self.journal, self.out.with_name(f".{self.out.name}.tmp")):
+        for path in (self.spool, self.errors_spool, self.journal, self.tmp):
             path.unlink(missing_ok=True)
 
     def finish(self) -> None:
@@ -203,10 +263,3 @@ class OutputFiles:
         writers.publish(self.spool, self.out)
         failpoint("after_publish")
         self.journal.unlink(missing_ok=True)
-
-
-def failpoint(name: str) -> None:
-    """Fault injection for the crash tests: ``BULKINFER_FAILPOINT=name`` makes
-    the process kill itself with SIGKILL here. Unset in normal use."""
-    if os.environ.get("BULKINFER_FAILPOINT") == name:
-        os.kill(os.getpid(), signal.SIGKILL)

@@ -26,6 +26,7 @@ import logging
 import os
 import re
 import shutil
+import stat
 import tempfile
 import time
 from collections.abc import Iterator
@@ -34,7 +35,7 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
-from bulkinfer.errors import ModelError
+from bulkinfer.errors import BulkinferError, ModelError
 from bulkinfer.writers import fsync_path
 
 log = logging.getLogger(__name__)
@@ -60,6 +61,15 @@ _MARKER_KEYS = (
     "source_size_bytes",
     "size_bytes",
     "created",
+)
+# Weight files vLLM's default loader picks up from a directory ("hf" format:
+# *.safetensors, *.bin; *.pt as a fallback), see DefaultModelLoader in
+# vllm/model_executor/model_loader/default_loader.py.
+_WEIGHT_SUFFIXES = (".safetensors", ".bin", ".pt")
+_WEIGHTS_SHOWN = "*.safetensors or *.bin"
+_WHAT_TO_GIVE = (
+    "give a local Hugging Face model directory (config.json + weights), "
+    "a prepared model name (bulkinfer models), or a hub id org/name"
 )
 # An org/name id on the Hugging Face hub: no leading dot or slash, one slash.
 _HUB_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]*/[A-Za-z0-9][A-Za-z0-9._-]*$")
@@ -139,7 +149,7 @@ def prepare_default_model(home: Path | None = None) -> Path:
             _move_into_place(tmp, final)
         except BaseException as exc:
             shutil.rmtree(tmp, ignore_errors=True)
-            if isinstance(exc, Exception) and not isinstance(exc, ModelError):
+            if isinstance(exc, Exception) and not isinstance(exc, BulkinferError):
                 raise ModelError(f"converting {source} into {final} failed: {exc}") from exc
             raise
         log.info("Prepared %s in %.1f s", final, time.monotonic() - started)
@@ -159,29 +169,126 @@ def resolve_model(model: str | None, home: Path | None = None) -> str:
         The absolute path of a local model directory, or the hub id as given
         (a string that looks like ``org/name`` and is not a local path).
 
+    A path-like ``model`` (see ``_is_path_like``) that does not exist is an
+    error at once, never passed on as a hub id; a local directory must hold
+    ``config.json`` and weights. Nothing is downloaded or loaded here.
+
     Raises:
-        ModelError: the name is none of the above, or the default model
-            cannot be prepared.
+        ModelError: the name is none of the above (the message names the path
+            and what to give instead); a local directory is unreadable, has no
+            ``config.json`` or no weights; or the default model cannot be
+            prepared.
     """
     if model is None or model == DEFAULT_MODEL:
         return str(prepare_default_model(home))
     if not model.strip():
-        raise ModelError(f"unknown model {model!r}: the model name is empty")
+        raise ModelError(f"unknown model {model!r}: the model name is empty; {_WHAT_TO_GIVE}")
     local = Path(model).expanduser()
-    if local.is_dir():
+    kind = _path_kind(local)
+    if kind == "dir":
+        _check_model_dir(local)
         return str(local.resolve())
-    if local.exists():
-        raise ModelError(f"model {model!r} is a file; expected a model directory (config.json, weights)")
+    if kind == "other":
+        raise ModelError(
+            f"model {model!r} is a file ({_absolute(local)}); expected a model directory "
+            f"(config.json and weights: {_WEIGHTS_SHOWN}); {_WHAT_TO_GIVE}"
+        )
     if "/" not in model:
         models_dir = (home if home is not None else bulkinfer_home()) / "models"
         if _read_marker(models_dir / model) is not None:
             return str((models_dir / model).resolve())
+    if _is_path_like(model):
+        raise ModelError(f"no such model directory: {_absolute(local)}; {_WHAT_TO_GIVE}")
     if _HUB_ID.match(model):
         return model
     raise ModelError(
-        f"unknown model {model!r}: expected {DEFAULT_MODEL!r}, a local model directory, "
-        "or a Hugging Face id like 'org/name'"
+        f"unknown model {model!r}: not a local directory or a prepared model "
+        f"(default: {DEFAULT_MODEL!r}); {_WHAT_TO_GIVE}"
     )
+
+
+def _is_path_like(model: str) -> bool:
+    """True when ``model`` can only be meant as a local path, never a hub id.
+
+    That is: it starts with ``/``, ``./``, ``../`` or ``~``, ends with ``/``,
+    has more than one ``/``, has a ``/`` but is no valid ``org/name``, or its
+    first component is a local directory (``models/mine`` when ``./models``
+    exists). A plain ``org/name`` whose ``org`` is not a local directory is a
+    hub id.
+    """
+    if model.startswith(("/", "./", "../", "~")) or model.endswith("/") or model.count("/") > 1:
+        return True
+    if "/" not in model:
+        return False
+    return not _HUB_ID.match(model) or os.path.isdir(model.split("/", 1)[0])
+
+
+def _absolute(path: Path) -> str:
+    """``path`` made absolute and normalized (``..`` folded), without following links."""
+    return os.path.abspath(path)
+
+
+def _path_kind(path: Path) -> str | None:
+    """``"dir"``, ``"other"`` (a file or anything not a directory) or None if nothing is there.
+
+    Raises:
+        ModelError: the path cannot be looked at (a parent without search
+            permission, a symlink loop, a name too long, ...).
+    """
+    try:
+        mode = path.stat().st_mode
+    except (FileNotFoundError, NotADirectoryError):
+        return None
+    except OSError as exc:
+        raise ModelError(f"cannot read model path {_absolute(path)}: {exc.strerror or exc}") from None
+    return "dir" if stat.S_ISDIR(mode) else "other"
+
+
+def _check_model_dir(path: Path) -> None:
+    """Check that the directory ``path`` holds a model vLLM can load.
+
+    A Hugging Face model directory has ``config.json`` and weights in files
+    vLLM's default loader looks for (``*.safetensors``, ``*.bin``, or
+    ``*.pt`` as its fallback). Only names are listed; no file is read beyond
+    opening ``config.json``.
+
+    Raises:
+        ModelError: the directory cannot be listed or ``config.json`` cannot
+            be opened (permissions), there is no ``config.json``, or no weights.
+    """
+    where = _absolute(path)
+    try:
+        names = os.listdir(path)
+    except OSError as exc:
+        raise ModelError(
+            f"cannot read model directory {where}: {exc.strerror or exc}; "
+            "check its permissions (read and search) for this user"
+        ) from None
+    ggufs = sorted(n for n in names if n.endswith(".gguf"))
+    if "config.json" not in names:
+        gguf_hint = (
+            f"; it holds {', '.join(ggufs[:3])}: convert a GGUF into such a directory first "
+            "(transformers: from_pretrained(dir, gguf_file=...), then save_pretrained)"
+            if ggufs
+            else ""
+        )
+        raise ModelError(
+            f"{where} holds no model: no config.json; expected a Hugging Face model directory with "
+            f"config.json and weights ({_WEIGHTS_SHOWN}){gguf_hint}; {_WHAT_TO_GIVE}"
+        )
+    try:
+        with open(path / "config.json", "rb"):
+            pass
+    except OSError as exc:
+        raise ModelError(
+            f"cannot read {where}/config.json: {exc.strerror or exc}; check the permissions of the model directory"
+        ) from None
+    if not any(name.endswith(_WEIGHT_SUFFIXES) for name in names):
+        found = f"; it holds {', '.join(ggufs[:3])}, which vLLM does not load from a directory" if ggufs else ""
+        raise ModelError(
+            f"{where} has config.json but no weights: expected {_WEIGHTS_SHOWN} files next to it{found}; "
+            "copy the weights into the directory (an interrupted download or copy leaves this state)"
+        )
 
 
 def list_models(home: Path | None = None) -> list[ModelInfo]:

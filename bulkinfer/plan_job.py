@@ -11,7 +11,6 @@ The time estimate comes from a calibration: the throughput that the last
 from __future__ import annotations
 
 import json
-import os
 import time
 from array import array
 from collections import Counter
@@ -26,6 +25,7 @@ from bulkinfer.planner import Planner, efficiency, static_batch_tokens
 from bulkinfer.readers import open_reader
 from bulkinfer.rows import RowError
 from bulkinfer.runner import iter_windows, load_tokenizer
+from bulkinfer.writers import atomic_write
 
 DEFAULT_CONTEXT = 2048
 MAX_EXAMPLES = 20
@@ -55,9 +55,7 @@ def record_calibration(report: dict[str, Any]) -> None:
         "measured_at": time.strftime("%Y-%m-%dT%H:%M:%S"),
         "report": report.get("output"),
     }
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-    tmp.write_bytes(orjson.dumps(data, option=orjson.OPT_INDENT_2))
-    os.replace(tmp, path)
+    atomic_write(path, orjson.dumps(data, option=orjson.OPT_INDENT_2))
 
 
 def load_calibrations() -> dict[str, Any]:

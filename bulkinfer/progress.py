@@ -94,6 +94,10 @@ class Progress:
         print(line, file=self.stream, flush=True)
 
     def close(self) -> None:
+        """Stop the bar (or print the last plain line); a second call does nothing."""
+        if getattr(self, "_closed", False):
+            return
+        self._closed = True
         if self._bar is not None:
             self._bar.stop()
         else:

@@ -3,10 +3,23 @@
 A reader yields :class:`RawRow` values in file order and never holds the whole
 file: JSONL is read line by line and decoded with orjson; Parquet is read one
 row group at a time, in record batches, with only the needed columns.
+
+The input must be a regular file (it is read more than once: the row count for
+progress, ``--resume``); :func:`inspect_input` is the one place that checks it.
+JSONL may be gzip- or zstd-compressed: the compression is found from the
+file's first bytes (whatever its name) and the stream is decompressed as it is
+read. The format comes from the name without its compression suffix:
+``x.jsonl``, ``x.jsonl.gz``, ``x.ndjson.zst`` are JSONL; ``x.parquet``, ``x.pq``
+Parquet.
 """
 
 from __future__ import annotations
 
+import gzip
+import io
+import os
+import stat
+import zlib
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -19,10 +32,145 @@ from bulkinfer.rows import RowInvalid
 
 JSONL_SUFFIXES = (".jsonl", ".ndjson")
 PARQUET_SUFFIXES = (".parquet", ".pq")
-# A JSONL line longer than this (bytes) is a row error, not a crash.
+# Stripped from the name before the format is read from it.
+COMPRESSION_SUFFIXES = (".gz", ".gzip", ".zst", ".zstd", ".bz2", ".xz", ".lz4", ".zip", ".7z")
+# A JSONL line longer than this (bytes) is a row error, not a crash; at most
+# this much of it is held in memory.
 MAX_LINE_BYTES = 64 * 1024 * 1024
 PARQUET_BATCH_ROWS = 1024
 _BOM = b"\xef\xbb\xbf"
+# Magic bytes of the compressions read transparently...
+_GZIP_MAGIC = b"\x1f\x8b"
+_ZSTD_MAGIC = b"\x28\xb5\x2f\xfd"
+# ... and of those refused, with what the user should do.
+_DECOMPRESS_OR_RECOMPRESS = "decompress it first, or recompress it with gzip or zstd"
+_REFUSED = (
+    (b"BZh", "bzip2-compressed", _DECOMPRESS_OR_RECOMPRESS),
+    (b"\xfd7zXZ\x00", "xz-compressed", _DECOMPRESS_OR_RECOMPRESS),
+    (b"\x04\x22\x4d\x18", "lz4-compressed", _DECOMPRESS_OR_RECOMPRESS),
+    (b"PK\x03\x04", "a zip archive", "extract the file first, or compress it with gzip or zstd"),
+    (b"7z\xbc\xaf\x27\x1c", "a 7z archive", "extract the file first, or compress it with gzip or zstd"),
+)
+_NOT_REGULAR = (
+    (stat.S_ISFIFO, "a named pipe (FIFO)"),
+    (stat.S_ISSOCK, "a socket"),
+    (stat.S_ISCHR, "a character device"),
+    (stat.S_ISBLK, "a block device"),
+)
+_DECOMPRESS_COMMAND = {"gzip": "gunzip -k", "zstd": "zstd -d"}
+# What a decompressing stream raises on a corrupt or truncated input: gzip
+# raises EOFError (truncated), zlib.error (bad deflate data) or BadGzipFile,
+# an OSError (bad header, CRC); pyarrow raises OSError or ArrowInvalid (a ValueError).
+_STREAM_ERRORS = (OSError, EOFError, ValueError, zlib.error)
+
+
+# --- the input file -------------------------------------------------------------------------------
+
+
+def inspect_input(path: Path) -> str | None:
+    """Check that ``path`` is a readable regular file and find its compression.
+
+    The file type is read with ``os.stat`` first, so a FIFO is never opened
+    (that would block until a writer appears); then the first 6 bytes are read.
+
+    Returns:
+        ``"gzip"``, ``"zstd"`` or ``None`` (not compressed, or an unknown
+        compression: the reader then sees its bytes as they are).
+
+    Raises:
+        InputFileError: the path does not exist, cannot be read (permission
+            denied), is a directory, a named pipe, socket or device, or is
+            compressed with bzip2, xz or lz4, or is a zip or 7z archive.
+    """
+    try:
+        mode = os.stat(path).st_mode
+    except FileNotFoundError:
+        raise InputFileError(f"input file not found: {path}") from None
+    except PermissionError:
+        raise InputFileError(f"{path}: permission denied; make the input file readable by this user") from None
+    except OSError as exc:
+        raise InputFileError(f"{path}: cannot read the input file: {exc.strerror or exc}") from None
+    if stat.S_ISDIR(mode):
+        raise InputFileError(f"{path} is a directory; give a .jsonl or .parquet file")
+    if not stat.S_ISREG(mode):
+        kind = next((name for test, name in _NOT_REGULAR if test(mode)), "a special file")
+        raise InputFileError(
+            f"{path} is {kind}, not a regular file: bulkinfer reads its input more than once "
+            "(row count, --resume); write the rows to a file first"
+        )
+    try:
+        with open(path, "rb") as f:
+            head = f.read(6)
+    except PermissionError:
+        raise InputFileError(f"{path}: permission denied; make the input file readable by this user") from None
+    except OSError as exc:
+        raise InputFileError(f"{path}: cannot read the input file: {exc.strerror or exc}") from None
+    if head.startswith(_GZIP_MAGIC):
+        return "gzip"
+    if head.startswith(_ZSTD_MAGIC):
+        return "zstd"
+    for magic, kind, advice in _REFUSED:
+        if head.startswith(magic):
+            raise InputFileError(f"{path} is {kind}; bulkinfer reads plain, gzip or zstd input: {advice}")
+    return None
+
+
+def format_suffix(path: Path) -> str:
+    """The lower-case suffix that names the format of ``path``, after one
+    compression suffix is stripped: ``x.JSONL.gz`` -> ``.jsonl``; ``""`` if none."""
+    name = path.name.lower()
+    for suffix in COMPRESSION_SUFFIXES:
+        if name.endswith(suffix):
+            name = name[: -len(suffix)]
+            break
+    return Path(name).suffix
+
+
+def _open_binary(path: Path, compression: str | None) -> io.BufferedIOBase:
+    """``path`` opened for binary reading, decompressed as it is read (never
+    whole): gzip with :mod:`gzip`, zstd with pyarrow's streaming codec."""
+    if compression == "gzip":
+        return gzip.GzipFile(path, "rb")
+    if compression == "zstd":
+        import pyarrow as pa
+
+        # CompressedInputStream has no readline: the BufferedReader gives lines.
+        return io.BufferedReader(pa.input_stream(str(path), compression="zstd"), buffer_size=1 << 16)
+    return open(path, "rb")
+
+
+def count_rows(path: Path) -> int | None:
+    """A fast estimate of the rows in ``path``, for progress: the number of
+    lines (blank lines included) for JSONL, read in 1 MiB blocks; the footer's
+    row count for Parquet.
+
+    A gzip- or zstd-compressed file is decompressed (streamed) once more to
+    count its lines: a pass at decompression speed, small next to inference,
+    and it gives progress a total and an ETA.
+
+    Returns:
+        The count, or ``None`` on any error (missing, not a regular file,
+        corrupt): it never raises, and never opens a FIFO.
+    """
+    try:
+        compression = inspect_input(path)
+        if format_suffix(path) in PARQUET_SUFFIXES:
+            if compression is not None:
+                return None
+            import pyarrow.parquet as pq
+
+            return int(pq.ParquetFile(path).metadata.num_rows)
+        count, last = 0, b"\n"
+        with _open_binary(path, compression) as f:
+            while block := f.read(1 << 20):
+                count += block.count(b"\n")
+                last = block[-1:]
+        return count + (last != b"\n")
+    except Exception:
+        return None
+
+
+# --- readers --------------------------------------------------------------------------------------
 
 
 @dataclass(slots=True)
@@ -38,6 +186,9 @@ class RawRow:
 
 
 class Reader(Protocol):
+    """Rows of one input file in file order; ``blank_lines`` counts the blank
+    JSONL lines skipped so far (0 for Parquet)."""
+
     path: Path
     blank_lines: int
 
@@ -47,34 +198,103 @@ class Reader(Protocol):
 class JsonlReader:
     """Reads a JSONL file line by line (binary, so U+2028/U+0085 inside strings
     never split a row). Accepts a UTF-8 BOM on the first line, CRLF endings and
-    a last line without a newline; blank lines are skipped and counted."""
+    a last line without a newline; blank lines are skipped and counted.
+
+    A gzip or zstd file (found by its first bytes) is decompressed as it is
+    read. A line that is not JSON, or longer than :data:`MAX_LINE_BYTES`, is a
+    row error (``invalid_json`` / ``invalid_row``) and reading goes on.
+
+    A compressed stream that breaks after its start (truncated download,
+    corrupt bytes) ends the rows with one ``invalid_row`` error at line N, the
+    first line not read completely: "the gzip stream is corrupt or truncated
+    at line N". The rows before it are yielded as usual. This keeps "every
+    input row ends as exactly one output or error record" as far as the file
+    allows: every row that could be read runs, the unreadable rest is one
+    error record (exit code 3, not a lost run), and a ``--resume`` meets the
+    same error at the same line and skips it. An :class:`InputFileError`
+    instead would stop the run and make every rerun fail the same way.
+    (Rows past line N cannot be counted: there may be none, when only the
+    stream's trailer is missing.)
+
+    Raises:
+        InputFileError: at construction, as :func:`inspect_input`, or when a
+            compressed stream is broken before its first byte can be decoded;
+            while iterating, when reading an uncompressed file fails (an I/O
+            error: rerunning may succeed, so it is not recorded as a row).
+    """
 
     def __init__(self, path: Path):
         self.path = path
         self.blank_lines = 0
-        if not path.is_file():
-            raise InputFileError(f"input file not found: {path}")
+        self.compression = inspect_input(path)
+        if self.compression is not None:
+            try:
+                with _open_binary(path, self.compression) as f:
+                    f.read(1)
+            except _STREAM_ERRORS as exc:
+                raise InputFileError(
+                    f"{path}: not a readable {self.compression} stream ({exc}); the file is corrupt or truncated"
+                ) from None
 
     def __iter__(self) -> Iterator[RawRow]:
-        with open(self.path, "rb") as f:
-            for line_no, raw in enumerate(f, start=1):
+        try:
+            f = _open_binary(self.path, self.compression)
+        except OSError as exc:
+            raise InputFileError(f"{self.path}: cannot read the input file: {exc.strerror or exc}") from None
+        line_no = 0
+        with f:
+            while True:
+                try:
+                    raw, size = _next_line(f)
+                except _STREAM_ERRORS as exc:
+                    if self.compression is None:
+                        raise InputFileError(f"{self.path}: reading failed after line {line_no}: {exc}") from None
+                    yield RawRow(line_no + 1, error=self._broken_stream(line_no + 1, exc))
+                    return
+                if not raw:
+                    return
+                line_no += 1
                 if line_no == 1 and raw.startswith(_BOM):
-                    raw = raw[len(_BOM) :]
-                if not raw.strip():
-                    self.blank_lines += 1
-                    continue
-                if len(raw) > MAX_LINE_BYTES:
+                    raw, size = raw[len(_BOM) :], size - len(_BOM)
+                if size > MAX_LINE_BYTES:
                     yield RawRow(
                         line_no,
                         error=RowInvalid(
-                            "invalid_row", f"line is {len(raw)} bytes, over the limit of {MAX_LINE_BYTES} bytes"
+                            "invalid_row", f"line is {size} bytes, over the limit of {MAX_LINE_BYTES} bytes"
                         ),
                     )
+                    continue
+                if not raw.strip():
+                    self.blank_lines += 1
                     continue
                 try:
                     yield RawRow(line_no, data=orjson.loads(raw))
                 except orjson.JSONDecodeError as exc:
                     yield RawRow(line_no, error=_decode_error(raw, exc))
+
+    def _broken_stream(self, line: int, exc: Exception) -> RowInvalid:
+        return RowInvalid(
+            "invalid_row",
+            f"the {self.compression} stream of {self.path.name} is corrupt or truncated at line {line} "
+            f"({type(exc).__name__}: {exc}); the {line - 1} lines before it were read, any rows after it "
+            "could not be: fix or re-download the file and run those rows again",
+        )
+
+
+def _next_line(f: io.BufferedIOBase) -> tuple[bytes, int]:
+    """The next line of ``f`` and its length in bytes; ``(b"", 0)`` at the end.
+
+    At most ``MAX_LINE_BYTES + 1`` bytes of a line are returned: the rest of
+    a longer line is read and counted, not kept.
+    """
+    raw = f.readline(MAX_LINE_BYTES + 1)
+    size = len(raw)
+    if size > MAX_LINE_BYTES and not raw.endswith(b"\n"):
+        while chunk := f.readline(1 << 20):
+            size += len(chunk)
+            if chunk.endswith(b"\n"):
+                break
+    return raw, size
 
 
 def _decode_error(raw: bytes, exc: Exception) -> RowInvalid:
@@ -85,14 +305,34 @@ def _decode_error(raw: bytes, exc: Exception) -> RowInvalid:
     return RowInvalid("invalid_json", f"line is not valid JSON: {exc}")
 
 
+def _is_text(type_: Any) -> bool:
+    """Whether an Arrow type reads as Python ``str``: string, large_string,
+    string_view, or a dictionary of one of them."""
+    import pyarrow as pa
+
+    if pa.types.is_dictionary(type_):
+        return _is_text(type_.value_type)
+    is_string_view = getattr(pa.types, "is_string_view", None)  # pyarrow >= 16
+    return bool(
+        pa.types.is_string(type_)
+        or pa.types.is_large_string(type_)
+        or (is_string_view is not None and is_string_view(type_))
+    )
+
+
 class ParquetReader:
     """Reads a Parquet file row group by row group, in record batches.
 
+    Each row is a dict of Python values: text columns (string, large_string,
+    string_view, dictionary-encoded strings) become ``str``.
+
     Raises:
-        InputFileError: at construction when the file is not Parquet, is
-            truncated, or has neither a ``prompt``/``messages`` column nor the
-            OpenAI batch ``custom_id`` + ``body`` columns, or ``prompt`` is not
-            a string column. A row group that fails to decode later yields one
+        InputFileError: at construction, as :func:`inspect_input`; when the
+            file is wrapped in gzip or zstd (Parquet compresses its own
+            pages: decompress it first), is not Parquet, is truncated, or has
+            neither a ``prompt``/``messages`` column nor the OpenAI batch
+            ``custom_id`` + ``body`` columns, or ``prompt`` is not a text
+            column. A row group that fails to decode later yields one
             ``invalid_row`` error per row it holds, and reading goes on.
     """
 
@@ -102,8 +342,12 @@ class ParquetReader:
 
         self.path = path
         self.blank_lines = 0
-        if not path.is_file():
-            raise InputFileError(f"input file not found: {path}")
+        compression = inspect_input(path)
+        if compression is not None:
+            raise InputFileError(
+                f"{path} is a {compression}-compressed Parquet file; Parquet compresses its own pages, and "
+                f"bulkinfer reads the .parquet file itself: decompress it first ({_DECOMPRESS_COMMAND[compression]})"
+            )
         try:
             self._file = pq.ParquetFile(path)
         except (pa.ArrowException, OSError) as exc:
@@ -114,10 +358,11 @@ class ParquetReader:
             raise InputFileError(
                 f"{path}: no 'prompt' or 'messages' column; columns found: {', '.join(names) or '(none)'}"
             )
-        if "prompt" in names and not (
-            pa.types.is_string(schema.field("prompt").type) or pa.types.is_large_string(schema.field("prompt").type)
-        ):
-            raise InputFileError(f"{path}: column 'prompt' has type {schema.field('prompt').type}, expected string")
+        if "prompt" in names and not _is_text(schema.field("prompt").type):
+            raise InputFileError(
+                f"{path}: column 'prompt' has type {schema.field('prompt').type}, expected string "
+                "(string, large_string, string_view or dictionary-encoded string)"
+            )
         needed = {
             "id",
             "prompt",
@@ -158,16 +403,23 @@ class ParquetReader:
 
 
 def open_reader(path: Path, passthrough: bool = True) -> Reader:
-    """A reader for ``path`` chosen by its extension (.jsonl/.ndjson, .parquet/.pq).
+    """A reader for ``path`` chosen by its name without a compression suffix:
+    ``.jsonl``/``.ndjson`` (plain, gzip or zstd, found by the first bytes) or
+    ``.parquet``/``.pq``. ``passthrough=False`` reads only the Parquet
+    columns bulkinfer uses.
 
     Raises:
-        InputFileError: missing file, unknown extension, or unreadable Parquet.
+        InputFileError: as :func:`inspect_input` (missing, unreadable, not a
+            regular file, refused compression), an unknown extension, or as
+            the reader's constructor (unreadable Parquet, broken stream).
     """
-    suffix = path.suffix.lower()
+    inspect_input(path)
+    suffix = format_suffix(path)
     if suffix in JSONL_SUFFIXES:
         return JsonlReader(path)
     if suffix in PARQUET_SUFFIXES:
         return ParquetReader(path, passthrough=passthrough)
     raise InputFileError(
-        f"{path}: unknown input format '{suffix}'; expected {', '.join(JSONL_SUFFIXES + PARQUET_SUFFIXES)}"
+        f"{path}: unknown input format '{suffix or path.name}'; expected "
+        f"{', '.join(JSONL_SUFFIXES + PARQUET_SUFFIXES)} (JSONL may be gzip- or zstd-compressed: .jsonl.gz, .jsonl.zst)"
     )

@@ -10,7 +10,6 @@ because the engine computes in its own process meanwhile.
 
 from __future__ import annotations
 
-import os
 import resource
 from pathlib import Path
 from typing import Any
@@ -45,10 +44,14 @@ def peak_rss_bytes() -> dict[str, int]:
 
 
 def write_report(report: dict[str, Any], path: Path) -> None:
-    """Write ``report`` as indented JSON, atomically (temp file + ``os.replace``)."""
-    tmp = path.with_name(f".{path.name}.tmp")
-    tmp.write_bytes(orjson.dumps(report, option=orjson.OPT_INDENT_2, default=str))
-    os.replace(tmp, path)
+    """Write ``report`` as indented JSON, atomically (:func:`bulkinfer.writers.atomic_write`).
+
+    Raises:
+        OSError: the file cannot be written (no temporary file is left).
+    """
+    from bulkinfer.writers import atomic_write
+
+    atomic_write(path, orjson.dumps(report, option=orjson.OPT_INDENT_2, default=str))
 
 
 def _pct(x: float) -> str:

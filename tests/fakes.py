@@ -28,8 +28,10 @@ class FakeEngine:
         crash_at: int | None = None,
         signal_at: int | None = None,
         step_delay: float = 0.0,
+        hang_at: int | None = None,
     ):
         self.step_delay = step_delay
+        self.hang_at = hang_at  # from this step on, no step ever finishes (a stuck engine)
         self.queue: deque[tuple[str, Request]] = deque()
         self.reject, self.crash_at, self.signal_at = reject, crash_at, signal_at
         self.steps = 0
@@ -44,7 +46,10 @@ class FakeEngine:
         self.max_queued = max(self.max_queued, len(self.queue))
         return None
 
-    def step(self) -> list[Completion]:
+    def step(self, wait: float | None = None) -> list[Completion]:
+        if self.hang_at is not None and self.steps + 1 >= self.hang_at:
+            time.sleep(wait if wait is not None else 3600)  # still running: nothing finished
+            return []
         self.steps += 1
         time.sleep(self.step_delay)
         if self.steps == self.signal_at:
@@ -67,3 +72,11 @@ class FakeEngine:
 
     def close(self) -> None:
         self.closed = True
+
+
+def wait_for(predicate, timeout: float = 60.0) -> None:  # type: ignore[no-untyped-def]
+    """Poll ``predicate`` every 50 ms; fail the test after ``timeout`` seconds."""
+    deadline = time.monotonic() + timeout
+    while not predicate():
+        assert time.monotonic() < deadline, "timed out"
+        time.sleep(0.05)

@@ -1,14 +1,16 @@
 """Runs `bulkinfer run` logic with a slow fake engine in its own process, so
 tests can kill it (SIGKILL, SIGTERM) at chosen moments.
 
-Usage: python tests/fault_driver.py INPUT OUTPUT [--resume] [--step-delay S]
-Exit code: as `bulkinfer run` (0, 3, 128+N, ...).
+Usage: python tests/fault_driver.py INPUT OUTPUT [--resume] [--step-delay S] [--hang-at N] [--slow-start S]
+(--hang-at: from step N on no step finishes; --slow-start: the engine takes S seconds to start, like a model load)
+Exit code: as `bulkinfer` (0, 3, 128+N, ...), through the CLI's own exit path.
 """
 
 from __future__ import annotations
 
 import argparse
 import sys
+import time
 from pathlib import Path
 
 from fakes import FakeEngine
@@ -24,14 +26,21 @@ def main() -> int:
     parser.add_argument("output", type=Path)
     parser.add_argument("--resume", action="store_true")
     parser.add_argument("--step-delay", type=float, default=0.05)
+    parser.add_argument("--hang-at", type=int)
+    parser.add_argument("--slow-start", type=float, default=0.0)
     args = parser.parse_args()
     settings = load_settings(None, {"plan.max_in_flight": 2})
+
+    def factory(model: str, s: object) -> FakeEngine:
+        time.sleep(args.slow_start)
+        return FakeEngine(step_delay=args.step_delay, hang_at=args.hang_at)
+
     try:
         result = run(
             RunPaths.build(args.input, args.output),
             settings,
             resume=args.resume,
-            engine_factory=lambda m, s: FakeEngine(step_delay=args.step_delay),
+            engine_factory=factory,
             progress_plain=True,
         )
     except BulkinferError as exc:

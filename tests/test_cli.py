@@ -112,6 +112,7 @@ def test_every_override_option_reaches_its_setting() -> None:
         "window_rows": 100,
         "max_in_flight": 16,
         "padding_batch_size": 4,
+        "stall_timeout_s": 30.0,
         "not_a_setting": "ignored",
     }
     assert set(values) - {"not_a_setting"} == set(OVERRIDES)
@@ -124,6 +125,6 @@ def test_every_override_option_reaches_its_setting() -> None:
     assert (s.engine.kv_cache_memory_bytes, s.engine.enforce_eager, s.engine.seed) == (2**30, False, 3)
     assert s.engine.trust_remote_code is True
     assert (s.plan.order, s.plan.buckets, s.plan.window_rows) == ("ascending", (64, 128), 100)
-    assert (s.plan.max_in_flight, s.plan.padding_batch_size) == (16, 4)
+    assert (s.plan.max_in_flight, s.plan.padding_batch_size, s.plan.stall_timeout_s) == (16, 4, 30.0)
     # Options not given (None) keep the defaults.
     assert load_settings(None, _overrides(dict.fromkeys(OVERRIDES))) == load_settings()

@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
+import errno
+import os
 from pathlib import Path
+from typing import Any
 
 import orjson
 import pytest
@@ -181,17 +184,141 @@ def test_missing_and_malformed_files(tmp_path: Path) -> None:
         ({"plan.buckets": [16, "32"]}, "plan.buckets"),
         ({"engine.gpu_memory_utilization": "0.5"}, "engine.gpu_memory_utilization"),
         ({"engine.tensor_parallel_size": "2"}, "engine.tensor_parallel_size"),
+        ({"sampling.seed": 1.5}, "sampling.seed"),
+        ({"sampling.seed": 7.0}, "sampling.seed"),
+        ({"sampling.seed": True}, "sampling.seed"),
+        ({"sampling.seed": "7"}, "sampling.seed"),
+        ({"sampling.seed": -1}, "sampling.seed"),  # vLLM would silently read -1 as "no seed"
+        ({"sampling.seed": 2**63}, "sampling.seed"),
+        ({"sampling.stop": [""]}, "sampling.stop"),
+        ({"sampling.stop": ["###", ""]}, "sampling.stop"),
+        ({"sampling.ignore_eos": "true"}, "sampling.ignore_eos"),
+        ({"engine.seed": -1}, "engine.seed"),
+        ({"engine.seed": 2**32}, "engine.seed"),
+        ({"engine.seed": 0.5}, "engine.seed"),
+        ({"engine.seed": False}, "engine.seed"),
+        ({"engine.dtype": 16}, "engine.dtype"),
+        ({"engine.dtype": ""}, "engine.dtype"),
+        ({"engine.max_num_batched_tokens": 0}, "engine.max_num_batched_tokens"),
+        ({"engine.max_num_batched_tokens": 512.0}, "engine.max_num_batched_tokens"),
+        ({"engine.kv_cache_memory_bytes": 0}, "engine.kv_cache_memory_bytes"),
+        ({"engine.kv_cache_memory_bytes": 1.5e9}, "engine.kv_cache_memory_bytes"),
+        ({"engine.enforce_eager": "yes"}, "engine.enforce_eager"),
+        ({"engine.enforce_eager": 1}, "engine.enforce_eager"),
+        ({"engine.trust_remote_code": 1}, "engine.trust_remote_code"),
+        ({"model": 5}, "model"),
     ],
 )
 def test_bad_ranges_raise_config_error(overrides: dict[str, object], named: str) -> None:
-    with pytest.raises(ConfigError, match=named.replace(".", r"\.")):
+    with pytest.raises(ConfigError, match=named.replace(".", r"\.")) as info:
         load_settings(None, overrides)
+    [value] = overrides.values()
+    assert str(info.value).startswith(f"{named} must be ")
+    assert str(info.value).endswith(f", got {value!r}")  # the value given, as given
 
 
 def test_bad_range_in_toml(tmp_path: Path) -> None:
     path = write_toml(tmp_path, "[sampling]\ntemperature = 9\n")
     with pytest.raises(ConfigError, match=r"sampling\.temperature"):
         load_settings(path)
+
+
+@pytest.mark.parametrize(
+    ("toml", "message"),
+    [
+        ("[sampling]\nseed = 1.5\n", "sampling.seed must be an integer in [0, 2**63), got 1.5"),
+        ("[sampling]\nseed = -3\n", "sampling.seed must be an integer in [0, 2**63), got -3"),
+        ("[sampling]\nseed = true\n", "sampling.seed must be an integer in [0, 2**63), got True"),
+        ('[sampling]\nstop = ["###", ""]\n', "sampling.stop must be a list of non-empty strings, got ['###', '']"),
+        ("[engine]\nseed = 4294967296\n", "engine.seed must be an integer in [0, 2**32), got 4294967296"),
+        (
+            "[engine]\nkv_cache_memory_bytes = 0\n",
+            "engine.kv_cache_memory_bytes must be an integer >= 1 (bytes), got 0",
+        ),
+        ("[engine]\nmax_num_batched_tokens = -1\n", "engine.max_num_batched_tokens must be an integer >= 1, got -1"),
+    ],
+)
+def test_bad_values_in_toml_are_named_with_the_value(tmp_path: Path, toml: str, message: str) -> None:
+    with pytest.raises(ConfigError) as info:
+        load_settings(write_toml(tmp_path, toml))
+    assert str(info.value) == message
+    assert info.value.exit_code == EXIT_USAGE
+
+
+def test_long_values_are_cut_in_messages() -> None:
+    with pytest.raises(ConfigError) as info:
+        load_settings(None, {"sampling.stop": ["x" * 200, ""]})
+    message = str(info.value)
+    assert message.startswith("sampling.stop must be a list of non-empty strings, got ['xxx")
+    assert message.endswith("...") and len(message) < 160
+
+
+def test_seed_boundaries_are_accepted() -> None:
+    settings = load_settings(None, {"sampling.seed": 2**63 - 1, "engine.seed": 2**32 - 1})
+    assert settings.sampling.seed == 2**63 - 1
+    assert settings.engine.seed == 2**32 - 1
+    settings = load_settings(None, {"sampling.seed": 0, "engine.seed": 0})
+    assert (settings.sampling.seed, settings.engine.seed) == (0, 0)
+
+
+def test_optional_engine_settings_accept_their_types() -> None:
+    settings = load_settings(
+        None,
+        {
+            "engine.max_num_batched_tokens": 1,
+            "engine.kv_cache_memory_bytes": 2**32,
+            "engine.enforce_eager": False,
+            "engine.trust_remote_code": True,
+            "engine.dtype": "bfloat16",
+            "sampling.ignore_eos": True,
+            "sampling.stop": ["\n"],
+        },
+    )
+    assert settings.engine.max_num_batched_tokens == 1
+    assert settings.engine.kv_cache_memory_bytes == 2**32
+    assert settings.engine.enforce_eager is False
+    assert settings.sampling.stop == ("\n",)
+
+
+def test_config_that_is_a_directory(tmp_path: Path) -> None:
+    with pytest.raises(ConfigError) as info:
+        load_settings(tmp_path)
+    assert str(info.value) == f"config file {tmp_path} is a directory; give a TOML file"
+    assert info.value.exit_code == EXIT_USAGE
+
+
+def test_unreadable_config_file(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    path = write_toml(tmp_path, "[sampling]\nmax_tokens = 5\n")
+    path.chmod(0)
+    if os.geteuid() == 0:  # root reads through permission bits: refuse as the kernel would for others
+        read_text = Path.read_text
+
+        def denied(self: Path, *args: Any, **kwargs: Any) -> str:
+            if self == path:
+                raise PermissionError(errno.EACCES, os.strerror(errno.EACCES), str(self))
+            return read_text(self, *args, **kwargs)
+
+        monkeypatch.setattr(Path, "read_text", denied)
+    try:
+        with pytest.raises(ConfigError) as info:
+            load_settings(path)
+    finally:
+        path.chmod(0o644)
+    assert str(info.value) == f"cannot read config file {path}: Permission denied"
+    assert info.value.exit_code == EXIT_USAGE
+
+
+def test_other_os_errors_name_the_path_and_reason(tmp_path: Path) -> None:
+    below_a_file = write_toml(tmp_path, "") / "settings.toml"
+    with pytest.raises(ConfigError) as info:
+        load_settings(below_a_file)
+    assert str(info.value) == f"cannot read config file {below_a_file}: Not a directory"
+
+    loop = tmp_path / "loop.toml"
+    loop.symlink_to(loop)
+    with pytest.raises(ConfigError) as info:
+        load_settings(loop)
+    assert str(info.value) == f"cannot read config file {loop}: Too many levels of symbolic links"
 
 
 def test_boundary_values_are_accepted() -> None:

@@ -54,6 +54,8 @@ def mixed(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
     rows.insert(7, {"id": sharegpt[0]["id"], "prompt": "a duplicate id"})
     rows.insert(9, ["not", "an", "object"])
     rows.append({"id": "short", "prompt": "Count to ten:", "max_tokens": 5})
+    # a poison row: vLLM's SamplingParams rejects it (VLLMValidationError); only this row fails
+    rows.append({"id": "poison-stop", "prompt": "hi", "stop": [""]})
     src = tmp / "mixed.jsonl"
     write_jsonl(src, rows)
     out = tmp / "res" / "out.jsonl"
@@ -83,9 +85,12 @@ def test_every_row_exactly_once(mixed: dict[str, Any]) -> None:
     assert len(outputs) + len(errors) == len(mixed["rows"])
     out_ids = [r["id"] for r in outputs]
     assert len(out_ids) == len(set(out_ids))
-    expected_ok = {r["id"] for r in mixed["rows"] if isinstance(r, dict)} - {"bad-max-tokens"}
+    expected_ok = {r["id"] for r in mixed["rows"] if isinstance(r, dict)} - {"bad-max-tokens", "poison-stop"}
     assert set(out_ids) == expected_ok
     by_line = {e["line"]: e for e in errors}
+    poison = by_line[len(mixed["rows"])]
+    assert poison["id"] == "poison-stop" and poison["error"]["type"] == "engine_error"
+    assert "stop cannot contain an empty string" in poison["error"]["message"]
     assert by_line[4]["error"]["type"] == "invalid_field" and "max_tokens" in by_line[4]["error"]["message"]
     assert by_line[8]["error"]["type"] == "duplicate_id"
     assert by_line[10]["error"]["type"] == "invalid_row"
@@ -117,7 +122,7 @@ def test_report_agrees_with_output(mixed: dict[str, Any]) -> None:
     assert report["request_counts"] == {
         "total": len(mixed["rows"]),
         "completed": len(outputs),
-        "failed": 3,
+        "failed": 4,
         "skipped": 0,
     }
     assert report["rows"] == len(mixed["rows"])
@@ -141,7 +146,8 @@ def test_report_agrees_with_output(mixed: dict[str, Any]) -> None:
 
 
 def test_jsonl_and_parquet_give_identical_completions(mixed: dict[str, Any]) -> None:
-    rows = [r for r in mixed["rows"] if isinstance(r, dict) and "prompt" in r and r["id"] != "bad-max-tokens"]
+    failing = ("bad-max-tokens", "poison-stop")
+    rows = [r for r in mixed["rows"] if isinstance(r, dict) and "prompt" in r and r["id"] not in failing]
     seen: set[str] = set()
     rows = [r for r in rows if not (r["id"] in seen or seen.add(r["id"]))]
     src = mixed["tmp"] / "same.parquet"

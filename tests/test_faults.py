@@ -16,6 +16,7 @@ from pathlib import Path
 
 import orjson
 import pytest
+from fakes import wait_for
 
 HERE = Path(__file__).resolve().parent
 N_ROWS = 40
@@ -41,13 +42,6 @@ def driver(src: Path, out: Path, *args: str, env: dict[str, str] | None = None) 
 def spool_lines(out: Path) -> int:
     spool = out.with_name(f".{out.name}.partial.jsonl")
     return spool.read_bytes().count(b"\n") if spool.exists() else 0
-
-
-def wait_for(predicate, timeout: float = 60.0) -> None:  # type: ignore[no-untyped-def]
-    deadline = time.monotonic() + timeout
-    while not predicate():
-        assert time.monotonic() < deadline, "timed out"
-        time.sleep(0.05)
 
 
 def assert_every_row_once(out: Path) -> None:

@@ -6,6 +6,7 @@ BULKINFER_HOME; the checks after it read the converted directory.
 
 from __future__ import annotations
 
+import errno
 import hashlib
 import json
 import os
@@ -13,6 +14,7 @@ import subprocess
 import sys
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -179,23 +181,130 @@ def test_missing_package_says_how_to_install(tmp_path: Path, monkeypatch: pytest
     assert "make install" in str(info.value)
 
 
+def make_model_dir(path: Path, weights: str = "model.safetensors") -> Path:
+    """A directory that passes resolve_model's checks: config.json and a weights file."""
+    path.mkdir(parents=True)
+    (path / "config.json").write_text("{}")
+    (path / weights).write_bytes(b"")
+    return path
+
+
 def test_resolve_model(home: Path, model_dir: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     assert models.resolve_model(None, home) == str(model_dir)
     assert models.resolve_model(DEFAULT_MODEL, home) == str(model_dir)
+    assert models.resolve_model(str(model_dir), home) == str(model_dir)  # a prepared directory passes the checks
 
-    local = tmp_path / "my-model"
-    local.mkdir()
+    local = make_model_dir(tmp_path / "my-model")
     monkeypatch.chdir(tmp_path)
     assert models.resolve_model("my-model", home) == str(local.resolve())
     assert models.resolve_model(str(local), home) == str(local.resolve())
 
     assert models.resolve_model("HuggingFaceTB/SmolLM2-135M-Instruct", home) == ("HuggingFaceTB/SmolLM2-135M-Instruct")
-    for bad in ("no-such-model", "./missing/dir", "a/b/c", ""):
-        with pytest.raises(ModelError, match="unknown model"):
+    for bad in ("no-such-model", ""):
+        with pytest.raises(ModelError, match="unknown model") as info:
+            models.resolve_model(bad, home)
+        assert "bulkinfer models" in str(info.value)
+    for bad in ("./missing/dir", "a/b/c"):
+        with pytest.raises(ModelError, match="no such model directory"):
             models.resolve_model(bad, home)
     (tmp_path / "weights.gguf").write_bytes(b"")
-    with pytest.raises(ModelError, match="is a file"):
+    with pytest.raises(ModelError, match="is a file") as info:
         models.resolve_model(str(tmp_path / "weights.gguf"), home)
+    assert str(tmp_path / "weights.gguf") in str(info.value)
+
+
+@pytest.mark.parametrize(
+    ("model", "path"),
+    [
+        ("models/mine", "models/mine"),  # org/name shape, but ./models is a local directory
+        ("./missing", "missing"),
+        ("../missing", "../missing"),
+        ("missing/", "missing"),
+        ("a/b/c", "a/b/c"),
+        ("models/../gone", "gone"),
+        ("org/na me", "org/na me"),  # has a slash but is no valid hub id
+        ("~/no-model-here", "home/no-model-here"),
+        ("{tmp}/absent", "absent"),
+    ],
+)
+def test_missing_path_like_model_is_a_local_error(
+    model: str, path: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    work = tmp_path / "work"
+    (work / "models").mkdir(parents=True)
+    monkeypatch.chdir(work)
+    monkeypatch.setenv("HOME", str(work / "home"))
+    with pytest.raises(ModelError) as info:
+        models.resolve_model(model.format(tmp=work), home=tmp_path / "bulkinfer-home")
+    message = str(info.value)
+    expected = os.path.normpath(work / path)
+    assert message.startswith(f"no such model directory: {expected}; give a local Hugging Face model directory")
+    assert "bulkinfer models" in message and "org/name" in message
+    assert info.value.exit_code == 5
+
+
+def test_org_name_is_a_hub_id_unless_org_is_a_local_directory(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.chdir(tmp_path)
+    home = tmp_path / "bulkinfer-home"
+    assert models.resolve_model("HuggingFaceTB/SmolLM2-135M-Instruct", home) == "HuggingFaceTB/SmolLM2-135M-Instruct"
+    (tmp_path / "Qwen").write_text("a file, not a directory")
+    assert models.resolve_model("Qwen/Qwen3-0.6B", home) == "Qwen/Qwen3-0.6B"
+
+    (tmp_path / "HuggingFaceTB").mkdir()
+    with pytest.raises(ModelError, match="no such model directory") as info:
+        models.resolve_model("HuggingFaceTB/SmolLM2-135M-Instruct", home)
+    assert str(tmp_path / "HuggingFaceTB" / "SmolLM2-135M-Instruct") in str(info.value)
+
+    mine = make_model_dir(tmp_path / "HuggingFaceTB" / "SmolLM2-135M-Instruct", weights="pytorch_model.bin")
+    assert models.resolve_model("HuggingFaceTB/SmolLM2-135M-Instruct", home) == str(mine)
+
+
+def test_directory_without_config_json_is_not_a_model(tmp_path: Path) -> None:
+    empty = tmp_path / "empty"
+    empty.mkdir()
+    with pytest.raises(ModelError) as info:
+        models.resolve_model(str(empty), tmp_path)
+    message = str(info.value)
+    assert message.startswith(f"{empty} holds no model: no config.json; expected a Hugging Face model directory")
+    assert "config.json and weights (*.safetensors or *.bin)" in message
+    assert info.value.exit_code == 5
+
+    (empty / "model.Q4_K_M.gguf").write_bytes(b"")
+    with pytest.raises(ModelError, match=r"holds no model: no config\.json") as info:
+        models.resolve_model(str(empty), tmp_path)
+    assert "it holds model.Q4_K_M.gguf: convert a GGUF" in str(info.value)
+
+
+def test_directory_with_config_but_no_weights(tmp_path: Path) -> None:
+    half = tmp_path / "half"
+    half.mkdir()
+    (half / "config.json").write_text("{}")
+    (half / "tokenizer.json").write_text("{}")
+    with pytest.raises(ModelError) as info:
+        models.resolve_model(str(half), tmp_path)
+    assert str(info.value).startswith(
+        f"{half} has config.json but no weights: expected *.safetensors or *.bin files next to it"
+    )
+
+
+def test_unreadable_model_directory(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    locked = make_model_dir(tmp_path / "locked")
+    locked.chmod(0)
+    if os.geteuid() == 0:  # root reads through permission bits: refuse as the kernel would for others
+        listdir = os.listdir
+
+        def denied(path: Any = ".") -> list[str]:
+            if Path(path) == locked:
+                raise PermissionError(errno.EACCES, os.strerror(errno.EACCES), str(path))
+            return listdir(path)
+
+        monkeypatch.setattr(os, "listdir", denied)
+    try:
+        with pytest.raises(ModelError) as info:
+            models.resolve_model(str(locked), tmp_path)
+    finally:
+        locked.chmod(0o755)
+    assert str(info.value).startswith(f"cannot read model directory {locked}: Permission denied; check its permissions")
 
 
 def test_tokenizer_renders_chatml(model_dir: Path) -> None:

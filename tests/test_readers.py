@@ -2,6 +2,13 @@
 
 from __future__ import annotations
 
+import bz2
+import gzip
+import lzma
+import os
+import socket
+import zipfile
+import zlib
 from pathlib import Path
 
 import pyarrow as pa
@@ -10,7 +17,7 @@ import pytest
 
 from bulkinfer.config import SamplingDefaults
 from bulkinfer.errors import EXIT_INPUT, InputFileError
-from bulkinfer.readers import JsonlReader, ParquetReader, RawRow, open_reader
+from bulkinfer.readers import JsonlReader, ParquetReader, RawRow, count_rows, open_reader
 from bulkinfer.rows import RowInvalid, parse_row
 
 
@@ -241,3 +248,303 @@ def test_parquet_corrupt_row_group_gives_one_error_per_row(tmp_path: Path) -> No
         assert r.data is None
         assert r.error is not None and r.error.type == "invalid_row"
         assert "row group 1" in r.error.message
+
+
+# --- compressed JSONL -----------------------------------------------------------------------------
+
+PLAIN = b'\xef\xbb\xbf{"id": "a", "prompt": "caf\xc3\xa9"}\r\n\n{"id": "b",}\n{"id": "c", "prompt": "x\xe2\x80\xa8y"}'
+
+
+def zstd_bytes(data: bytes) -> bytes:
+    return pa.compress(data, codec="zstd", asbytes=True)
+
+
+def compressed(tmp_path: Path, name: str, data: bytes, codec: str) -> Path:
+    path = tmp_path / name
+    path.write_bytes(gzip.compress(data) if codec == "gzip" else zstd_bytes(data))
+    return path
+
+
+def triples(rows: list[RawRow]) -> list[tuple[int, object, str | None]]:
+    return [(r.line, r.data, r.error.message if r.error else None) for r in rows]
+
+
+@pytest.mark.parametrize(
+    ("name", "codec"),
+    [("in.jsonl.gz", "gzip"), ("in.ndjson.gz", "gzip"), ("in.jsonl.zst", "zstd"), ("in.JSONL.zstd", "zstd")],
+)
+def test_compressed_jsonl_reads_like_the_plain_file(tmp_path: Path, name: str, codec: str) -> None:
+    plain_rows, plain_reader = read_all(jsonl(tmp_path, PLAIN))
+    path = compressed(tmp_path, name, PLAIN, codec)
+    reader = open_reader(path)
+    assert isinstance(reader, JsonlReader) and reader.compression == codec
+    rows = list(reader)
+    assert triples(rows) == triples(plain_rows)
+    assert [r.line for r in rows] == [1, 3, 4]
+    assert rows[0].data == {"id": "a", "prompt": "café"}
+    assert rows[2].data == {"id": "c", "prompt": "x\u2028y"}
+    assert reader.blank_lines == plain_reader.blank_lines == 1
+
+
+@pytest.mark.parametrize("codec", ["gzip", "zstd"])
+def test_compression_is_found_by_magic_bytes_whatever_the_name(tmp_path: Path, codec: str) -> None:
+    rows = list(open_reader(compressed(tmp_path, "in.jsonl", b'{"prompt": "a"}\n{"prompt": "b"}\n', codec)))
+    assert [(r.line, r.data) for r in rows] == [(1, {"prompt": "a"}), (2, {"prompt": "b"})]
+
+
+def test_plain_file_named_gz_is_read_as_plain(tmp_path: Path) -> None:
+    rows = list(open_reader(jsonl(tmp_path, b'{"prompt": "a"}\n', name="in.jsonl.gz")))
+    assert rows[0].data == {"prompt": "a"}
+
+
+def test_multi_member_gzip_and_multi_frame_zstd(tmp_path: Path) -> None:
+    one, two = b'{"id": 1}\n', b'{"id": 2}\n'
+    (tmp_path / "a.jsonl.gz").write_bytes(gzip.compress(one) + gzip.compress(two))
+    (tmp_path / "a.jsonl.zst").write_bytes(zstd_bytes(one) + zstd_bytes(two))
+    for name in ("a.jsonl.gz", "a.jsonl.zst"):
+        assert [r.data for r in open_reader(tmp_path / name)] == [{"id": 1}, {"id": 2}]
+
+
+def zip_bytes(data: bytes, tmp_path: Path) -> bytes:
+    archive = tmp_path / "archive.zip"
+    with zipfile.ZipFile(archive, "w") as z:
+        z.writestr("in.jsonl", data)
+    return archive.read_bytes()
+
+
+@pytest.mark.parametrize(
+    ("name", "make", "named"),
+    [
+        ("in.jsonl.bz2", lambda data, _: bz2.compress(data), "bzip2-compressed"),
+        ("in.jsonl", lambda data, _: bz2.compress(data), "bzip2-compressed"),
+        ("in.jsonl.xz", lambda data, _: lzma.compress(data), "xz-compressed"),
+        ("in.jsonl.zip", zip_bytes, "a zip archive"),
+        ("in.jsonl.7z", lambda data, _: b"7z\xbc\xaf\x27\x1c\x00\x04" + data, "a 7z archive"),
+        ("in.parquet.xz", lambda data, _: lzma.compress(data), "xz-compressed"),
+    ],
+)
+def test_other_compressions_are_refused_by_name(tmp_path: Path, name: str, make, named: str) -> None:
+    path = tmp_path / name
+    path.write_bytes(make(b'{"prompt": "a"}\n', tmp_path))
+    with pytest.raises(InputFileError) as info:
+        open_reader(path)
+    message = str(info.value)
+    assert message.startswith(f"{path} is {named}; ")
+    assert "gzip or zstd" in message
+    assert info.value.exit_code == EXIT_INPUT
+    with pytest.raises(InputFileError, match=named):
+        JsonlReader(path)  # the readers check it too, not only open_reader
+
+
+@pytest.mark.parametrize(("codec", "command"), [("gzip", "gunzip -k"), ("zstd", "zstd -d")])
+def test_compressed_parquet_is_refused(tmp_path: Path, codec: str, command: str) -> None:
+    plain = write_parquet(tmp_path / "in.parquet", pa.table({"prompt": ["a"]}))
+    path = compressed(tmp_path, "in.parquet" + (".gz" if codec == "gzip" else ".zst"), plain.read_bytes(), codec)
+    with pytest.raises(InputFileError) as info:
+        open_reader(path)
+    assert f"is a {codec}-compressed Parquet file" in str(info.value)
+    assert f"decompress it first ({command})" in str(info.value)
+    assert count_rows(path) is None
+
+
+def numbered_lines(n: int) -> bytes:
+    return b"".join(b'{"id": "r%d", "prompt": "prompt number %d"}\n' % (i, i) for i in range(n))
+
+
+def test_truncated_gzip_keeps_the_rows_read_and_ends_with_one_row_error(tmp_path: Path) -> None:
+    data = numbered_lines(5000)
+    whole = gzip.compress(data)
+    cut = whole[: len(whole) // 2]
+    path = tmp_path / "in.jsonl.gz"
+    path.write_bytes(cut)
+    complete = zlib.decompressobj(wbits=31).decompress(cut).count(b"\n")  # lines fully inside the cut
+    assert 0 < complete < 5000
+    rows = list(open_reader(path))
+    assert len(rows) == complete + 1
+    assert [r.data["id"] for r in rows[:-1]] == [f"r{i}" for i in range(complete)]
+    assert all(r.error is None for r in rows[:-1])
+    last = rows[-1]
+    assert last.line == complete + 1 and last.data is None
+    assert last.error is not None and last.error.type == "invalid_row"
+    assert f"gzip stream of in.jsonl.gz is corrupt or truncated at line {complete + 1}" in last.error.message
+    assert f"the {complete} lines before it were read" in last.error.message
+    assert count_rows(path) is None
+
+
+def test_gzip_without_its_trailer_gives_every_row_then_the_error(tmp_path: Path) -> None:
+    path = tmp_path / "in.jsonl.gz"
+    path.write_bytes(gzip.compress(numbered_lines(10))[:-8])  # CRC and size missing
+    rows = list(open_reader(path))
+    assert [r.line for r in rows] == list(range(1, 12))
+    assert rows[9].data == {"id": "r9", "prompt": "prompt number 9"}
+    assert rows[10].error is not None and "truncated at line 11" in rows[10].error.message
+
+
+def test_corrupt_gzip_crc_is_reported_after_the_rows(tmp_path: Path) -> None:
+    data = bytearray(gzip.compress(numbered_lines(10)))
+    data[-6] ^= 0xFF  # the CRC-32 in the trailer
+    path = tmp_path / "in.jsonl.gz"
+    path.write_bytes(bytes(data))
+    rows = list(open_reader(path))
+    assert len(rows) == 11 and rows[10].line == 11
+    assert rows[10].error is not None and "CRC" in rows[10].error.message
+
+
+def test_truncated_zstd_keeps_the_rows_read_and_ends_with_one_row_error(tmp_path: Path) -> None:
+    data = numbered_lines(40000)  # about 1.7 MB: many zstd blocks
+    whole = zstd_bytes(data)
+    path = tmp_path / "in.jsonl.zst"
+    path.write_bytes(whole[: len(whole) // 2])
+    rows = list(open_reader(path))
+    read = len(rows) - 1
+    assert 1000 < read < 40000
+    assert [r.data["id"] for r in rows[:-1]] == [f"r{i}" for i in range(read)]
+    assert rows[-1].line == read + 1
+    assert rows[-1].error is not None
+    assert f"zstd stream of in.jsonl.zst is corrupt or truncated at line {read + 1}" in rows[-1].error.message
+
+
+@pytest.mark.parametrize(
+    ("name", "data", "codec"),
+    [
+        ("in.jsonl.gz", b"\x1f\x8b", "gzip"),
+        ("in.jsonl.gz", b"\x1f\x8b\x08\x00" + b"not really gzip" * 4, "gzip"),
+        ("in.jsonl.zst", b"\x28\xb5\x2f\xfd" + b"not really zstd" * 4, "zstd"),
+    ],
+)
+def test_stream_broken_from_the_start_is_an_input_error(tmp_path: Path, name: str, data: bytes, codec: str) -> None:
+    path = jsonl(tmp_path, data, name=name)
+    with pytest.raises(InputFileError, match=f"not a readable {codec} stream"):
+        open_reader(path)
+
+
+def test_empty_compressed_file_has_no_rows(tmp_path: Path) -> None:
+    assert list(open_reader(compressed(tmp_path, "in.jsonl.gz", b"", "gzip"))) == []
+    assert list(open_reader(compressed(tmp_path, "in.jsonl.zst", b"", "zstd"))) == []
+
+
+def test_unknown_extension_under_a_compression_suffix(tmp_path: Path) -> None:
+    path = compressed(tmp_path, "in.csv.gz", b"a,b\n", "gzip")
+    with pytest.raises(InputFileError, match=r"unknown input format '\.csv'"):
+        open_reader(path)
+
+
+def test_oversized_line_in_a_compressed_file(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    from bulkinfer import readers
+
+    monkeypatch.setattr(readers, "MAX_LINE_BYTES", 32)
+    line = b'{"prompt": "' + b"x" * 5000 + b'"}\n'
+    rows = list(open_reader(compressed(tmp_path, "in.jsonl.gz", line + b'{"prompt": "y"}\n', "gzip")))
+    assert rows[0].error is not None and f"line is {len(line)} bytes" in rows[0].error.message
+    assert (rows[1].line, rows[1].data) == (2, {"prompt": "y"})
+
+
+# --- Parquet text columns -------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("make", "stored"),
+    [
+        (lambda values: pa.array(values).dictionary_encode(), pa.dictionary(pa.int32(), pa.string())),
+        # pyarrow reads a dictionary of large_string back as a dictionary of string
+        (
+            lambda values: pa.array(values, pa.large_string()).dictionary_encode(),
+            pa.dictionary(pa.int32(), pa.string()),
+        ),
+        (lambda values: pa.array(values, pa.string_view()), pa.string_view()),
+        (lambda values: pa.array(values, pa.large_string()), pa.large_string()),
+    ],
+    ids=["dictionary", "dictionary-large", "string_view", "large_string"],
+)
+def test_parquet_text_column_types_read_as_str(tmp_path: Path, make, stored: pa.DataType) -> None:
+    table = pa.table(
+        {
+            "id": make(["a", "b", "c"]),
+            "prompt": make(["same", "other", "same"]),
+            "lang": make(["en", None, "en"]),
+        }
+    )
+    path = write_parquet(tmp_path / "in.parquet", table)
+    assert pq.ParquetFile(path).schema_arrow.field("prompt").type == stored  # the type the reader meets
+    rows = list(open_reader(path))
+    assert [r.data for r in rows] == [
+        {"id": "a", "prompt": "same", "lang": "en"},
+        {"id": "b", "prompt": "other", "lang": None},
+        {"id": "c", "prompt": "same", "lang": "en"},
+    ]
+    assert all(type(r.data[k]) is str for r in rows for k in ("id", "prompt"))
+    request = parse_row(rows[1].data, 1, rows[1].line, SamplingDefaults())
+    assert (request.id, request.prompt, request.passthrough) == ("b", "other", {"lang": None})
+
+
+# --- not a regular file ---------------------------------------------------------------------------
+
+
+def test_directory_input(tmp_path: Path) -> None:
+    folder = tmp_path / "data.jsonl"
+    folder.mkdir()
+    with pytest.raises(InputFileError) as info:
+        open_reader(folder)
+    assert str(info.value) == f"{folder} is a directory; give a .jsonl or .parquet file"
+    assert info.value.exit_code == EXIT_INPUT
+    assert count_rows(folder) is None
+
+
+def test_fifo_input_is_refused_without_opening_it(tmp_path: Path) -> None:
+    fifo = tmp_path / "rows.jsonl"
+    os.mkfifo(fifo)  # opening it for reading would block: these calls must return at once
+    for attempt in (open_reader, JsonlReader, ParquetReader):
+        with pytest.raises(InputFileError) as info:
+            attempt(fifo)
+        assert str(info.value).startswith(f"{fifo} is a named pipe (FIFO), not a regular file: ")
+        assert "more than once (row count, --resume)" in str(info.value)
+    assert count_rows(fifo) is None
+
+
+def test_socket_and_device_inputs(tmp_path: Path) -> None:
+    path = tmp_path / "s.jsonl"
+    with socket.socket(socket.AF_UNIX) as sock:
+        sock.bind(str(path))
+        with pytest.raises(InputFileError, match="is a socket, not a regular file"):
+            open_reader(path)
+    if os.path.exists(os.devnull):
+        with pytest.raises(InputFileError, match="is a character device, not a regular file"):
+            open_reader(Path(os.devnull))
+
+
+def test_missing_input(tmp_path: Path) -> None:
+    path = tmp_path / "absent.jsonl.gz"
+    with pytest.raises(InputFileError) as info:
+        open_reader(path)
+    assert str(info.value) == f"input file not found: {path}"
+    assert count_rows(path) is None
+
+
+def test_unreadable_input(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    from bulkinfer import readers
+
+    path = jsonl(tmp_path, b'{"prompt": "a"}\n')
+
+    def denied(*args: object, **kwargs: object) -> None:
+        raise PermissionError(13, "Permission denied")
+
+    monkeypatch.setattr(readers, "open", denied, raising=False)  # root may read a chmod 000 file
+    with pytest.raises(InputFileError, match="permission denied") as info:
+        open_reader(path)
+    assert info.value.exit_code == EXIT_INPUT
+
+
+# --- count_rows -----------------------------------------------------------------------------------
+
+
+def test_count_rows(tmp_path: Path) -> None:
+    data = b'{"id": 1}\n\n{"id": 2}\n{"id": 3}'  # blank line counted; last line without newline
+    assert count_rows(jsonl(tmp_path, data)) == 4
+    assert count_rows(jsonl(tmp_path, data + b"\n", name="nl.jsonl")) == 4
+    assert count_rows(jsonl(tmp_path, b"", name="empty.jsonl")) == 0
+    assert count_rows(compressed(tmp_path, "in.jsonl.gz", data, "gzip")) == 4
+    assert count_rows(compressed(tmp_path, "in.jsonl.zst", data, "zstd")) == 4
+    assert count_rows(compressed(tmp_path, "gz.jsonl", data, "gzip")) == 4
+    table = pa.table({"prompt": [f"p{i}" for i in range(25)]})
+    assert count_rows(write_parquet(tmp_path / "in.parquet", table, row_group_size=10)) == 25
+    assert count_rows(jsonl(tmp_path, b"not parquet", name="bad.parquet")) is None

@@ -115,7 +115,7 @@ def test_resume_after_sigterm_gives_every_row_once(tmp_path: Path) -> None:
     assert len(engine.queue) == 0 and engine.steps == 7  # only the 14 rows not done before ran
     assert result.report["resumed"] == {"completed": 6, "failed": 0}
     assert result.report["request_counts"]["completed"] == 20
-    assert sorted(p.name for p in tmp_path.glob(".out*")) == [".out.jsonl.lock"]  # no spool, journal left
+    assert sorted(p.name for p in tmp_path.glob(".out*")) == [".out.lock"]  # no spool, journal left
 
 
 def test_resume_cuts_a_torn_last_line(tmp_path: Path) -> None:
@@ -188,7 +188,7 @@ def test_overwrite_replaces_a_complete_output(tmp_path: Path) -> None:
 
 def test_a_held_lock_refuses_a_second_run(tmp_path: Path) -> None:
     paths = RunPaths.build(make_input(tmp_path, 5), tmp_path / "out.jsonl")
-    with OutputFiles(paths.output, paths.errors).locked():
+    with OutputFiles(paths.output).locked():
         with pytest.raises(LockHeldError, match="another bulkinfer run"):
             run(paths, settings(), engine_factory=lambda m, s: FakeEngine())
     run(paths, settings(), engine_factory=lambda m, s: FakeEngine())  # free again

@@ -1,0 +1,174 @@
+"""The engine side of "never a hang, never an orphan": waiting for an engine
+step while watching the engine's processes, the stall timeout, the sampling
+defaults checked by vLLM's own SamplingParams, and the watchdog.
+
+No model is loaded here: the waiting logic of VllmEngine runs over a stand-in
+step function and a stand-in engine process (a sleeping child). The real
+engine core is killed in tests/test_e2e.py.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+from types import SimpleNamespace
+from typing import Any
+
+import psutil
+import pytest
+
+from bulkinfer.config import SamplingDefaults
+from bulkinfer.engine import VllmEngine, _Stepper, check_sampling_defaults
+from bulkinfer.errors import ConfigError, EngineError
+
+
+def stand_in_engine(step: Any, process: subprocess.Popen[bytes], stall_timeout_s: float | None = None) -> VllmEngine:
+    """A VllmEngine whose vLLM parts are replaced: ``step`` is the engine step,
+    ``process`` its one engine process."""
+    engine = object.__new__(VllmEngine)
+    engine._engine = SimpleNamespace()
+    engine._stepper = _Stepper(step)
+    engine._processes = [psutil.Process(process.pid)]
+    engine._names = {process.pid: "VLLM::EngineCore"}
+    engine._stall_timeout_s = stall_timeout_s
+    engine._buffered = []
+    engine._score_from = {}
+    return engine
+
+
+@pytest.fixture
+def engine_process() -> Any:
+    proc = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(120)"])
+    yield proc
+    proc.kill()
+    proc.wait()
+
+
+def test_a_dead_engine_process_ends_a_blocked_step_within_a_second(engine_process: subprocess.Popen[bytes]) -> None:
+    never = threading.Event()
+    engine = stand_in_engine(lambda: never.wait(), engine_process)  # like vLLM's get_output after its core died
+    threading.Timer(0.5, engine_process.kill).start()
+    started = time.monotonic()
+    with pytest.raises(EngineError, match=r"engine process VLLM::EngineCore \(pid \d+\) exited.*--resume"):
+        engine.step()
+    assert time.monotonic() - started < 1.5  # killed at 0.5 s; processes are checked every 0.2 s
+
+
+def test_a_step_that_never_returns_is_a_stall_after_the_timeout(engine_process: subprocess.Popen[bytes]) -> None:
+    never = threading.Event()
+    engine = stand_in_engine(lambda: never.wait(), engine_process, stall_timeout_s=0.6)
+    started = time.monotonic()
+    with pytest.raises(EngineError, match=r"stuck: no engine step finished in 0.6 s \(plan.stall_timeout_s\)"):
+        engine.step()
+    assert 0.6 <= time.monotonic() - started < 2.0
+
+
+def test_step_with_wait_returns_nothing_yet_and_the_results_later(engine_process: subprocess.Popen[bytes]) -> None:
+    release = threading.Event()
+    finished = SimpleNamespace(
+        request_id="7",
+        finished=True,
+        prompt_token_ids=[1, 2],
+        outputs=[SimpleNamespace(text="hi", token_ids=[5], finish_reason="stop")],
+    )
+
+    def step() -> list[Any]:
+        release.wait()
+        return [finished]
+
+    engine = stand_in_engine(step, engine_process)
+    assert engine.step(wait=0.3) == []  # still running: nothing lost, nothing finished
+    release.set()
+    done = engine.step(wait=5)
+    assert [(c.request_id, c.text, c.finish_reason, c.prompt_tokens, c.completion_tokens) for c in done] == [
+        ("7", "hi", "stop", 2, 1)
+    ]
+
+
+def test_an_exception_in_the_step_is_an_engine_error(engine_process: subprocess.Popen[bytes]) -> None:
+    def step() -> list[Any]:
+        raise RuntimeError("boom")
+
+    engine = stand_in_engine(step, engine_process)
+    with pytest.raises(EngineError, match="the vLLM engine failed: RuntimeError: boom"):
+        engine.step()
+
+
+def test_sampling_defaults_vllm_rejects_fail_before_any_model_loads() -> None:
+    pytest.importorskip("vllm")
+    with pytest.raises(ConfigError, match=r"\[sampling\] defaults rejected by vLLM: stop cannot contain an empty"):
+        check_sampling_defaults(SamplingDefaults(stop=("",)))
+    check_sampling_defaults(SamplingDefaults(stop=("END",), seed=3))  # accepted
+
+
+WATCHED = r"""
+import os, subprocess, sys, time
+from bulkinfer.watchdog import Watchdog
+watchdog = Watchdog()
+time.sleep(0.5)
+# a child (a descendant: seen by the watchdog's polling)
+child = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(300)"])
+# an orphan: started by a process that exits at once, so it is never a descendant;
+# what the watchdog sees of a process started a moment before bulkinfer was killed
+orphan = subprocess.run(
+    [sys.executable, "-c", "import subprocess, sys; print(subprocess.Popen([sys.executable, '-c', "
+     "'import time; time.sleep(300)'], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL).pid)"],
+    capture_output=True, text=True,
+).stdout.strip()
+print(child.pid, orphan, watchdog.pid, flush=True)
+time.sleep(300)
+"""
+
+
+def test_the_watchdog_kills_engine_processes_when_bulkinfer_is_killed() -> None:
+    # its own session and process group, as bulkinfer has under a shell or cron
+    driver = subprocess.Popen(
+        [sys.executable, "-c", WATCHED], stdout=subprocess.PIPE, text=True, start_new_session=True
+    )
+    assert driver.stdout is not None
+    child, orphan, watchdog = (int(x) for x in driver.stdout.readline().split())
+    victims = [psutil.Process(child), psutil.Process(orphan)]
+    assert victims[1].ppid() != driver.pid  # not a descendant: re-parented when its parent exited
+    os.kill(driver.pid, signal.SIGKILL)
+    driver.wait()
+    _, alive = psutil.wait_procs(victims, timeout=15)
+    assert not alive, f"engine processes outlived bulkinfer: {alive}"
+    if psutil.pid_exists(watchdog):
+        psutil.wait_procs([psutil.Process(watchdog)], timeout=15)
+
+
+def test_the_watchdog_spares_processes_of_another_run_in_the_same_group() -> None:
+    """Two runs started by one script share a process group: killing one
+    must not touch the other's engine, started later but with a live parent."""
+    driver = subprocess.Popen([sys.executable, "-c", WATCHED], stdout=subprocess.PIPE, text=True)
+    assert driver.stdout is not None
+    child, orphan, _ = (int(x) for x in driver.stdout.readline().split())
+    other = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])  # same group, after the watchdog
+    try:
+        os.kill(driver.pid, signal.SIGKILL)
+        driver.wait()
+        _, alive = psutil.wait_procs([psutil.Process(child), psutil.Process(orphan)], timeout=15)
+        assert not alive
+        time.sleep(0.5)
+        assert other.poll() is None  # its parent (this test) is alive and in the group
+    finally:
+        other.kill()
+        other.wait()
+
+
+def test_the_watchdog_stands_down_when_told_done() -> None:
+    from bulkinfer.watchdog import Watchdog
+
+    watchdog = Watchdog()
+    sleeper = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(30)"])
+    try:
+        time.sleep(0.5)
+        watchdog.close()
+        assert sleeper.poll() is None  # a clean shutdown kills nothing
+    finally:
+        sleeper.kill()
+        sleeper.wait()

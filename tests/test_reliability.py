@@ -1,0 +1,289 @@
+"""The faults a 3 a.m. cron job meets (issue 18), orchestrated with the fake
+engine: paths that would destroy the input, a stuck engine, a failed start,
+disk errors, empty input, signals during load.
+
+The fake engine only provokes failures; tests/test_e2e.py proves the same
+guarantees with the real vLLM engine (engine core killed, kill -9 during
+load, a poison row).
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import orjson
+import pyarrow.parquet as pq
+import pytest
+from fakes import FakeEngine, wait_for
+
+from bulkinfer.config import Settings, load_settings
+from bulkinfer.errors import (
+    EXIT_OK,
+    EXIT_WRITE,
+    ConfigError,
+    EngineError,
+    LockHeldError,
+    ModelError,
+    OutputExistsError,
+    OutputWriteError,
+)
+from bulkinfer.journal import OutputFiles
+from bulkinfer.runner import RunPaths, run
+
+HERE = Path(__file__).resolve().parent
+
+
+def write_rows(path: Path, n: int) -> Path:
+    path.write_bytes(b"".join(orjson.dumps({"id": f"r{i}", "prompt": "word " * (i + 1)}) + b"\n" for i in range(n)))
+    return path
+
+
+def settings(**plan: object) -> Settings:
+    return load_settings(None, {"plan.max_in_flight": 2, **{f"plan.{k}": v for k, v in plan.items()}})
+
+
+def ids(path: Path) -> list[str]:
+    return [orjson.loads(line)["id"] for line in path.read_bytes().splitlines()]
+
+
+def hidden(directory: Path) -> list[str]:
+    return sorted(p.name for p in directory.iterdir() if p.name.startswith("."))
+
+
+# -- every path a run writes is checked against the input --------------------------------------
+
+
+def test_an_errors_file_named_like_the_input_is_refused_and_the_input_kept(tmp_path: Path) -> None:
+    src = write_rows(tmp_path / "X.errors.jsonl", 5)
+    before = src.read_bytes()
+    with pytest.raises(ConfigError, match=r"X\.errors\.jsonl.*would overwrite the input"):
+        RunPaths.build(src, tmp_path / "X.jsonl")
+    assert src.read_bytes() == before
+
+
+@pytest.mark.parametrize("link", ["symlink", "hardlink"])
+def test_an_output_that_is_the_input_by_a_link_is_refused(tmp_path: Path, link: str) -> None:
+    src = write_rows(tmp_path / "in.jsonl", 3)
+    out = tmp_path / "out.jsonl"
+    (os.symlink if link == "symlink" else os.link)(src, out)
+    with pytest.raises(ConfigError, match="would overwrite the input"):
+        RunPaths.build(src, out)
+
+
+def test_report_of_the_output_is_the_input(tmp_path: Path) -> None:
+    src = tmp_path / "r.report.jsonl"
+    write_rows(src, 2)
+    (tmp_path / "link.report.json").symlink_to(src)
+    with pytest.raises(ConfigError, match="link.report.json"):
+        RunPaths.build(src, tmp_path / "link.jsonl")
+
+
+def test_jsonl_and_parquet_outputs_of_one_stem_share_one_lock(tmp_path: Path) -> None:
+    src = write_rows(tmp_path / "in.jsonl", 4)
+    with OutputFiles(tmp_path / "r.jsonl").locked():
+        with pytest.raises(LockHeldError, match="another bulkinfer run"):
+            run(RunPaths.build(src, tmp_path / "r.parquet"), settings(), engine_factory=lambda m, s: FakeEngine())
+
+
+def test_an_output_of_the_same_stem_in_another_format_is_not_clobbered(tmp_path: Path) -> None:
+    src = write_rows(tmp_path / "in.jsonl", 4)
+    run(RunPaths.build(src, tmp_path / "r.jsonl"), settings(), engine_factory=lambda m, s: FakeEngine())
+    errors_before = (tmp_path / "r.report.json").read_bytes()
+    with pytest.raises(OutputExistsError, match=r"r\.jsonl shares r\.errors\.jsonl and r\.report\.json"):
+        run(RunPaths.build(src, tmp_path / "r.parquet"), settings(), engine_factory=lambda m, s: FakeEngine())
+    assert (tmp_path / "r.report.json").read_bytes() == errors_before
+    assert not (tmp_path / "r.parquet").exists()
+
+
+# -- engine death and a stuck engine ------------------------------------------------------------
+
+
+def test_engine_death_keeps_finished_rows_and_resume_completes(tmp_path: Path) -> None:
+    paths = RunPaths.build(write_rows(tmp_path / "in.jsonl", 12), tmp_path / "out.jsonl")
+    engine = FakeEngine(crash_at=3)
+    with pytest.raises(EngineError) as info:
+        run(paths, settings(), engine_factory=lambda m, s: engine)
+    assert info.value.exit_code == 5 and engine.closed
+    spool = tmp_path / ".out.jsonl.partial.jsonl"
+    assert len(ids(spool)) == 4  # two steps of two rows finished before the crash
+    result = run(paths, settings(), resume=True, engine_factory=lambda m, s: FakeEngine())
+    assert result.exit_code == EXIT_OK and result.report["resumed"]["completed"] == 4
+    assert sorted(ids(paths.output)) == sorted(f"r{i}" for i in range(12))
+
+
+def fault_driver(src: Path, out: Path, *args: str) -> subprocess.Popen[bytes]:
+    return subprocess.Popen(
+        [sys.executable, str(HERE / "fault_driver.py"), str(src), str(out), *args],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+    )
+
+
+def test_one_sigterm_ends_a_run_whose_engine_step_never_returns(tmp_path: Path) -> None:
+    src, out = write_rows(tmp_path / "in.jsonl", 10), tmp_path / "out.jsonl"
+    proc = fault_driver(src, out, "--step-delay", "0", "--hang-at", "3")
+    spool = tmp_path / ".out.jsonl.partial.jsonl"
+    wait_for(lambda: spool.exists() and spool.read_bytes().count(b"\n") >= 4)
+    time.sleep(1.0)  # the engine is now stuck in a step
+    sent = time.monotonic()
+    proc.send_signal(signal.SIGTERM)
+    _, stderr = proc.communicate(timeout=30)
+    assert proc.returncode == 143, stderr.decode()
+    assert time.monotonic() - sent < 10  # measured: ~0.5 s (the feed loop waits 0.5 s per look)
+    assert len(ids(spool)) == 4
+
+
+def test_sigterm_during_load_acts_at_once(tmp_path: Path) -> None:
+    src, out = write_rows(tmp_path / "in.jsonl", 4), tmp_path / "out.jsonl"
+    proc = fault_driver(src, out, "--slow-start", "60")  # a model load of a minute
+    journal = tmp_path / ".out.jsonl.journal.json"
+    wait_for(lambda: journal.exists())
+    time.sleep(1.0)
+    sent = time.monotonic()
+    proc.send_signal(signal.SIGTERM)
+    _, stderr = proc.communicate(timeout=30)
+    assert proc.returncode == 143, stderr.decode()
+    assert b"stopped by SIGTERM before any row was run" in stderr
+    assert time.monotonic() - sent < 2
+    assert hidden(tmp_path) == [".out.lock"]  # nothing finished: no journal or spool left in the way
+
+
+# -- a failed start leaves nothing in the way ---------------------------------------------------
+
+
+def test_a_failed_start_leaves_nothing_in_the_way(tmp_path: Path) -> None:
+    paths = RunPaths.build(write_rows(tmp_path / "in.jsonl", 6), tmp_path / "out.jsonl")
+
+    def broken(model: str, s: Settings) -> FakeEngine:
+        raise ModelError("no such model directory: /nowhere")
+
+    with pytest.raises(ModelError):
+        run(paths, settings(), engine_factory=broken)
+    assert hidden(tmp_path) == [".out.lock"]
+    # the corrected cron line, with --resume and other settings, just runs
+    fixed = load_settings(None, {"sampling.max_tokens": 9})
+    result = run(paths, fixed, resume=True, engine_factory=lambda m, s: FakeEngine())
+    assert result.exit_code == EXIT_OK and len(ids(paths.output)) == 6
+
+
+def test_a_journal_left_by_a_kill_before_any_row_is_no_obstacle(tmp_path: Path) -> None:
+    paths = RunPaths.build(write_rows(tmp_path / "in.jsonl", 3), tmp_path / "out.jsonl")
+    files = OutputFiles(paths.output)
+    files.journal.write_bytes(b'{"input": {}, "settings_sha256": "other"}')
+    files.spool.write_bytes(b"")
+    result = run(paths, settings(), engine_factory=lambda m, s: FakeEngine())  # no --resume, no --overwrite
+    assert result.exit_code == EXIT_OK and len(ids(paths.output)) == 3
+
+
+# -- OS errors are bulkinfer errors -------------------------------------------------------------
+
+
+def test_disk_full_during_the_spool_flush_exits_9_and_resume_completes(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    paths = RunPaths.build(write_rows(tmp_path / "in.jsonl", 10), tmp_path / "out.jsonl")
+    flushes = 0
+    from bulkinfer import writers
+
+    real_failpoint = writers.failpoint
+
+    def full_after_two(name: str, path: Path | None = None) -> None:
+        nonlocal flushes
+        if name == "spool_flush" and path is not None and path.name == ".out.jsonl.partial.jsonl":
+            flushes += 1
+            if flushes == 3:
+                monkeypatch.setenv("BULKINFER_FAILPOINT", "spool_flush:ENOSPC")
+        real_failpoint(name, path)
+
+    monkeypatch.setattr(writers, "failpoint", full_after_two)
+    with pytest.raises(OutputWriteError) as info:
+        run(paths, settings(), engine_factory=lambda m, s: FakeEngine())
+    assert info.value.exit_code == EXIT_WRITE
+    message = str(info.value)
+    assert ".out.jsonl.partial.jsonl" in message and "No space left on device" in message and "--resume" in message
+    monkeypatch.delenv("BULKINFER_FAILPOINT")
+    kept = ids(tmp_path / ".out.jsonl.partial.jsonl")
+    assert len(kept) >= 4  # the rows flushed before the disk filled
+    result = run(paths, settings(), resume=True, engine_factory=lambda m, s: FakeEngine())
+    assert result.exit_code == EXIT_OK
+    assert sorted(ids(paths.output)) == sorted(f"r{i}" for i in range(10))
+
+
+def test_a_read_only_file_system_at_the_journal_exits_9_without_debris(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    paths = RunPaths.build(write_rows(tmp_path / "in.jsonl", 3), tmp_path / "out.jsonl")
+    monkeypatch.setenv("BULKINFER_FAILPOINT", "atomic_write:EROFS:.journal.json")
+    with pytest.raises(OutputWriteError, match=r"journal\.json: Read-only file system \(EROFS\); .*choose another -o"):
+        run(paths, settings(), engine_factory=lambda m, s: FakeEngine())
+    assert hidden(tmp_path) == [".out.lock"]
+
+
+def test_disk_full_at_the_html_report_warns_and_leaves_no_temporary(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    paths = RunPaths.build(write_rows(tmp_path / "in.jsonl", 3), tmp_path / "out.jsonl")
+    monkeypatch.setenv("BULKINFER_FAILPOINT", "atomic_write:ENOSPC:.report.html")
+    result = run(paths, settings(), engine_factory=lambda m, s: FakeEngine())
+    assert result.exit_code == EXIT_OK and paths.report.exists() and not paths.html.exists()
+    assert "HTML report not written" in capsys.readouterr().err
+    assert not [p for p in tmp_path.iterdir() if p.name.endswith(".tmp")]
+
+
+def test_an_output_whose_parent_is_a_file_exits_9(tmp_path: Path) -> None:
+    src = write_rows(tmp_path / "in.jsonl", 2)
+    (tmp_path / "afile").write_text("x")
+    with pytest.raises(OutputWriteError, match=r"afile: Not a directory \(ENOTDIR\)"):
+        run(RunPaths.build(src, tmp_path / "afile" / "out.jsonl"), settings(), engine_factory=lambda m, s: FakeEngine())
+
+
+def test_an_output_that_is_a_directory_exits_9(tmp_path: Path) -> None:
+    src = write_rows(tmp_path / "in.jsonl", 2)
+    (tmp_path / "out.jsonl").mkdir()
+    with pytest.raises(OutputWriteError, match=r"out\.jsonl: Is a directory \(EISDIR\)"):
+        run(RunPaths.build(src, tmp_path / "out.jsonl"), settings(), engine_factory=lambda m, s: FakeEngine())
+
+
+# -- an empty input -----------------------------------------------------------------------------
+
+
+def no_engine(model: str, s: Settings) -> FakeEngine:
+    raise AssertionError("an empty input must not load the model")
+
+
+@pytest.mark.parametrize("data", [b"", b"\n\n  \n"])
+def test_an_empty_input_finishes_without_a_model(tmp_path: Path, data: bytes) -> None:
+    src = tmp_path / "in.jsonl"
+    src.write_bytes(data)
+    paths = RunPaths.build(src, tmp_path / "out.jsonl")
+    result = run(paths, settings(), engine_factory=no_engine)
+    assert result.exit_code == EXIT_OK
+    assert paths.output.read_bytes() == b"" and paths.errors.read_bytes() == b""
+    assert result.report["request_counts"] == {
+        "total": data.count(b"\n"),
+        "completed": 0,
+        "failed": 0,
+        "skipped": data.count(b"\n"),
+    }
+    assert paths.report.exists() and hidden(tmp_path) == [".out.lock"]
+
+
+def test_an_empty_input_to_parquet_has_the_output_schema(tmp_path: Path) -> None:
+    src = tmp_path / "in.jsonl"
+    src.write_bytes(b"")
+    paths = RunPaths.build(src, tmp_path / "out.parquet")
+    assert run(paths, settings(), engine_factory=no_engine).exit_code == EXIT_OK
+    table = pq.read_table(paths.output)
+    assert table.num_rows == 0
+    assert [(f.name, str(f.type)) for f in table.schema] == [
+        ("id", "string"),
+        ("completion", "string"),
+        ("finish_reason", "string"),
+        ("prompt_tokens", "int64"),
+        ("completion_tokens", "int64"),
+    ]
