@@ -193,3 +193,38 @@ def test_headline_ratios() -> None:
     assert "- bulkinfer (`a-descending`) generation: 1.02x raw vLLM's (`b`)." in lines
     assert any(x.startswith("- bulkinfer end to end (model load included): 5.0x") and "its 32 rows" in x for x in lines)
     assert _headline([res("b", 250.0, 220.0)]) == []
+
+
+def test_faults_summary_and_page() -> None:
+    from bench.faults import render as render_faults
+    from bench.faults import summarize as summarize_faults
+
+    runs = [
+        {
+            "scenario": "sigterm_generation",
+            "exit_code": 143,
+            "seconds_to_exit": t,
+            "round": i,
+            "seconds_until_no_engine_process": t + 1,
+            "engine_processes_left_after_60_s": 0,
+        }
+        for i, t in enumerate([5.0, 7.0, 6.0])
+    ] + [
+        {
+            "scenario": "kill_engine_core",
+            "exit_code": 5,
+            "seconds_to_exit": 6.5,
+            "round": 0,
+            "seconds_until_no_engine_process": 6.6,
+            "engine_processes_left_after_60_s": 0,
+            "resume_exit_code": 0,
+        },
+    ]
+    summary = summarize_faults(runs)
+    assert summary["sigterm_generation"]["seconds_to_exit"] == {"min": 5.0, "median": 6.0, "max": 7.0}
+    assert summary["sigterm_generation"]["exit_codes"] == [143]
+    assert summary["kill_engine_core"]["resume_exit_codes"] == [0]
+    page = render_faults({**PROVENANCE, "started": "T", "command": "c", "rows": 30, "repeats": 3, "summary": summary})
+    assert "| sigterm_generation | 143 | 5.0 / 6.0 / 7.0 | 7.0 | 0 |" in page
+    assert "| kill_engine_core | 5 (then --resume: 0) | 6.5 / 6.5 / 6.5 | 6.6 | 0 |" in page
+    assert page.index("sigterm_generation") < page.index("kill_engine_core")  # scenario order, not run order

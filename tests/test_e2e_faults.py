@@ -77,7 +77,7 @@ def test_engine_core_killed_mid_run_exits_5_and_resume_completes(tmp_path: Path)
     core[0].kill()  # what the out-of-memory killer does
     _, stderr = run.communicate(timeout=60)
     assert run.returncode == 5, stderr[-3000:]
-    assert time.monotonic() - killed < 30  # measured: ~6 s (vLLM's own shutdown of the worker is most of it)
+    assert time.monotonic() - killed < 30  # measured: 2.1 s (bench/results/faults.md)
     assert "killed by SIGKILL" in stderr and "--resume" in stderr
     kept = read_jsonl(spool)
     assert len(kept) >= 3 and not out.exists()
