@@ -42,14 +42,16 @@ RESULTS = ROOT / "bench" / "results"
 SCENARIOS = ("sigterm_generation", "sigterm_engine_start", "kill_engine_core", "kill9_engine_start", "kill9_generation")
 
 
-def _vllm_processes(pid: int) -> list[psutil.Process]:
+def vllm_children(pid: int) -> list[psutil.Process]:
+    """The processes of vLLM's (``VLLM::...`` titles) below ``pid``."""
     try:
         return [p for p in psutil.Process(pid).children(recursive=True) if "VLLM" in " ".join(p.cmdline())]
     except psutil.NoSuchProcess:
         return []
 
 
-def _vllm_since(started: float) -> list[psutil.Process]:
+def vllm_processes_since(started: float) -> list[psutil.Process]:
+    """Every process of vLLM's started at ``started`` (epoch seconds) or later."""
     found = []
     for p in psutil.process_iter():
         try:
@@ -85,7 +87,7 @@ def run_scenario(name: str, src: Path, workdir: Path) -> dict[str, Any]:
         return spool.exists() and spool.read_bytes().count(b"\n") >= 3
 
     if name.endswith("engine_start"):
-        _wait(lambda: bool(_vllm_processes(proc.pid)), proc)
+        _wait(lambda: bool(vllm_children(proc.pid)), proc)
         if name.startswith("sigterm"):
             time.sleep(1.0)
     else:
@@ -93,7 +95,7 @@ def run_scenario(name: str, src: Path, workdir: Path) -> dict[str, Any]:
     result: dict[str, Any] = {"scenario": name}
     t0 = time.monotonic()
     if name == "kill_engine_core":
-        core = [p for p in _vllm_processes(proc.pid) if "EngineCore" in " ".join(p.cmdline())]
+        core = [p for p in vllm_children(proc.pid) if "EngineCore" in " ".join(p.cmdline())]
         core[0].kill()
     elif name.startswith("sigterm"):
         proc.send_signal(signal.SIGTERM)
@@ -103,9 +105,9 @@ def run_scenario(name: str, src: Path, workdir: Path) -> dict[str, Any]:
     result["seconds_to_exit"] = round(time.monotonic() - t0, 2)
     log.close()
     deadline = time.monotonic() + 60
-    while _vllm_since(started) and time.monotonic() < deadline:
+    while vllm_processes_since(started) and time.monotonic() < deadline:
         time.sleep(0.1)
-    left = _vllm_since(started)
+    left = vllm_processes_since(started)
     result["seconds_until_no_engine_process"] = None if left else round(time.monotonic() - t0, 2)
     result["engine_processes_left_after_60_s"] = len(left)
     for p in left:

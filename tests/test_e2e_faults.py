@@ -17,6 +17,8 @@ import orjson
 import psutil
 import pytest
 
+from bench.faults import vllm_children, vllm_processes_since
+
 pytestmark = pytest.mark.e2e
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -37,31 +39,12 @@ def start(src: Path, out: Path, *flags: str) -> subprocess.Popen[str]:
     )
 
 
-def engine_processes(pid: int) -> list[psutil.Process]:
-    try:
-        return [p for p in psutil.Process(pid).children(recursive=True) if "VLLM" in " ".join(p.cmdline())]
-    except psutil.NoSuchProcess:
-        return []
-
-
 def wait_until(predicate, proc: subprocess.Popen[str], timeout: float = 600) -> None:  # type: ignore[no-untyped-def]
     deadline = time.monotonic() + timeout
     while not predicate():
         assert proc.poll() is None, f"the run ended first: {proc.stderr.read() if proc.stderr else ''}"
         assert time.monotonic() < deadline, "timed out"
         time.sleep(0.05)
-
-
-def vllm_processes_since(started: float) -> list[psutil.Process]:
-    """Every process of vLLM's (``VLLM::...`` titles) started at ``started`` or later."""
-    found = []
-    for p in psutil.process_iter():
-        try:
-            if p.create_time() >= started and "VLLM" in " ".join(p.cmdline()):
-                found.append(p)
-        except (psutil.NoSuchProcess, psutil.AccessDenied, psutil.ZombieProcess):
-            continue
-    return found
 
 
 def test_engine_core_killed_mid_run_exits_5_and_resume_completes(tmp_path: Path) -> None:
@@ -71,7 +54,7 @@ def test_engine_core_killed_mid_run_exits_5_and_resume_completes(tmp_path: Path)
     run = start(src, out, *flags)
     spool = tmp_path / ".out.jsonl.partial.jsonl"
     wait_until(lambda: spool.exists() and spool.read_bytes().count(b"\n") >= 3, run)
-    core = [p for p in engine_processes(run.pid) if "EngineCore" in " ".join(p.cmdline())]
+    core = [p for p in vllm_children(run.pid) if "EngineCore" in " ".join(p.cmdline())]
     assert core, "no engine core process found"
     killed = time.monotonic()
     core[0].kill()  # what the out-of-memory killer does
@@ -99,8 +82,8 @@ def test_kill_9_during_the_model_load_leaves_no_engine_process(tmp_path: Path) -
     src, out = tmp_path / "in.jsonl", tmp_path / "out.jsonl"
     src.write_bytes(orjson.dumps({"id": "a", "prompt": "hello"}) + b"\n")
     run = start(src, out)
-    wait_until(lambda: bool(engine_processes(run.pid)), run)  # the engine core is loading the model now
-    seen = engine_processes(run.pid)
+    wait_until(lambda: bool(vllm_children(run.pid)), run)  # the engine core is loading the model now
+    seen = vllm_children(run.pid)
     started = psutil.Process(run.pid).create_time()
     run.kill()
     run.wait()
@@ -114,9 +97,9 @@ def test_a_double_sigint_during_the_engine_start_exits_130_at_once(tmp_path: Pat
     src, out = tmp_path / "in.jsonl", tmp_path / "out.jsonl"
     src.write_bytes(orjson.dumps({"id": "a", "prompt": "hello"}) + b"\n")
     run = start(src, out)
-    wait_until(lambda: bool(engine_processes(run.pid)), run)
+    wait_until(lambda: bool(vllm_children(run.pid)), run)
     time.sleep(2.0)
-    seen = engine_processes(run.pid)
+    seen = vllm_children(run.pid)
     sent = time.monotonic()
     run.send_signal(signal.SIGINT)
     time.sleep(0.2)
