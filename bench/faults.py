@@ -76,7 +76,7 @@ def run_scenario(name: str, src: Path, workdir: Path) -> dict[str, Any]:
     out.parent.mkdir(parents=True, exist_ok=True)
     for path in out.parent.iterdir():
         path.unlink()
-    flags = ["--max-tokens", "48", "--temperature", "0", "--plain-progress"]
+    flags = ["--max-tokens", "48", "--temperature", "0", "--plain-progress", "--raw-prompts"]
     cmd = [sys.executable, "-m", "bulkinfer", "run", str(src), "-o", str(out), *flags]
     log = open(out.parent / "run.log", "wb")
     proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, cwd=ROOT)

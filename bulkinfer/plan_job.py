@@ -103,9 +103,9 @@ def plan_file(input_path: Path, settings: Settings) -> dict[str, Any]:
     started = time.monotonic()
     reader = open_reader(input_path, passthrough=settings.passthrough)
     model = resolve_model(settings.model)
-    planner = Planner(
-        load_tokenizer(model, settings.engine.trust_remote_code), settings.plan, context_length(model, settings)
-    )
+    tokenizer = load_tokenizer(model, settings.engine.trust_remote_code)
+    settings = settings.resolve_chat_template(tokenizer)
+    planner = Planner(tokenizer, settings.plan, context_length(model, settings))
     errors: Counter[str] = Counter()
     examples: list[dict[str, Any]] = []
 
@@ -133,6 +133,7 @@ def plan_file(input_path: Path, settings: Settings) -> dict[str, Any]:
         "input": str(input_path),
         "model_path": model,
         "context": planner.max_model_len,
+        "chat_template_applied": settings.apply_chat_template,
         "rows": {
             "total": len(ordered) + failed + reader.blank_lines,
             "valid": len(ordered),
@@ -190,6 +191,7 @@ def print_plan(plan: dict[str, Any], console: Any) -> None:
         f"p99 {tokens['p99']}, max {tokens['max']} (total {tokens['total']})",
     )
     summary.add_row("context", f"{plan['context']} tokens")
+    summary.add_row("prompt rows", "through the chat template" if plan.get("chat_template_applied") else "sent raw")
     summary.add_row(
         f"padding efficiency (static B={pad['batch_size']})",
         f"arrival {100 * pad['arrival']:.1f}%, bucketed {100 * pad['bucketed']:.1f}%, "

@@ -18,6 +18,7 @@ from __future__ import annotations
 import gzip
 import io
 import os
+import re
 import stat
 import zlib
 from collections.abc import Iterator
@@ -297,12 +298,40 @@ def _next_line(f: io.BufferedIOBase) -> tuple[bytes, int]:
     return raw, size
 
 
+# `"custom_id": "..."` or `"id": "..."` / `"id": 12` in the bytes of a line that is not JSON
+_ID_FIELDS = {key: re.compile(rb'"' + key + rb'"\s*:\s*("(?:[^"\\\n]|\\.)*"|-?\d+)') for key in (b"custom_id", b"id")}
+
+
+def recover_id(raw: bytes) -> tuple[str, bool] | None:
+    """The row's id read from the bytes of an undecodable line, best effort:
+    ``(custom_id, True)`` for an OpenAI batch line, else ``(id, False)``; the
+    first occurrence wins, and a value that is not itself valid JSON text is
+    not taken. None when neither can be read."""
+    for key, pattern in _ID_FIELDS.items():
+        match = pattern.search(raw)
+        if match is None:
+            continue
+        try:
+            value = orjson.loads(match.group(1))
+        except orjson.JSONDecodeError:
+            continue
+        if isinstance(value, int | str) and not isinstance(value, bool) and str(value):
+            return str(value), key == b"custom_id"
+    return None
+
+
 def _decode_error(raw: bytes, exc: Exception) -> RowInvalid:
+    """The row error of a line orjson cannot decode, with its id when
+    :func:`recover_id` can read it (the record then says ``id_recovered``)."""
     try:
         raw.decode("utf-8")
+        message = f"line is not valid JSON: {exc}"
     except UnicodeDecodeError as utf8_exc:
-        return RowInvalid("invalid_json", f"line is not valid UTF-8 ({utf8_exc.reason} at byte {utf8_exc.start})")
-    return RowInvalid("invalid_json", f"line is not valid JSON: {exc}")
+        message = f"line is not valid UTF-8 ({utf8_exc.reason} at byte {utf8_exc.start})"
+    recovered = recover_id(raw)
+    if recovered is None:
+        return RowInvalid("invalid_json", message)
+    return RowInvalid("invalid_json", message, row_id=recovered[0], openai=recovered[1], id_recovered=True)
 
 
 def _is_text(type_: Any) -> bool:

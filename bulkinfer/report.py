@@ -67,6 +67,8 @@ def print_summary(report: dict[str, Any], console: Console) -> None:
     summary.add_column("what", style="bold")
     summary.add_column("value", justify="right")
     summary.add_row("model", str(report["model"]))
+    if "chat_template_applied" in report:
+        summary.add_row("prompt rows", "through the chat template" if report["chat_template_applied"] else "sent raw")
     summary.add_row("rows", f"{counts['total']} ({counts['completed']} completed, {counts['failed']} failed)")
     summary.add_row("tokens", f"{report['tokens']['prompt']} prompt, {report['tokens']['completion']} completion")
     summary.add_row(

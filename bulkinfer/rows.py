@@ -69,20 +69,25 @@ class RowError:
     type: str
     message: str
     openai: bool = False
+    # The id was read from the bytes of a line that is not valid JSON (best effort).
+    id_recovered: bool = False
 
 
 class RowInvalid(Exception):
     """Raised by :func:`parse_row`; carries the error ``type`` and message."""
 
-    def __init__(self, type_: str, message: str, row_id: str | None = None, openai: bool = False):
+    def __init__(
+        self, type_: str, message: str, row_id: str | None = None, openai: bool = False, id_recovered: bool = False
+    ):
         super().__init__(message)
         self.type = type_
         self.message = message
         self.row_id = row_id
         self.openai = openai
+        self.id_recovered = id_recovered
 
     def to_error(self, line: int) -> RowError:
-        return RowError(line, self.row_id, self.type, self.message, self.openai)
+        return RowError(line, self.row_id, self.type, self.message, self.openai, self.id_recovered)
 
 
 def _is_int(value: Any) -> bool:

@@ -157,6 +157,8 @@ def to_request(data: Any, seq: int, line: int, settings: Settings) -> Request:
     Raises:
         RowInvalid: as parse_row.
     """
+    if not isinstance(settings.apply_chat_template, bool):
+        raise ValueError('apply_chat_template "auto" must be resolved first (Settings.resolve_chat_template)')
     request = parse_row(data, seq, line, settings.sampling)
     if settings.apply_chat_template and request.prompt is not None and request.openai_url != COMPLETIONS_URL:
         request.messages, request.prompt = [{"role": "user", "content": request.prompt}], None
@@ -371,6 +373,7 @@ def _run_locked(
             model = resolve_model(settings.model)
             tokenizer = load_tokenizer(model, settings.engine.trust_remote_code)
             engine = engine_factory(model, settings)
+        settings = settings.resolve_chat_template(tokenizer)
         load_s = time.monotonic() - started
         try:
             planner = Planner(tokenizer, settings.plan, engine.max_model_len)
@@ -572,6 +575,7 @@ class Generation:
             },
             "engine": self.engine.settings,
             "sampling": self.settings.to_dict()["sampling"],
+            "chat_template_applied": self.settings.apply_chat_template,
             "completion_length_histogram": [
                 {"range": bucket_label(i, LENGTH_BINS), "rows": n} for i, n in sorted(self.completion_lengths.items())
             ],

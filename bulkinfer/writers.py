@@ -153,16 +153,23 @@ def output_record(request: Request, completion: Completion, model: str) -> dict[
 
 
 def error_record(error: RowError) -> dict[str, Any]:
-    """The errors-file record for a failed row, in the row's own format."""
+    """The errors-file record for a failed row, in the row's own format.
+    ``"id_recovered": true`` says the id (``custom_id``) was read from the
+    bytes of a line that is not valid JSON."""
+    record: dict[str, Any]
     if error.openai:
-        return {
+        record = {
             "id": f"batch_req_{uuid.uuid4().hex}",
             "custom_id": error.id,
             "line": error.line,
             "response": None,
             "error": {"code": error.type, "message": error.message},
         }
-    return {"id": error.id, "line": error.line, "error": {"type": error.type, "message": error.message}}
+    else:
+        record = {"id": error.id, "line": error.line, "error": {"type": error.type, "message": error.message}}
+    if error.id_recovered:
+        record["id_recovered"] = True
+    return record
 
 
 class JsonlAppender:

@@ -158,3 +158,19 @@ def test_parquet_rows_route_by_row_number(tmp_path: Path) -> None:
         (2, "b", "invalid_field"),
         (4, "d", "invalid_field"),
     ]
+
+
+def test_an_undecodable_line_keeps_its_readable_id(tmp_path: Path) -> None:
+    """The id (or custom_id) of an undecodable line is read from its bytes, so
+    results can still be reconciled by id; the record says it was recovered."""
+    openai_line = b'{"custom_id": "req-9", "method": "POST", "url": "/v1/chat/completions", "body": {"x": "\xff"}}'
+    lines = [good(0), CASES["invalid_utf8"][0], b'{"prompt": "no id \xff"}', openai_line, CASES["malformed_json"][0]]
+    _, code, outputs, errors = run_file(tmp_path, b"\n".join(lines) + b"\n")
+    assert code == EXIT_PARTIAL and [o["id"] for o in outputs] == ["g0"]
+    by_line = {e["line"]: e for e in errors}
+    assert (by_line[2]["id"], by_line[2]["id_recovered"]) == ("x", True)
+    assert "not valid UTF-8" in by_line[2]["error"]["message"]
+    assert by_line[3]["id"] is None and "id_recovered" not in by_line[3]
+    assert (by_line[4]["custom_id"], by_line[4]["id_recovered"], by_line[4]["response"]) == ("req-9", True, None)
+    assert by_line[4]["error"]["code"] == "invalid_json"
+    assert (by_line[5]["id"], by_line[5]["id_recovered"]) == ("x", True)  # truncated JSON: the id is still there

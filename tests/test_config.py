@@ -351,3 +351,20 @@ def test_default_toml_equals_builtin_defaults() -> None:
     if not path.is_file():
         pytest.skip("configs/default.toml is not there yet")
     assert load_settings(path) == Settings()
+
+
+class _Tokenizer:
+    def __init__(self, chat_template: str | None):
+        self.chat_template = chat_template
+
+
+def test_apply_chat_template_is_auto_by_default_and_decided_by_the_tokenizer() -> None:
+    settings = load_settings()
+    assert settings.apply_chat_template == "auto"
+    assert settings.resolve_chat_template(_Tokenizer("{{ messages }}")).apply_chat_template is True  # instruct
+    assert settings.resolve_chat_template(_Tokenizer(None)).apply_chat_template is False  # a base model
+    assert settings.resolve_chat_template(None).apply_chat_template is False  # no rows, no tokenizer
+    forced = load_settings(None, {"apply_chat_template": False})
+    assert forced.resolve_chat_template(_Tokenizer("{{ messages }}")).apply_chat_template is False
+    with pytest.raises(ConfigError, match=r'apply_chat_template must be true, false or "auto", got \'yes\''):
+        load_settings(None, {"apply_chat_template": "yes"})

@@ -50,7 +50,7 @@ def wait_until(predicate, proc: subprocess.Popen[str], timeout: float = 600) -> 
 def test_engine_core_killed_mid_run_exits_5_and_resume_completes(tmp_path: Path) -> None:
     src, out = tmp_path / "in.jsonl", tmp_path / "out.jsonl"
     src.write_bytes(b"".join(orjson.dumps(r) + b"\n" for r in read_jsonl(SAMPLE / "sharegpt.jsonl")[:30]))
-    flags = ["--max-tokens", "48", "--temperature", "0"]
+    flags = ["--max-tokens", "48", "--temperature", "0", "--max-in-flight", "4"]  # rows finish a few at a time
     run = start(src, out, *flags)
     spool = tmp_path / ".out.jsonl.partial.jsonl"
     wait_until(lambda: spool.exists() and spool.read_bytes().count(b"\n") >= 3, run)
@@ -61,7 +61,10 @@ def test_engine_core_killed_mid_run_exits_5_and_resume_completes(tmp_path: Path)
     _, stderr = run.communicate(timeout=60)
     assert run.returncode == 5, stderr[-3000:]
     assert time.monotonic() - killed < 30  # measured: 2.1 s (bench/results/faults.md)
-    assert "killed by SIGKILL" in stderr and "--resume" in stderr
+    error = next((line for line in stderr.splitlines() if line.startswith("bulkinfer: error:")), stderr[-2000:])
+    # how the death is seen first can vary (the process table, vLLM's own engine-dead flag); the line says so
+    assert "vLLM engine" in error and "--resume" in error, error
+    assert any(how in error for how in ("killed by SIGKILL", "engine core died", "engine died")), error
     kept = read_jsonl(spool)
     assert len(kept) >= 3 and not out.exists()
 

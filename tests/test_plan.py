@@ -43,8 +43,14 @@ def test_plan_counts_and_padding(tmp_path: Path, tokenizer) -> None:  # type: ig
     src = tmp_path / "in.jsonl"
     src.write_bytes(b"\n".join(lines) + b"\n")
     # the model's own context (8192) is used: "huge" does not fit it
-    settings = load_settings(None, {"plan.padding_batch_size": 4, "plan.window_rows": 16, "plan.buckets": (16, 64)})
+    plan_settings = {"plan.padding_batch_size": 4, "plan.window_rows": 16, "plan.buckets": (16, 64)}
+    settings = load_settings(None, {**plan_settings, "apply_chat_template": False})  # raw: lengths as below
     plan = plan_file(src, settings)
+    assert plan["chat_template_applied"] is False
+    # by default the instruct model's chat template wraps each prompt: every prompt is longer
+    chat = plan_file(src, load_settings(None, plan_settings))
+    assert chat["chat_template_applied"] is True
+    assert chat["prompt_tokens"]["min"] > plan["prompt_tokens"]["min"]
 
     lengths = [len(tokenizer(p)["input_ids"]) for p in prompts]
     assert plan["rows"] == {"total": 50, "valid": 45, "failed": 3, "skipped": 2}
