@@ -32,6 +32,8 @@ from typing import Any
 
 import psutil
 
+from bulkinfer.engine import cpu_model
+
 SAMPLE_INTERVAL_S = 0.5
 
 
@@ -97,17 +99,6 @@ def tail(path: Path, chars: int = 4000) -> str:
     return text[-chars:]
 
 
-def _cpu_model() -> str:
-    try:
-        with open("/proc/cpuinfo", encoding="utf-8") as f:
-            for line in f:
-                if line.startswith("model name"):
-                    return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return platform.processor() or platform.machine()
-
-
 def _gpus() -> list[str]:
     if shutil.which("nvidia-smi") is None:
         return []
@@ -126,7 +117,7 @@ def _gpus() -> list[str]:
 def machine() -> dict[str, Any]:
     """CPU model, logical and physical cores, memory, GPUs (``nvidia-smi``), OS, Python."""
     return {
-        "cpu": _cpu_model(),
+        "cpu": cpu_model(),
         "logical_cores": os.cpu_count(),
         "physical_cores": psutil.cpu_count(logical=False),
         "memory_bytes": psutil.virtual_memory().total,

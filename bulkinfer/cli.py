@@ -38,7 +38,6 @@ def versions_text() -> str:
     """bulkinfer's, vLLM's and torch's versions and the device a run would use
     (``cuda`` when torch sees a GPU, else ``cpu`` with the CPU's model name)."""
     import importlib.metadata as metadata
-    import platform
 
     from bulkinfer import __version__
 
@@ -58,21 +57,12 @@ def versions_text() -> str:
             names = ", ".join(torch.cuda.get_device_name(i) for i in range(torch.cuda.device_count()))
             lines.append(f"device: cuda ({torch.cuda.device_count()} GPUs: {names})")
         else:
-            lines.append(f"device: cpu ({_cpu_name() or platform.machine()}, {os.cpu_count()} cores)")
+            from bulkinfer.engine import cpu_model
+
+            lines.append(f"device: cpu ({cpu_model()}, {os.cpu_count()} cores)")
     except ImportError:
         lines.append("device: unknown (torch is not installed)")
     return "\n".join(lines)
-
-
-def _cpu_name() -> str | None:
-    try:
-        with open("/proc/cpuinfo", encoding="utf-8") as f:
-            for line in f:
-                if line.startswith("model name"):
-                    return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return None
 
 
 def _print_version(value: bool) -> None:

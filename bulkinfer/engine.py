@@ -141,6 +141,20 @@ def configure_environment() -> None:
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 
 
+def cpu_model() -> str:
+    """The CPU's model name from ``/proc/cpuinfo`` (else what ``platform`` says)."""
+    import platform
+
+    try:
+        with open("/proc/cpuinfo", encoding="utf-8") as f:
+            for line in f:
+                if line.startswith("model name"):
+                    return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or platform.machine()
+
+
 def detect_device() -> str:
     """``"cuda"`` when torch sees a CUDA device, else ``"cpu"``."""
     import torch
