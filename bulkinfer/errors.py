@@ -106,13 +106,12 @@ _WRITE_HINTS = {
     "ENOTDIR": "a component of the path is not a directory: choose another -o",
     "EISDIR": "it is a directory: choose another -o",
 }
-WRITE_ERRNOS = frozenset(getattr(errno, name) for name in _WRITE_HINTS)
 
 
 def write_error(exc: OSError, path: object = None) -> OutputWriteError:
     """An :class:`OutputWriteError` for ``exc`` naming the file (``path``, else
-    ``exc.filename``) and what to do; for any errno in :data:`WRITE_ERRNOS`
-    and, with a plainer hint, any other."""
+    ``exc.filename``), the errno's name and what to do (a plainer hint for an
+    errno outside ENOSPC, EDQUOT, EFBIG, EROFS, EACCES, EPERM, ENOTDIR, EISDIR)."""
     name = errno.errorcode.get(exc.errno or 0, "")
     where = path if path is not None else exc.filename
     hint = _WRITE_HINTS.get(name, "finished rows are kept: continue with --resume once it is fixed")

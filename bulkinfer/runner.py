@@ -29,7 +29,6 @@ from bulkinfer.engine import Completion, Engine, configure_environment
 from bulkinfer.errors import (
     EXIT_OK,
     EXIT_PARTIAL,
-    WRITE_ERRNOS,
     BulkinferError,
     ConfigError,
     EngineError,
@@ -345,9 +344,7 @@ def _os_error(exc: OSError, paths: RunPaths) -> BulkinferError:
     input is an InputFileError; writing a file is an OutputWriteError."""
     if exc.filename is not None and _same_file(Path(exc.filename), paths.input):
         return InputFileError(f"cannot read {paths.input}: {exc.strerror or exc}")
-    if exc.errno in WRITE_ERRNOS or exc.filename is not None:
-        return write_error(exc)
-    return write_error(exc, paths.output.parent)
+    return write_error(exc, None if exc.filename is not None else paths.output.parent)
 
 
 def _run_locked(

@@ -174,3 +174,14 @@ def test_an_undecodable_line_keeps_its_readable_id(tmp_path: Path) -> None:
     assert (by_line[4]["custom_id"], by_line[4]["id_recovered"], by_line[4]["response"]) == ("req-9", True, None)
     assert by_line[4]["error"]["code"] == "invalid_json"
     assert (by_line[5]["id"], by_line[5]["id_recovered"]) == ("x", True)  # truncated JSON: the id is still there
+
+
+def test_a_recovered_openai_error_record_is_a_valid_vllm_batch_output() -> None:
+    """Checked against vLLM's own pydantic record, not our reading of the format."""
+    run_batch = pytest.importorskip("vllm.entrypoints.launchers.run_batch")
+    from bulkinfer.rows import RowError
+    from bulkinfer.writers import error_record
+
+    record = error_record(RowError(3, "req-9", "invalid_json", "line is not valid UTF-8", True, True))
+    parsed = run_batch.BatchRequestOutput.model_validate(record)
+    assert (parsed.custom_id, parsed.response, parsed.error) == ("req-9", None, record["error"])

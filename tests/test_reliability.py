@@ -93,10 +93,10 @@ def test_jsonl_and_parquet_outputs_of_one_stem_share_one_lock(tmp_path: Path) ->
 def test_an_output_of_the_same_stem_in_another_format_is_not_clobbered(tmp_path: Path) -> None:
     src = write_rows(tmp_path / "in.jsonl", 4)
     run(RunPaths.build(src, tmp_path / "r.jsonl"), settings(), engine_factory=lambda m, s: FakeEngine())
-    errors_before = (tmp_path / "r.report.json").read_bytes()
+    report_before = (tmp_path / "r.report.json").read_bytes()
     with pytest.raises(OutputExistsError, match=r"r\.jsonl shares r\.errors\.jsonl and r\.report\.json"):
         run(RunPaths.build(src, tmp_path / "r.parquet"), settings(), engine_factory=lambda m, s: FakeEngine())
-    assert (tmp_path / "r.report.json").read_bytes() == errors_before
+    assert (tmp_path / "r.report.json").read_bytes() == report_before
     assert not (tmp_path / "r.parquet").exists()
 
 
