@@ -15,15 +15,18 @@ from typing import Annotated, Any, NoReturn
 
 import typer
 
-from bulkinfer.config import EngineSettings, PlanSettings
+from bulkinfer.config import EngineSettings, PlanSettings, SamplingDefaults
 from bulkinfer.errors import BulkinferError, Interrupted
 
-EXIT_CODES_HELP = """Exit codes: 0 all rows completed; 2 usage or config error; 3 finished but some rows
-failed (see OUT.errors.jsonl); 4 input unreadable; 5 model or engine failure (the engine died or
-is stuck: finished rows kept, continue with --resume); 6 output (or an interrupted run's partial
-output) exists: use --resume or --overwrite; 7 another run holds this output's lock; 9 a file of
-the run cannot be written (disk full, read-only, permission): fix it, then --resume; 128+N
-stopped by signal N (finished rows kept: continue with --resume)."""
+# One paragraph: rich wraps it to the terminal (a newline in it would be a line break).
+EXIT_CODES_HELP = (
+    "Exit codes: 0 all rows completed; 2 usage or config error; 3 finished but some rows failed "
+    "(see OUT.errors.jsonl); 4 input unreadable; 5 model or engine failure (the engine died or is "
+    "stuck: finished rows kept, continue with --resume); 6 output (or an interrupted run's partial "
+    "output) exists: use --resume or --overwrite; 7 another run holds this output's lock; 9 a file of "
+    "the run cannot be written (disk full, read-only, permission): fix it, then --resume; 128+N "
+    "stopped by signal N (finished rows kept: continue with --resume)."
+)
 
 app = typer.Typer(
     name="bulkinfer",
@@ -116,18 +119,58 @@ def _buckets(value: str | None) -> tuple[int, ...] | None:
         raise typer.BadParameter("expected comma-separated integers, e.g. 64,128,256") from None
 
 
-# Options that run, eval, plan and calibrate share.
+# The options, defined once; a command lists the ones it takes. Engine options
+# carry vLLM's EngineArgs names and meanings (vllm/config/model.py, cache.py,
+# scheduler.py, parallel.py); `None` means "not given": the config file or
+# bulkinfer's choice for the device decides (bulkinfer.engine.resolve_engine_args).
+_SAMPLING, _ENGINE, _PLAN = SamplingDefaults(), EngineSettings(), PlanSettings()
+
 ConfigOption = Annotated[Path | None, typer.Option(help="TOML settings file (see configs/default.toml).")]
 ModelOption = Annotated[
     str | None,
     typer.Option(help="Local Hugging Face model directory or hub id (default: the embedded smollm2-135m-instruct)."),
 ]
+# Flags of one setting come as two options (`--x` True, `--no-x` False), not
+# typer's `--x/--no-x`: a pair takes a column of its own in the help table,
+# and rich then cuts the longest option names at 80 columns.
 ChatTemplateOption = Annotated[
     bool | None,
     typer.Option(
-        "--apply-chat-template/--raw-prompts",
-        help="Send each `prompt` through the model's chat template, or raw. Default: the template "
-        "when the model has one.",
+        "--apply-chat-template",
+        help="Send each prompt through the model's chat template (default: if the model has one).",
+    ),
+]
+RawPromptsOption = Annotated[
+    bool, typer.Option("--raw-prompts", help="Send each prompt as is, without a chat template.")
+]
+OverwriteOption = Annotated[bool, typer.Option("--overwrite", help="Replace an existing (or partial) output.")]
+ResumeOption = Annotated[
+    bool, typer.Option("--resume", help="Continue an interrupted run: finished rows are kept, the rest run.")
+]
+PlainProgressOption = Annotated[bool, typer.Option("--plain-progress", help="Plain progress lines even on a terminal.")]
+VerboseOption = Annotated[
+    bool, typer.Option("--verbose", "-v", help="Show the engine's log live instead of writing it to OUT.log.")
+]
+MaxTokensOption = Annotated[
+    int | None,
+    typer.Option(help=f"Completion tokens per row at most (default {_SAMPLING.max_tokens}).", rich_help_panel=SAMPLING),
+]
+TemperatureOption = Annotated[
+    float | None,
+    typer.Option(help=f"Sampling temperature, 0 = greedy (default {_SAMPLING.temperature}).", rich_help_panel=SAMPLING),
+]
+MaxModelLenOption = Annotated[
+    int | None,
+    typer.Option(help="Context length in tokens, prompt + completion (default: the model's).", rich_help_panel=ENGINE),
+]
+BucketsOption = Annotated[
+    str | None, typer.Option(help="Bucket upper bounds in prompt tokens, e.g. 64,128,256.", rich_help_panel=PLAN)
+]
+PaddingBatchSizeOption = Annotated[
+    int | None,
+    typer.Option(
+        help=f"Static batch size B for the padding report only (default {_PLAN.padding_batch_size}).",
+        rich_help_panel=PLAN,
     ),
 ]
 
@@ -142,10 +185,28 @@ OVERRIDES = {
 }
 
 
+# Flag that sets a setting to False -> the option (in OVERRIDES) that sets it to True.
+NEGATIONS = {"raw_prompts": "apply_chat_template", "no_enforce_eager": "enforce_eager"}
+
+
+def _flag(name: str) -> str:
+    return "--" + name.replace("_", "-")
+
+
 def _overrides(options: dict[str, Any]) -> dict[str, Any]:
     """Settings overrides from a command's options (its ``locals()``): every
-    option named in :data:`OVERRIDES`; ``None`` means "not given"."""
+    option named in :data:`OVERRIDES` or :data:`NEGATIONS`; ``None`` means
+    "not given".
+
+    Raises:
+        typer.BadParameter: a flag and its negation both given (exit 2).
+    """
     values = {OVERRIDES[name]: value for name, value in options.items() if name in OVERRIDES}
+    for negation, name in NEGATIONS.items():
+        if options.get(negation):
+            if options.get(name):
+                raise typer.BadParameter(f"give {_flag(name)} or {_flag(negation)}, not both")
+            values[OVERRIDES[name]] = False
     if "sampling.stop" in values:
         values["sampling.stop"] = tuple(values["sampling.stop"]) if values["sampling.stop"] else None
     if "plan.buckets" in values:
@@ -163,47 +224,105 @@ def run(
     config: ConfigOption = None,
     model: ModelOption = None,
     apply_chat_template: ChatTemplateOption = None,
-    overwrite: Annotated[bool, typer.Option(help="Replace an existing (or partial) output atomically.")] = False,
-    resume: Annotated[
-        bool, typer.Option(help="Continue an interrupted run: finished rows are kept, the rest run.")
-    ] = False,
-    max_tokens: Annotated[int | None, typer.Option(rich_help_panel=SAMPLING)] = None,
-    temperature: Annotated[float | None, typer.Option(rich_help_panel=SAMPLING)] = None,
-    top_p: Annotated[float | None, typer.Option(rich_help_panel=SAMPLING)] = None,
+    raw_prompts: RawPromptsOption = False,
+    overwrite: OverwriteOption = False,
+    resume: ResumeOption = False,
+    plain_progress: PlainProgressOption = False,
+    verbose: VerboseOption = False,
+    max_tokens: MaxTokensOption = None,
+    temperature: TemperatureOption = None,
+    top_p: Annotated[
+        float | None,
+        typer.Option(
+            help="Nucleus sampling: the smallest token set of this probability mass, in (0, 1].",
+            rich_help_panel=SAMPLING,
+        ),
+    ] = None,
     stop: Annotated[list[str] | None, typer.Option(help="Stop string (repeatable).", rich_help_panel=SAMPLING)] = None,
     ignore_eos: Annotated[
         bool | None,
         typer.Option("--ignore-eos", help="Generate max_tokens even past EOS (benchmarks).", rich_help_panel=SAMPLING),
     ] = None,
-    dtype: Annotated[str | None, typer.Option(rich_help_panel=ENGINE)] = None,
-    tensor_parallel_size: Annotated[int | None, typer.Option(rich_help_panel=ENGINE)] = None,
-    data_parallel_size: Annotated[int | None, typer.Option(rich_help_panel=ENGINE)] = None,
-    max_model_len: Annotated[int | None, typer.Option(rich_help_panel=ENGINE)] = None,
-    max_num_seqs: Annotated[int | None, typer.Option(rich_help_panel=ENGINE)] = None,
-    max_num_batched_tokens: Annotated[int | None, typer.Option(rich_help_panel=ENGINE)] = None,
-    gpu_memory_utilization: Annotated[float | None, typer.Option(rich_help_panel=ENGINE)] = None,
-    kv_cache_memory_bytes: Annotated[int | None, typer.Option(rich_help_panel=ENGINE)] = None,
+    dtype: Annotated[
+        str | None,
+        typer.Option(
+            help="Weights and activations: auto (float32 on CPU, 16-bit on GPU), float32, bfloat16, float16.",
+            rich_help_panel=ENGINE,
+        ),
+    ] = None,
+    tensor_parallel_size: Annotated[
+        int | None,
+        typer.Option(help=f"GPUs per model replica (default {_ENGINE.tensor_parallel_size}).", rich_help_panel=ENGINE),
+    ] = None,
+    data_parallel_size: Annotated[
+        int | None,
+        typer.Option(
+            help=f"Model replicas, each on its own GPUs (default {_ENGINE.data_parallel_size}).", rich_help_panel=ENGINE
+        ),
+    ] = None,
+    max_model_len: MaxModelLenOption = None,
+    max_num_seqs: Annotated[
+        int | None, typer.Option(help="Sequences per engine step at most.", rich_help_panel=ENGINE)
+    ] = None,
+    max_num_batched_tokens: Annotated[
+        int | None, typer.Option(help="Tokens per engine step at most.", rich_help_panel=ENGINE)
+    ] = None,
+    gpu_memory_utilization: Annotated[
+        float | None, typer.Option(help="Fraction (0-1] of GPU memory the engine may use.", rich_help_panel=ENGINE)
+    ] = None,
+    kv_cache_memory_bytes: Annotated[
+        int | None,
+        typer.Option(
+            help="KV cache bytes per GPU, instead of --gpu-memory-utilization "
+            "(CPU default: 25% of available memory, 1..8 GiB).",
+            rich_help_panel=ENGINE,
+        ),
+    ] = None,
     enforce_eager: Annotated[
-        bool | None, typer.Option("--enforce-eager/--no-enforce-eager", rich_help_panel=ENGINE)
+        bool | None,
+        typer.Option(
+            "--enforce-eager",
+            help="Eager PyTorch: no torch.compile or CUDA graphs (default on CPU).",
+            rich_help_panel=ENGINE,
+        ),
     ] = None,
-    seed: Annotated[int | None, typer.Option(help="Engine seed.", rich_help_panel=ENGINE)] = None,
-    trust_remote_code: Annotated[bool | None, typer.Option("--trust-remote-code", rich_help_panel=ENGINE)] = None,
+    no_enforce_eager: Annotated[
+        bool,
+        typer.Option(
+            "--no-enforce-eager", help="Allow torch.compile and CUDA graphs (default on GPU).", rich_help_panel=ENGINE
+        ),
+    ] = False,
+    seed: Annotated[
+        int | None, typer.Option(help=f"Engine random seed (default {_ENGINE.seed}).", rich_help_panel=ENGINE)
+    ] = None,
+    trust_remote_code: Annotated[
+        bool | None,
+        typer.Option(
+            "--trust-remote-code", help="Allow the model repository's own Python code to run.", rich_help_panel=ENGINE
+        ),
+    ] = None,
     order: Annotated[
-        str | None, typer.Option(help="Feed order: descending, ascending, arrival.", rich_help_panel=PLAN)
+        str | None,
+        typer.Option(help="Feed order: descending (longest first; default), ascending, arrival.", rich_help_panel=PLAN),
     ] = None,
-    buckets: Annotated[
-        str | None, typer.Option(help="Bucket upper bounds in tokens, e.g. 64,128,256.", rich_help_panel=PLAN)
+    buckets: BucketsOption = None,
+    window_rows: Annotated[
+        int | None,
+        typer.Option(help=f"Rows read and sorted together (default {_PLAN.window_rows}).", rich_help_panel=PLAN),
     ] = None,
-    window_rows: Annotated[int | None, typer.Option(rich_help_panel=PLAN)] = None,
-    max_in_flight: Annotated[int | None, typer.Option(rich_help_panel=PLAN)] = None,
-    padding_batch_size: Annotated[
-        int | None, typer.Option(help="Static batch size B for the padding report.", rich_help_panel=PLAN)
+    max_in_flight: Annotated[
+        int | None,
+        typer.Option(help="Requests in the engine at once (default 2 x max_num_seqs).", rich_help_panel=PLAN),
     ] = None,
+    padding_batch_size: PaddingBatchSizeOption = None,
     stall_timeout_s: Annotated[
         float | None,
-        typer.Option(help="Seconds one engine step may take before the engine counts as stuck.", rich_help_panel=PLAN),
+        typer.Option(
+            help="Seconds one engine step may take before the engine counts as stuck "
+            f"(default {_PLAN.stall_timeout_s:g}).",
+            rich_help_panel=PLAN,
+        ),
     ] = None,
-    plain_progress: Annotated[bool, typer.Option(help="Plain progress lines even on a terminal.")] = False,
 ) -> None:
     """Generate a completion for every row of INPUT; write OUT, OUT.errors.jsonl and OUT.report.json."""
     overrides = _overrides(locals())  # first: only the options are local yet
@@ -217,7 +336,9 @@ def run(
     try:
         settings = load_settings(config, overrides)
         paths = RunPaths.build(input_path, output)
-        result = run_job(paths, settings, overwrite=overwrite, resume=resume, progress_plain=plain_progress)
+        result = run_job(
+            paths, settings, overwrite=overwrite, resume=resume, progress_plain=plain_progress, verbose=verbose
+        )
     except BulkinferError as exc:
         _fail(exc)
     if result.report.get("already_complete"):
@@ -236,7 +357,9 @@ def eval_command(
     predictions: Annotated[
         Path | None, typer.Option(help="Score this existing output instead of generating (rows matched by id).")
     ] = None,
-    perplexity: Annotated[bool, typer.Option(help="Also the perplexity of each reference given its prompt.")] = False,
+    perplexity: Annotated[
+        bool, typer.Option("--perplexity", help="Also the perplexity of each reference given its prompt.")
+    ] = False,
     bootstrap: Annotated[int, typer.Option(help="Paired bootstrap resamples for 95% intervals (0: none).")] = 0,
     fail_under: Annotated[
         str | None, typer.Option(help="Exit 8 when a metric is below its bar, e.g. bleu=20,rougeL=30.")
@@ -245,11 +368,13 @@ def eval_command(
     config: ConfigOption = None,
     model: ModelOption = None,
     apply_chat_template: ChatTemplateOption = None,
-    max_tokens: Annotated[int | None, typer.Option()] = None,
-    temperature: Annotated[float | None, typer.Option()] = None,
-    overwrite: Annotated[bool, typer.Option(help="Replace an existing output.")] = False,
-    resume: Annotated[bool, typer.Option(help="Continue an interrupted generation.")] = False,
-    plain_progress: Annotated[bool, typer.Option(help="Plain progress lines even on a terminal.")] = False,
+    raw_prompts: RawPromptsOption = False,
+    max_tokens: MaxTokensOption = None,
+    temperature: TemperatureOption = None,
+    overwrite: OverwriteOption = False,
+    resume: ResumeOption = False,
+    plain_progress: PlainProgressOption = False,
+    verbose: VerboseOption = False,
 ) -> None:
     """Run GOLDEN through the model (or take --predictions) and score it: BLEU, chrF, ROUGE, exact match, perplexity."""
     overrides = _overrides(locals())  # first: only the options are local yet
@@ -275,6 +400,7 @@ def eval_command(
             overwrite=overwrite,
             resume=resume,
             progress_plain=plain_progress,
+            verbose=verbose,
         )
     except BulkinferError as exc:
         _fail(exc)
@@ -290,10 +416,11 @@ def plan(
     config: ConfigOption = None,
     model: ModelOption = None,
     apply_chat_template: ChatTemplateOption = None,
-    max_tokens: Annotated[int | None, typer.Option()] = None,
-    max_model_len: Annotated[int | None, typer.Option()] = None,
-    buckets: Annotated[str | None, typer.Option(help="Bucket upper bounds in tokens, e.g. 64,128,256.")] = None,
-    padding_batch_size: Annotated[int | None, typer.Option(help="Static batch size B for padding figures.")] = None,
+    raw_prompts: RawPromptsOption = False,
+    max_tokens: MaxTokensOption = None,
+    max_model_len: MaxModelLenOption = None,
+    buckets: BucketsOption = None,
+    padding_batch_size: PaddingBatchSizeOption = None,
     json_out: Annotated[Path | None, typer.Option("--json", help="Also write the plan as JSON to this file.")] = None,
 ) -> None:
     """Dry run: row counts, failures, prompt lengths, buckets, padding and a time estimate. Loads no engine."""
@@ -317,13 +444,14 @@ def plan(
 def calibrate(
     config: Annotated[Path | None, typer.Option(help="TOML settings file (engine settings are used).")] = None,
     model: ModelOption = None,
+    verbose: VerboseOption = False,
 ) -> None:
     """Measure this machine with a short fixed workload; `bulkinfer plan` estimates from it."""
     from bulkinfer.config import load_settings
     from bulkinfer.plan_job import calibrate as run_calibration
 
     try:
-        entry = run_calibration(load_settings(config, {"model": model}))
+        entry = run_calibration(load_settings(config, {"model": model}), verbose=verbose)
     except BulkinferError as exc:
         _fail(exc)
     typer.echo(

@@ -14,7 +14,7 @@ import queue
 import signal
 import threading
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Protocol
@@ -58,11 +58,24 @@ class Engine(Protocol):
     it returns ``[]`` once that time has passed even though the engine step is
     still running (its results come with a later call), so the caller can
     react to a stop signal. It raises :class:`EngineError` when the engine died.
+
+    ``generated_tokens`` and ``prefilled_tokens`` count, since the engine
+    started, the completion tokens generated and the prompt tokens processed
+    for every request, finished or not; ``running_lengths()`` gives the
+    completion tokens so far of each unfinished request that has some (live
+    progress; an engine that cannot see unfinished requests counts them when
+    they finish and returns ``[]``).
     """
 
     max_model_len: int
     max_num_seqs: int
     settings: dict[str, Any]
+
+    @property
+    def generated_tokens(self) -> int: ...
+    @property
+    def prefilled_tokens(self) -> int: ...
+    def running_lengths(self) -> list[int]: ...
 
     def add(self, request_id: str, request: Request) -> Completion | None: ...
     def step(self, wait: float | None = None) -> list[Completion]: ...
@@ -135,9 +148,10 @@ def resolve_engine_args(model: str, settings: EngineSettings, device: str, mem_a
 
 def configure_environment() -> None:
     """Environment defaults for vLLM, set before it is imported; a user's own
-    values win. The CPU worker gets every core; vLLM logs errors only."""
+    values win. The CPU worker gets every core; vLLM logs at INFO (to the
+    engine's log file, see :mod:`bulkinfer.engine_log`)."""
     os.environ.setdefault("VLLM_CPU_NUM_OF_RESERVED_CPU", "0")
-    os.environ.setdefault("VLLM_LOGGING_LEVEL", "ERROR")
+    os.environ.setdefault("VLLM_LOGGING_LEVEL", "INFO")
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 
 
@@ -265,6 +279,10 @@ def _exit_description(code: int | None) -> str:
 class VllmEngine:
     """One vLLM ``LLMEngine`` for the whole run.
 
+    Generation requests stream their tokens (vLLM's ``RequestOutputKind.DELTA``),
+    so :attr:`generated_tokens` counts work as it happens, not only when a
+    request finishes (see :class:`_Outputs`).
+
     Args:
         model: a model directory or hub id, as vLLM takes it.
         settings: the engine arguments.
@@ -290,6 +308,7 @@ class VllmEngine:
             raise EngineError(f"vLLM is not installed ({exc}); run `make install`") from None
         self._sampling_params = SamplingParams
         self._final_only = RequestOutputKind.FINAL_ONLY
+        self._delta = RequestOutputKind.DELTA
         self._stall_timeout_s = stall_timeout_s
         device = detect_device()
         args = resolve_engine_args(str(model), settings, device, mem_available=available_memory_bytes())
@@ -329,7 +348,7 @@ class VllmEngine:
             "device": device,
             "vllm_version": vllm.__version__,
         }
-        self._score_from: dict[str, int] = {}
+        self._outputs = _Outputs()
         self._tokens_input: Callable[[list[int]], Any]
         try:
             from vllm.inputs import tokens_input
@@ -351,7 +370,8 @@ class VllmEngine:
         if self._stepper.running_since is not None:  # never send while a step is in flight
             self._buffered.extend(self._wait_step(None))
         try:
-            params = sampling_params(request, self._sampling_params, self._final_only)
+            kind = self._final_only if request.score_from is not None else self._delta
+            params = sampling_params(request, self._sampling_params, kind)
             self._engine.add_request(request_id, self._tokens_input(request.prompt_token_ids), params)
         except Exception as exc:
             self._check_alive()
@@ -361,8 +381,19 @@ class VllmEngine:
                 ) from exc
             return Completion(request_id, "", "error", len(request.prompt_token_ids), 0, f"{type(exc).__name__}: {exc}")
         if request.score_from is not None:
-            self._score_from[request_id] = request.score_from
+            self._outputs.score_from[request_id] = request.score_from
         return None
+
+    @property
+    def generated_tokens(self) -> int:
+        return self._outputs.generated_tokens
+
+    @property
+    def prefilled_tokens(self) -> int:
+        return self._outputs.prefilled_tokens
+
+    def running_lengths(self) -> list[int]:
+        return list(self._outputs.token_counts.values())
 
     def step(self, wait: float | None = None) -> list[Completion]:
         """Run one engine step; return the requests that finished in it.
@@ -403,7 +434,7 @@ class VllmEngine:
             if isinstance(error, BulkinferError | KeyboardInterrupt):
                 raise error
             raise EngineError(f"the vLLM engine failed: {type(error).__name__}: {error}") from error
-        return self._completions(outputs)
+        return self._outputs.completions(outputs)
 
     def _check_alive(self) -> None:
         """Raises EngineError when an engine process is gone or vLLM marked its
@@ -435,40 +466,8 @@ class VllmEngine:
                 return code if isinstance(code, int) else None
         return None
 
-    def _completions(self, outputs: Any) -> list[Completion]:
-        done = []
-        for out in outputs:
-            if not out.finished or not isinstance(out.outputs, list):
-                continue
-            choice = out.outputs[0]
-            score_from = self._score_from.pop(out.request_id, None)
-            if score_from is not None:
-                done.append(self._scored(out, score_from))
-                continue
-            done.append(
-                Completion(
-                    request_id=out.request_id,
-                    text=choice.text,
-                    finish_reason=choice.finish_reason or "stop",
-                    prompt_tokens=len(out.prompt_token_ids or ()),
-                    completion_tokens=len(choice.token_ids),
-                )
-            )
-        return done
-
-    @staticmethod
-    def _scored(out: Any, score_from: int) -> Completion:
-        ids = list(out.prompt_token_ids or ())
-        logprobs = out.prompt_logprobs or []
-        nll = -sum(logprobs[i][ids[i]].logprob for i in range(max(score_from, 1), len(ids)))
-        scored = len(ids) - max(score_from, 1)
-        return Completion(out.request_id, "", "scored", len(ids), 0, nll=nll, scored_tokens=scored)
-
     def has_unfinished(self) -> bool:
         return bool(self._engine.has_unfinished_requests())
-
-    def abort(self, request_ids: Sequence[str]) -> None:
-        self._engine.abort_request(list(request_ids))
 
     def close(self) -> None:
         """Shut the engine's processes down: vLLM's own shutdown, bounded by
@@ -486,6 +485,71 @@ class VllmEngine:
             self._watchdog.kill()
         else:
             self._watchdog.close()
+
+
+class _Outputs:
+    """Turns vLLM's ``RequestOutput`` objects into :class:`Completion` objects.
+
+    A generation request streams (``RequestOutputKind.DELTA``): each output
+    holds the text and token ids new since the last one; the pieces are
+    joined when it finishes. A scoring request (its ``score_from`` in
+    :attr:`score_from`) comes once, finished, with its ``prompt_logprobs``.
+    ``generated_tokens`` counts every completion token seen;
+    ``prefilled_tokens`` the prompt tokens of every request that produced
+    its first output.
+    """
+
+    def __init__(self) -> None:
+        self.score_from: dict[str, int] = {}
+        self._pieces: dict[str, list[str]] = {}
+        self.token_counts: dict[str, int] = {}
+        self.generated_tokens = 0
+        self.prefilled_tokens = 0
+
+    def completions(self, outputs: Any) -> list[Completion]:
+        """The finished requests among one step's outputs."""
+        done = []
+        for out in outputs:
+            if not isinstance(out.outputs, list):
+                continue
+            request_id = out.request_id
+            score_from = self.score_from.pop(request_id, None) if out.finished else None
+            if score_from is not None:
+                self.prefilled_tokens += len(out.prompt_token_ids or ())
+                done.append(self._scored(out, score_from))
+                continue
+            if not out.outputs:
+                continue
+            choice = out.outputs[0]
+            pieces = self._pieces.get(request_id)
+            if pieces is None:  # its first output: the prompt has been processed
+                pieces = self._pieces[request_id] = []
+                self.token_counts[request_id] = 0
+                self.prefilled_tokens += len(out.prompt_token_ids or ())
+            pieces.append(choice.text)
+            self.token_counts[request_id] += len(choice.token_ids)
+            self.generated_tokens += len(choice.token_ids)
+            if not out.finished:
+                continue
+            del self._pieces[request_id]
+            done.append(
+                Completion(
+                    request_id=request_id,
+                    text="".join(pieces),
+                    finish_reason=choice.finish_reason or "stop",
+                    prompt_tokens=len(out.prompt_token_ids or ()),
+                    completion_tokens=self.token_counts.pop(request_id),
+                )
+            )
+        return done
+
+    @staticmethod
+    def _scored(out: Any, score_from: int) -> Completion:
+        ids = list(out.prompt_token_ids or ())
+        logprobs = out.prompt_logprobs or []
+        nll = -sum(logprobs[i][ids[i]].logprob for i in range(max(score_from, 1), len(ids)))
+        scored = len(ids) - max(score_from, 1)
+        return Completion(out.request_id, "", "scored", len(ids), 0, nll=nll, scored_tokens=scored)
 
 
 def _alive(proc: Any) -> bool:

@@ -26,7 +26,16 @@ import orjson
 from bulkinfer import evaluate, writers
 from bulkinfer.config import Settings
 from bulkinfer.engine import Engine
-from bulkinfer.errors import EXIT_BELOW_BAR, EXIT_OK, ConfigError, InputFileError, OutputExistsError
+from bulkinfer.engine_log import EngineLog, terminal
+from bulkinfer.errors import (
+    EXIT_BELOW_BAR,
+    EXIT_OK,
+    ConfigError,
+    EngineError,
+    InputFileError,
+    ModelError,
+    OutputExistsError,
+)
 from bulkinfer.journal import OutputFiles
 from bulkinfer.models import DEFAULT_MODEL, resolve_model
 from bulkinfer.progress import Progress
@@ -148,6 +157,18 @@ class _Unclosed:
             engine.settings,
         )
         self.add, self.step, self.has_unfinished = engine.add, engine.step, engine.has_unfinished
+        self._engine = engine
+
+    @property
+    def generated_tokens(self) -> int:
+        return self._engine.generated_tokens
+
+    @property
+    def prefilled_tokens(self) -> int:
+        return self._engine.prefilled_tokens
+
+    def running_lengths(self) -> list[int]:
+        return self._engine.running_lengths()
 
     def close(self) -> None:
         pass
@@ -210,11 +231,13 @@ def run_eval(
     resume: bool = False,
     progress_plain: bool = False,
     engine_factory: EngineFactory = vllm_engine,
+    verbose: bool = False,
 ) -> EvalResult:
     """Generate (unless ``predictions`` is given), score, and write ``OUT`` and
     ``OUT.eval.json``. The exit code is :data:`EXIT_BELOW_BAR` when a metric is
     below its ``fail_under`` bar, else the generation's (0, or 3 when some rows
-    failed; failed rows are listed as unmatched and not scored).
+    failed; failed rows are listed as unmatched and not scored). The engine's
+    log is appended to ``OUT.log`` unless ``verbose`` (see :mod:`bulkinfer.engine_log`).
 
     Raises:
         the errors of :func:`bulkinfer.runner.run`; InputFileError for an
@@ -225,87 +248,92 @@ def run_eval(
     engines = KeptEngine(engine_factory)  # the perplexity pass reuses the generation's engine
     if perplexity:
         engine_factory = engines
-    try:
-        run_report: dict[str, Any] = {}
-        run_code = EXIT_OK
-        if predictions is None:
-            generated = run(
-                paths,
-                settings,
-                overwrite=overwrite,
-                resume=resume,
-                engine_factory=engine_factory,
-                progress_plain=progress_plain,
-            )
-            run_report, run_code = generated.report, generated.exit_code
-            predictions = out
-        elif out.exists() and not overwrite:
-            raise OutputExistsError(f"output {out} already exists; use --overwrite to replace it")
-        model_path = resolve_model(settings.model)
-        tokenizer = load_tokenizer(model_path, settings.engine.trust_remote_code)
-        settings = settings.resolve_chat_template(tokenizer)  # as the generation decided
-        rows, invalid = read_golden(golden, settings)
-        records = read_predictions(predictions)
-        by_id: dict[str, tuple[int, str]] = {}
-        for index, record in enumerate(records):
-            found = completion_text(record)
-            if found is not None and found[0] not in by_id:
-                by_id[found[0]] = (index, found[1])
-        matched = [row for row in rows if row.id in by_id]
-        if not matched:
-            raise ConfigError(f"no prediction in {predictions} matches an id of {golden}")
-        texts = [by_id[row.id][1] for row in matched]
-        scores = evaluate.score(texts, [row.references for row in matched], bootstrap=bootstrap)
-        per_row = {row.id: evaluate.row_scores(by_id[row.id][1], row.references) for row in matched}
+    # appended to: opened before the generation checks that it may write OUT
+    with EngineLog(OutputFiles(out).log, verbose, append=True) as log:
+        try:
+            run_report: dict[str, Any] = {}
+            run_code = EXIT_OK
+            if predictions is None:
+                generated = run(
+                    paths,
+                    settings,
+                    overwrite=overwrite,
+                    resume=resume,
+                    engine_factory=engine_factory,
+                    progress_plain=progress_plain,
+                    verbose=verbose,
+                )
+                run_report, run_code = generated.report, generated.exit_code
+                predictions = out
+            elif out.exists() and not overwrite:
+                raise OutputExistsError(f"output {out} already exists; use --overwrite to replace it")
+            model_path = resolve_model(settings.model)
+            tokenizer = load_tokenizer(model_path, settings.engine.trust_remote_code)
+            settings = settings.resolve_chat_template(tokenizer)  # as the generation decided
+            rows, invalid = read_golden(golden, settings)
+            records = read_predictions(predictions)
+            by_id: dict[str, tuple[int, str]] = {}
+            for index, record in enumerate(records):
+                found = completion_text(record)
+                if found is not None and found[0] not in by_id:
+                    by_id[found[0]] = (index, found[1])
+            matched = [row for row in rows if row.id in by_id]
+            if not matched:
+                raise ConfigError(f"no prediction in {predictions} matches an id of {golden}")
+            texts = [by_id[row.id][1] for row in matched]
+            scores = evaluate.score(texts, [row.references for row in matched], bootstrap=bootstrap)
+            per_row = {row.id: evaluate.row_scores(by_id[row.id][1], row.references) for row in matched}
 
-        nll: dict[str, tuple[float, int]] = {}
-        if perplexity:
-            nll = reference_nll(matched, tokenizer, engines.get(model_path, settings), settings, progress_plain)
+            nll: dict[str, tuple[float, int]] = {}
+            if perplexity:
+                nll = reference_nll(matched, tokenizer, engines.get(model_path, settings), settings, progress_plain)
 
-        golden_ids = {row.id for row in rows}
-        scored_index = {index: row_id for row_id, (index, _) in by_id.items() if row_id in per_row}
-        for index, row_id in scored_index.items():  # the first record of each id gets the scores
-            records[index] = {**records[index], **per_row[row_id]}
-            if row_id in nll:
-                total, count = nll[row_id]
-                records[index]["perplexity"] = math.exp(total / count)
-        _write_records(paths, records)
+            golden_ids = {row.id for row in rows}
+            scored_index = {index: row_id for row_id, (index, _) in by_id.items() if row_id in per_row}
+            for index, row_id in scored_index.items():  # the first record of each id gets the scores
+                records[index] = {**records[index], **per_row[row_id]}
+                if row_id in nll:
+                    total, count = nll[row_id]
+                    records[index]["perplexity"] = math.exp(total / count)
+            _write_records(paths, records)
 
-        corpus = scores.to_dict()
-        if perplexity:
-            total_nll = sum(v[0] for v in nll.values())
-            total_tokens = sum(v[1] for v in nll.values())
-            corpus["perplexity"] = math.exp(total_nll / total_tokens) if total_tokens else None
-            corpus["perplexity_rows"] = len(nll)
-            corpus["perplexity_tokens"] = total_tokens
-        below = evaluate.check_fail_under(corpus, fail_under) if fail_under else []
-        report = {
-            "golden": str(golden),
-            "predictions": str(predictions),
-            "output": str(out),
-            "model": settings.model or DEFAULT_MODEL,
-            "model_path": model_path,
-            "scores": corpus,
-            "row_counts": {
-                "golden": len(rows) + len(invalid),
-                "scored": len(matched),
-                "unmatched_golden": [row.id for row in rows if row.id not in by_id],
-                "unmatched_predictions": sorted(set(by_id) - golden_ids),
-                "invalid_golden": invalid,
-            },
-            "fail_under": {"bars": fail_under or {}, "below": below},
-            "settings": settings.to_dict(),
-            "metrics_version": evaluate.metrics_versions(),
-            "run_report": str(paths.report) if run_report else None,
-            "seconds": time.monotonic() - started,
-        }
-        write_report(report, eval_path(out))
-        write_eval_html(report, run_report, records, paths.html)
-        # a metric below its bar is what a nightly job must see first; then failed rows
-        return EvalResult(report, EXIT_BELOW_BAR if below else run_code, below)
+            corpus = scores.to_dict()
+            if perplexity:
+                total_nll = sum(v[0] for v in nll.values())
+                total_tokens = sum(v[1] for v in nll.values())
+                corpus["perplexity"] = math.exp(total_nll / total_tokens) if total_tokens else None
+                corpus["perplexity_rows"] = len(nll)
+                corpus["perplexity_tokens"] = total_tokens
+            below = evaluate.check_fail_under(corpus, fail_under) if fail_under else []
+            report = {
+                "golden": str(golden),
+                "predictions": str(predictions),
+                "output": str(out),
+                "model": settings.model or DEFAULT_MODEL,
+                "model_path": model_path,
+                "scores": corpus,
+                "row_counts": {
+                    "golden": len(rows) + len(invalid),
+                    "scored": len(matched),
+                    "unmatched_golden": [row.id for row in rows if row.id not in by_id],
+                    "unmatched_predictions": sorted(set(by_id) - golden_ids),
+                    "invalid_golden": invalid,
+                },
+                "fail_under": {"bars": fail_under or {}, "below": below},
+                "settings": settings.to_dict(),
+                "metrics_version": evaluate.metrics_versions(),
+                "run_report": str(paths.report) if run_report else None,
+                "seconds": time.monotonic() - started,
+            }
+            write_report(report, eval_path(out))
+            write_eval_html(report, run_report, records, paths.html)
+            # a metric below its bar is what a nightly job must see first; then failed rows
+            return EvalResult(report, EXIT_BELOW_BAR if below else run_code, below)
 
-    finally:
-        engines.close()
+        except (EngineError, ModelError) as exc:
+            raise log.explain(exc) from exc
+        finally:
+            engines.close()
 
 
 def write_eval_html(
@@ -313,7 +341,6 @@ def write_eval_html(
 ) -> None:
     """HTML: the eval's scores and per-row distributions, after the run's charts
     when this eval generated. Never fails the eval."""
-    import sys
 
     try:
         from bulkinfer.html_report import eval_sections, run_sections, write_html
@@ -321,7 +348,7 @@ def write_eval_html(
         sections = [*eval_sections(report, records), *(run_sections(run_report) if "seconds" in run_report else [])]
         write_html(f"bulkinfer eval: {report['golden']}", sections, path)
     except Exception as exc:
-        print(f"bulkinfer: warning: HTML report not written: {type(exc).__name__}: {exc}", file=sys.stderr)
+        print(f"bulkinfer: warning: HTML report not written: {type(exc).__name__}: {exc}", file=terminal())
 
 
 def _write_records(paths: RunPaths, records: list[dict[str, Any]]) -> None:

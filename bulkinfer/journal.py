@@ -97,6 +97,7 @@ class OutputFiles:
         self.errors = writers.sibling(out, ".errors.jsonl")
         self.report = writers.sibling(out, ".report.json")
         self.html = writers.sibling(out, ".report.html")
+        self.log = writers.sibling(out, ".log")  # the engine's log (bulkinfer.engine_log)
         self.spool = writers.spool_path(out)
         self.errors_spool = writers.spool_path(self.errors)
         self.journal = out.with_name(f".{out.name}.journal.json")
@@ -111,6 +112,7 @@ class OutputFiles:
             self.errors,
             self.report,
             self.html,
+            self.log,
             self.spool,
             self.errors_spool,
             self.journal,

@@ -20,6 +20,8 @@ from typing import Any
 import orjson
 
 from bulkinfer.config import Settings
+from bulkinfer.engine_log import EngineLog
+from bulkinfer.errors import EngineError, ModelError
 from bulkinfer.models import bulkinfer_home, resolve_model
 from bulkinfer.planner import Planner, efficiency, static_batch_tokens
 from bulkinfer.readers import open_reader
@@ -238,10 +240,11 @@ CALIBRATION_ROWS = 64
 CALIBRATION_MAX_TOKENS = 64
 
 
-def calibrate(settings: Settings, engine_factory: Any = None) -> dict[str, Any]:
+def calibrate(settings: Settings, engine_factory: Any = None, verbose: bool = False) -> dict[str, Any]:
     """Measure this machine: run a short fixed workload (64 chat prompts x 64
     completion tokens, ``ignore_eos``) through the real engine, record its
-    throughput as the model's calibration, and return that entry.
+    throughput as the model's calibration, and return that entry. The
+    engine's log goes to ``$BULKINFER_HOME/calibrate.log`` unless ``verbose``.
 
     Raises:
         ModelError, EngineError: as ``run``.
@@ -263,5 +266,11 @@ def calibrate(settings: Settings, engine_factory: Any = None) -> dict[str, Any]:
             for i in range(CALIBRATION_ROWS)
         ))  # fmt: skip
         paths = RunPaths.build(src, Path(tmp) / "out.jsonl")
-        report = run(paths, fixed, engine_factory=engine_factory or vllm_engine).report
+        log_path = calibration_path().with_name("calibrate.log")
+        log_path.parent.mkdir(parents=True, exist_ok=True)
+        with EngineLog(log_path, verbose) as log:
+            try:
+                report = run(paths, fixed, engine_factory=engine_factory or vllm_engine).report
+            except (EngineError, ModelError) as exc:
+                raise log.explain(exc) from exc
     return dict(load_calibrations()[report["model_path"]])

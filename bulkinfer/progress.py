@@ -1,31 +1,200 @@
 """Progress: a rich bar on a terminal, plain timestamped lines elsewhere.
 
 Under cron or a pipe there is no terminal: one line every
-:data:`PLAIN_INTERVAL_S` seconds on stderr, no ANSI codes, e.g.
-``2026-11-22T20:41:07 bulkinfer: 120/300 rows (2 failed), 231.4 completion tok/s, eta 0:01:10``.
+:data:`PLAIN_INTERVAL_S` seconds (``BULKINFER_PROGRESS_INTERVAL_S`` overrides
+it) on stderr, no ANSI codes, e.g.
+``2026-11-22T20:41:07 bulkinfer: 120/300 rows (2 failed), 402.5 tok/s, 231.4 completion tok/s, eta 0:01:10``.
+
+The first tokens/s counts the prompt and completion tokens the engine
+processed, the second the completion tokens generated, of finished and
+unfinished rows alike (the engine streams them), over the time since
+generation started: the figures the report ends with. The ETA is the time the
+tokens left take at the rate measured (:class:`WorkEstimate`), not rows left
+over rows done: under continuous batching hundreds of rows run at once and
+few finish early on.
 """
 
 from __future__ import annotations
 
 import datetime as dt
-import sys
+import os
 import time
+from collections import Counter
+from collections.abc import Callable
 from typing import IO, Any
 
+from bulkinfer.engine_log import terminal
+
 PLAIN_INTERVAL_S = 10.0
+# No ETA before this much generation time (seconds).
+ETA_AFTER_S = 2.0
+# The time model (WorkEstimate): intervals of at least SAMPLE_S seconds, weighed
+# down by half every HALF_LIFE_S seconds; before prompt and completion tokens were
+# timed apart, a completion token costs PRIOR_RATIO prompt tokens (CPU, SmolLM2-135M:
+# about 2.5, bench/results/eta.json), a pull as strong as PRIOR_WEIGHT of the data.
+SAMPLE_S = 1.0
+HALF_LIFE_S = 30.0
+PRIOR_RATIO = 2.5
+PRIOR_WEIGHT = 0.3
+# Completion lengths are estimated where at least this many rows are known to reach them.
+MIN_AT_RISK = 20
+
+
+class WorkEstimate:
+    """Work done and left in a generation run, in prompt and completion tokens,
+    and the time it takes.
+
+    Time: every interval of at least :data:`SAMPLE_S` seconds between two
+    observations gives ``dt = a * prompt_tokens + b * completion_tokens``
+    (the tokens processed in it); ``a`` and ``b`` (seconds per token) are the
+    least-squares fit over the intervals so far, each weighted down with age
+    (half-life :data:`HALF_LIFE_S` s, so a slower tail is seen), with a weak
+    pull towards ``b = PRIOR_RATIO * a`` for the time before both kinds of
+    token were seen apart. A completion token costs more than a prompt token:
+    it is decoded alone and goes through the LM head and the sampler.
+
+    Completion length: the Kaplan-Meier estimate of the distribution of
+    completion lengths (each capped at its ``max_tokens``): finished rows are
+    observed lengths, rows still running are censored at the tokens they
+    have. Past the longest length observed, a row still running is assumed to
+    run to ``max_tokens``. A row that has ``g`` tokens is expected to add
+    ``sum(S(k) for k >= g) / S(g)`` more, ``S(k)`` being the share of rows
+    longer than ``k`` tokens. Rows not yet planned (the input is planned window
+    by window) are assumed like the planned ones on average.
+    """
+
+    def __init__(self, start: float = 0.0) -> None:
+        """``start``: when generation started (seconds, the clock of :meth:`observe`)."""
+        self.planned_rows = 0
+        self.planned_prompt_tokens = 0
+        self.planned_max_tokens = 0
+        self.longest_max_tokens = 0
+        self.finished_rows = 0  # planned rows that ended, with or without error
+        self.lengths: Counter[int] = Counter()  # completion lengths of the rows that ended with one
+        self.generated_tokens = 0
+        self.prefilled_tokens = 0
+        self.running: list[int] = []  # the tokens so far of each row the engine is generating
+        self._last = (start, 0, 0)  # time, prefilled, generated at the last sample
+        # decayed sums of the normal equations: [PP, PG, GG, Pt, Gt]
+        self._sums = [0.0] * 5
+
+    def plan(self, prompt_tokens: int, max_tokens: int) -> None:
+        """A row was planned: ``prompt_tokens`` long, at most ``max_tokens`` to generate."""
+        self.planned_rows += 1
+        self.planned_prompt_tokens += prompt_tokens
+        self.planned_max_tokens += max_tokens
+        self.longest_max_tokens = max(self.longest_max_tokens, max_tokens)
+
+    def finish(self, completion_tokens: int | None) -> None:
+        """A planned row ended: with ``completion_tokens``, or None (it failed)."""
+        self.finished_rows += 1
+        if completion_tokens is not None:
+            self.lengths[completion_tokens] += 1
+
+    def observe(self, now: float, generated_tokens: int, prefilled_tokens: int, running: list[int]) -> None:
+        """The engine's totals at ``now`` (seconds): completion tokens
+        generated, prompt tokens processed, and the completion tokens so far
+        of each request it is generating."""
+        self.generated_tokens, self.prefilled_tokens, self.running = generated_tokens, prefilled_tokens, running
+        then, prompt_then, completion_then = self._last
+        dt = now - then
+        p, g = prefilled_tokens - prompt_then, generated_tokens - completion_then
+        if dt < SAMPLE_S or not (p or g):  # an engine step still running: its time goes with its tokens
+            return
+        self._last = (now, prefilled_tokens, generated_tokens)
+        keep = 0.5 ** (dt / HALF_LIFE_S)
+        for i, value in enumerate((p * p, p * g, g * g, p * dt, g * dt)):
+            self._sums[i] = self._sums[i] * keep + value
+
+    @property
+    def done(self) -> int:
+        """Tokens processed so far, prompt and completion."""
+        return self.prefilled_tokens + self.generated_tokens
+
+    def seconds_per_token(self) -> tuple[float, float] | None:
+        """``(a, b)``: seconds per prompt token and per completion token; None
+        before any tokens were timed."""
+        pp, pg, gg, pt, gt = self._sums
+        if pp + gg <= 0:
+            return None
+        # minimise sum (dt - a p - b g)^2 + mu (b - R a)^2
+        mu, r = PRIOR_WEIGHT * (pp + gg), PRIOR_RATIO
+        m11, m12, m22 = pp + mu * r * r, pg - mu * r, gg + mu
+        det = m11 * m22 - m12 * m12
+        if det > 0:
+            a, b = (m22 * pt - m12 * gt) / det, (m11 * gt - m12 * pt) / det
+            if a >= 0 and b >= 0:
+                return a, b
+        # no fit with both costs positive: one rate, b = R a
+        a = (pt + r * gt) / (pp + 2 * r * pg + r * r * gg)
+        return a, r * a
+
+    def survival(self) -> list[float]:
+        """``S[k]`` for k = 0 .. the longest ``max_tokens``: the Kaplan-Meier
+        estimate of the share of completions longer than ``k`` tokens."""
+        top = self.longest_max_tokens
+        censored = Counter(min(g, top) for g in self.running)  # running with g tokens: longer than g
+        at_risk = sum(self.lengths.values()) + len(self.running)
+        last_seen = max(max(self.lengths, default=0), max(self.running, default=0))
+        s = 1.0 - self.lengths.get(0, 0) / at_risk if at_risk else 1.0
+        at_risk -= self.lengths.get(0, 0)
+        out = [s]
+        for k in range(1, top + 1):
+            if k > last_seen or at_risk < MIN_AT_RISK:  # past what was seen well: the rows left run to max_tokens
+                out.append(s if k < top else 0.0)
+                continue
+            ended = self.lengths.get(k, 0)
+            if at_risk > 0:
+                s *= 1 - ended / at_risk
+            out.append(s)
+            at_risk -= ended + censored.get(k, 0)
+        return out
+
+    def remaining_tokens(self, total_rows: int | None, failed_rows: int = 0) -> tuple[float, float]:
+        """(prompt, completion) tokens left for ``total_rows`` rows in all
+        (None: only the planned ones) of which ``failed_rows`` failed before
+        they were planned."""
+        if not self.planned_rows:
+            return 0.0, 0.0
+        mean_prompt = self.planned_prompt_tokens / self.planned_rows
+        unplanned = max((total_rows or 0) - self.planned_rows - failed_rows, 0)
+        survival = self.survival()
+        top = len(survival) - 1
+        # tail[g]: the expected tokens past g of a row, times S(g) (sum of S(k) for g <= k < top)
+        tail = [0.0] * (top + 1)
+        for k in range(top - 1, -1, -1):
+            tail[k] = tail[k + 1] + survival[k]
+        cap = min(round(self.planned_max_tokens / self.planned_rows), top)
+        waiting = max(self.planned_rows - self.finished_rows - len(self.running), 0)
+        completion = (waiting + unplanned) * (tail[0] - tail[cap])
+        for g in self.running:
+            g = min(g, top)
+            completion += tail[g] / survival[g] if survival[g] > 0 else 0.0
+        prompt = max(self.planned_prompt_tokens - self.prefilled_tokens, 0) + unplanned * mean_prompt
+        return prompt, completion
+
+    def eta_s(self, total_rows: int | None, failed_rows: int = 0) -> float | None:
+        """Seconds left; None before any tokens were timed."""
+        costs = self.seconds_per_token()
+        if costs is None:
+            return None
+        prompt, completion = self.remaining_tokens(total_rows, failed_rows)
+        return costs[0] * prompt + costs[1] * completion
 
 
 class Progress:
-    """Tracks rows done and completion tokens; shows them as fits the stream.
+    """Tracks rows done and tokens generated; shows them as fits the stream.
 
     Args:
         total: expected rows (an estimate; None when unknown).
-        stream: where to show progress (stderr by default).
+        stream: where to show progress (the terminal's stderr by default, also
+            while the engine's log captures file descriptor 2).
         force_plain: plain lines even on a terminal.
         task: what is counted, shown before the rows (``generating``; the
             eval's perplexity pass shows ``perplexity``).
         tokens: which tokens the tokens/s counts (``completion``, or
             ``reference`` for the perplexity pass).
+        clock: seconds, monotonic (tests pass a fake one).
     """
 
     def __init__(
@@ -35,20 +204,25 @@ class Progress:
         force_plain: bool = False,
         task: str = "generating",
         tokens: str = "completion",
+        clock: Callable[[], float] = time.monotonic,
     ):
         self.total = total
         self.task, self.tokens = task, tokens
-        self.stream = stream or sys.stderr
+        self.stream = stream or terminal()
+        self.clock = clock
         self.done = 0
         self.failed = 0
         self.completion_tokens = 0
-        self._start = time.monotonic()
+        self._failed_unplanned = 0
+        self._start = clock()
+        self.work = WorkEstimate(self._start)
         self._last_line = self._start
+        self._interval = _plain_interval()
         self._bar: Any = None
         self._task: Any = None
         if not force_plain and self.stream.isatty():
             from rich.console import Console
-            from rich.progress import BarColumn, MofNCompleteColumn, TextColumn, TimeRemainingColumn
+            from rich.progress import BarColumn, MofNCompleteColumn, TextColumn
             from rich.progress import Progress as RichProgress
 
             self._bar = RichProgress(
@@ -56,41 +230,102 @@ class Progress:
                 BarColumn(),
                 MofNCompleteColumn(),
                 TextColumn("rows"),
-                TextColumn("{task.fields[tps]:.1f} tok/s"),
-                TimeRemainingColumn(),
+                TextColumn("{task.fields[tps]}"),
+                TextColumn("eta {task.fields[eta]}"),
                 console=Console(file=self.stream),
                 transient=False,
             )
-            self._task = self._bar.add_task("generate", total=total, tps=0.0)
+            self._task = self._bar.add_task("generate", total=total, tps="", eta="-:--:--")
             self._bar.start()
 
-    def tokens_per_s(self) -> float:
-        elapsed = time.monotonic() - self._start
-        return self.completion_tokens / elapsed if elapsed > 0 else 0.0
+    def elapsed(self) -> float:
+        return self.clock() - self._start
 
-    def update(self, done: int = 0, failed: int = 0, completion_tokens: int = 0) -> None:
+    def tokens_per_s(self) -> float:
+        """Tokens generated so far (finished rows or, once :meth:`tick` is
+        called, the engine's live count) per second since the start."""
+        elapsed = self.elapsed()
+        tokens = max(self.completion_tokens, self.work.generated_tokens)
+        return tokens / elapsed if elapsed > 0 else 0.0
+
+    def total_tokens_per_s(self) -> float | None:
+        """Prompt and completion tokens the engine processed per second since
+        the start (the report's ``total_tokens_per_s``); None without live
+        engine counts."""
+        elapsed = self.elapsed()
+        if not self.work.done or elapsed <= 0:
+            return None
+        return self.work.done / elapsed
+
+    def eta_s(self) -> float | None:
+        """Seconds left (see :class:`WorkEstimate`); None before
+        :data:`ETA_AFTER_S` seconds or before any tokens were timed. Without
+        live engine counts (no :meth:`tick`: the perplexity pass), rows left
+        over the rate of rows done."""
+        elapsed = self.elapsed()
+        if elapsed < ETA_AFTER_S or not self.total:
+            return None
+        if self.work.planned_rows:
+            return self.work.eta_s(self.total, self._failed_unplanned)
+        if self.done >= max(1, self.total // 20):  # rows finish in bursts: not from the first few
+            return max(self.total - self.done, 0) * elapsed / self.done
+        return None
+
+    def planned(self, prompt_tokens: int, max_tokens: int) -> None:
+        """A row was planned (see :meth:`WorkEstimate.plan`)."""
+        self.work.plan(prompt_tokens, max_tokens)
+
+    def update(self, done: int = 0, failed: int = 0, completion_tokens: int = 0, planned: bool = True) -> None:
+        """Rows ended: ``done`` completed with ``completion_tokens`` in all
+        (one row: its length, which the ETA learns from), ``failed`` failed;
+        ``planned``: they ended after they were planned (a row that fails
+        reading or planning is not)."""
         self.done += done + failed
         self.failed += failed
         self.completion_tokens += completion_tokens
+        if not planned:
+            self._failed_unplanned += failed
+        elif done == 1 and not failed:
+            self.work.finish(completion_tokens)
+        else:
+            for _ in range(done + failed):
+                self.work.finish(None)
+        self._show()
+
+    def tick(self, generated_tokens: int, prefilled_tokens: int, running: list[int]) -> None:
+        """The engine's live counts after a step (see :meth:`WorkEstimate.observe`)."""
+        self.work.observe(self.clock(), generated_tokens, prefilled_tokens, running)
+        self._show()
+
+    def _show(self) -> None:
         if self._bar is not None:
-            self._bar.update(self._task, completed=self.done, tps=self.tokens_per_s())
+            eta = self.eta_s()
+            self._bar.update(
+                self._task,
+                completed=self.done,
+                tps=self._rates(),
+                eta="-:--:--" if eta is None else dt.timedelta(seconds=round(eta)),
+            )
             return
-        now = time.monotonic()
-        if now - self._last_line >= PLAIN_INTERVAL_S:
+        now = self.clock()
+        if now - self._last_line >= self._interval:
             self._last_line = now
             self._plain_line()
+
+    def _rates(self) -> str:
+        total = self.total_tokens_per_s()
+        rates = "" if total is None else f"{total:.1f} tok/s, "
+        return rates + f"{self.tokens_per_s():.1f} {self.tokens} tok/s"
 
     def _plain_line(self) -> None:
         stamp = dt.datetime.now().isoformat(timespec="seconds")
         of = f"/{self.total}" if self.total else ""
         task = "" if self.task == "generating" else f"{self.task}: "
         line = f"{stamp} bulkinfer: {task}{self.done}{of} rows ({self.failed} failed)"
-        line += f", {self.tokens_per_s():.1f} {self.tokens} tok/s"
-        elapsed = time.monotonic() - self._start
-        # rows finish in bursts under continuous batching: no ETA from the first few
-        if self.total and self.done >= max(1, self.total // 20):
-            remaining = max(self.total - self.done, 0) * elapsed / self.done
-            line += f", eta {dt.timedelta(seconds=round(remaining))}"
+        line += f", {self._rates()}"
+        eta = self.eta_s()
+        if eta is not None:
+            line += f", eta {dt.timedelta(seconds=round(eta))}"
         print(line, file=self.stream, flush=True)
 
     def close(self) -> None:
@@ -102,3 +337,11 @@ class Progress:
             self._bar.stop()
         else:
             self._plain_line()
+
+
+def _plain_interval() -> float:
+    """Seconds between plain progress lines: ``BULKINFER_PROGRESS_INTERVAL_S``, else :data:`PLAIN_INTERVAL_S`."""
+    try:
+        return max(float(os.environ.get("BULKINFER_PROGRESS_INTERVAL_S", PLAIN_INTERVAL_S)), 0.1)
+    except ValueError:
+        return PLAIN_INTERVAL_S

@@ -26,6 +26,7 @@ import orjson
 from bulkinfer import writers
 from bulkinfer.config import Settings
 from bulkinfer.engine import Completion, Engine, configure_environment
+from bulkinfer.engine_log import EngineLog, terminal
 from bulkinfer.errors import (
     EXIT_OK,
     EXIT_PARTIAL,
@@ -213,14 +214,12 @@ def iter_windows(
 def write_run_html(report: dict[str, Any], path: Path) -> None:
     """The self-contained HTML report beside the output. A failure to draw it
     is reported on stderr and never fails the run (the JSON report has it all)."""
-    import sys
-
     try:
         from bulkinfer.html_report import run_sections, write_html
 
         write_html(f"bulkinfer: {report['input']}", run_sections(report), path)
     except Exception as exc:  # matplotlib missing, a font problem, ...
-        print(f"bulkinfer: warning: HTML report not written: {type(exc).__name__}: {exc}", file=sys.stderr)
+        print(f"bulkinfer: warning: HTML report not written: {type(exc).__name__}: {exc}", file=terminal())
 
 
 def load_tokenizer(model: str, trust_remote_code: bool = False) -> Any:
@@ -253,6 +252,10 @@ class _NoEngine:
     max_model_len = 0
     max_num_seqs = 1
     settings: dict[str, Any] = {}
+    generated_tokens = prefilled_tokens = 0
+
+    def running_lengths(self) -> list[int]:
+        return []
 
     def add(self, request_id: str, request: Request) -> Completion | None:
         raise AssertionError("an empty input has no requests")
@@ -275,6 +278,7 @@ def run(
     resume: bool = False,
     engine_factory: EngineFactory = vllm_engine,
     progress_plain: bool = False,
+    verbose: bool = False,
 ) -> RunResult:
     """Run every row of ``paths.input`` through the model; write the output,
     errors and report files. Returns the report and the exit code
@@ -285,6 +289,11 @@ def run(
     loads no model: it writes an empty output, errors and report files.
     A run that fails before any row finished leaves no journal or spool
     behind, so the next run (with or without ``--resume``) starts clean.
+
+    What the engine and its libraries print goes to ``OUT.log`` (appended to
+    on resume), unless ``verbose`` (see :mod:`bulkinfer.engine_log`); an
+    engine or model failure's message then ends with the engine's last
+    error line and the log's path.
 
     Raises:
         OutputExistsError: the output (or an interrupted run's partial output)
@@ -316,8 +325,15 @@ def run(
                 report = orjson.loads(paths.report.read_bytes()) if paths.report.exists() else {}
                 return RunResult({**report, "already_complete": True}, EXIT_OK)
             done = files.start(input_identity(paths.input), settings_fingerprint(settings), resume, overwrite)
+            resumed = bool(done.completed or done.failed)
             try:
-                report = _run_locked(paths, files, done, settings, reader, engine_factory, progress_plain, started)
+                with EngineLog(files.log, verbose, append=resumed) as log:
+                    try:
+                        report = _run_locked(
+                            paths, files, done, settings, reader, engine_factory, progress_plain, started
+                        )
+                    except (EngineError, ModelError) as exc:
+                        raise log.explain(exc) from exc
             except BaseException:
                 files.discard_if_nothing_done()
                 raise
@@ -427,10 +443,13 @@ class Generation:
         self.completion_lengths: Counter[int] = Counter()
         self.timeline: list[tuple[float, int]] = [(0.0, 0)]
         self._started = time.monotonic()
+        # the engine's live counts when this run started (an engine may be reused)
+        self._engine_base = (engine.generated_tokens, engine.prefilled_tokens)
 
-    def fail(self, error: RowError) -> None:
+    def fail(self, error: RowError, planned: bool = False) -> None:
+        """Record a failed row; ``planned``: it failed in the engine, after planning."""
         self.errors.write(writers.error_record(error))
-        self.progress.update(failed=1)
+        self.progress.update(failed=1, planned=planned)
 
     def _engine_error(self, request: Request, message: str) -> RowError:
         return RowError(request.line, request.id, "engine_error", message, request.openai_url is not None)
@@ -473,6 +492,8 @@ class Generation:
                 else:
                     planned, errors = self.planner.plan_window(window)
                     self.pending.extend(planned)
+                    for request in planned:
+                        self.progress.planned(len(request.prompt_token_ids or ()), request.max_tokens)
                     for error in errors:
                         self.fail(error)
                 self.seconds["plan"] += time.monotonic() - t
@@ -485,6 +506,7 @@ class Generation:
                     raise
                 continue  # the signal also reached the engine's processes
             self._collect(finished)
+            self._tick()
         self.seconds["generate"] = time.monotonic() - start
         t = time.monotonic()
         self._close()
@@ -496,7 +518,7 @@ class Generation:
         request_id = str(request.seq)
         rejected = self.engine.add(request_id, request)
         if rejected is not None:
-            self.fail(self._engine_error(request, rejected.error or "rejected by the engine"))
+            self.fail(self._engine_error(request, rejected.error or "rejected by the engine"), planned=True)
         else:
             self.in_flight[request_id] = request
 
@@ -505,7 +527,7 @@ class Generation:
         for completion in finished:
             request = self.in_flight.pop(completion.request_id)
             if completion.error is not None:
-                self.fail(self._engine_error(request, completion.error))
+                self.fail(self._engine_error(request, completion.error), planned=True)
                 continue
             self.spool.write(writers.output_record(request, completion, self.model_name))
             self.prompt_tokens += completion.prompt_tokens
@@ -515,10 +537,17 @@ class Generation:
         if finished:
             self.spool.flush()
             self.errors.flush()
-            elapsed = time.monotonic() - self._started
-            if not self.timeline or elapsed - self.timeline[-1][0] >= 1.0:
-                self.timeline.append((round(elapsed, 2), self.completion_tokens))
         self.seconds["write"] += time.monotonic() - t
+
+    def _tick(self) -> None:
+        """After an engine step: the engine's live token counts to the
+        progress display, and to the timeline (at most one point a second)."""
+        generated = self.engine.generated_tokens - self._engine_base[0]
+        prefilled = self.engine.prefilled_tokens - self._engine_base[1]
+        self.progress.tick(generated, prefilled, self.engine.running_lengths())
+        elapsed = time.monotonic() - self._started
+        if elapsed - self.timeline[-1][0] >= 1.0:
+            self.timeline.append((round(elapsed, 2), max(generated, self.completion_tokens)))
 
     def _close(self, failed: bool = False) -> None:
         """Close the progress display and the spools; after a failure

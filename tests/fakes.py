@@ -37,6 +37,7 @@ class FakeEngine:
         self.steps = 0
         self.max_queued = 0
         self.closed = False
+        self.generated_tokens = self.prefilled_tokens = 0
 
     def add(self, request_id: str, request: Request) -> Completion | None:
         assert request.prompt_token_ids
@@ -65,10 +66,15 @@ class FakeEngine:
                 done.append(Completion(rid, "", "length", n, 0, nll=NLL_PER_TOKEN * scored, scored_tokens=scored))
             else:
                 done.append(Completion(rid, f"echo {req.id}", "stop", n, 1))
+        self.generated_tokens += sum(c.completion_tokens for c in done)
+        self.prefilled_tokens += sum(c.prompt_tokens for c in done)
         return done
 
     def has_unfinished(self) -> bool:
         return bool(self.queue)
+
+    def running_lengths(self) -> list[int]:
+        return []
 
     def close(self) -> None:
         self.closed = True

@@ -1,16 +1,24 @@
-"""The CLI stays thin: --help imports neither vLLM nor torch, and errors map to exit codes."""
+"""The CLI stays thin: --help imports neither vLLM nor torch and fits 80 columns; errors map to exit codes."""
 
 from __future__ import annotations
 
+import re
 import subprocess
 import sys
+from collections.abc import Mapping
 from pathlib import Path
+from typing import Any
 
+import pytest
+import typer
 from typer.testing import CliRunner
 
 from bulkinfer.cli import app
+from bulkinfer.config import Settings
+from bulkinfer.errors import ConfigError
 
 runner = CliRunner()
+COMMANDS = typer.main.get_group(app).commands  # the click commands typer builds, by name
 
 
 def test_help_imports_no_engine() -> None:
@@ -40,6 +48,80 @@ def test_run_help_lists_exit_codes() -> None:
         "128+N",
     ):
         assert word in result.output
+
+
+@pytest.mark.parametrize("name", sorted(COMMANDS))
+def test_help_at_80_columns_shows_every_option_whole(name: str) -> None:
+    # CliRunner with COLUMNS=80 prints what `COLUMNS=80 bulkinfer NAME --help` does.
+    result = runner.invoke(app, [name, "--help"], env={"COLUMNS": "80"})
+    assert result.exit_code == 0, result.output
+    command = COMMANDS[name]
+    params = command.get_params(typer.Context(command))  # with --help
+    names = [opt for p in params if p.param_type_name == "option" for opt in p.opts + p.secondary_opts]
+    assert "--help" in names
+    for opt in names:
+        assert re.search(rf"(?<![\w-]){re.escape(opt)}(?![\w-])", result.output), f"{opt} cut in:\n{result.output}"
+    assert "…" not in result.output, result.output  # rich cut a word (an option name or a help word)
+    assert max(len(line) for line in result.output.splitlines()) <= 80
+
+
+@pytest.mark.parametrize("name", sorted(COMMANDS))
+def test_every_option_and_argument_has_help(name: str) -> None:
+    for param in COMMANDS[name].params:
+        assert getattr(param, "help", None), f"bulkinfer {name} {param.opts[0]} has no help"
+
+
+def _settings_of(args: list[str], monkeypatch: pytest.MonkeyPatch) -> Settings:
+    """The settings a command builds from ``args``; the command stops right after."""
+    import bulkinfer.config
+
+    built: list[Settings] = []
+    load_settings = bulkinfer.config.load_settings
+
+    def load_and_stop(config_path: Path | None, overrides: Mapping[str, Any] | None) -> Settings:
+        built.append(load_settings(config_path, overrides))
+        raise ConfigError("stopped after the settings")
+
+    monkeypatch.setattr(bulkinfer.config, "load_settings", load_and_stop)
+    result = runner.invoke(app, args)
+    assert (result.exit_code, len(built)) == (2, 1), result.output
+    return built[0]
+
+
+@pytest.mark.parametrize("command", ["run", "eval", "plan"])
+@pytest.mark.parametrize(
+    ("flags", "expected"), [([], "auto"), (["--apply-chat-template"], True), (["--raw-prompts"], False)]
+)
+def test_chat_template_flags_reach_the_setting(
+    command: str, flags: list[str], expected: object, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    settings = _settings_of([command, str(tmp_path / "in.jsonl"), *flags], monkeypatch)
+    assert settings.apply_chat_template == expected
+
+
+@pytest.mark.parametrize(
+    ("flags", "expected"), [([], None), (["--enforce-eager"], True), (["--no-enforce-eager"], False)]
+)
+def test_enforce_eager_flags_reach_the_setting(
+    flags: list[str], expected: bool | None, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    settings = _settings_of(["run", str(tmp_path / "in.jsonl"), *flags], monkeypatch)
+    assert settings.engine.enforce_eager is expected
+
+
+@pytest.mark.parametrize(
+    "args",
+    [
+        ["run", "in.jsonl", "--enforce-eager", "--no-enforce-eager"],
+        ["run", "in.jsonl", "--raw-prompts", "--apply-chat-template"],
+        ["eval", "g.jsonl", "--apply-chat-template", "--raw-prompts"],
+        ["plan", "in.jsonl", "--raw-prompts", "--apply-chat-template"],
+    ],
+)
+def test_a_flag_and_its_negation_together_exit_2(args: list[str]) -> None:
+    result = runner.invoke(app, args)
+    assert result.exit_code == 2
+    assert "not both" in result.output
 
 
 def test_missing_input_exits_4(tmp_path: Path) -> None:
@@ -83,11 +165,12 @@ def test_eval_bad_fail_under_exits_2(tmp_path: Path) -> None:
 def test_every_override_option_reaches_its_setting() -> None:
     import inspect
 
-    from bulkinfer.cli import OVERRIDES, _overrides, run
+    from bulkinfer.cli import NEGATIONS, OVERRIDES, _overrides, run
     from bulkinfer.config import load_settings
 
     # Every mapped option is an option of `run`, and every target is a real setting.
-    assert set(OVERRIDES) <= set(inspect.signature(run).parameters)
+    assert set(OVERRIDES) | set(NEGATIONS) <= set(inspect.signature(run).parameters)
+    assert set(NEGATIONS.values()) <= set(OVERRIDES)
     values = {
         "model": "/m",
         "apply_chat_template": True,

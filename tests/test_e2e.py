@@ -76,6 +76,22 @@ def test_run_partial_exit_and_files(mixed: dict[str, Any]) -> None:
     assert not list(out.parent.glob(".*partial*")), "spool files left behind"
 
 
+NOISE = ("INFO", "WARNING", "Triton", "FutureWarning", "resource_tracker", "Loading", "%|")
+
+
+def test_the_terminal_holds_only_bulkinfers_lines(mixed: dict[str, Any]) -> None:
+    """The engine's log (vLLM, torch, transformers, gguf) goes to OUT.log."""
+    proc = mixed["proc"]
+    lines = [line for line in proc.stderr.splitlines() if line.strip()]
+    assert lines
+    for line in lines:
+        assert "bulkinfer: " in line, line
+        assert not any(word in line for word in NOISE), line
+    assert not any(word in proc.stdout for word in NOISE), proc.stdout
+    log = (mixed["out"].parent / "out.log").read_text()
+    assert "INFO" in log and "vllm" in log.lower(), log[-2000:]
+
+
 def test_capital_of_france_is_paris(mixed: dict[str, Any]) -> None:
     outputs = {r["id"]: r for r in read_jsonl(mixed["out"])}
     answer = outputs["capital-france"]["completion"]

@@ -22,7 +22,7 @@ import psutil
 import pytest
 
 from bulkinfer.config import SamplingDefaults
-from bulkinfer.engine import VllmEngine, _Stepper, check_sampling_defaults
+from bulkinfer.engine import VllmEngine, _Outputs, _Stepper, check_sampling_defaults
 from bulkinfer.errors import ConfigError, EngineError
 
 
@@ -36,7 +36,7 @@ def stand_in_engine(step: Any, process: subprocess.Popen[bytes], stall_timeout_s
     engine._names = {process.pid: "VLLM::EngineCore"}
     engine._stall_timeout_s = stall_timeout_s
     engine._buffered = []
-    engine._score_from = {}
+    engine._outputs = _Outputs()
     return engine
 
 

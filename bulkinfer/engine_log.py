@@ -1,0 +1,117 @@
+"""The engine's log: what vLLM, torch, transformers and gguf print goes to a
+file beside the output (``OUT.log``), and the terminal keeps bulkinfer's own
+lines (progress, summary, warnings, errors).
+
+The capture is at the file-descriptor level: file descriptors 1 and 2 point
+at the log while :class:`EngineLog` is active, so the engine's processes
+(which inherit them), C extensions, Python ``logging`` handlers, warnings and
+progress bars all land there; bulkinfer writes to :func:`terminal`, a stream
+on the original standard error. vLLM logs at ``INFO`` there
+(``VLLM_LOGGING_LEVEL``, which a user's environment overrides).
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import sys
+from pathlib import Path
+from typing import IO
+
+from bulkinfer.errors import BulkinferError
+
+# Where bulkinfer's own lines go while a capture is active (None: sys.stderr).
+_terminal: IO[str] | None = None
+# The last line of a Python traceback: "SomeError: message" (vLLM prefixes its
+# worker processes' lines with "(EngineCore pid=N) ").
+_EXCEPTION_LINE = re.compile(r"^(?:\([^)]*\) )?(?:[\w.]+\.)?\w*(?:Error|Exception|Exit)\b:? .*")
+# How much of the log's end is searched for the engine's last error (bytes).
+TAIL_BYTES = 64 * 1024
+
+
+def terminal() -> IO[str]:
+    """The stream for bulkinfer's own lines: the real standard error, also
+    while an :class:`EngineLog` captures file descriptor 2."""
+    return _terminal or sys.stderr
+
+
+class EngineLog:
+    """Sends file descriptors 1 and 2 to ``path`` for the ``with`` block.
+
+    Args:
+        path: the log file; created, or appended to with ``append``
+            (a resumed run keeps the interrupted run's log), else truncated.
+        verbose: capture nothing: the engine's log stays on the terminal.
+
+    A capture inside an active one does nothing (``eval`` runs ``run``).
+    """
+
+    def __init__(self, path: Path, verbose: bool = False, append: bool = False):
+        self.path = path
+        self.active = False  # file descriptors 1 and 2 point at the log now
+        self.captured = False  # they did during this block
+        self._verbose, self._append = verbose, append
+        self._saved: tuple[int, int] | None = None
+        self._start = 0
+
+    def __enter__(self) -> EngineLog:
+        global _terminal
+        if self._verbose or _terminal is not None:
+            return self
+        flags = os.O_WRONLY | os.O_CREAT | (os.O_APPEND if self._append else os.O_TRUNC)
+        fd = os.open(self.path, flags, 0o644)
+        self._start = os.fstat(fd).st_size if self._append else 0
+        _flush_std()
+        self._saved = (os.dup(1), os.dup(2))
+        os.dup2(fd, 1)
+        os.dup2(fd, 2)
+        os.close(fd)
+        _terminal = os.fdopen(os.dup(self._saved[1]), "w", buffering=1, encoding="utf-8", errors="replace")
+        self.active = self.captured = True
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        global _terminal
+        if not self.active or self._saved is None:
+            return
+        _flush_std()
+        assert _terminal is not None
+        _terminal.close()
+        _terminal = None
+        out, err = self._saved
+        os.dup2(out, 1)
+        os.dup2(err, 2)
+        os.close(out)
+        os.close(err)
+        self._saved = None
+        self.active = False
+
+    def last_error(self) -> str | None:
+        """The last exception line (``SomeError: message``) this capture
+        wrote to the log, if any: the engine's own account of a failure."""
+        if not self.path.exists():
+            return None
+        with open(self.path, "rb") as f:
+            end = f.seek(0, os.SEEK_END)
+            f.seek(max(self._start, end - TAIL_BYTES))
+            text = f.read().decode("utf-8", "replace")
+        found = [line.strip() for line in text.splitlines() if _EXCEPTION_LINE.match(line.strip())]
+        return found[-1] if found else None
+
+    def explain(self, exc: BulkinferError) -> BulkinferError:
+        """``exc`` of the same type with the engine's last error and the
+        log's path added to its message (when this capture was active)."""
+        if not self.captured:
+            return exc
+        detail = self.last_error()
+        extra = f"\n  the engine's log says: {detail}" if detail and detail not in str(exc) else ""
+        extra += f"\n  engine log: {self.path}"
+        return type(exc)(f"{exc}{extra}")
+
+
+def _flush_std() -> None:
+    for stream in (sys.stdout, sys.stderr):
+        try:
+            stream.flush()
+        except (OSError, ValueError):
+            pass

@@ -1,0 +1,75 @@
+"""The engine's log: file descriptors 1 and 2 (the engine's processes, C
+code, logging, warnings) go to OUT.log; bulkinfer's own lines reach the terminal."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from bulkinfer.engine_log import EngineLog
+from bulkinfer.errors import EngineError
+
+SCRIPT = """
+import os, subprocess, sys, warnings
+from pathlib import Path
+from bulkinfer.engine_log import EngineLog, terminal
+with EngineLog(Path(sys.argv[1])) as log:
+    assert log.active
+    os.write(1, b"fd one\\n")
+    os.write(2, b"fd two\\n")
+    child = "import sys; print('child stdout'); print('child stderr', file=sys.stderr)"
+    subprocess.run([sys.executable, "-c", child], check=True)
+    warnings.warn("a library's warning", FutureWarning, stacklevel=1)
+    print("print to stdout")
+    print("bulkinfer: my own line", file=terminal())
+print("after", file=sys.stderr)
+"""
+
+
+def test_file_descriptors_and_child_processes_go_to_the_log(tmp_path: Path) -> None:
+    path = tmp_path / "out.log"
+    proc = subprocess.run([sys.executable, "-c", SCRIPT, str(path)], capture_output=True, text=True, check=True)
+    text = path.read_text()
+    for expected in ("fd one", "fd two", "child stdout", "child stderr", "FutureWarning", "print to stdout"):
+        assert expected in text
+    assert "my own line" not in text and "after" not in text
+    assert proc.stderr.splitlines() == ["bulkinfer: my own line", "after"]
+    assert proc.stdout == ""
+
+
+def test_verbose_and_nested_captures_do_nothing(tmp_path: Path, capfd: pytest.CaptureFixture[str]) -> None:
+    with EngineLog(tmp_path / "v.log", verbose=True) as log:
+        os.write(2, b"live\n")
+    assert not log.active and not (tmp_path / "v.log").exists()
+    assert "live" in capfd.readouterr().err
+    with EngineLog(tmp_path / "outer.log"):
+        with EngineLog(tmp_path / "inner.log") as inner:
+            os.write(2, b"nested\n")
+        assert not inner.active
+    assert "nested" in (tmp_path / "outer.log").read_text()
+    assert not (tmp_path / "inner.log").exists()
+
+
+def test_an_engine_failure_quotes_the_logs_last_error(tmp_path: Path) -> None:
+    path = tmp_path / "out.log"
+    path.write_text("ValueError: from an earlier run\n")
+    with EngineLog(path, append=True) as log:
+        os.write(2, b"Traceback (most recent call last):\n  File 'x', line 1\n")
+        os.write(2, b"(EngineCore pid=42) RuntimeError: CPU out of memory\nINFO shutting down\n")
+    error = log.explain(EngineError("the vLLM engine process VLLM::EngineCore (pid 42) exited with code 1"))
+    assert isinstance(error, EngineError)
+    assert "the engine's log says: (EngineCore pid=42) RuntimeError: CPU out of memory" in str(error)
+    assert f"engine log: {path}" in str(error)
+    assert "from an earlier run" not in str(error)
+
+
+def test_a_fresh_log_replaces_the_last_runs(tmp_path: Path) -> None:
+    path = tmp_path / "out.log"
+    path.write_text("old run\n")
+    with EngineLog(path):
+        os.write(2, b"new run\n")
+    assert path.read_text() == "new run\n"

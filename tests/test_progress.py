@@ -1,0 +1,188 @@
+"""The progress line's estimates: tokens/s from the engine's live counts and
+an ETA from the work left (prompt and completion tokens), checked against a
+simulated continuous-batching engine on a fake clock."""
+
+from __future__ import annotations
+
+import io
+import random
+from dataclasses import dataclass, field
+
+import pytest
+
+from bulkinfer.progress import Progress, WorkEstimate
+
+PROMPT_S, COMPLETION_S, STEP_S = 0.001, 0.0025, 0.005  # the simulated engine's costs (ratio as measured on CPU)
+BUDGET = 2048  # tokens per step, prompt and completion (vLLM's max_num_batched_tokens)
+
+
+class Clock:
+    def __init__(self) -> None:
+        self.now = 0.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+@dataclass
+class Simulation:
+    """``slots`` requests decode together; a step costs STEP_S plus PROMPT_S per
+    prompt token it prefills and COMPLETION_S per token it decodes, within a
+    budget of BUDGET tokens (a new row's prompt is prefilled whole, in one
+    step). Rows are (prompt tokens, completion length) in feed order."""
+
+    rows: list[tuple[int, int]]
+    slots: int
+    max_tokens: int
+    clock: Clock = field(default_factory=Clock)
+    etas: list[tuple[float, float | None]] = field(default_factory=list)  # (time, eta)
+
+    def run(self, progress: Progress) -> float:
+        for prompt, _ in self.rows:
+            progress.planned(prompt, self.max_tokens)
+        waiting = list(self.rows)
+        running: list[list[int]] = []  # [tokens so far, length]
+        generated = prefilled = 0
+        while waiting or running:
+            cost = STEP_S
+            for row in running:
+                row[0] += 1
+                generated += 1
+                cost += COMPLETION_S
+            budget = BUDGET - len(running)
+            while waiting and len(running) < self.slots and waiting[0][0] <= budget:
+                prompt, length = waiting.pop(0)
+                budget -= prompt
+                running.append([1, length])  # the prefill step yields the first token
+                prefilled += prompt
+                generated += 1
+                cost += PROMPT_S * prompt
+            self.clock.now += cost
+            for row in [r for r in running if r[0] >= r[1]]:
+                running.remove(row)
+                progress.update(done=1, completion_tokens=row[1])
+            progress.tick(generated, prefilled, [r[0] for r in running])
+            self.etas.append((self.clock.now, progress.eta_s()))
+        return self.clock.now
+
+    def errors_at(self, fractions: tuple[float, ...]) -> list[float]:
+        """eta / real time left - 1 at each fraction of the run's time."""
+        end = self.clock.now
+        out = []
+        for fraction in fractions:
+            t, eta = min(self.etas, key=lambda x: abs(x[0] - fraction * end))
+            assert eta is not None
+            out.append(eta / (end - t) - 1)
+        return out
+
+
+def mixed_rows(n: int, max_tokens: int, seed: int = 0) -> list[tuple[int, int]]:
+    """Short answers (5-30 tokens) and long ones (most cut at max_tokens), prompts 10-400 tokens, longest first."""
+    rng = random.Random(seed)
+    rows = [
+        (rng.randint(10, 400), rng.randint(5, 30) if rng.random() < 0.6 else min(rng.randint(100, 400), max_tokens))
+        for _ in range(n)
+    ]
+    return sorted(rows, reverse=True)
+
+
+@pytest.mark.parametrize(
+    ("rows", "slots"),
+    [
+        (mixed_rows(1000, 256), 64),  # many more rows than slots: a steady stream
+        ([(300, 128)] * 200, 64),  # every completion runs to max_tokens
+    ],
+)
+def test_eta_from_the_work_left_is_close_from_10_percent_on(rows: list[tuple[int, int]], slots: int) -> None:
+    max_tokens = max(length for _, length in rows)
+    sim = Simulation(rows, slots, max_tokens)
+    progress = Progress(len(rows), stream=io.StringIO(), force_plain=True, clock=sim.clock)
+    sim.run(progress)
+    errors = sim.errors_at((0.10, 0.25, 0.50, 0.75))
+    assert all(abs(e) <= 0.35 for e in errors), errors
+
+
+def test_eta_before_any_row_ended_assumes_max_tokens_then_comes_close() -> None:
+    """Every row at once, 60% of them short: until rows end, nothing tells
+    their lengths and the ETA assumes max_tokens (too long, never too short);
+    from half-way it is within 35%."""
+    rows = mixed_rows(300, 128, seed=1)
+    sim = Simulation(rows, 256, 128)
+    progress = Progress(len(rows), stream=io.StringIO(), force_plain=True, clock=sim.clock)
+    sim.run(progress)
+    early = sim.errors_at((0.10, 0.25))
+    assert all(0 < e <= 1.0 for e in early), early
+    late = sim.errors_at((0.50, 0.75))
+    assert all(abs(e) <= 0.35 for e in late), late
+
+
+def test_rows_left_over_rows_done_would_be_far_off() -> None:
+    """The estimate the progress line used to print (rows left x time per row
+    done) on the all-at-once case: the reason for the work-based one."""
+    rows = mixed_rows(300, 128, seed=1)
+    sim = Simulation(rows, 256, 128)
+    progress = Progress(len(rows), stream=io.StringIO(), force_plain=True, clock=sim.clock)
+    done_at: list[tuple[float, int]] = []
+    real_update = progress.update
+
+    def update(**kwargs: int) -> None:
+        real_update(**kwargs)
+        done_at.append((sim.clock.now, progress.done))
+
+    progress.update = update  # type: ignore[method-assign]
+    end = sim.run(progress)
+    t, done = min(done_at, key=lambda x: abs(x[0] - 0.25 * end))
+    by_rows = (len(rows) - done) * t / done
+    assert abs(by_rows / (end - t) - 1) > 0.5
+
+
+def test_tokens_per_s_counts_unfinished_rows() -> None:
+    clock = Clock()
+    progress = Progress(10, stream=io.StringIO(), force_plain=True, clock=clock)
+    progress.planned(20, 100)
+    clock.now = 4.0
+    progress.tick(200, 20, [200])  # nothing finished yet: 200 tokens in 4 s
+    assert progress.tokens_per_s() == pytest.approx(50.0)
+    assert progress.done == 0
+
+
+def test_survival_is_kaplan_meier_with_running_rows_censored(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr("bulkinfer.progress.MIN_AT_RISK", 1)
+    work = WorkEstimate()
+    work.plan(10, 4)
+    for length in (1, 2):
+        work.finish(length)
+    work.observe(0.0, 3 + 3, 20, [2])  # one row still running with 2 tokens: longer than 2
+    # k=1: 3 at risk, 1 ended -> 2/3; k=2: 2 at risk (one censored after k=2), 1 ended -> 1/3;
+    # past the longest length seen (2) the one left runs to max_tokens (4)
+    assert work.survival() == pytest.approx([1.0, 2 / 3, 1 / 3, 1 / 3, 0.0])
+
+
+def test_plain_lines_show_eta_and_tokens(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("BULKINFER_PROGRESS_INTERVAL_S", "1")
+    stream = io.StringIO()
+    rows = [(100, 50)] * 40
+    sim = Simulation(rows, 8, 50)
+    progress = Progress(len(rows), stream=stream, force_plain=True, clock=sim.clock)
+    sim.run(progress)
+    progress.close()
+    lines = stream.getvalue().splitlines()
+    assert any(", eta 0:00:" in line for line in lines), lines
+    assert lines[-1].split("bulkinfer: ")[1].startswith("40/40 rows (0 failed), ")
+
+
+def test_lengths_too_few_rows_reach_count_as_max_tokens() -> None:
+    """Where fewer than MIN_AT_RISK rows are known to reach a length, one more
+    row ending there would swing the estimate: the rows left are taken to run
+    to max_tokens from there on."""
+    work = WorkEstimate()
+    work.plan(10, 100)
+    for _ in range(30):
+        work.finish(5)
+    for _ in range(10):
+        work.finish(50)
+    work.observe(0.0, 30 * 5 + 10 * 50, 400, [])
+    survival = work.survival()
+    assert survival[5] == pytest.approx(10 / 40)
+    assert survival[6:100] == [survival[5]] * 94  # 10 rows reach past 5: below MIN_AT_RISK (20)
+    assert survival[100] == 0.0
