@@ -281,7 +281,9 @@ class VllmEngine:
 
     Generation requests stream their tokens (vLLM's ``RequestOutputKind.DELTA``),
     so :attr:`generated_tokens` counts work as it happens, not only when a
-    request finishes (see :class:`_Outputs`).
+    request finishes (see :class:`_Outputs`). With ``stream_tokens`` set to
+    False, requests added from then on return once, finished (``FINAL_ONLY``:
+    the baseline of ``bench/stream_overhead.py``).
 
     Args:
         model: a model directory or hub id, as vLLM takes it.
@@ -309,6 +311,7 @@ class VllmEngine:
         self._sampling_params = SamplingParams
         self._final_only = RequestOutputKind.FINAL_ONLY
         self._delta = RequestOutputKind.DELTA
+        self.stream_tokens = True
         self._stall_timeout_s = stall_timeout_s
         device = detect_device()
         args = resolve_engine_args(str(model), settings, device, mem_available=available_memory_bytes())
@@ -333,6 +336,11 @@ class VllmEngine:
             if p.pid != watchdog_pid and "resource_tracker" not in " ".join(_cmdline(p))
         ]
         self._names = {p.pid: _name(p) for p in self._processes}
+        # vLLM's multiprocessing handles of its engine core processes, kept here:
+        # vLLM may drop its own once it sees the engine die
+        resources = getattr(getattr(self._engine, "engine_core", None), "resources", None)
+        manager_processes = getattr(getattr(resources, "engine_manager", None), "processes", None) or ()
+        self._core_processes = {proc.pid: proc for proc in manager_processes if getattr(proc, "pid", None)}
         self._stepper = _Stepper(self._engine.step)
         self._buffered: list[Completion] = []
         self._closed = False
@@ -370,7 +378,8 @@ class VllmEngine:
         if self._stepper.running_since is not None:  # never send while a step is in flight
             self._buffered.extend(self._wait_step(None))
         try:
-            kind = self._final_only if request.score_from is not None else self._delta
+            streamed = self.stream_tokens and request.score_from is None
+            kind = self._delta if streamed else self._final_only
             params = sampling_params(request, self._sampling_params, kind)
             self._engine.add_request(request_id, self._tokens_input(request.prompt_token_ids), params)
         except Exception as exc:
@@ -458,12 +467,15 @@ class VllmEngine:
             )
 
     def _exit_code(self, pid: int) -> int | None:
-        """The exit code of an engine core process vLLM started (negative: a signal), if known."""
-        resources = getattr(getattr(self._engine, "engine_core", None), "resources", None)
-        for proc in getattr(getattr(resources, "engine_manager", None), "processes", None) or ():
-            if getattr(proc, "pid", None) == pid:
-                code = proc.exitcode
+        """The exit code of an engine core process vLLM started (negative: a
+        signal), waiting up to a second for it to be known; None for another process."""
+        proc = self._core_processes.get(pid)
+        deadline = time.monotonic() + 1.0
+        while proc is not None:
+            code = proc.exitcode  # multiprocessing reaps the process here
+            if isinstance(code, int) or time.monotonic() >= deadline:
                 return code if isinstance(code, int) else None
+            time.sleep(0.05)
         return None
 
     def has_unfinished(self) -> bool:

@@ -62,7 +62,11 @@ class EngineLog:
         fd = os.open(self.path, flags, 0o644)
         self._start = os.fstat(fd).st_size if self._append else 0
         _flush_std()
-        self._saved = (os.dup(1), os.dup(2))
+        try:
+            self._saved = (os.dup(1), os.dup(2))
+        except OSError:  # standard output or error closed (a daemon): nothing to keep apart
+            os.close(fd)
+            return self
         os.dup2(fd, 1)
         os.dup2(fd, 2)
         os.close(fd)

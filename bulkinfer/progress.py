@@ -30,8 +30,9 @@ PLAIN_INTERVAL_S = 10.0
 ETA_AFTER_S = 2.0
 # The time model (WorkEstimate): intervals of at least SAMPLE_S seconds, weighed
 # down by half every HALF_LIFE_S seconds; before prompt and completion tokens were
-# timed apart, a completion token costs PRIOR_RATIO prompt tokens (CPU, SmolLM2-135M:
-# about 2.5, bench/results/eta.json), a pull as strong as PRIOR_WEIGHT of the data.
+# timed apart, a completion token costs PRIOR_RATIO prompt tokens (fitted on the runs of
+# bench/results/eta.json, CPU, SmolLM2-135M: 2.0 to 2.7), a pull as strong as PRIOR_WEIGHT
+# of the data.
 SAMPLE_S = 1.0
 HALF_LIFE_S = 30.0
 PRIOR_RATIO = 2.5
@@ -48,16 +49,17 @@ class WorkEstimate:
     observations gives ``dt = a * prompt_tokens + b * completion_tokens``
     (the tokens processed in it); ``a`` and ``b`` (seconds per token) are the
     least-squares fit over the intervals so far, each weighted down with age
-    (half-life :data:`HALF_LIFE_S` s, so a slower tail is seen), with a weak
-    pull towards ``b = PRIOR_RATIO * a`` for the time before both kinds of
-    token were seen apart. A completion token costs more than a prompt token:
+    (half-life :data:`HALF_LIFE_S` s, so a slower tail is seen), with a pull
+    towards ``b = PRIOR_RATIO * a`` that matters while the two kinds of
+    token have not been seen apart. A completion token costs more than a prompt token:
     it is decoded alone and goes through the LM head and the sampler.
 
     Completion length: the Kaplan-Meier estimate of the distribution of
     completion lengths (each capped at its ``max_tokens``): finished rows are
     observed lengths, rows still running are censored at the tokens they
-    have. Past the longest length observed, a row still running is assumed to
-    run to ``max_tokens``. A row that has ``g`` tokens is expected to add
+    have. Past the longest length observed, or where fewer than
+    :data:`MIN_AT_RISK` rows are known to reach a length, the rows left are
+    assumed to run to ``max_tokens``: before rows end, the ETA errs long. A row that has ``g`` tokens is expected to add
     ``sum(S(k) for k >= g) / S(g)`` more, ``S(k)`` being the share of rows
     longer than ``k`` tokens. Rows not yet planned (the input is planned window
     by window) are assumed like the planned ones on average.
@@ -218,6 +220,7 @@ class Progress:
         self.work = WorkEstimate(self._start)
         self._last_line = self._start
         self._interval = _plain_interval()
+        self._eta: tuple[float, float | None] = (-1.0, None)  # (when, value): computed at most once a second
         self._bar: Any = None
         self._task: Any = None
         if not force_plain and self.stream.isatty():
@@ -258,10 +261,16 @@ class Progress:
         return self.work.done / elapsed
 
     def eta_s(self) -> float | None:
-        """Seconds left (see :class:`WorkEstimate`); None before
-        :data:`ETA_AFTER_S` seconds or before any tokens were timed. Without
-        live engine counts (no :meth:`tick`: the perplexity pass), rows left
-        over the rate of rows done."""
+        """Seconds left (see :class:`WorkEstimate`; recomputed at most once a
+        second); None before :data:`ETA_AFTER_S` seconds or before any tokens
+        were timed. Without live engine counts (no :meth:`tick`: the
+        perplexity pass), rows left over the rate of rows done."""
+        now = self.clock()
+        if now - self._eta[0] >= 1.0:
+            self._eta = (now, self._compute_eta())
+        return self._eta[1]
+
+    def _compute_eta(self) -> float | None:
         elapsed = self.elapsed()
         if elapsed < ETA_AFTER_S or not self.total:
             return None
@@ -333,6 +342,7 @@ class Progress:
         if getattr(self, "_closed", False):
             return
         self._closed = True
+        self._eta = (-1.0, None)  # the last line's ETA is of now
         if self._bar is not None:
             self._bar.stop()
         else:

@@ -34,6 +34,7 @@ def stand_in_engine(step: Any, process: subprocess.Popen[bytes], stall_timeout_s
     engine._stepper = _Stepper(step)
     engine._processes = [psutil.Process(process.pid)]
     engine._names = {process.pid: "VLLM::EngineCore"}
+    engine._core_processes = {}
     engine._stall_timeout_s = stall_timeout_s
     engine._buffered = []
     engine._outputs = _Outputs()
@@ -172,3 +173,24 @@ def test_the_watchdog_stands_down_when_told_done() -> None:
     finally:
         sleeper.kill()
         sleeper.wait()
+
+
+def test_streamed_outputs_are_joined_and_every_token_counted() -> None:
+    """vLLM's own RequestOutput / CompletionOutput records, as DELTA steps
+    return them: each holds only the new text and token ids."""
+    from vllm.outputs import CompletionOutput, RequestOutput
+
+    def delta(request_id: str, text: str, token_ids: list[int], finish_reason: str | None = None) -> Any:
+        choice = CompletionOutput(0, text, token_ids, None, None, finish_reason=finish_reason)
+        return RequestOutput(request_id, None, [1, 2, 3], None, [choice], finished=finish_reason is not None)
+
+    outputs = _Outputs()
+    assert outputs.completions([delta("a", "The capital", [10, 11]), delta("b", "Hi", [20])]) == []
+    assert (outputs.generated_tokens, outputs.prefilled_tokens) == (3, 6)
+    assert sorted(outputs.token_counts.values()) == [1, 2]
+    done = outputs.completions([delta("a", " is Paris.", [12, 13, 14], "stop"), delta("b", "!", [21])])
+    assert [(c.request_id, c.text, c.finish_reason, c.prompt_tokens, c.completion_tokens) for c in done] == [
+        ("a", "The capital is Paris.", "stop", 3, 5)
+    ]
+    assert (outputs.generated_tokens, outputs.prefilled_tokens) == (7, 6)  # a prompt counts once
+    assert list(outputs.token_counts.values()) == [2]
