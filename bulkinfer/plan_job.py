@@ -270,7 +270,7 @@ def calibrate(settings: Settings, engine_factory: Any = None, verbose: bool = Fa
         log_path.parent.mkdir(parents=True, exist_ok=True)
         with EngineLog(log_path, verbose) as log:
             try:
-                report = run(paths, fixed, engine_factory=engine_factory or vllm_engine).report
+                report = run(paths, fixed, engine_factory=engine_factory or vllm_engine, verbose=verbose).report
             except (EngineError, ModelError) as exc:
                 raise log.explain(exc) from exc
     return dict(load_calibrations()[report["model_path"]])
