@@ -146,8 +146,7 @@ class WorkEstimate:
                 out.append(s if k < top else 0.0)
                 continue
             ended = self.lengths.get(k, 0)
-            if at_risk > 0:
-                s *= 1 - ended / at_risk
+            s *= 1 - ended / at_risk  # at_risk >= MIN_AT_RISK >= 1 here
             out.append(s)
             at_risk -= ended + censored.get(k, 0)
         return out
