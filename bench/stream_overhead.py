@@ -56,10 +56,10 @@ def main() -> None:
 
     from bench.eta import short_prompts
     from bulkinfer.config import load_settings
-    from bulkinfer.engine import VllmEngine, cpu_model
+    from bulkinfer.engine.vllm import VllmEngine, cpu_model
+    from bulkinfer.jobs.run import load_tokenizer
     from bulkinfer.models import resolve_model
-    from bulkinfer.rows import parse_row
-    from bulkinfer.runner import load_tokenizer
+    from bulkinfer.prep.rows import parse_row
 
     settings = load_settings(None, {"sampling.max_tokens": args.max_tokens, "sampling.ignore_eos": True})
     model = resolve_model(settings.model)

@@ -60,7 +60,7 @@ def versions_text() -> str:
             names = ", ".join(torch.cuda.get_device_name(i) for i in range(torch.cuda.device_count()))
             lines.append(f"device: cuda ({torch.cuda.device_count()} GPUs: {names})")
         else:
-            from bulkinfer.engine import cpu_model
+            from bulkinfer.engine.vllm import cpu_model
 
             lines.append(f"device: cpu ({cpu_model()}, {os.cpu_count()} cores)")
     except ImportError:
@@ -122,7 +122,7 @@ def _buckets(value: str | None) -> tuple[int, ...] | None:
 # The options, defined once; a command lists the ones it takes. Engine options
 # carry vLLM's EngineArgs names and meanings (vllm/config/model.py, cache.py,
 # scheduler.py, parallel.py); `None` means "not given": the config file or
-# bulkinfer's choice for the device decides (bulkinfer.engine.resolve_engine_args).
+# bulkinfer's choice for the device decides (bulkinfer.engine.vllm.resolve_engine_args).
 _SAMPLING, _ENGINE, _PLAN = SamplingDefaults(), EngineSettings(), PlanSettings()
 
 ConfigOption = Annotated[Path | None, typer.Option(help="TOML settings file (see configs/default.toml).")]
@@ -329,9 +329,9 @@ def run(
     from rich.console import Console
 
     from bulkinfer.config import load_settings
-    from bulkinfer.report import print_summary
-    from bulkinfer.runner import RunPaths
-    from bulkinfer.runner import run as run_job
+    from bulkinfer.jobs.run import RunPaths
+    from bulkinfer.jobs.run import run as run_job
+    from bulkinfer.report.stats import print_summary
 
     try:
         settings = load_settings(config, overrides)
@@ -381,9 +381,9 @@ def eval_command(
     from rich.console import Console
 
     from bulkinfer.config import load_settings
-    from bulkinfer.eval_job import load_eval, print_eval, run_eval
-    from bulkinfer.evaluate import parse_fail_under
-    from bulkinfer.writers import default_output
+    from bulkinfer.io.formats import default_output
+    from bulkinfer.jobs.eval import load_eval, print_eval, run_eval
+    from bulkinfer.metrics.text import parse_fail_under
 
     try:
         bars = parse_fail_under(fail_under) if fail_under else None
@@ -428,8 +428,8 @@ def plan(
     from rich.console import Console
 
     from bulkinfer.config import load_settings
-    from bulkinfer.plan_job import plan_file, print_plan
-    from bulkinfer.report import write_report
+    from bulkinfer.jobs.plan import plan_file, print_plan
+    from bulkinfer.report.stats import write_report
 
     try:
         result = plan_file(input_path, load_settings(config, overrides))
@@ -448,7 +448,7 @@ def calibrate(
 ) -> None:
     """Measure this machine with a short fixed workload; `bulkinfer plan` estimates from it."""
     from bulkinfer.config import load_settings
-    from bulkinfer.plan_job import calibrate as run_calibration
+    from bulkinfer.jobs.plan import calibrate as run_calibration
 
     try:
         entry = run_calibration(load_settings(config, {"model": model}), verbose=verbose)
@@ -477,7 +477,7 @@ def report(
         path.name.removesuffix(".json").removesuffix(".report").removesuffix(".eval") + ".report.html"
     )
     if "scores" in data:
-        from bulkinfer.eval_job import print_eval, read_predictions, write_eval_html
+        from bulkinfer.jobs.eval import print_eval, read_predictions, write_eval_html
 
         output = Path(data["output"])
         records = read_predictions(output) if output.is_file() else []
@@ -486,8 +486,8 @@ def report(
         print_eval(data, None, Console())
         write_eval_html(data, run_report, records, html_path)
     else:
-        from bulkinfer.report import print_summary
-        from bulkinfer.runner import write_run_html
+        from bulkinfer.jobs.run import write_run_html
+        from bulkinfer.report.stats import print_summary
 
         print_summary(data, Console())
         write_run_html(data, html_path)

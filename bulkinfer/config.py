@@ -1,7 +1,7 @@
 """Settings: built-in defaults < a TOML file (``--config``) < CLI flags.
 
 A row's own values (``max_tokens``, ``temperature``, ...) win over all three;
-that merge happens per row in :mod:`bulkinfer.rows`.
+that merge happens per row in :mod:`bulkinfer.prep.rows`.
 
 The TOML layout mirrors the dataclasses below, one table per dataclass::
 
@@ -51,7 +51,7 @@ class SamplingDefaults:
 @dataclass(frozen=True, slots=True)
 class EngineSettings:
     """vLLM engine arguments, with vLLM's names. ``None`` means "let bulkinfer
-    choose for this device" (see :func:`bulkinfer.engine.resolve_engine_args`).
+    choose for this device" (see :func:`bulkinfer.engine.vllm.resolve_engine_args`).
     """
 
     dtype: str = "auto"

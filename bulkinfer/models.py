@@ -36,7 +36,7 @@ from pathlib import Path
 from typing import Any
 
 from bulkinfer.errors import BulkinferError, ModelError
-from bulkinfer.writers import fsync_path
+from bulkinfer.io.files import fsync_path
 
 log = logging.getLogger(__name__)
 

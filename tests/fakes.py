@@ -10,9 +10,8 @@ import time
 from collections import deque
 from typing import Any
 
-from bulkinfer.engine import Completion
 from bulkinfer.errors import EngineError
-from bulkinfer.rows import Request
+from bulkinfer.schema import Completion, Request
 
 NLL_PER_TOKEN = 0.5
 

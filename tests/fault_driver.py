@@ -17,7 +17,7 @@ from fakes import FakeEngine
 
 from bulkinfer.config import load_settings
 from bulkinfer.errors import BulkinferError
-from bulkinfer.runner import RunPaths, run
+from bulkinfer.jobs.run import RunPaths, run
 
 
 def main() -> int:

@@ -16,10 +16,10 @@ import pyarrow.parquet as pq
 import pytest
 from fakes import FakeEngine
 
-from bulkinfer import readers
 from bulkinfer.config import load_settings
 from bulkinfer.errors import EXIT_OK, EXIT_PARTIAL, InputFileError
-from bulkinfer.runner import RunPaths, run
+from bulkinfer.io import readers
+from bulkinfer.jobs.run import RunPaths, run
 
 
 def good(i: int) -> bytes:
@@ -179,8 +179,8 @@ def test_an_undecodable_line_keeps_its_readable_id(tmp_path: Path) -> None:
 def test_a_recovered_openai_error_record_is_a_valid_vllm_batch_output() -> None:
     """Checked against vLLM's own pydantic record, not our reading of the format."""
     run_batch = pytest.importorskip("vllm.entrypoints.launchers.run_batch")
-    from bulkinfer.rows import RowError
-    from bulkinfer.writers import error_record
+    from bulkinfer.io.records import error_record
+    from bulkinfer.schema import RowError
 
     record = error_record(RowError(3, "req-9", "invalid_json", "line is not valid UTF-8", True, True))
     parsed = run_batch.BatchRequestOutput.model_validate(record)

@@ -19,7 +19,7 @@ import pyarrow.parquet as pq
 import pytest
 
 from bulkinfer.config import DEFAULT_BUCKETS
-from bulkinfer.planner import bucket_index, bucket_label
+from bulkinfer.prep.planner import bucket_index, bucket_label
 
 pytestmark = pytest.mark.e2e
 

@@ -22,7 +22,7 @@ import psutil
 import pytest
 
 from bulkinfer.config import SamplingDefaults
-from bulkinfer.engine import VllmEngine, _Outputs, _Stepper, check_sampling_defaults
+from bulkinfer.engine.vllm import VllmEngine, _Outputs, _Stepper, check_sampling_defaults
 from bulkinfer.errors import ConfigError, EngineError
 
 
@@ -108,7 +108,7 @@ def test_sampling_defaults_vllm_rejects_fail_before_any_model_loads() -> None:
 
 WATCHED = r"""
 import os, subprocess, sys, time
-from bulkinfer.watchdog import Watchdog
+from bulkinfer.engine.watchdog import Watchdog
 watchdog = Watchdog()
 time.sleep(0.5)
 # a child (a descendant: seen by the watchdog's polling)
@@ -162,7 +162,7 @@ def test_the_watchdog_spares_processes_of_another_run_in_the_same_group() -> Non
 
 
 def test_the_watchdog_stands_down_when_told_done() -> None:
-    from bulkinfer.watchdog import Watchdog
+    from bulkinfer.engine.watchdog import Watchdog
 
     watchdog = Watchdog()
     sleeper = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(30)"])

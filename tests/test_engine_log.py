@@ -10,13 +10,13 @@ from pathlib import Path
 
 import pytest
 
-from bulkinfer.engine_log import EngineLog
+from bulkinfer.engine.log import EngineLog
 from bulkinfer.errors import EngineError
 
 SCRIPT = """
 import os, subprocess, sys, warnings
 from pathlib import Path
-from bulkinfer.engine_log import EngineLog, terminal
+from bulkinfer.engine.log import EngineLog, terminal
 with EngineLog(Path(sys.argv[1])) as log:
     assert log.active
     os.write(1, b"fd one\\n")

@@ -14,7 +14,7 @@ import orjson
 import pytest
 
 from bulkinfer.errors import EXIT_BELOW_BAR
-from bulkinfer.evaluate import METRICS
+from bulkinfer.metrics.text import METRICS
 
 pytestmark = pytest.mark.e2e
 

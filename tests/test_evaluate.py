@@ -1,4 +1,4 @@
-"""Tests of bulkinfer.evaluate: every score is checked against sacrebleu and
+"""Tests of bulkinfer.metrics.text: every score is checked against sacrebleu and
 rouge-score called directly on the same completions and references."""
 
 from __future__ import annotations
@@ -15,7 +15,7 @@ import sacrebleu
 from rouge_score import rouge_scorer
 
 from bulkinfer.errors import ConfigError
-from bulkinfer.evaluate import (
+from bulkinfer.metrics.text import (
     METRICS,
     ROUGE_TYPES,
     FailUnderError,

@@ -14,7 +14,7 @@ import pytest
 from fakes import FakeEngine
 
 from bulkinfer.config import load_settings
-from bulkinfer.runner import RunPaths, run
+from bulkinfer.jobs.run import RunPaths, run
 
 
 @pytest.fixture(scope="module")

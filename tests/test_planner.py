@@ -1,4 +1,4 @@
-"""Tests of bulkinfer.planner: buckets, padding accounting and feed order.
+"""Tests of bulkinfer.prep.planner: buckets, padding accounting and feed order.
 
 A tiny fake tokenizer stands in for the model's: this is planning logic only
 (the real tokenizer and chat template are exercised end to end).
@@ -12,7 +12,7 @@ from typing import Any
 import pytest
 
 from bulkinfer.config import DEFAULT_BUCKETS, PlanSettings, SamplingDefaults
-from bulkinfer.planner import (
+from bulkinfer.prep.planner import (
     PaddingStats,
     Planner,
     bucket_index,
@@ -21,7 +21,8 @@ from bulkinfer.planner import (
     order_for_feed,
     static_batch_tokens,
 )
-from bulkinfer.rows import CHAT_URL, Request, parse_row
+from bulkinfer.prep.rows import parse_row
+from bulkinfer.schema import CHAT_URL, Request
 
 # --- buckets --------------------------------------------------------------------------------------
 

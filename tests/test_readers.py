@@ -1,4 +1,4 @@
-"""Tests of bulkinfer.readers on small files written byte by byte."""
+"""Tests of bulkinfer.io.readers on small files written byte by byte."""
 
 from __future__ import annotations
 
@@ -17,8 +17,9 @@ import pytest
 
 from bulkinfer.config import SamplingDefaults
 from bulkinfer.errors import EXIT_INPUT, InputFileError
-from bulkinfer.readers import JsonlReader, ParquetReader, RawRow, count_rows, open_reader
-from bulkinfer.rows import RowInvalid, parse_row
+from bulkinfer.io.readers import JsonlReader, ParquetReader, RawRow, count_rows, open_reader
+from bulkinfer.prep.rows import parse_row
+from bulkinfer.schema import RowInvalid
 
 
 def jsonl(tmp_path: Path, data: bytes, name: str = "in.jsonl") -> Path:
@@ -103,7 +104,7 @@ def test_array_line_is_data_and_parse_row_rejects_it(tmp_path: Path) -> None:
 
 
 def test_oversized_line_is_a_row_error(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    from bulkinfer import readers
+    from bulkinfer.io import readers
 
     monkeypatch.setattr(readers, "MAX_LINE_BYTES", 32)
     rows, _ = read_all(jsonl(tmp_path, b'{"prompt": "' + b"x" * 100 + b'"}\n{"prompt": "y"}\n'))
@@ -137,7 +138,7 @@ def write_parquet(path: Path, table: pa.Table, row_group_size: int | None = None
 
 
 def test_parquet_rows_across_row_groups(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    from bulkinfer import readers
+    from bulkinfer.io import readers
 
     monkeypatch.setattr(readers, "PARQUET_BATCH_ROWS", 2)  # several batches per row group too
     table = pa.table(
@@ -430,7 +431,7 @@ def test_unknown_extension_under_a_compression_suffix(tmp_path: Path) -> None:
 
 
 def test_oversized_line_in_a_compressed_file(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    from bulkinfer import readers
+    from bulkinfer.io import readers
 
     monkeypatch.setattr(readers, "MAX_LINE_BYTES", 32)
     line = b'{"prompt": "' + b"x" * 5000 + b'"}\n'
@@ -521,7 +522,7 @@ def test_missing_input(tmp_path: Path) -> None:
 
 
 def test_unreadable_input(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    from bulkinfer import readers
+    from bulkinfer.io import readers
 
     path = jsonl(tmp_path, b'{"prompt": "a"}\n')
 

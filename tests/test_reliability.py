@@ -32,8 +32,8 @@ from bulkinfer.errors import (
     OutputExistsError,
     OutputWriteError,
 )
-from bulkinfer.journal import OutputFiles
-from bulkinfer.runner import RunPaths, run
+from bulkinfer.jobs.output_files import OutputFiles
+from bulkinfer.jobs.run import RunPaths, run
 
 HERE = Path(__file__).resolve().parent
 
@@ -188,7 +188,7 @@ def test_disk_full_during_the_spool_flush_exits_9_and_resume_completes(
 ) -> None:
     paths = RunPaths.build(write_rows(tmp_path / "in.jsonl", 10), tmp_path / "out.jsonl")
     flushes = 0
-    from bulkinfer import writers
+    from bulkinfer.io import files as writers
 
     real_failpoint = writers.failpoint
 

@@ -1,4 +1,4 @@
-"""Tests of bulkinfer.rows.parse_row: bulkinfer rows and OpenAI batch lines."""
+"""Tests of bulkinfer.prep.rows.parse_row: bulkinfer rows and OpenAI batch lines."""
 
 from __future__ import annotations
 
@@ -7,7 +7,8 @@ from typing import Any
 import pytest
 
 from bulkinfer.config import SamplingDefaults
-from bulkinfer.rows import CHAT_URL, COMPLETIONS_URL, RowInvalid, parse_row
+from bulkinfer.prep.rows import parse_row
+from bulkinfer.schema import CHAT_URL, COMPLETIONS_URL, RowInvalid
 
 DEFAULTS = SamplingDefaults(max_tokens=100, temperature=0.7, top_p=0.9, seed=11, stop=("###",), ignore_eos=True)
 

@@ -26,8 +26,8 @@ from bulkinfer.errors import (
     LockHeldError,
     OutputExistsError,
 )
-from bulkinfer.journal import OutputFiles
-from bulkinfer.runner import RunPaths, run
+from bulkinfer.jobs.output_files import OutputFiles
+from bulkinfer.jobs.run import RunPaths, run
 
 
 def make_input(tmp_path: Path, n: int = 20) -> Path:
@@ -200,7 +200,7 @@ def test_eval_perplexity_reuses_the_generation_engine_and_closes_it(tmp_path: Pa
 
     from fakes import NLL_PER_TOKEN
 
-    from bulkinfer.eval_job import run_eval
+    from bulkinfer.jobs.eval import run_eval
 
     golden = tmp_path / "golden.jsonl"
     golden.write_bytes(
@@ -233,7 +233,7 @@ def test_eval_perplexity_reuses_the_generation_engine_and_closes_it(tmp_path: Pa
 
 
 def test_eval_closes_the_kept_engine_when_scoring_fails(tmp_path: Path) -> None:
-    from bulkinfer.eval_job import run_eval
+    from bulkinfer.jobs.eval import run_eval
 
     golden = tmp_path / "golden.jsonl"
     golden.write_bytes(orjson.dumps({"id": "g0", "prompt": "hi", "reference": "echo g0"}) + b"\n")

@@ -8,11 +8,11 @@ import orjson
 from fakes import FakeEngine
 
 from bulkinfer.config import EngineSettings, PlanSettings, SamplingDefaults, load_settings
-from bulkinfer.engine import resolve_engine_args
+from bulkinfer.engine.vllm import resolve_engine_args
+from bulkinfer.jobs.run import RunPaths, load_tokenizer, run
 from bulkinfer.models import resolve_model
-from bulkinfer.planner import Planner
-from bulkinfer.rows import parse_row
-from bulkinfer.runner import RunPaths, load_tokenizer, run
+from bulkinfer.prep.planner import Planner
+from bulkinfer.prep.rows import parse_row
 
 
 def test_chat_template_runs_in_a_sandbox() -> None:

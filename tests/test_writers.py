@@ -1,4 +1,4 @@
-"""Tests of bulkinfer.writers: paths, record shapes, the spool and its publication."""
+"""Tests of bulkinfer.io.files: paths, record shapes, the spool and its publication."""
 
 from __future__ import annotations
 
@@ -10,21 +10,14 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
-from bulkinfer import writers
 from bulkinfer.config import SamplingDefaults
-from bulkinfer.engine import Completion
-from bulkinfer.errors import ConfigError
-from bulkinfer.rows import CHAT_URL, COMPLETIONS_URL, Request, RowError, parse_row
-from bulkinfer.writers import (
-    JsonlAppender,
-    check_output_path,
-    default_output,
-    error_record,
-    output_record,
-    publish,
-    sibling,
-    spool_path,
-)
+from bulkinfer.errors import ConfigError, InputFileError
+from bulkinfer.io import files as writers
+from bulkinfer.io.files import JsonlAppender, publish
+from bulkinfer.io.formats import JSONL, PARQUET, default_output, input_format, output_format, sibling, spool_path
+from bulkinfer.io.records import error_record, output_record
+from bulkinfer.prep.rows import parse_row
+from bulkinfer.schema import CHAT_URL, COMPLETIONS_URL, Completion, Request, RowError
 
 # --- paths ----------------------------------------------------------------------------------------
 
@@ -39,16 +32,21 @@ def test_sibling_paths() -> None:
 def test_default_output() -> None:
     assert default_output(Path("data/prompts.jsonl")) == Path("data/prompts.out.jsonl")
     assert default_output(Path("x.parquet")) == Path("x.out.jsonl")
+    assert default_output(Path("d/x.JSONL.gz")) == Path("d/x.out.jsonl")
+    assert default_output(Path("x.ndjson.zst")) == Path("x.out.jsonl")
 
 
-def test_check_output_path() -> None:
-    check_output_path(Path("out.jsonl"))
-    check_output_path(Path("res/out.parquet"))
-    check_output_path(Path("OUT.JSONL"))
-    with pytest.raises(ConfigError, match=r"\.csv"):
-        check_output_path(Path("out.csv"))
-    with pytest.raises(ConfigError):
-        check_output_path(Path("out"))
+def test_one_suffix_table_for_input_and_output() -> None:
+    for name, kind in [("a.jsonl", JSONL), ("a.ndjson", JSONL), ("a.parquet", PARQUET), ("a.pq", PARQUET)]:
+        assert output_format(Path(name)) == kind
+        assert output_format(Path(name.upper())) == kind
+        assert input_format(Path(name)) == kind
+    assert input_format(Path("a.ndjson.gz")) == JSONL
+    for bad in ("out.csv", "out", "out.jsonl.gz"):
+        with pytest.raises(ConfigError, match="unknown format"):
+            output_format(Path(bad))
+    with pytest.raises(InputFileError, match="unknown input format"):
+        input_format(Path("in.csv"))
 
 
 def test_spool_path_is_hidden_beside_the_output() -> None:

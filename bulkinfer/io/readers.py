@@ -29,12 +29,9 @@ from typing import Any, Protocol
 import orjson
 
 from bulkinfer.errors import InputFileError
-from bulkinfer.rows import RowInvalid
+from bulkinfer.io.formats import JSONL, PARQUET, SUFFIXES, format_suffix, input_format
+from bulkinfer.schema import RowInvalid
 
-JSONL_SUFFIXES = (".jsonl", ".ndjson")
-PARQUET_SUFFIXES = (".parquet", ".pq")
-# Stripped from the name before the format is read from it.
-COMPRESSION_SUFFIXES = (".gz", ".gzip", ".zst", ".zstd", ".bz2", ".xz", ".lz4", ".zip", ".7z")
 # A JSONL line longer than this (bytes) is a row error, not a crash; at most
 # this much of it is held in memory.
 MAX_LINE_BYTES = 64 * 1024 * 1024
@@ -116,17 +113,6 @@ def inspect_input(path: Path) -> str | None:
     return None
 
 
-def format_suffix(path: Path) -> str:
-    """The lower-case suffix that names the format of ``path``, after one
-    compression suffix is stripped: ``x.JSONL.gz`` -> ``.jsonl``; ``""`` if none."""
-    name = path.name.lower()
-    for suffix in COMPRESSION_SUFFIXES:
-        if name.endswith(suffix):
-            name = name[: -len(suffix)]
-            break
-    return Path(name).suffix
-
-
 def _open_binary(path: Path, compression: str | None) -> io.BufferedIOBase:
     """``path`` opened for binary reading, decompressed as it is read (never
     whole): gzip with :mod:`gzip`, zstd with pyarrow's streaming codec."""
@@ -155,7 +141,7 @@ def count_rows(path: Path) -> int | None:
     """
     try:
         compression = inspect_input(path)
-        if format_suffix(path) in PARQUET_SUFFIXES:
+        if SUFFIXES.get(format_suffix(path)) == PARQUET:
             if compression is not None:
                 return None
             import pyarrow.parquet as pq
@@ -443,12 +429,6 @@ def open_reader(path: Path, passthrough: bool = True) -> Reader:
             the reader's constructor (unreadable Parquet, broken stream).
     """
     inspect_input(path)
-    suffix = format_suffix(path)
-    if suffix in JSONL_SUFFIXES:
+    if input_format(path) == JSONL:
         return JsonlReader(path)
-    if suffix in PARQUET_SUFFIXES:
-        return ParquetReader(path, passthrough=passthrough)
-    raise InputFileError(
-        f"{path}: unknown input format '{suffix or path.name}'; expected "
-        f"{', '.join(JSONL_SUFFIXES + PARQUET_SUFFIXES)} (JSONL may be gzip- or zstd-compressed: .jsonl.gz, .jsonl.zst)"
-    )
+    return ParquetReader(path, passthrough=passthrough)

@@ -23,10 +23,10 @@ from typing import Any
 
 import orjson
 
-from bulkinfer import writers
 from bulkinfer.config import Settings
-from bulkinfer.engine import Completion, Engine, configure_environment
-from bulkinfer.engine_log import EngineLog, terminal
+from bulkinfer.engine.base import Engine, EngineFactory, NoEngine
+from bulkinfer.engine.log import EngineLog, terminal
+from bulkinfer.engine.vllm import configure_environment
 from bulkinfer.errors import (
     EXIT_OK,
     EXIT_PARTIAL,
@@ -38,15 +38,17 @@ from bulkinfer.errors import (
     ModelError,
     write_error,
 )
-from bulkinfer.journal import Done, OutputFiles, input_identity, settings_fingerprint
+from bulkinfer.io import formats, records
+from bulkinfer.io.files import JsonlAppender
+from bulkinfer.io.readers import RawRow, Reader, count_rows, open_reader
+from bulkinfer.jobs.output_files import Done, OutputFiles, input_identity, settings_fingerprint
 from bulkinfer.models import DEFAULT_MODEL, resolve_model
-from bulkinfer.planner import Planner, bucket_index, bucket_label
-from bulkinfer.progress import Progress
-from bulkinfer.readers import RawRow, Reader, count_rows, open_reader
-from bulkinfer.report import peak_rss_bytes, throughput, write_report
-from bulkinfer.rows import COMPLETIONS_URL, Request, RowError, RowInvalid, parse_row
+from bulkinfer.prep.planner import Planner, bucket_index, bucket_label
+from bulkinfer.prep.rows import parse_row
+from bulkinfer.report.progress import Progress
+from bulkinfer.report.stats import peak_rss_bytes, throughput, write_report
+from bulkinfer.schema import COMPLETIONS_URL, Completion, Request, RowError, RowInvalid
 
-EngineFactory = Callable[[str, Settings], Engine]
 # completion-length histogram bins (tokens): 1, 2, 3-4, 5-8, ..., 8193+
 LENGTH_BINS: tuple[int, ...] = tuple(2**i for i in range(14))
 # The feed loop waits at most this long (seconds) for an engine step before it
@@ -63,15 +65,15 @@ class RunPaths:
 
     @property
     def errors(self) -> Path:
-        return writers.sibling(self.output, ".errors.jsonl")
+        return formats.sibling(self.output, ".errors.jsonl")
 
     @property
     def report(self) -> Path:
-        return writers.sibling(self.output, ".report.json")
+        return formats.sibling(self.output, ".report.json")
 
     @property
     def html(self) -> Path:
-        return writers.sibling(self.output, ".report.html")
+        return formats.sibling(self.output, ".report.html")
 
     @classmethod
     def build(cls, input_path: Path, output: Path | None) -> RunPaths:
@@ -80,11 +82,11 @@ class RunPaths:
         Raises:
             ConfigError: the output has an unknown suffix, or a path the run
                 writes (output, errors, report, spool, journal, lock; see
-                :meth:`bulkinfer.journal.OutputFiles.paths`) is the input,
+                :meth:`bulkinfer.jobs.output_files.OutputFiles.paths`) is the input,
                 by name, symlink or hard link.
         """
-        out = output if output is not None else writers.default_output(input_path)
-        writers.check_output_path(out)
+        out = output if output is not None else formats.default_output(input_path)
+        formats.output_format(out)
         for path in OutputFiles(out).paths():
             if _same_file(path, input_path):
                 what = "output" if path == out else f"the file {path.name} that output {out} writes"
@@ -139,7 +141,7 @@ class StopSignals:
             raise Interrupted(signum, f"stopped at once by a second {name}")
         self.received = signum
         if self.immediate:
-            from bulkinfer.watchdog import kill_all_now
+            from bulkinfer.engine.watchdog import kill_all_now
 
             kill_all_now()  # an engine being started dies now, not after vLLM's graceful shutdown
             raise Interrupted(signum, f"stopped by {name} before any row was run")
@@ -150,7 +152,7 @@ class StopSignals:
 
 
 def to_request(data: Any, seq: int, line: int, settings: Settings) -> Request:
-    """:func:`~bulkinfer.rows.parse_row` with the run's settings applied: with
+    """:func:`~bulkinfer.prep.rows.parse_row` with the run's settings applied: with
     ``apply_chat_template`` a ``prompt`` becomes a one-message user chat
     (except on OpenAI ``/v1/completions`` lines).
 
@@ -215,7 +217,7 @@ def write_run_html(report: dict[str, Any], path: Path) -> None:
     """The self-contained HTML report beside the output. A failure to draw it
     is reported on stderr and never fails the run (the JSON report has it all)."""
     try:
-        from bulkinfer.html_report import run_sections, write_html
+        from bulkinfer.report.html import run_sections, write_html
 
         write_html(f"bulkinfer: {report['input']}", run_sections(report), path)
     except Exception as exc:  # matplotlib missing, a font problem, ...
@@ -239,35 +241,10 @@ def load_tokenizer(model: str, trust_remote_code: bool = False) -> Any:
 def vllm_engine(model: str, settings: Settings) -> Engine:
     """The real engine: vLLM's ``SamplingParams`` checks the ``[sampling]``
     defaults first (ConfigError), then the engine starts."""
-    from bulkinfer.engine import VllmEngine, check_sampling_defaults
+    from bulkinfer.engine.vllm import VllmEngine, check_sampling_defaults
 
     check_sampling_defaults(settings.sampling)
     return VllmEngine(model, settings.engine, stall_timeout_s=settings.plan.stall_timeout_s)
-
-
-class _NoEngine:
-    """Stands in for the engine of a run with no rows (an empty input): no
-    model is loaded and nothing is ever added."""
-
-    max_model_len = 0
-    max_num_seqs = 1
-    settings: dict[str, Any] = {}
-    generated_tokens = prefilled_tokens = 0
-
-    def running_lengths(self) -> list[int]:
-        return []
-
-    def add(self, request_id: str, request: Request) -> Completion | None:
-        raise AssertionError("an empty input has no requests")
-
-    def step(self, wait: float | None = None) -> list[Completion]:
-        return []
-
-    def has_unfinished(self) -> bool:
-        return False
-
-    def close(self) -> None:
-        pass
 
 
 def run(
@@ -291,7 +268,7 @@ def run(
     behind, so the next run (with or without ``--resume``) starts clean.
 
     What the engine and its libraries print goes to ``OUT.log`` (appended to
-    on resume), unless ``verbose`` (see :mod:`bulkinfer.engine_log`); an
+    on resume), unless ``verbose`` (see :mod:`bulkinfer.engine.log`); an
     engine or model failure's message then ends with the engine's last
     error line and the log's path.
 
@@ -380,7 +357,7 @@ def _run_locked(
         first = next(rows, None)
         if first is None:  # no rows at all: no model to load
             model: str = ""
-            engine: Engine = _NoEngine()
+            engine: Engine = NoEngine()
             tokenizer = None
         else:
             model = resolve_model(settings.model)
@@ -398,7 +375,7 @@ def _run_locked(
     report["peak_rss_bytes"] = peak_rss_bytes()
     write_report(report, paths.report)
     write_run_html(report, paths.html)
-    from bulkinfer.plan_job import record_calibration
+    from bulkinfer.jobs.plan import record_calibration
 
     record_calibration(report)
     return report
@@ -428,8 +405,8 @@ class Generation:
         self.max_in_flight = settings.plan.max_in_flight or 2 * engine.max_num_seqs
         self.model_name = settings.model or DEFAULT_MODEL
         resumed = bool(done.completed or done.failed)
-        self.spool = writers.JsonlAppender(files.spool, append=resumed, already=done.completed)
-        self.errors = writers.JsonlAppender(files.errors_spool, append=resumed, already=done.failed)
+        self.spool = JsonlAppender(files.spool, append=resumed, already=done.completed)
+        self.errors = JsonlAppender(files.errors_spool, append=resumed, already=done.failed)
         total = count_rows(paths.input)
         if total is not None:  # rows left for this attempt (blank lines included: an estimate)
             total = max(total - done.completed - done.failed, 0)
@@ -448,7 +425,7 @@ class Generation:
 
     def fail(self, error: RowError, planned: bool = False) -> None:
         """Record a failed row; ``planned``: it failed in the engine, after planning."""
-        self.errors.write(writers.error_record(error))
+        self.errors.write(records.error_record(error))
         self.progress.update(failed=1, planned=planned)
 
     def _engine_error(self, request: Request, message: str) -> RowError:
@@ -529,7 +506,7 @@ class Generation:
             if completion.error is not None:
                 self.fail(self._engine_error(request, completion.error), planned=True)
                 continue
-            self.spool.write(writers.output_record(request, completion, self.model_name))
+            self.spool.write(records.output_record(request, completion, self.model_name))
             self.prompt_tokens += completion.prompt_tokens
             self.completion_tokens += completion.completion_tokens
             self.completion_lengths[bucket_index(completion.completion_tokens, LENGTH_BINS)] += 1
@@ -561,7 +538,7 @@ class Generation:
             self.errors.close()
 
     def report(self, reader: Reader, model_path: str, load_s: float, total_s: float) -> dict[str, Any]:
-        """The run report (see :mod:`bulkinfer.report` for the keys).
+        """The run report (see :mod:`bulkinfer.report.stats` for the keys).
 
         ``tokens`` and ``request_counts`` cover the whole output (resumed rows
         included); ``throughput``, ``buckets`` and ``padding_efficiency`` cover

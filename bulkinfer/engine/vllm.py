@@ -15,13 +15,12 @@ import signal
 import threading
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Protocol
+from typing import Any
 
 from bulkinfer.config import EngineSettings, SamplingDefaults
 from bulkinfer.errors import BulkinferError, ConfigError, EngineError
-from bulkinfer.rows import Request
+from bulkinfer.schema import Completion, Request
 
 GiB = 1024**3
 # On CPU, the KV cache gets this share of available memory, within these bounds.
@@ -32,55 +31,6 @@ CPU_KV_CACHE_MAX_BYTES = 8 * GiB
 LIVENESS_INTERVAL_S = 0.2
 # close(): how long vLLM's own shutdown may take before the processes are killed (seconds).
 CLOSE_TIMEOUT_S = 5.0
-
-
-@dataclass(frozen=True, slots=True)
-class Completion:
-    """A finished request. ``error`` is set (and text empty) when the engine
-    rejected or failed this one request."""
-
-    request_id: str
-    text: str
-    finish_reason: str
-    prompt_tokens: int
-    completion_tokens: int
-    error: str | None = None
-    # Scoring requests only: negative log-likelihood (nats) of the tokens from
-    # ``score_from`` on, and how many tokens that is.
-    nll: float | None = None
-    scored_tokens: int = 0
-
-
-class Engine(Protocol):
-    """What the runner needs from an engine; :class:`VllmEngine` is the real one.
-
-    ``step(wait)`` returns the requests that finished; with ``wait`` (seconds)
-    it returns ``[]`` once that time has passed even though the engine step is
-    still running (its results come with a later call), so the caller can
-    react to a stop signal. It raises :class:`EngineError` when the engine died.
-
-    ``generated_tokens`` and ``prefilled_tokens`` count, since the engine
-    started, the completion tokens generated and the prompt tokens processed
-    for every request, finished or not; ``running_lengths()`` gives the
-    completion tokens so far of each unfinished request that has some (live
-    progress; an engine that cannot see unfinished requests counts them when
-    they finish and returns ``[]``).
-    """
-
-    max_model_len: int
-    max_num_seqs: int
-    settings: dict[str, Any]
-
-    @property
-    def generated_tokens(self) -> int: ...
-    @property
-    def prefilled_tokens(self) -> int: ...
-    def running_lengths(self) -> list[int]: ...
-
-    def add(self, request_id: str, request: Request) -> Completion | None: ...
-    def step(self, wait: float | None = None) -> list[Completion]: ...
-    def has_unfinished(self) -> bool: ...
-    def close(self) -> None: ...
 
 
 def available_memory_bytes() -> int:
@@ -149,7 +99,7 @@ def resolve_engine_args(model: str, settings: EngineSettings, device: str, mem_a
 def configure_environment() -> None:
     """Environment defaults for vLLM, set before it is imported; a user's own
     values win. The CPU worker gets every core; vLLM logs at INFO (to the
-    engine's log file, see :mod:`bulkinfer.engine_log`)."""
+    engine's log file, see :mod:`bulkinfer.engine.log`)."""
     os.environ.setdefault("VLLM_CPU_NUM_OF_RESERVED_CPU", "0")
     os.environ.setdefault("VLLM_LOGGING_LEVEL", "INFO")
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
@@ -317,7 +267,7 @@ class VllmEngine:
         args = resolve_engine_args(str(model), settings, device, mem_available=available_memory_bytes())
         import psutil  # a dependency of vLLM
 
-        from bulkinfer.watchdog import Watchdog
+        from bulkinfer.engine.watchdog import Watchdog
 
         self._watchdog = Watchdog()  # before any engine process exists
         try:

@@ -44,12 +44,12 @@ def peak_rss_bytes() -> dict[str, int]:
 
 
 def write_report(report: dict[str, Any], path: Path) -> None:
-    """Write ``report`` as indented JSON, atomically (:func:`bulkinfer.writers.atomic_write`).
+    """Write ``report`` as indented JSON, atomically (:func:`bulkinfer.io.files.atomic_write`).
 
     Raises:
         OSError: the file cannot be written (no temporary file is left).
     """
-    from bulkinfer.writers import atomic_write
+    from bulkinfer.io.files import atomic_write
 
     atomic_write(path, orjson.dumps(report, option=orjson.OPT_INDENT_2, default=str))
 

@@ -20,14 +20,14 @@ from typing import Any
 import orjson
 
 from bulkinfer.config import Settings
-from bulkinfer.engine_log import EngineLog
+from bulkinfer.engine.log import EngineLog
 from bulkinfer.errors import EngineError, ModelError
+from bulkinfer.io.files import atomic_write
+from bulkinfer.io.readers import open_reader
+from bulkinfer.jobs.run import iter_windows, load_tokenizer
 from bulkinfer.models import bulkinfer_home, resolve_model
-from bulkinfer.planner import Planner, efficiency, static_batch_tokens
-from bulkinfer.readers import open_reader
-from bulkinfer.rows import RowError
-from bulkinfer.runner import iter_windows, load_tokenizer
-from bulkinfer.writers import atomic_write
+from bulkinfer.prep.planner import Planner, efficiency, static_batch_tokens
+from bulkinfer.schema import RowError
 
 DEFAULT_CONTEXT = 2048
 MAX_EXAMPLES = 20
@@ -252,7 +252,7 @@ def calibrate(settings: Settings, engine_factory: Any = None, verbose: bool = Fa
     import dataclasses
     import tempfile
 
-    from bulkinfer.runner import RunPaths, run, vllm_engine
+    from bulkinfer.jobs.run import RunPaths, run, vllm_engine
 
     topics = ["the sea", "a city at night", "an old clock", "bread", "a mountain road", "winter", "a library", "rain"]
     sampling = dataclasses.replace(

@@ -18,7 +18,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from bulkinfer.config import PlanSettings
-from bulkinfer.rows import Request, RowError
+from bulkinfer.schema import Request, RowError
 
 
 def bucket_index(prompt_tokens: int, bounds: Sequence[int]) -> int:

@@ -1,21 +1,14 @@
-"""Output records and the files they go to.
+"""Spools and atomic publishing: the one durability policy of every file bulkinfer writes.
 
 Results are appended as they complete to a JSONL *spool* beside the output
 (``.NAME.partial.jsonl``), flushed in small groups and fsync'd every few
 seconds. At the end the spool becomes the output atomically: renamed as is
-for ``.jsonl``, or converted to Parquet in a temporary file first; readers
-never see a half-written final file.
-
-Record shapes:
-
-- bulkinfer rows: ``id``, ``completion``, ``finish_reason``, ``prompt_tokens``,
-  ``completion_tokens`` and the row's pass-through fields;
-- OpenAI batch lines (https://platform.openai.com/docs/api-reference/batch/request-output):
-  ``id``, ``custom_id``, ``response`` {``status_code``, ``request_id``,
-  ``body`` (a ``chat.completion`` or ``text_completion``)}, ``error``;
-- errors (``OUT.errors.jsonl``): ``id``, ``line``, ``error`` {``type``,
-  ``message``}; OpenAI lines: ``custom_id``, ``response: null``,
-  ``error`` {``code``, ``message``} and ``line``.
+for JSONL, or converted to Parquet in a temporary file first. Every final
+file (output, errors, report.json, report.html, journal, calibration, the
+model marker) is published the same way (:func:`publish_path`): a temporary
+file in the same directory, fsync'd, renamed over the final name, and the
+directory fsync'd, so readers never see a half-written file and a crash
+leaves the old file or the new one, never neither.
 """
 
 from __future__ import annotations
@@ -24,18 +17,14 @@ import errno
 import os
 import signal
 import time
-import uuid
 from collections.abc import Iterator
 from pathlib import Path
 from typing import IO, Any
 
 import orjson
 
-from bulkinfer.engine import Completion
-from bulkinfer.errors import ConfigError
-from bulkinfer.rows import CHAT_URL, Request, RowError
+from bulkinfer.io.formats import PARQUET, output_format
 
-OUTPUT_SUFFIXES = (".jsonl", ".parquet")
 # Columns of an output with no rows (an empty input): a bulkinfer output row's own.
 EMPTY_OUTPUT_FIELDS = (
     ("id", "string"),
@@ -46,23 +35,6 @@ EMPTY_OUTPUT_FIELDS = (
 )
 FSYNC_INTERVAL_S = 2.0
 PARQUET_CHUNK_ROWS = 4096
-
-
-def sibling(out: Path, suffix: str) -> Path:
-    """``out`` with its last extension replaced: ``res/out.jsonl`` + ``.report.json``
-    -> ``res/out.report.json``."""
-    return out.with_name(out.stem + suffix)
-
-
-def default_output(input_path: Path) -> Path:
-    """``<input stem>.out.jsonl`` beside the input."""
-    return input_path.with_name(input_path.stem + ".out.jsonl")
-
-
-def check_output_path(out: Path) -> None:
-    """Raises ConfigError unless ``out`` ends in .jsonl or .parquet."""
-    if out.suffix.lower() not in OUTPUT_SUFFIXES:
-        raise ConfigError(f"output {out}: unknown format '{out.suffix}'; use {' or '.join(OUTPUT_SUFFIXES)}")
 
 
 def failpoint(name: str, path: Path | None = None) -> None:
@@ -86,11 +58,11 @@ def failpoint(name: str, path: Path | None = None) -> None:
     raise OSError(code, os.strerror(code), str(path) if path is not None else None)
 
 
-def atomic_write(path: Path, data: bytes, durable: bool = True) -> None:
-    """Write ``data`` to ``path`` atomically: a temporary file beside it
-    (``.NAME.PID.tmp``, so two processes never share one), fsync'd when ``durable``, then ``os.replace``. The
-    temporary file is removed if anything fails, so a full disk leaves no
-    debris.
+def atomic_write(path: Path, data: bytes) -> None:
+    """Write ``data`` to ``path`` atomically and durably: a temporary file
+    beside it (``.NAME.PID.tmp``, so two processes never share one), fsync'd,
+    then :func:`publish_path`. The temporary file is removed if anything
+    fails, so a full disk leaves no debris.
 
     Raises:
         OSError: as the writes raise (ENOSPC, EROFS, EACCES, ...).
@@ -100,76 +72,28 @@ def atomic_write(path: Path, data: bytes, durable: bool = True) -> None:
         with open(tmp, "wb") as f:
             f.write(data)
             failpoint("atomic_write", path)
-            if durable:
-                f.flush()
-                os.fsync(f.fileno())
-        os.replace(tmp, path)
+            f.flush()
+            os.fsync(f.fileno())
+        publish_path(tmp, path)
     except BaseException:
         tmp.unlink(missing_ok=True)
         raise
 
 
+def publish_path(src: Path, dst: Path) -> None:
+    """Rename the complete (already fsync'd) file or directory ``src`` over
+    ``dst`` in the same directory, then fsync the directory so the rename
+    survives a crash.
+
+    Raises:
+        OSError: as ``os.replace`` or the fsync raise.
+    """
+    os.replace(src, dst)
+    fsync_path(dst.parent)
+
+
 def _dumps(record: dict[str, Any]) -> bytes:
     return orjson.dumps(record, default=str, option=orjson.OPT_APPEND_NEWLINE)
-
-
-def output_record(request: Request, completion: Completion, model: str) -> dict[str, Any]:
-    """The output row for a completed request, in the row's own format."""
-    if request.openai_url is None:
-        return {
-            **request.passthrough,
-            "id": request.id,
-            "completion": completion.text,
-            "finish_reason": completion.finish_reason,
-            "prompt_tokens": completion.prompt_tokens,
-            "completion_tokens": completion.completion_tokens,
-        }
-    usage = {
-        "prompt_tokens": completion.prompt_tokens,
-        "completion_tokens": completion.completion_tokens,
-        "total_tokens": completion.prompt_tokens + completion.completion_tokens,
-    }
-    if request.openai_url == CHAT_URL:
-        body_id, obj = f"chatcmpl-{uuid.uuid4().hex}", "chat.completion"
-        choice: dict[str, Any] = {"index": 0, "message": {"role": "assistant", "content": completion.text}}
-    else:
-        body_id, obj = f"cmpl-{uuid.uuid4().hex}", "text_completion"
-        choice = {"index": 0, "text": completion.text}
-    choice.update(logprobs=None, finish_reason=completion.finish_reason)
-    body = {
-        "id": body_id,
-        "object": obj,
-        "created": int(time.time()),
-        "model": request.passthrough.get("model", model),
-        "choices": [choice],
-        "usage": usage,
-    }
-    return {
-        "id": f"batch_req_{uuid.uuid4().hex}",
-        "custom_id": request.id,
-        "response": {"status_code": 200, "request_id": uuid.uuid4().hex, "body": body},
-        "error": None,
-    }
-
-
-def error_record(error: RowError) -> dict[str, Any]:
-    """The errors-file record for a failed row, in the row's own format.
-    ``"id_recovered": true`` says the id (``custom_id``) was read from the
-    bytes of a line that is not valid JSON."""
-    record: dict[str, Any]
-    if error.openai:
-        record = {
-            "id": f"batch_req_{uuid.uuid4().hex}",
-            "custom_id": error.id,
-            "line": error.line,
-            "response": None,
-            "error": {"code": error.type, "message": error.message},
-        }
-    else:
-        record = {"id": error.id, "line": error.line, "error": {"type": error.type, "message": error.message}}
-    if error.id_recovered:
-        record["id_recovered"] = True
-    return record
 
 
 class JsonlAppender:
@@ -214,10 +138,6 @@ class JsonlAppender:
             pass
 
 
-def spool_path(out: Path) -> Path:
-    return out.with_name(f".{out.name}.partial.jsonl")
-
-
 def fsync_path(path: Path) -> None:
     """fsync a file or a directory (a directory: so a rename in it is durable)."""
     fd = os.open(path, os.O_RDONLY)
@@ -228,21 +148,20 @@ def fsync_path(path: Path) -> None:
 
 
 def publish(spool: Path, out: Path) -> None:
-    """Make ``spool`` (complete JSONL) the final ``out`` atomically: a rename for
-    JSONL output, a conversion to a temporary Parquet file then a rename for
-    Parquet. The spool is gone afterwards."""
-    if out.suffix.lower() == ".parquet":
+    """Make ``spool`` (complete JSONL, fsync'd) the final ``out`` atomically:
+    a rename for JSONL output, a conversion to a temporary Parquet file
+    (fsync'd) then a rename for Parquet. The spool is gone afterwards."""
+    if output_format(out) == PARQUET:
         tmp = out.with_name(f".{out.name}.tmp")
         try:
             _jsonl_to_parquet(spool, tmp)
-            os.replace(tmp, out)
+            publish_path(tmp, out)
         except BaseException:
             tmp.unlink(missing_ok=True)
             raise
         spool.unlink()
     else:
-        os.replace(spool, out)
-    fsync_path(out.parent)
+        publish_path(spool, out)
 
 
 def iter_jsonl_chunks(path: Path, rows: int | None = None) -> Iterator[list[dict[str, Any]]]:

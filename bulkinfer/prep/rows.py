@@ -15,79 +15,13 @@ Two row shapes are accepted (both may appear in one file):
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
 from typing import Any
 
 from bulkinfer.config import SEED_RANGE, SamplingDefaults
+from bulkinfer.schema import CHAT_URL, COMPLETIONS_URL, Request, RowInvalid
 
-CHAT_URL = "/v1/chat/completions"
-COMPLETIONS_URL = "/v1/completions"
 ROLES = frozenset({"system", "developer", "user", "assistant", "tool"})
 CONSUMED_FIELDS = frozenset({"id", "prompt", "messages", "max_tokens", "temperature", "top_p", "seed", "stop"})
-
-
-@dataclass(slots=True)
-class Request:
-    """One valid input row, ready to be tokenized and sent to the engine.
-
-    ``seq`` is the 0-based arrival position among all rows read; ``line`` the
-    1-based line (JSONL) or row (Parquet) number. ``prompt_token_ids`` is set
-    by the planner. ``openai_url`` is set for OpenAI batch lines and selects
-    the output shape.
-    """
-
-    seq: int
-    line: int
-    id: str
-    prompt: str | None
-    messages: list[dict[str, Any]] | None
-    max_tokens: int
-    temperature: float
-    top_p: float
-    seed: int | None
-    stop: tuple[str, ...]
-    ignore_eos: bool = False
-    passthrough: dict[str, Any] = field(default_factory=dict)
-    openai_url: str | None = None
-    prompt_token_ids: list[int] | None = None
-    # Set for a scoring request (perplexity): the position in prompt_token_ids
-    # where the scored continuation starts; the engine then generates nothing.
-    score_from: int | None = None
-
-
-@dataclass(frozen=True, slots=True)
-class RowError:
-    """One failed row: where it was, what it was called, and what went wrong.
-
-    ``type`` is one of: ``invalid_json``, ``invalid_row``, ``missing_field``,
-    ``invalid_field``, ``context_length_exceeded``, ``duplicate_id``,
-    ``engine_error``.
-    """
-
-    line: int
-    id: str | None
-    type: str
-    message: str
-    openai: bool = False
-    # The id was read from the bytes of a line that is not valid JSON (best effort).
-    id_recovered: bool = False
-
-
-class RowInvalid(Exception):
-    """Raised by :func:`parse_row`; carries the error ``type`` and message."""
-
-    def __init__(
-        self, type_: str, message: str, row_id: str | None = None, openai: bool = False, id_recovered: bool = False
-    ):
-        super().__init__(message)
-        self.type = type_
-        self.message = message
-        self.row_id = row_id
-        self.openai = openai
-        self.id_recovered = id_recovered
-
-    def to_error(self, line: int) -> RowError:
-        return RowError(line, self.row_id, self.type, self.message, self.openai, self.id_recovered)
 
 
 def _is_int(value: Any) -> bool:

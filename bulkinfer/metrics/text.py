@@ -66,7 +66,7 @@ class InvalidReference(ValueError):
     """A golden row's ``reference`` is missing or not a string / non-empty list of strings.
 
     ``type`` is the row error type (``missing_field`` or ``invalid_field``), as
-    in :class:`bulkinfer.rows.RowError`.
+    in :class:`bulkinfer.prep.rows.RowError`.
     """
 
     def __init__(self, type_: str, message: str):

@@ -23,7 +23,7 @@ from collections import Counter
 from collections.abc import Callable
 from typing import IO, Any
 
-from bulkinfer.engine_log import terminal
+from bulkinfer.engine.log import terminal
 
 PLAIN_INTERVAL_S = 10.0
 # No ETA before this much generation time (seconds).

@@ -2,7 +2,7 @@
 predictions) and score the completions against the references.
 
 Golden rows are ordinary input rows with a ``reference`` (a string or a list
-of strings). Generation goes through :func:`bulkinfer.runner.run`, so resume,
+of strings). Generation goes through :func:`bulkinfer.jobs.run.run`, so resume,
 per-row errors, the lock and the run report behave exactly as for ``run``.
 Scoring reads the predictions and references into memory (golden sets are
 thousands of rows, not millions).
@@ -23,10 +23,9 @@ from typing import Any
 
 import orjson
 
-from bulkinfer import evaluate, writers
 from bulkinfer.config import Settings
-from bulkinfer.engine import Engine
-from bulkinfer.engine_log import EngineLog, terminal
+from bulkinfer.engine.base import Engine, EngineFactory
+from bulkinfer.engine.log import EngineLog, terminal
 from bulkinfer.errors import (
     EXIT_BELOW_BAR,
     EXIT_OK,
@@ -36,13 +35,17 @@ from bulkinfer.errors import (
     ModelError,
     OutputExistsError,
 )
-from bulkinfer.journal import OutputFiles
+from bulkinfer.io import formats
+from bulkinfer.io.files import JsonlAppender, publish
+from bulkinfer.io.readers import open_reader
+from bulkinfer.io.records import parse_output, read_records
+from bulkinfer.jobs.output_files import OutputFiles
+from bulkinfer.jobs.run import RunPaths, load_tokenizer, run, to_request, vllm_engine
+from bulkinfer.metrics import text as evaluate
 from bulkinfer.models import DEFAULT_MODEL, resolve_model
-from bulkinfer.progress import Progress
-from bulkinfer.readers import open_reader
-from bulkinfer.report import write_report
-from bulkinfer.rows import Request, RowInvalid
-from bulkinfer.runner import EngineFactory, RunPaths, load_tokenizer, run, to_request, vllm_engine
+from bulkinfer.report.progress import Progress
+from bulkinfer.report.stats import write_report
+from bulkinfer.schema import Request, RowInvalid
 
 
 @dataclass(slots=True)
@@ -64,7 +67,7 @@ class EvalResult:
 
 def eval_path(out: Path) -> Path:
     """``res/out.jsonl`` -> ``res/out.eval.json``."""
-    return writers.sibling(out, ".eval.json")
+    return formats.sibling(out, ".eval.json")
 
 
 def read_golden(path: Path, settings: Settings) -> tuple[list[GoldenRow], list[dict[str, Any]]]:
@@ -92,19 +95,6 @@ def read_golden(path: Path, settings: Settings) -> tuple[list[GoldenRow], list[d
     return rows, invalid
 
 
-def completion_text(record: dict[str, Any]) -> tuple[str, str] | None:
-    """(id, completion) of an output record in bulkinfer or OpenAI batch shape."""
-    if "custom_id" in record:
-        body = ((record.get("response") or {}).get("body")) or {}
-        choices = body.get("choices") or [{}]
-        choice = choices[0]
-        text = (choice.get("message") or {}).get("content", choice.get("text"))
-        return (record["custom_id"], text) if isinstance(text, str) else None
-    if isinstance(record.get("id"), str) and isinstance(record.get("completion"), str):
-        return record["id"], record["completion"]
-    return None
-
-
 def read_predictions(path: Path) -> list[dict[str, Any]]:
     """Every record of a predictions file (JSONL or Parquet output of ``run``).
 
@@ -113,15 +103,14 @@ def read_predictions(path: Path) -> list[dict[str, Any]]:
     """
     if not path.is_file():
         raise InputFileError(f"predictions file not found: {path}")
-    if path.suffix.lower() in (".parquet", ".pq"):
-        import pyarrow.parquet as pq
-
-        return list(pq.read_table(path).to_pylist())
-    return [record for chunk in writers.iter_jsonl_chunks(path) for record in chunk]
+    try:
+        return list(read_records(path))
+    except OSError as exc:
+        raise InputFileError(f"cannot read the predictions file {path}: {exc.strerror or exc}") from None
 
 
 class KeptEngine:
-    """An engine factory for :func:`bulkinfer.runner.run` that keeps the
+    """An engine factory for :func:`bulkinfer.jobs.run.run` that keeps the
     engine it makes open after the run, so that the perplexity pass reuses it
     instead of starting a second engine (~30 s on CPU). The run's ``close()``
     is a no-op; :meth:`close` closes the kept engine."""
@@ -184,7 +173,7 @@ def reference_nll(
     Perplexity = exp(NLL / tokens) per row; the corpus perplexity is
     exp(total NLL / total reference tokens).
     """
-    from bulkinfer.planner import Planner
+    from bulkinfer.prep.planner import Planner
 
     planner = Planner(tokenizer, settings.plan, engine.max_model_len)
     pending = []
@@ -237,10 +226,10 @@ def run_eval(
     ``OUT.eval.json``. The exit code is :data:`EXIT_BELOW_BAR` when a metric is
     below its ``fail_under`` bar, else the generation's (0, or 3 when some rows
     failed; failed rows are listed as unmatched and not scored). The engine's
-    log is appended to ``OUT.log`` unless ``verbose`` (see :mod:`bulkinfer.engine_log`).
+    log is appended to ``OUT.log`` unless ``verbose`` (see :mod:`bulkinfer.engine.log`).
 
     Raises:
-        the errors of :func:`bulkinfer.runner.run`; InputFileError for an
+        the errors of :func:`bulkinfer.jobs.run.run`; InputFileError for an
         unreadable predictions file; ConfigError when no row can be scored.
     """
     started = time.monotonic()
@@ -274,9 +263,9 @@ def run_eval(
             records = read_predictions(predictions)
             by_id: dict[str, tuple[int, str]] = {}
             for index, record in enumerate(records):
-                found = completion_text(record)
-                if found is not None and found[0] not in by_id:
-                    by_id[found[0]] = (index, found[1])
+                found = parse_output(record)
+                if found is not None and found.id not in by_id:
+                    by_id[found.id] = (index, found.completion)
             matched = [row for row in rows if row.id in by_id]
             if not matched:
                 raise ConfigError(f"no prediction in {predictions} matches an id of {golden}")
@@ -343,7 +332,7 @@ def write_eval_html(
     when this eval generated. Never fails the eval."""
 
     try:
-        from bulkinfer.html_report import eval_sections, run_sections, write_html
+        from bulkinfer.report.html import eval_sections, run_sections, write_html
 
         sections = [*eval_sections(report, records), *(run_sections(run_report) if "seconds" in run_report else [])]
         write_html(f"bulkinfer eval: {report['golden']}", sections, path)
@@ -355,11 +344,11 @@ def _write_records(paths: RunPaths, records: list[dict[str, Any]]) -> None:
     """Replace ``paths.output`` with ``records`` atomically, under its lock."""
     files = OutputFiles(paths.output)
     with files.locked():
-        spool = writers.JsonlAppender(paths.output.with_name(f".{paths.output.name}.scored.jsonl"))
+        spool = JsonlAppender(paths.output.with_name(f".{paths.output.name}.scored.jsonl"))
         for record in records:
             spool.write(record)
         spool.close()
-        writers.publish(spool.path, paths.output)
+        publish(spool.path, paths.output)
 
 
 def load_eval(path: Path) -> dict[str, Any]:

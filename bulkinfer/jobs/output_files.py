@@ -36,10 +36,11 @@ from typing import Any
 
 import orjson
 
-from bulkinfer import writers
 from bulkinfer.config import Settings
 from bulkinfer.errors import ConfigError, LockHeldError, OutputExistsError, write_error
-from bulkinfer.writers import failpoint
+from bulkinfer.io import formats
+from bulkinfer.io.files import atomic_write, failpoint, publish, publish_path
+from bulkinfer.io.records import error_line, parse_output, read_records
 
 
 @dataclass(slots=True)
@@ -94,12 +95,12 @@ class OutputFiles:
 
     def __init__(self, out: Path):
         self.out = out
-        self.errors = writers.sibling(out, ".errors.jsonl")
-        self.report = writers.sibling(out, ".report.json")
-        self.html = writers.sibling(out, ".report.html")
-        self.log = writers.sibling(out, ".log")  # the engine's log (bulkinfer.engine_log)
-        self.spool = writers.spool_path(out)
-        self.errors_spool = writers.spool_path(self.errors)
+        self.errors = formats.sibling(out, ".errors.jsonl")
+        self.report = formats.sibling(out, ".report.json")
+        self.html = formats.sibling(out, ".report.html")
+        self.log = formats.sibling(out, ".log")  # the engine's log (bulkinfer.engine.log)
+        self.spool = formats.spool_path(out)
+        self.errors_spool = formats.spool_path(self.errors)
         self.journal = out.with_name(f".{out.name}.journal.json")
         self.lock_path = out.with_name(f".{out.stem}.lock")
         self.tmp = out.with_name(f".{out.name}.tmp")
@@ -124,11 +125,11 @@ class OutputFiles:
         """Outputs of the same stem in another format, with their spools and
         journals: they share this output's errors and report files."""
         found = []
-        for suffix in writers.OUTPUT_SUFFIXES:
+        for suffix in formats.SUFFIXES:
             other = self.out.with_suffix(suffix)
             if other.suffix.lower() == self.out.suffix.lower():
                 continue
-            for path in (other, writers.spool_path(other), other.with_name(f".{other.name}.journal.json")):
+            for path in (other, formats.spool_path(other), other.with_name(f".{other.name}.journal.json")):
                 if path.exists():
                     found.append(path)
         return found
@@ -215,34 +216,30 @@ class OutputFiles:
         return Done()
 
     def _write_journal(self, data: dict[str, Any]) -> None:
-        writers.atomic_write(self.journal, orjson.dumps(data))
+        atomic_write(self.journal, orjson.dumps(data))
 
     def _read_progress(self) -> Done:
         # A crash between the two final renames leaves the errors published
         # and the output still spooled: take the errors back.
         if self.errors.exists() and not self.errors_spool.exists():
-            os.replace(self.errors, self.errors_spool)
+            publish_path(self.errors, self.errors_spool)
         progress = Done()
         for path in (self.spool, self.errors_spool):
             if path.exists():
                 cut_torn_tail(path)
         if self.spool.exists():
-            for chunk in writers.iter_jsonl_chunks(self.spool):
-                for record in chunk:
-                    progress.completed += 1
-                    if "custom_id" in record:
-                        progress.done_ids.add(record["custom_id"])
-                        usage = record["response"]["body"]["usage"]
-                    else:
-                        progress.done_ids.add(record["id"])
-                        usage = record
-                    progress.prompt_tokens += usage["prompt_tokens"]
-                    progress.completion_tokens += usage["completion_tokens"]
+            for record in read_records(self.spool):
+                row = parse_output(record)
+                if row is None:
+                    raise ValueError(f"{self.spool}: a record that is not an output row: {record!r:.200}")
+                progress.completed += 1
+                progress.done_ids.add(row.id)
+                progress.prompt_tokens += row.prompt_tokens
+                progress.completion_tokens += row.completion_tokens
         if self.errors_spool.exists():
-            for chunk in writers.iter_jsonl_chunks(self.errors_spool):
-                for record in chunk:
-                    progress.failed += 1
-                    progress.done_lines.add(record["line"])
+            for record in read_records(self.errors_spool):
+                progress.failed += 1
+                progress.done_lines.add(error_line(record))
         return progress
 
     def discard_if_nothing_done(self) -> None:
@@ -260,8 +257,8 @@ class OutputFiles:
         """Publish errors, then the output (its rename marks the run complete),
         then drop the journal."""
         failpoint("before_publish")
-        writers.publish(self.errors_spool, self.errors)
+        publish(self.errors_spool, self.errors)
         failpoint("between_publish")
-        writers.publish(self.spool, self.out)
+        publish(self.spool, self.out)
         failpoint("after_publish")
         self.journal.unlink(missing_ok=True)

@@ -183,7 +183,7 @@ def eval_sections(report: dict[str, Any], rows: Sequence[dict[str, Any]] = ()) -
     """HTML sections for an eval report (``OUT.eval.json``) and its scored rows."""
     scores = report["scores"]
     ci = scores.get("ci") or {}
-    from bulkinfer.evaluate import METRICS
+    from bulkinfer.metrics.text import METRICS
 
     names = [*METRICS, *(["perplexity"] if scores.get("perplexity") is not None else [])]
     table = _table(
@@ -217,6 +217,6 @@ def write_html(title: str, sections: Sequence[str], path: Path) -> None:
         f"<style>{_STYLE}</style><script>{_CHECK}</script></head>"
         f"<body><h1>{html.escape(title)}</h1>{''.join(sections)}</body></html>"
     )
-    from bulkinfer.writers import atomic_write
+    from bulkinfer.io.files import atomic_write
 
     atomic_write(path, page.encode("utf-8"))

@@ -1,0 +1,1 @@
+"""Reading input files and writing output files: formats, records, atomic publishing."""

@@ -1,0 +1,139 @@
+"""Each record format, written and read back in one place.
+
+- bulkinfer rows: ``id``, ``completion``, ``finish_reason``, ``prompt_tokens``,
+  ``completion_tokens`` and the row's pass-through fields;
+- OpenAI batch lines (https://platform.openai.com/docs/api-reference/batch/request-output,
+  checked against vLLM's ``BatchRequestOutput`` in the tests): ``id``,
+  ``custom_id``, ``response`` {``status_code``, ``request_id``, ``body`` (a
+  ``chat.completion`` or ``text_completion``)}, ``error``;
+- errors (``OUT.errors.jsonl``): ``id``, ``line``, ``error`` {``type``,
+  ``message``}; OpenAI lines: ``custom_id``, ``response: null``, ``error``
+  {``code``, ``message``} and ``line``.
+
+:func:`parse_output` reads back what :func:`output_record` writes (resume and
+eval go through it), :func:`error_line` what :func:`error_record` writes.
+"""
+
+from __future__ import annotations
+
+import time
+import uuid
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from bulkinfer.io.files import iter_jsonl_chunks
+from bulkinfer.io.formats import PARQUET, output_format
+from bulkinfer.schema import CHAT_URL, Completion, Request, RowError
+
+
+def output_record(request: Request, completion: Completion, model: str) -> dict[str, Any]:
+    """The output row for a completed request, in the row's own format."""
+    if request.openai_url is None:
+        return {
+            **request.passthrough,
+            "id": request.id,
+            "completion": completion.text,
+            "finish_reason": completion.finish_reason,
+            "prompt_tokens": completion.prompt_tokens,
+            "completion_tokens": completion.completion_tokens,
+        }
+    usage = {
+        "prompt_tokens": completion.prompt_tokens,
+        "completion_tokens": completion.completion_tokens,
+        "total_tokens": completion.prompt_tokens + completion.completion_tokens,
+    }
+    if request.openai_url == CHAT_URL:
+        body_id, obj = f"chatcmpl-{uuid.uuid4().hex}", "chat.completion"
+        choice: dict[str, Any] = {"index": 0, "message": {"role": "assistant", "content": completion.text}}
+    else:
+        body_id, obj = f"cmpl-{uuid.uuid4().hex}", "text_completion"
+        choice = {"index": 0, "text": completion.text}
+    choice.update(logprobs=None, finish_reason=completion.finish_reason)
+    body = {
+        "id": body_id,
+        "object": obj,
+        "created": int(time.time()),
+        "model": request.passthrough.get("model", model),
+        "choices": [choice],
+        "usage": usage,
+    }
+    return {
+        "id": f"batch_req_{uuid.uuid4().hex}",
+        "custom_id": request.id,
+        "response": {"status_code": 200, "request_id": uuid.uuid4().hex, "body": body},
+        "error": None,
+    }
+
+
+def error_record(error: RowError) -> dict[str, Any]:
+    """The errors-file record for a failed row, in the row's own format.
+    ``"id_recovered": true`` says the id (``custom_id``) was read from the
+    bytes of a line that is not valid JSON."""
+    record: dict[str, Any]
+    if error.openai:
+        record = {
+            "id": f"batch_req_{uuid.uuid4().hex}",
+            "custom_id": error.id,
+            "line": error.line,
+            "response": None,
+            "error": {"code": error.type, "message": error.message},
+        }
+    else:
+        record = {"id": error.id, "line": error.line, "error": {"type": error.type, "message": error.message}}
+    if error.id_recovered:
+        record["id_recovered"] = True
+    return record
+
+
+@dataclass(frozen=True, slots=True)
+class OutputRow:
+    """What an output record says about its row: the id (``custom_id`` for
+    OpenAI lines), the completion text, and its token counts (0 where the
+    record has none)."""
+
+    id: str
+    completion: str
+    prompt_tokens: int = 0
+    completion_tokens: int = 0
+
+
+def parse_output(record: dict[str, Any]) -> OutputRow | None:
+    """The :class:`OutputRow` of an output record in either shape (what
+    :func:`output_record` writes); None when the record has no string id or
+    no completion text."""
+    if "custom_id" in record:
+        body = ((record.get("response") or {}).get("body")) or {}
+        choice = (body.get("choices") or [{}])[0]
+        text = (choice.get("message") or {}).get("content", choice.get("text"))
+        usage = body.get("usage") or {}
+        row_id = record["custom_id"]
+    else:
+        text, usage, row_id = record.get("completion"), record, record.get("id")
+    if not isinstance(row_id, str) or not isinstance(text, str):
+        return None
+    return OutputRow(row_id, text, int(usage.get("prompt_tokens") or 0), int(usage.get("completion_tokens") or 0))
+
+
+def error_line(record: dict[str, Any]) -> int:
+    """The input line (or Parquet row) number of an error record."""
+    return int(record["line"])
+
+
+def read_records(path: Path) -> Iterator[dict[str, Any]]:
+    """Every record of an output file (JSONL or Parquet, by its name),
+    streamed: JSONL line by line, Parquet one record batch at a time.
+
+    Raises:
+        ConfigError: the name has no known suffix.
+        OSError: the file cannot be read.
+    """
+    if output_format(path) == PARQUET:
+        import pyarrow.parquet as pq
+
+        for batch in pq.ParquetFile(path).iter_batches():
+            yield from batch.to_pylist()
+        return
+    for chunk in iter_jsonl_chunks(path):
+        yield from chunk

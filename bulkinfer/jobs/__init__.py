@@ -1,0 +1,1 @@
+"""The commands' wiring: run, plan, calibrate, eval; a page each."""

@@ -1,0 +1,1 @@
+"""Scores of completions against references: BLEU, chrF, ROUGE, perplexity."""

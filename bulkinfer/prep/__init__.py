@@ -1,0 +1,1 @@
+"""Rows to requests: validation, chat-template policy, windows, tokens, sort and buckets."""

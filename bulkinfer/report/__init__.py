@@ -1,0 +1,1 @@
+"""What a run tells: counters, report.json, the terminal, HTML, progress."""
