@@ -57,8 +57,7 @@ def main() -> None:
     from bench.eta import short_prompts
     from bulkinfer.config import load_settings
     from bulkinfer.engine.vllm import VllmEngine, cpu_model
-    from bulkinfer.jobs.run import load_tokenizer
-    from bulkinfer.models import resolve_model
+    from bulkinfer.models import load_tokenizer, resolve_model
     from bulkinfer.prep.rows import parse_row
 
     settings = load_settings(None, {"sampling.max_tokens": args.max_tokens, "sampling.ignore_eos": True})

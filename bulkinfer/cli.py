@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import dataclasses
 import os
+import signal
 import sys
 from pathlib import Path
 from typing import Annotated, Any, NoReturn
@@ -17,6 +18,7 @@ import typer
 
 from bulkinfer.config import EngineSettings, PlanSettings, SamplingDefaults
 from bulkinfer.errors import BulkinferError, Interrupted
+from bulkinfer.stop import StopToken
 
 # One paragraph: rich wraps it to the terminal (a newline in it would be a line break).
 EXIT_CODES_HELP = (
@@ -94,8 +96,6 @@ def _fail(exc: BulkinferError) -> NoReturn:
     if isinstance(exc, Interrupted):
         # The spools are closed and the engine is shut down: a further signal
         # while the process winds down ends it at once, with 128 + N.
-        import signal
-
         for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):
             signal.signal(sig, _exit_at_once)
         _stopped_by_signal.append(exc.exit_code)
@@ -108,6 +108,43 @@ def _exit_at_once(signum: int, frame: object) -> None:
 
 # Set by _fail when a stop signal ended the command: main() then leaves at once.
 _stopped_by_signal: list[int] = []
+
+
+class StopSignals:
+    """SIGINT, SIGTERM and SIGHUP, while a command runs, as calls to a
+    :class:`~bulkinfer.stop.StopToken` the job checks: a stop finishes
+    cleanly (no new requests, finished rows flushed and fsync'd, exit code
+    128 + N). A second signal stops at once.
+
+    While the job is ``starting`` (model load and engine start: nothing to
+    flush yet) the first signal raises :class:`Interrupted` at once, wherever
+    the main thread is; the engine start cleans its processes up. Only the
+    CLI installs these handlers (the main thread's): the core never does."""
+
+    SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
+
+    def __init__(self) -> None:
+        self.token = StopToken()
+        self._previous: dict[int, Any] = {}
+
+    def __enter__(self) -> StopToken:
+        self._previous = {s: signal.signal(s, self._handle) for s in self.SIGNALS}
+        return self.token
+
+    def __exit__(self, *exc: object) -> None:
+        for sig, handler in self._previous.items():
+            signal.signal(sig, handler)
+
+    def _handle(self, signum: int, frame: object) -> None:
+        name = signal.Signals(signum).name
+        if self.token.is_set():
+            raise Interrupted(signum, f"stopped at once by a second {name}")
+        self.token.stop(f"stopped by {name}", signum)
+        if self.token.starting:
+            from bulkinfer.engine.watchdog import kill_all_now
+
+            kill_all_now()  # an engine being started dies now, not after vLLM's graceful shutdown
+            raise Interrupted(signum, f"stopped by {name} before any row was run")
 
 
 def _buckets(value: str | None) -> tuple[int, ...] | None:
@@ -336,9 +373,16 @@ def run(
     try:
         settings = load_settings(config, overrides)
         paths = RunPaths.build(input_path, output)
-        result = run_job(
-            paths, settings, overwrite=overwrite, resume=resume, progress_plain=plain_progress, verbose=verbose
-        )
+        with StopSignals() as stop_token:
+            result = run_job(
+                paths,
+                settings,
+                overwrite=overwrite,
+                resume=resume,
+                progress_plain=plain_progress,
+                verbose=verbose,
+                stop=stop_token,
+            )
     except BulkinferError as exc:
         _fail(exc)
     if result.report.get("already_complete"):
@@ -389,19 +433,21 @@ def eval_command(
         bars = parse_fail_under(fail_under) if fail_under else None
         previous = load_eval(compare) if compare else None
         settings = load_settings(config, overrides)
-        result = run_eval(
-            golden,
-            output or default_output(golden),
-            settings,
-            predictions=predictions,
-            perplexity=perplexity,
-            bootstrap=bootstrap,
-            fail_under=bars,
-            overwrite=overwrite,
-            resume=resume,
-            progress_plain=plain_progress,
-            verbose=verbose,
-        )
+        with StopSignals() as stop_token:
+            result = run_eval(
+                golden,
+                output or default_output(golden),
+                settings,
+                predictions=predictions,
+                perplexity=perplexity,
+                bootstrap=bootstrap,
+                fail_under=bars,
+                overwrite=overwrite,
+                resume=resume,
+                progress_plain=plain_progress,
+                verbose=verbose,
+                stop=stop_token,
+            )
     except BulkinferError as exc:
         _fail(exc)
     print_eval(result.report, previous, Console())
@@ -448,10 +494,11 @@ def calibrate(
 ) -> None:
     """Measure this machine with a short fixed workload; `bulkinfer plan` estimates from it."""
     from bulkinfer.config import load_settings
-    from bulkinfer.jobs.plan import calibrate as run_calibration
+    from bulkinfer.jobs.calibrate import calibrate as run_calibration
 
     try:
-        entry = run_calibration(load_settings(config, {"model": model}), verbose=verbose)
+        with StopSignals() as stop_token:
+            entry = run_calibration(load_settings(config, {"model": model}), verbose=verbose, stop=stop_token)
     except BulkinferError as exc:
         _fail(exc)
     typer.echo(
@@ -486,7 +533,7 @@ def report(
         print_eval(data, None, Console())
         write_eval_html(data, run_report, records, html_path)
     else:
-        from bulkinfer.jobs.run import write_run_html
+        from bulkinfer.report.html import write_run_html
         from bulkinfer.report.stats import print_summary
 
         print_summary(data, Console())

@@ -87,12 +87,14 @@ class OutputWriteError(BulkinferError):
 
 
 class Interrupted(BulkinferError):
-    """The run was stopped by a signal; finished rows were flushed to disk."""
+    """The run was stopped (by a signal, or a caller's stop token); finished
+    rows were flushed to disk. Exit code 128 + the signal's number (130, as
+    for SIGINT, when no signal asked)."""
 
-    def __init__(self, signum: int, message: str):
+    def __init__(self, signum: int | None, message: str):
         super().__init__(message)
         self.signum = signum
-        self.exit_code = 128 + signum
+        self.exit_code = 128 + (signum if signum is not None else 2)
 
 
 # errno -> what to do, for the OSErrors that mean "this file cannot be written"

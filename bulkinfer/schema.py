@@ -94,3 +94,15 @@ class Completion:
     # ``score_from`` on, and how many tokens that is.
     nll: float | None = None
     scored_tokens: int = 0
+
+
+@dataclass(slots=True)
+class Done:
+    """What earlier attempts of this run finished, read back from the spools."""
+
+    done_ids: set[str] = field(default_factory=set)
+    done_lines: set[int] = field(default_factory=set)
+    completed: int = 0
+    failed: int = 0
+    prompt_tokens: int = 0
+    completion_tokens: int = 0

@@ -12,6 +12,7 @@ from typing import Any
 
 from bulkinfer.errors import EngineError
 from bulkinfer.schema import Completion, Request
+from bulkinfer.stop import StopToken
 
 NLL_PER_TOKEN = 0.5
 
@@ -28,11 +29,13 @@ class FakeEngine:
         signal_at: int | None = None,
         step_delay: float = 0.0,
         hang_at: int | None = None,
+        stop_at: tuple[int, StopToken] | None = None,
     ):
         self.step_delay = step_delay
         self.hang_at = hang_at  # from this step on, no step ever finishes (a stuck engine)
         self.queue: deque[tuple[str, Request]] = deque()
         self.reject, self.crash_at, self.signal_at = reject, crash_at, signal_at
+        self.stop_at = stop_at  # (step, token): the token is set after that step, as a caller in another thread would
         self.steps = 0
         self.max_queued = 0
         self.closed = False
@@ -54,6 +57,8 @@ class FakeEngine:
         time.sleep(self.step_delay)
         if self.steps == self.signal_at:
             os.kill(os.getpid(), signal.SIGTERM)
+        if self.stop_at is not None and self.steps == self.stop_at[0]:
+            self.stop_at[1].stop("stopped by the caller")
         if self.steps == self.crash_at:
             raise EngineError("the vLLM engine failed: RuntimeError: boom")
         done = []

@@ -15,6 +15,7 @@ from pathlib import Path
 
 from fakes import FakeEngine
 
+from bulkinfer.cli import StopSignals
 from bulkinfer.config import load_settings
 from bulkinfer.errors import BulkinferError
 from bulkinfer.jobs.run import RunPaths, run
@@ -36,13 +37,15 @@ def main() -> int:
         return FakeEngine(step_delay=args.step_delay, hang_at=args.hang_at)
 
     try:
-        result = run(
-            RunPaths.build(args.input, args.output),
-            settings,
-            resume=args.resume,
-            engine_factory=factory,
-            progress_plain=True,
-        )
+        with StopSignals() as stop:  # as the CLI does
+            result = run(
+                RunPaths.build(args.input, args.output),
+                settings,
+                resume=args.resume,
+                engine_factory=factory,
+                progress_plain=True,
+                stop=stop,
+            )
     except BulkinferError as exc:
         print(f"bulkinfer: error: {exc}", file=sys.stderr)
         return exc.exit_code

@@ -10,9 +10,9 @@ import orjson
 import pytest
 
 from bulkinfer.config import load_settings
-from bulkinfer.jobs.plan import plan_file, record_calibration
-from bulkinfer.jobs.run import load_tokenizer
-from bulkinfer.models import resolve_model
+from bulkinfer.jobs.plan import plan_file
+from bulkinfer.models import load_tokenizer, resolve_model
+from bulkinfer.report.calibration import record_calibration
 
 WORDS = "alpha beta gamma delta epsilon zeta eta theta iota kappa lambda".split()
 
@@ -102,7 +102,8 @@ def test_plan_estimate_comes_from_the_last_run(tmp_path: Path, monkeypatch) -> N
 def test_calibrate_records_what_plan_estimates_from(tmp_path: Path, monkeypatch) -> None:  # type: ignore[no-untyped-def]
     from fakes import FakeEngine
 
-    from bulkinfer.jobs.plan import calibrate, load_calibrations
+    from bulkinfer.jobs.calibrate import calibrate
+    from bulkinfer.report.calibration import load_calibrations
 
     model = resolve_model(None)
     monkeypatch.setenv("BULKINFER_HOME", str(tmp_path))

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import os
 import signal
+import threading
 from pathlib import Path
 from typing import Any
 
@@ -16,6 +17,7 @@ import orjson
 import pytest
 from fakes import FakeEngine
 
+from bulkinfer.cli import StopSignals
 from bulkinfer.config import Settings, load_settings
 from bulkinfer.errors import (
     EXIT_OK,
@@ -28,6 +30,7 @@ from bulkinfer.errors import (
 )
 from bulkinfer.jobs.output_files import OutputFiles
 from bulkinfer.jobs.run import RunPaths, run
+from bulkinfer.stop import StopToken
 
 
 def make_input(tmp_path: Path, n: int = 20) -> Path:
@@ -79,12 +82,18 @@ def test_engine_crash_ends_the_run_and_keeps_no_final_output(tmp_path: Path) -> 
     assert engine.closed
 
 
+def run_with_signals(paths: RunPaths, s: Settings, **options: Any) -> Any:
+    """``run`` under the CLI's signal handling (signals -> the stop token)."""
+    with StopSignals() as stop:
+        return run(paths, s, stop=stop, **options)
+
+
 def test_sigterm_stops_feeding_flushes_and_exits_143(tmp_path: Path) -> None:
     engine = FakeEngine(signal_at=3)
     paths = RunPaths.build(make_input(tmp_path), tmp_path / "out.jsonl")
     handler_before = signal.getsignal(signal.SIGTERM)
     with pytest.raises(Interrupted) as info:
-        run(paths, settings(max_in_flight=2), engine_factory=lambda m, s: engine)
+        run_with_signals(paths, settings(max_in_flight=2), engine_factory=lambda m, s: engine)
     assert info.value.exit_code == 143
     assert not paths.output.exists()
     spool = tmp_path / ".out.jsonl.partial.jsonl"
@@ -94,10 +103,36 @@ def test_sigterm_stops_feeding_flushes_and_exits_143(tmp_path: Path) -> None:
     assert signal.getsignal(signal.SIGTERM) == handler_before  # handlers restored
 
 
+def test_a_stop_token_stops_a_run_in_another_thread_without_signal_handlers(tmp_path: Path) -> None:
+    stop = StopToken()
+    engine = FakeEngine(stop_at=(3, stop))
+    paths = RunPaths.build(make_input(tmp_path), tmp_path / "out.jsonl")
+    handlers = {sig: signal.getsignal(sig) for sig in StopSignals.SIGNALS}
+    caught: list[BaseException] = []
+
+    def target() -> None:
+        try:
+            run(paths, settings(max_in_flight=2), engine_factory=lambda m, s: engine, stop=stop)
+        except BaseException as exc:
+            caught.append(exc)
+
+    thread = threading.Thread(target=target)
+    thread.start()
+    thread.join(timeout=120)
+    assert not thread.is_alive()
+    [exc] = caught
+    assert isinstance(exc, Interrupted)
+    assert exc.exit_code == 130 and "stopped by the caller: 6 finished rows" in str(exc)
+    assert engine.steps == 3 and engine.closed
+    spool = tmp_path / ".out.jsonl.partial.jsonl"
+    assert len(spool.read_bytes().splitlines()) == 6
+    assert {sig: signal.getsignal(sig) for sig in StopSignals.SIGNALS} == handlers  # the core installed none
+
+
 def interrupted_run(tmp_path: Path, n: int = 20, signal_at: int = 3) -> RunPaths:
     paths = RunPaths.build(make_input(tmp_path, n), tmp_path / "out.jsonl")
     with pytest.raises(Interrupted):
-        run(paths, settings(max_in_flight=2), engine_factory=lambda m, s: FakeEngine(signal_at=signal_at))
+        run_with_signals(paths, settings(max_in_flight=2), engine_factory=lambda m, s: FakeEngine(signal_at=signal_at))
     return paths
 
 
@@ -134,7 +169,7 @@ def test_resume_after_crash_between_the_final_renames(tmp_path: Path) -> None:
         f.write(b"not json\n")
     paths = RunPaths.build(src, tmp_path / "out.jsonl")
     with pytest.raises(Interrupted):
-        run(paths, settings(max_in_flight=2), engine_factory=lambda m, s: FakeEngine(signal_at=2))
+        run_with_signals(paths, settings(max_in_flight=2), engine_factory=lambda m, s: FakeEngine(signal_at=2))
     # the errors file was published, then the process died before the output's rename
     os.replace(tmp_path / ".out.errors.jsonl.partial.jsonl", paths.errors)
     result = run(paths, settings(), resume=True, engine_factory=lambda m, s: FakeEngine())

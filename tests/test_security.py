@@ -9,8 +9,8 @@ from fakes import FakeEngine
 
 from bulkinfer.config import EngineSettings, PlanSettings, SamplingDefaults, load_settings
 from bulkinfer.engine.vllm import resolve_engine_args
-from bulkinfer.jobs.run import RunPaths, load_tokenizer, run
-from bulkinfer.models import resolve_model
+from bulkinfer.jobs.run import RunPaths, run
+from bulkinfer.models import load_tokenizer, resolve_model
 from bulkinfer.prep.planner import Planner
 from bulkinfer.prep.rows import parse_row
 

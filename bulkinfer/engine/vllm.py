@@ -18,7 +18,8 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from bulkinfer.config import EngineSettings, SamplingDefaults
+from bulkinfer.config import EngineSettings, SamplingDefaults, Settings
+from bulkinfer.engine.base import Engine
 from bulkinfer.errors import BulkinferError, ConfigError, EngineError
 from bulkinfer.schema import Completion, Request
 
@@ -534,3 +535,12 @@ def _cmdline(proc: Any) -> list[str]:
         return list(proc.cmdline())
     except Exception:
         return []
+
+
+def vllm_engine(model: str, settings: Settings) -> Engine:
+    """The real engine: vLLM's ``SamplingParams`` checks the ``[sampling]``
+    defaults first (ConfigError), then the engine starts."""
+    from bulkinfer.engine.vllm import VllmEngine, check_sampling_defaults
+
+    check_sampling_defaults(settings.sampling)
+    return VllmEngine(model, settings.engine, stall_timeout_s=settings.plan.stall_timeout_s)

@@ -26,6 +26,7 @@ import orjson
 from bulkinfer.config import Settings
 from bulkinfer.engine.base import Engine, EngineFactory
 from bulkinfer.engine.log import EngineLog, terminal
+from bulkinfer.engine.vllm import vllm_engine
 from bulkinfer.errors import (
     EXIT_BELOW_BAR,
     EXIT_OK,
@@ -40,12 +41,14 @@ from bulkinfer.io.files import JsonlAppender, publish
 from bulkinfer.io.readers import open_reader
 from bulkinfer.io.records import parse_output, read_records
 from bulkinfer.jobs.output_files import OutputFiles
-from bulkinfer.jobs.run import RunPaths, load_tokenizer, run, to_request, vllm_engine
+from bulkinfer.jobs.run import RunPaths, run
 from bulkinfer.metrics import text as evaluate
-from bulkinfer.models import DEFAULT_MODEL, resolve_model
-from bulkinfer.report.progress import Progress
+from bulkinfer.metrics.perplexity import ReferenceNLL, reference_nll
+from bulkinfer.models import DEFAULT_MODEL, TokenizerFactory, load_tokenizer, resolve_model
+from bulkinfer.prep.rows import to_request
 from bulkinfer.report.stats import write_report
 from bulkinfer.schema import Request, RowInvalid
+from bulkinfer.stop import StopToken
 
 
 @dataclass(slots=True)
@@ -163,50 +166,6 @@ class _Unclosed:
         pass
 
 
-def reference_nll(
-    rows: list[GoldenRow], tokenizer: Any, engine: Engine, settings: Settings, progress_plain: bool = False
-) -> dict[str, tuple[float, int]]:
-    """Negative log-likelihood (nats) and token count of each row's first
-    reference given its prompt, from vLLM's ``prompt_logprobs`` on
-    prompt + reference; rows that do not fit the context are left out.
-
-    Perplexity = exp(NLL / tokens) per row; the corpus perplexity is
-    exp(total NLL / total reference tokens).
-    """
-    from bulkinfer.prep.planner import Planner
-
-    planner = Planner(tokenizer, settings.plan, engine.max_model_len)
-    pending = []
-    for row in rows:
-        prompt_ids = planner.encode(row.request)
-        reference_ids = list(tokenizer(row.references[0], add_special_tokens=False)["input_ids"])
-        if not reference_ids or len(prompt_ids) + len(reference_ids) > engine.max_model_len:
-            continue
-        row.request.prompt_token_ids = prompt_ids + reference_ids
-        row.request.score_from = len(prompt_ids)
-        pending.append(row)
-    by_request = {f"ppl-{i}": row for i, row in enumerate(pending)}  # apart from the run's ids
-    progress = Progress(len(pending), force_plain=progress_plain, task="perplexity", tokens="reference")
-    results: dict[str, tuple[float, int]] = {}
-    queue = list(by_request.items())[::-1]
-    in_flight = 0
-    limit = settings.plan.max_in_flight or 2 * engine.max_num_seqs
-    while queue or in_flight:
-        while queue and in_flight < limit:
-            request_id, row = queue.pop()
-            if engine.add(request_id, row.request) is None:
-                in_flight += 1
-        for done in engine.step():
-            in_flight -= 1
-            if done.nll is not None and done.scored_tokens:
-                results[by_request[done.request_id].id] = (done.nll, done.scored_tokens)
-                progress.update(done=1, completion_tokens=done.scored_tokens)
-            else:
-                progress.update(failed=1)
-    progress.close()
-    return results
-
-
 def run_eval(
     golden: Path,
     out: Path,
@@ -220,7 +179,9 @@ def run_eval(
     resume: bool = False,
     progress_plain: bool = False,
     engine_factory: EngineFactory = vllm_engine,
+    tokenizer_factory: TokenizerFactory = load_tokenizer,
     verbose: bool = False,
+    stop: StopToken | None = None,
 ) -> EvalResult:
     """Generate (unless ``predictions`` is given), score, and write ``OUT`` and
     ``OUT.eval.json``. The exit code is :data:`EXIT_BELOW_BAR` when a metric is
@@ -249,15 +210,17 @@ def run_eval(
                     overwrite=overwrite,
                     resume=resume,
                     engine_factory=engine_factory,
+                    tokenizer_factory=tokenizer_factory,
                     progress_plain=progress_plain,
                     verbose=verbose,
+                    stop=stop,
                 )
                 run_report, run_code = generated.report, generated.exit_code
                 predictions = out
             elif out.exists() and not overwrite:
                 raise OutputExistsError(f"output {out} already exists; use --overwrite to replace it")
             model_path = resolve_model(settings.model)
-            tokenizer = load_tokenizer(model_path, settings.engine.trust_remote_code)
+            tokenizer = tokenizer_factory(model_path, settings.engine.trust_remote_code)
             settings = settings.resolve_chat_template(tokenizer)  # as the generation decided
             rows, invalid = read_golden(golden, settings)
             records = read_predictions(predictions)
@@ -273,26 +236,31 @@ def run_eval(
             scores = evaluate.score(texts, [row.references for row in matched], bootstrap=bootstrap)
             per_row = {row.id: evaluate.row_scores(by_id[row.id][1], row.references) for row in matched}
 
-            nll: dict[str, tuple[float, int]] = {}
+            nll = ReferenceNLL()
             if perplexity:
-                nll = reference_nll(matched, tokenizer, engines.get(model_path, settings), settings, progress_plain)
+                pairs = [(row.request, row.references[0]) for row in matched]
+                engine = engines.get(model_path, settings)
+                nll = reference_nll(pairs, tokenizer, engine, settings, progress_plain, stop)
 
             golden_ids = {row.id for row in rows}
             scored_index = {index: row_id for row_id, (index, _) in by_id.items() if row_id in per_row}
             for index, row_id in scored_index.items():  # the first record of each id gets the scores
                 records[index] = {**records[index], **per_row[row_id]}
-                if row_id in nll:
-                    total, count = nll[row_id]
+                if row_id in nll.scored:
+                    total, count = nll.scored[row_id]
                     records[index]["perplexity"] = math.exp(total / count)
+                elif row_id in nll.failed:
+                    records[index]["perplexity_error"] = nll.failed[row_id]
             _write_records(paths, records)
 
             corpus = scores.to_dict()
             if perplexity:
-                total_nll = sum(v[0] for v in nll.values())
-                total_tokens = sum(v[1] for v in nll.values())
+                total_nll = sum(v[0] for v in nll.scored.values())
+                total_tokens = sum(v[1] for v in nll.scored.values())
                 corpus["perplexity"] = math.exp(total_nll / total_tokens) if total_tokens else None
-                corpus["perplexity_rows"] = len(nll)
+                corpus["perplexity_rows"] = len(nll.scored)
                 corpus["perplexity_tokens"] = total_tokens
+                corpus["perplexity_failed"] = len(nll.failed)
             below = evaluate.check_fail_under(corpus, fail_under) if fail_under else []
             report = {
                 "golden": str(golden),

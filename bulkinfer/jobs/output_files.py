@@ -30,7 +30,6 @@ import hashlib
 import os
 from collections.abc import Iterator
 from contextlib import contextmanager
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -41,18 +40,7 @@ from bulkinfer.errors import ConfigError, LockHeldError, OutputExistsError, writ
 from bulkinfer.io import formats
 from bulkinfer.io.files import atomic_write, failpoint, publish, publish_path
 from bulkinfer.io.records import error_line, parse_output, read_records
-
-
-@dataclass(slots=True)
-class Done:
-    """What earlier attempts of this run finished, read back from the spools."""
-
-    done_ids: set[str] = field(default_factory=set)
-    done_lines: set[int] = field(default_factory=set)
-    completed: int = 0
-    failed: int = 0
-    prompt_tokens: int = 0
-    completion_tokens: int = 0
+from bulkinfer.schema import Done
 
 
 def input_identity(path: Path) -> dict[str, Any]:

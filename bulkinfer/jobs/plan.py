@@ -17,55 +17,16 @@ from collections import Counter
 from pathlib import Path
 from typing import Any
 
-import orjson
-
 from bulkinfer.config import Settings
-from bulkinfer.engine.log import EngineLog
-from bulkinfer.errors import EngineError, ModelError
-from bulkinfer.io.files import atomic_write
 from bulkinfer.io.readers import open_reader
-from bulkinfer.jobs.run import iter_windows, load_tokenizer
-from bulkinfer.models import bulkinfer_home, resolve_model
+from bulkinfer.models import load_tokenizer, resolve_model
 from bulkinfer.prep.planner import Planner, efficiency, static_batch_tokens
+from bulkinfer.prep.windows import iter_windows
+from bulkinfer.report.calibration import load_calibrations
 from bulkinfer.schema import RowError
 
 DEFAULT_CONTEXT = 2048
 MAX_EXAMPLES = 20
-
-
-def calibration_path() -> Path:
-    return bulkinfer_home() / "calibration.json"
-
-
-def record_calibration(report: dict[str, Any]) -> None:
-    """Remember a finished run's throughput for its model (atomic write).
-
-    Runs that completed fewer than 16 rows teach nothing and are skipped."""
-    if report.get("request_counts", {}).get("completed", 0) - report.get("resumed", {}).get("completed", 0) < 16:
-        return
-    path = calibration_path()
-    path.parent.mkdir(parents=True, exist_ok=True)
-    data = load_calibrations()
-    data[str(report["model_path"])] = {
-        "completion_tokens_per_s": report["throughput"]["completion_tokens_per_s"],
-        "prompt_tokens_per_s": report["throughput"]["prompt_tokens_per_s"],
-        "requests_per_s": report["throughput"]["requests_per_s"],
-        "load_seconds": report["seconds"]["load"],
-        "device": report.get("engine", {}).get("device"),
-        "dtype": report.get("engine", {}).get("dtype"),
-        "rows": report["request_counts"]["completed"],
-        "measured_at": time.strftime("%Y-%m-%dT%H:%M:%S"),
-        "report": report.get("output"),
-    }
-    atomic_write(path, orjson.dumps(data, option=orjson.OPT_INDENT_2))
-
-
-def load_calibrations() -> dict[str, Any]:
-    try:
-        data: dict[str, Any] = orjson.loads(calibration_path().read_bytes())
-        return data
-    except (OSError, orjson.JSONDecodeError):
-        return {}
 
 
 def context_length(model_path: str, settings: Settings) -> int:
@@ -234,43 +195,3 @@ def print_plan(plan: dict[str, Any], console: Any) -> None:
     console.print(buckets)
     for example in plan["error_examples"][:5]:
         console.print(f"line {example['line']}: {example['type']}: {example['message']}")
-
-
-CALIBRATION_ROWS = 64
-CALIBRATION_MAX_TOKENS = 64
-
-
-def calibrate(settings: Settings, engine_factory: Any = None, verbose: bool = False) -> dict[str, Any]:
-    """Measure this machine: run a short fixed workload (64 chat prompts x 64
-    completion tokens, ``ignore_eos``) through the real engine, record its
-    throughput as the model's calibration, and return that entry. The
-    engine's log goes to ``$BULKINFER_HOME/calibrate.log`` unless ``verbose``.
-
-    Raises:
-        ModelError, EngineError: as ``run``.
-    """
-    import dataclasses
-    import tempfile
-
-    from bulkinfer.jobs.run import RunPaths, run, vllm_engine
-
-    topics = ["the sea", "a city at night", "an old clock", "bread", "a mountain road", "winter", "a library", "rain"]
-    sampling = dataclasses.replace(
-        settings.sampling, max_tokens=CALIBRATION_MAX_TOKENS, temperature=0.0, ignore_eos=True
-    )
-    fixed = dataclasses.replace(settings, sampling=sampling, apply_chat_template=True)
-    with tempfile.TemporaryDirectory(prefix="bulkinfer-calibrate-") as tmp:
-        src = Path(tmp) / "calibrate.jsonl"
-        src.write_bytes(b"".join(
-            orjson.dumps({"id": f"c{i}", "prompt": f"Write a short paragraph about {topics[i % len(topics)]}."}) + b"\n"
-            for i in range(CALIBRATION_ROWS)
-        ))  # fmt: skip
-        paths = RunPaths.build(src, Path(tmp) / "out.jsonl")
-        log_path = calibration_path().with_name("calibrate.log")
-        log_path.parent.mkdir(parents=True, exist_ok=True)
-        with EngineLog(log_path, verbose) as log:
-            try:
-                report = run(paths, fixed, engine_factory=engine_factory or vllm_engine, verbose=verbose).report
-            except (EngineError, ModelError) as exc:
-                raise log.explain(exc) from exc
-    return dict(load_calibrations()[report["model_path"]])

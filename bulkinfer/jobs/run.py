@@ -13,10 +13,8 @@ from __future__ import annotations
 import errno
 import itertools
 import os
-import signal
 import time
-from collections import Counter, deque
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -25,8 +23,9 @@ import orjson
 
 from bulkinfer.config import Settings
 from bulkinfer.engine.base import Engine, EngineFactory, NoEngine
-from bulkinfer.engine.log import EngineLog, terminal
-from bulkinfer.engine.vllm import configure_environment
+from bulkinfer.engine.feed import FeedStopped, feed
+from bulkinfer.engine.log import EngineLog
+from bulkinfer.engine.vllm import vllm_engine
 from bulkinfer.errors import (
     EXIT_OK,
     EXIT_PARTIAL,
@@ -34,26 +33,22 @@ from bulkinfer.errors import (
     ConfigError,
     EngineError,
     InputFileError,
-    Interrupted,
     ModelError,
     write_error,
 )
 from bulkinfer.io import formats, records
 from bulkinfer.io.files import JsonlAppender
 from bulkinfer.io.readers import RawRow, Reader, count_rows, open_reader
-from bulkinfer.jobs.output_files import Done, OutputFiles, input_identity, settings_fingerprint
-from bulkinfer.models import DEFAULT_MODEL, resolve_model
-from bulkinfer.prep.planner import Planner, bucket_index, bucket_label
-from bulkinfer.prep.rows import parse_row
+from bulkinfer.jobs.output_files import OutputFiles, input_identity, settings_fingerprint
+from bulkinfer.models import DEFAULT_MODEL, TokenizerFactory, load_tokenizer, resolve_model
+from bulkinfer.prep.planner import Planner
+from bulkinfer.prep.windows import iter_windows
+from bulkinfer.report.calibration import record_calibration
+from bulkinfer.report.html import write_run_html
 from bulkinfer.report.progress import Progress
-from bulkinfer.report.stats import peak_rss_bytes, throughput, write_report
-from bulkinfer.schema import COMPLETIONS_URL, Completion, Request, RowError, RowInvalid
-
-# completion-length histogram bins (tokens): 1, 2, 3-4, 5-8, ..., 8193+
-LENGTH_BINS: tuple[int, ...] = tuple(2**i for i in range(14))
-# The feed loop waits at most this long (seconds) for an engine step before it
-# looks at stop signals again.
-STEP_WAIT_S = 0.5
+from bulkinfer.report.stats import RunStats, peak_rss_bytes, write_report
+from bulkinfer.schema import Completion, Done, Request, RowError
+from bulkinfer.stop import StopToken
 
 
 @dataclass(frozen=True, slots=True)
@@ -111,142 +106,6 @@ class RunResult:
     exit_code: int
 
 
-class StopSignals:
-    """Turns SIGINT, SIGTERM and SIGHUP into a flag the run loop checks, so a
-    stop finishes cleanly: no new requests, finished rows flushed and fsync'd,
-    exit code 128 + N. A second signal stops at once.
-
-    While ``immediate`` is True (model load and engine start: nothing to
-    flush yet) the first signal raises :class:`Interrupted` at once, wherever
-    the main thread is; the engine start cleans its processes up."""
-
-    SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
-
-    def __init__(self) -> None:
-        self.received: int | None = None
-        self.immediate = True
-        self._previous: dict[int, Any] = {}
-
-    def __enter__(self) -> StopSignals:
-        self._previous = {s: signal.signal(s, self._handle) for s in self.SIGNALS}
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        for sig, handler in self._previous.items():
-            signal.signal(sig, handler)
-
-    def _handle(self, signum: int, frame: object) -> None:
-        name = signal.Signals(signum).name
-        if self.received is not None:
-            raise Interrupted(signum, f"stopped at once by a second {name}")
-        self.received = signum
-        if self.immediate:
-            from bulkinfer.engine.watchdog import kill_all_now
-
-            kill_all_now()  # an engine being started dies now, not after vLLM's graceful shutdown
-            raise Interrupted(signum, f"stopped by {name} before any row was run")
-
-    def interrupted(self, detail: str) -> Interrupted:
-        assert self.received is not None
-        return Interrupted(self.received, f"stopped by {signal.Signals(self.received).name}: {detail}")
-
-
-def to_request(data: Any, seq: int, line: int, settings: Settings) -> Request:
-    """:func:`~bulkinfer.prep.rows.parse_row` with the run's settings applied: with
-    ``apply_chat_template`` a ``prompt`` becomes a one-message user chat
-    (except on OpenAI ``/v1/completions`` lines).
-
-    Raises:
-        RowInvalid: as parse_row.
-    """
-    if not isinstance(settings.apply_chat_template, bool):
-        raise ValueError('apply_chat_template "auto" must be resolved first (Settings.resolve_chat_template)')
-    request = parse_row(data, seq, line, settings.sampling)
-    if settings.apply_chat_template and request.prompt is not None and request.openai_url != COMPLETIONS_URL:
-        request.messages, request.prompt = [{"role": "user", "content": request.prompt}], None
-    return request
-
-
-def iter_windows(
-    reader: Iterable[RawRow], settings: Settings, on_error: Callable[[RowError], None], done: Done | None = None
-) -> Iterator[list[Request]]:
-    """Valid requests from ``reader`` (raw rows in file order) in windows of ``plan.window_rows``; every
-    invalid row (undecodable, bad fields, duplicate id) goes to ``on_error``.
-    The first occurrence of an id runs; later ones are ``duplicate_id`` errors.
-    Rows an earlier attempt finished (``done``: error lines, completed ids)
-    are skipped."""
-    done = done or Done()
-    seen: set[str] = set(done.done_ids)
-    window_ids_skipped: set[str] = set()
-    window: list[Request] = []
-    for seq, raw in enumerate(reader):
-        if raw.line in done.done_lines:
-            continue
-        if raw.error is not None:
-            on_error(raw.error.to_error(raw.line))
-            continue
-        try:
-            request = to_request(raw.data, seq, raw.line, settings)
-        except RowInvalid as exc:
-            on_error(exc.to_error(raw.line))
-            continue
-        if request.id in done.done_ids and request.id not in window_ids_skipped:
-            window_ids_skipped.add(request.id)
-            continue
-        if request.id in seen:
-            on_error(
-                RowError(
-                    raw.line,
-                    request.id,
-                    "duplicate_id",
-                    f"id '{request.id}' already appeared earlier in the file",
-                    request.openai_url is not None,
-                )
-            )
-            continue
-        seen.add(request.id)
-        window.append(request)
-        if len(window) >= settings.plan.window_rows:
-            yield window
-            window = []
-    if window:
-        yield window
-
-
-def write_run_html(report: dict[str, Any], path: Path) -> None:
-    """The self-contained HTML report beside the output. A failure to draw it
-    is reported on stderr and never fails the run (the JSON report has it all)."""
-    try:
-        from bulkinfer.report.html import run_sections, write_html
-
-        write_html(f"bulkinfer: {report['input']}", run_sections(report), path)
-    except Exception as exc:  # matplotlib missing, a font problem, ...
-        print(f"bulkinfer: warning: HTML report not written: {type(exc).__name__}: {exc}", file=terminal())
-
-
-def load_tokenizer(model: str, trust_remote_code: bool = False) -> Any:
-    """The model's Hugging Face tokenizer (fast when one exists).
-
-    Raises:
-        ModelError: transformers cannot load a tokenizer from ``model``.
-    """
-    from transformers import AutoTokenizer
-
-    try:
-        return AutoTokenizer.from_pretrained(model, trust_remote_code=trust_remote_code)
-    except (OSError, ValueError, KeyError) as exc:
-        raise ModelError(f"cannot load the tokenizer of {model}: {type(exc).__name__}: {exc}") from None
-
-
-def vllm_engine(model: str, settings: Settings) -> Engine:
-    """The real engine: vLLM's ``SamplingParams`` checks the ``[sampling]``
-    defaults first (ConfigError), then the engine starts."""
-    from bulkinfer.engine.vllm import VllmEngine, check_sampling_defaults
-
-    check_sampling_defaults(settings.sampling)
-    return VllmEngine(model, settings.engine, stall_timeout_s=settings.plan.stall_timeout_s)
-
-
 def run(
     paths: RunPaths,
     settings: Settings,
@@ -254,8 +113,10 @@ def run(
     overwrite: bool = False,
     resume: bool = False,
     engine_factory: EngineFactory = vllm_engine,
+    tokenizer_factory: TokenizerFactory = load_tokenizer,
     progress_plain: bool = False,
     verbose: bool = False,
+    stop: StopToken | None = None,
 ) -> RunResult:
     """Run every row of ``paths.input`` through the model; write the output,
     errors and report files. Returns the report and the exit code
@@ -284,8 +145,15 @@ def run(
             engine dies (finished rows stay in the spools).
         OutputWriteError: a file of the run cannot be written (disk full,
             read-only, permission, not a directory); finished rows are kept.
-        Interrupted: SIGINT, SIGTERM or SIGHUP arrived; finished rows are on
-            disk in the spool beside the output (exit code 128 + N).
+        Interrupted: ``stop`` was set (the CLI sets it on SIGINT, SIGTERM or
+            SIGHUP); finished rows are on disk in the spool beside the
+            output (exit code 128 + N).
+
+    ``engine_factory(model_path, settings)`` builds the engine,
+    ``tokenizer_factory(model_path, trust_remote_code)`` loads the tokenizer
+    (tests inject their own). Touches no process-wide state but the engine's
+    log capture (file descriptors 1 and 2, see :mod:`bulkinfer.engine.log`):
+    it runs in any thread.
     """
     started = time.monotonic()
     reader = open_reader(paths.input, passthrough=settings.passthrough)
@@ -307,7 +175,15 @@ def run(
                 with EngineLog(files.log, verbose, append=resumed) as log:
                     try:
                         report = _run_locked(
-                            paths, files, done, settings, reader, engine_factory, progress_plain, started
+                            paths,
+                            files,
+                            done,
+                            settings,
+                            reader,
+                            (engine_factory, tokenizer_factory),
+                            progress_plain,
+                            started,
+                            stop or StopToken(),
                         )
                     except (EngineError, ModelError) as exc:
                         raise log.explain(exc) from exc
@@ -346,47 +222,44 @@ def _run_locked(
     done: Done,
     settings: Settings,
     reader: Reader,
-    engine_factory: EngineFactory,
+    factories: tuple[EngineFactory, TokenizerFactory],
     progress_plain: bool,
     started: float,
+    stop: StopToken,
 ) -> dict[str, Any]:
     """The body of :func:`run`, with the lock held and the journal written."""
-    configure_environment()
-    with StopSignals() as signals:
-        rows = iter(reader)
-        first = next(rows, None)
-        if first is None:  # no rows at all: no model to load
-            model: str = ""
-            engine: Engine = NoEngine()
-            tokenizer = None
-        else:
-            model = resolve_model(settings.model)
-            tokenizer = load_tokenizer(model, settings.engine.trust_remote_code)
-            engine = engine_factory(model, settings)
-        settings = settings.resolve_chat_template(tokenizer)
-        load_s = time.monotonic() - started
-        try:
-            planner = Planner(tokenizer, settings.plan, engine.max_model_len)
-            generation = Generation(paths, files, done, settings, engine, planner, signals, progress_plain)
-            generation.run(itertools.chain([first], rows) if first is not None else ())
-        finally:
-            engine.close()
+    engine_factory, tokenizer_factory = factories
+    rows = iter(reader)
+    first = next(rows, None)
+    if first is None:  # no rows at all: no model to load
+        model: str = ""
+        engine: Engine = NoEngine()
+        tokenizer = None
+    else:
+        model = resolve_model(settings.model)
+        tokenizer = tokenizer_factory(model, settings.engine.trust_remote_code)
+        engine = engine_factory(model, settings)
+    settings = settings.resolve_chat_template(tokenizer)
+    load_s = time.monotonic() - started
+    try:
+        planner = Planner(tokenizer, settings.plan, engine.max_model_len)
+        generation = Generation(paths, files, done, settings, engine, planner, progress_plain)
+        generation.run(itertools.chain([first], rows) if first is not None else (), stop)
+    finally:
+        engine.close()
     report = generation.report(reader, model, load_s, time.monotonic() - started)
     report["peak_rss_bytes"] = peak_rss_bytes()
     write_report(report, paths.report)
     write_run_html(report, paths.html)
-    from bulkinfer.jobs.plan import record_calibration
-
     record_calibration(report)
     return report
 
 
 class Generation:
-    """The feed loop of one run and its counters.
-
-    Keeps at most ``max_in_flight`` requests in the engine, plans the next
-    window when the planned ones run out, and appends each finished row to
-    the spools. Rows an earlier attempt finished (``done``) are skipped.
+    """One run's rows through the feed loop (:func:`bulkinfer.engine.feed.feed`):
+    windows planned as the loop pulls requests, each result appended to the
+    spools, progress and :class:`~bulkinfer.report.stats.RunStats` updated.
+    Rows an earlier attempt finished (``done``) are skipped.
     """
 
     def __init__(
@@ -397,11 +270,10 @@ class Generation:
         settings: Settings,
         engine: Engine,
         planner: Planner,
-        signals: StopSignals,
         progress_plain: bool = False,
     ):
         self.paths, self.files, self.done, self.settings = paths, files, done, settings
-        self.engine, self.planner, self.signals = engine, planner, signals
+        self.engine, self.planner = engine, planner
         self.max_in_flight = settings.plan.max_in_flight or 2 * engine.max_num_seqs
         self.model_name = settings.model or DEFAULT_MODEL
         resumed = bool(done.completed or done.failed)
@@ -411,15 +283,7 @@ class Generation:
         if total is not None:  # rows left for this attempt (blank lines included: an estimate)
             total = max(total - done.completed - done.failed, 0)
         self.progress = Progress(total, force_plain=progress_plain)
-        self.pending: deque[Request] = deque()
-        self.in_flight: dict[str, Request] = {}
-        self.seconds = {"plan": 0.0, "generate": 0.0, "write": 0.0}
-        self.prompt_tokens = self.completion_tokens = 0
-        # for the HTML report: completion lengths (power-of-two bins) and the
-        # cumulative completion tokens over time (at most one point a second)
-        self.completion_lengths: Counter[int] = Counter()
-        self.timeline: list[tuple[float, int]] = [(0.0, 0)]
-        self._started = time.monotonic()
+        self.stats = RunStats()
         # the engine's live counts when this run started (an engine may be reused)
         self._engine_base = (engine.generated_tokens, engine.prefilled_tokens)
 
@@ -428,103 +292,80 @@ class Generation:
         self.errors.write(records.error_record(error))
         self.progress.update(failed=1, planned=planned)
 
-    def _engine_error(self, request: Request, message: str) -> RowError:
-        return RowError(request.line, request.id, "engine_error", message, request.openai_url is not None)
-
-    def run(self, rows: Iterable[RawRow]) -> None:
+    def run(self, rows: Iterable[RawRow], stop: StopToken) -> None:
         """Feed every row and collect every result; then publish.
 
         Raises:
             EngineError: the engine died (finished rows stay in the spools).
-            Interrupted: a stop signal arrived (likewise).
+            Interrupted: ``stop`` was set (likewise).
             OSError: a spool or final file cannot be written (likewise).
         """
         try:
-            self._feed(rows)
+            self._feed(rows, stop)
         except BaseException:
             self._close(failed=True)
             raise
 
-    def _feed(self, rows: Iterable[RawRow]) -> None:
-        windows = iter_windows(rows, self.settings, self.fail, self.done)
-        exhausted = False
-        start = self._started = time.monotonic()
-        self.signals.immediate = False  # from here on a first signal stops cleanly
-        if self.signals.received is not None:
-            raise self.signals.interrupted("before any row was run")
-        while True:
-            if self.signals.received is not None:
-                raise self.signals.interrupted(
-                    f"{self.spool.count} finished rows and {self.errors.count} errors kept in "
-                    f"{self.spool.path} and {self.errors.path}; continue with --resume"
-                )
-            while len(self.in_flight) < self.max_in_flight and not (exhausted and not self.pending):
-                if self.pending:
-                    self._add(self.pending.popleft())
-                    continue
-                t = time.monotonic()
-                window = next(windows, None)
-                if window is None:
-                    exhausted = True
-                else:
-                    planned, errors = self.planner.plan_window(window)
-                    self.pending.extend(planned)
-                    for request in planned:
-                        self.progress.planned(len(request.prompt_token_ids or ()), request.max_tokens)
-                    for error in errors:
-                        self.fail(error)
-                self.seconds["plan"] += time.monotonic() - t
-            if not self.in_flight:
-                break
-            try:
-                finished = self.engine.step(wait=STEP_WAIT_S)
-            except EngineError:
-                if self.signals.received is None:
-                    raise
-                continue  # the signal also reached the engine's processes
-            self._collect(finished)
-            self._tick()
-        self.seconds["generate"] = time.monotonic() - start
-        t = time.monotonic()
-        self._close()
-        self.files.finish()
-        self.seconds["write"] += time.monotonic() - t
+    def _feed(self, rows: Iterable[RawRow], stop: StopToken) -> None:
+        stop.starting = False  # from here on a stop finishes cleanly
+        if stop.is_set():
+            raise stop.interrupted("before any row was run")
+        self.stats.start()
+        try:
+            feed(
+                self.engine,
+                self._requests(iter_windows(rows, self.settings, self.fail, self.done)),
+                max_in_flight=self.max_in_flight,
+                on_finished=self._finished,
+                on_failed=self._failed,
+                on_step=self._stepped,
+                stop=stop,
+            )
+        except FeedStopped:
+            raise stop.interrupted(
+                f"{self.spool.count} finished rows and {self.errors.count} errors kept in "
+                f"{self.spool.path} and {self.errors.path}; continue with --resume"
+            ) from None
+        self.stats.generation_ended()
+        with self.stats.timed("write"):
+            self._close()
+            self.files.finish()
         self.planner.padding.finish()
 
-    def _add(self, request: Request) -> None:
-        request_id = str(request.seq)
-        rejected = self.engine.add(request_id, request)
-        if rejected is not None:
-            self.fail(self._engine_error(request, rejected.error or "rejected by the engine"), planned=True)
-        else:
-            self.in_flight[request_id] = request
+    def _requests(self, windows: Iterator[list[Request]]) -> Iterator[Request]:
+        """Planned requests, a window at a time (planning is timed as ``plan``)."""
+        while True:
+            with self.stats.timed("plan"):
+                window = next(windows, None)
+                if window is None:
+                    return
+                planned, errors = self.planner.plan_window(window)
+                for request in planned:
+                    self.progress.planned(len(request.prompt_token_ids or ()), request.max_tokens)
+                for error in errors:
+                    self.fail(error)
+            yield from planned
 
-    def _collect(self, finished: list[Completion]) -> None:
-        t = time.monotonic()
-        for completion in finished:
-            request = self.in_flight.pop(completion.request_id)
-            if completion.error is not None:
-                self.fail(self._engine_error(request, completion.error), planned=True)
-                continue
-            self.spool.write(records.output_record(request, completion, self.model_name))
-            self.prompt_tokens += completion.prompt_tokens
-            self.completion_tokens += completion.completion_tokens
-            self.completion_lengths[bucket_index(completion.completion_tokens, LENGTH_BINS)] += 1
-            self.progress.update(done=1, completion_tokens=completion.completion_tokens)
+    def _failed(self, request: Request, message: str) -> None:
+        error = RowError(request.line, request.id, "engine_error", message, request.openai_url is not None)
+        self.fail(error, planned=True)
+
+    def _finished(self, request: Request, completion: Completion) -> None:
+        self.spool.write(records.output_record(request, completion, self.model_name))
+        self.stats.finished(completion)
+        self.progress.update(done=1, completion_tokens=completion.completion_tokens)
+
+    def _stepped(self, finished: list[Completion]) -> None:
+        """After an engine step: flush what finished; the engine's live token
+        counts to the progress display and the timeline."""
         if finished:
-            self.spool.flush()
-            self.errors.flush()
-        self.seconds["write"] += time.monotonic() - t
-
-    def _tick(self) -> None:
-        """After an engine step: the engine's live token counts to the
-        progress display, and to the timeline (at most one point a second)."""
+            with self.stats.timed("write"):
+                self.spool.flush()
+                self.errors.flush()
         generated = self.engine.generated_tokens - self._engine_base[0]
         prefilled = self.engine.prefilled_tokens - self._engine_base[1]
         self.progress.tick(generated, prefilled, self.engine.running_lengths())
-        elapsed = time.monotonic() - self._started
-        if elapsed - self.timeline[-1][0] >= 1.0:
-            self.timeline.append((round(elapsed, 2), max(generated, self.completion_tokens)))
+        self.stats.sample(generated)
 
     def _close(self, failed: bool = False) -> None:
         """Close the progress display and the spools; after a failure
@@ -538,52 +379,23 @@ class Generation:
             self.errors.close()
 
     def report(self, reader: Reader, model_path: str, load_s: float, total_s: float) -> dict[str, Any]:
-        """The run report (see :mod:`bulkinfer.report.stats` for the keys).
-
-        ``tokens`` and ``request_counts`` cover the whole output (resumed rows
-        included); ``throughput``, ``buckets`` and ``padding_efficiency`` cover
-        the rows this attempt ran.
-        """
-        done = self.done
-        completed, failed, skipped = self.spool.count, self.errors.count, reader.blank_lines
-        ran = completed - done.completed
-        seconds = {"load": load_s, **self.seconds, "total": total_s}
-        return {
-            "input": str(self.paths.input),
-            "output": str(self.paths.output),
-            "errors": str(self.paths.errors),
-            "model": self.model_name,
-            "model_path": model_path,
-            "rows": completed + failed + skipped,
-            "request_counts": {
-                "total": completed + failed + skipped,
-                "completed": completed,
-                "failed": failed,
-                "skipped": skipped,
-            },
-            "resumed": {"completed": done.completed, "failed": done.failed},
-            "tokens": {
-                "prompt": done.prompt_tokens + self.prompt_tokens,
-                "completion": done.completion_tokens + self.completion_tokens,
-            },
-            "seconds": seconds,
-            "throughput": throughput(ran, self.prompt_tokens, self.completion_tokens, seconds["generate"]),
-            "throughput_end_to_end": throughput(ran, self.prompt_tokens, self.completion_tokens, total_s),
-            **self.planner.padding.to_report(),
-            "plan": {
+        """The run report (see :mod:`bulkinfer.report.stats` for the keys)."""
+        return self.stats.report(
+            paths={"input": self.paths.input, "output": self.paths.output, "errors": self.paths.errors},
+            model=self.model_name,
+            model_path=model_path,
+            counts=(self.spool.count, self.errors.count, reader.blank_lines),
+            done=self.done,
+            load_s=load_s,
+            total_s=total_s,
+            padding=self.planner.padding.to_report(),
+            plan={
                 "order": self.settings.plan.order,
                 "window_rows": self.settings.plan.window_rows,
                 "max_in_flight": self.max_in_flight,
                 "bucket_bounds": list(self.settings.plan.buckets),
             },
-            "engine": self.engine.settings,
-            "sampling": self.settings.to_dict()["sampling"],
-            "chat_template_applied": self.settings.apply_chat_template,
-            "completion_length_histogram": [
-                {"range": bucket_label(i, LENGTH_BINS), "rows": n} for i, n in sorted(self.completion_lengths.items())
-            ],
-            "timeline": [
-                *self.timeline,
-                (round(seconds["generate"], 2), self.completion_tokens),
-            ],
-        }
+            engine=self.engine.settings,
+            sampling=self.settings.to_dict()["sampling"],
+            chat_template_applied=self.settings.apply_chat_template,
+        )

@@ -17,7 +17,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from bulkinfer.config import SEED_RANGE, SamplingDefaults
+from bulkinfer.config import SEED_RANGE, SamplingDefaults, Settings
 from bulkinfer.schema import CHAT_URL, COMPLETIONS_URL, Request, RowInvalid
 
 ROLES = frozenset({"system", "developer", "user", "assistant", "tool"})
@@ -194,3 +194,19 @@ def _parse_openai(data: dict[str, Any], seq: int, line: int, defaults: SamplingD
         **_sampling(body, defaults, custom_id, True),
         passthrough={"model": body["model"]} if isinstance(body.get("model"), str) else {},
     )
+
+
+def to_request(data: Any, seq: int, line: int, settings: Settings) -> Request:
+    """:func:`~bulkinfer.prep.rows.parse_row` with the run's settings applied: with
+    ``apply_chat_template`` a ``prompt`` becomes a one-message user chat
+    (except on OpenAI ``/v1/completions`` lines).
+
+    Raises:
+        RowInvalid: as parse_row.
+    """
+    if not isinstance(settings.apply_chat_template, bool):
+        raise ValueError('apply_chat_template "auto" must be resolved first (Settings.resolve_chat_template)')
+    request = parse_row(data, seq, line, settings.sampling)
+    if settings.apply_chat_template and request.prompt is not None and request.openai_url != COMPLETIONS_URL:
+        request.messages, request.prompt = [{"role": "user", "content": request.prompt}], None
+    return request

@@ -20,6 +20,8 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+from bulkinfer.engine.log import terminal
+
 _STYLE = """
 body { font-family: system-ui, sans-serif; margin: 2em; color: #222; max-width: 1100px; }
 h1 { font-size: 1.4em; } h2 { font-size: 1.15em; margin-top: 1.6em; }
@@ -220,3 +222,14 @@ def write_html(title: str, sections: Sequence[str], path: Path) -> None:
     from bulkinfer.io.files import atomic_write
 
     atomic_write(path, page.encode("utf-8"))
+
+
+def write_run_html(report: dict[str, Any], path: Path) -> None:
+    """The self-contained HTML report beside the output. A failure to draw it
+    is reported on stderr and never fails the run (the JSON report has it all)."""
+    try:
+        from bulkinfer.report.html import run_sections, write_html
+
+        write_html(f"bulkinfer: {report['input']}", run_sections(report), path)
+    except Exception as exc:  # matplotlib missing, a font problem, ...
+        print(f"bulkinfer: warning: HTML report not written: {type(exc).__name__}: {exc}", file=terminal())

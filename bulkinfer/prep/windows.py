@@ -1,0 +1,61 @@
+"""Rows -> windows of requests: ids checked, resume skips applied.
+
+The input is cut into windows of ``plan.window_rows`` valid requests in file
+order; the planner sorts and buckets one window at a time, so memory stays
+bounded on any input size.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable, Iterator
+
+from bulkinfer.config import Settings
+from bulkinfer.io.readers import RawRow
+from bulkinfer.prep.rows import to_request
+from bulkinfer.schema import Done, Request, RowError, RowInvalid
+
+
+def iter_windows(
+    reader: Iterable[RawRow], settings: Settings, on_error: Callable[[RowError], None], done: Done | None = None
+) -> Iterator[list[Request]]:
+    """Valid requests from ``reader`` (raw rows in file order) in windows of ``plan.window_rows``; every
+    invalid row (undecodable, bad fields, duplicate id) goes to ``on_error``.
+    The first occurrence of an id runs; later ones are ``duplicate_id`` errors.
+    Rows an earlier attempt finished (``done``: error lines, completed ids)
+    are skipped."""
+    done = done or Done()
+    seen: set[str] = set(done.done_ids)
+    window_ids_skipped: set[str] = set()
+    window: list[Request] = []
+    for seq, raw in enumerate(reader):
+        if raw.line in done.done_lines:
+            continue
+        if raw.error is not None:
+            on_error(raw.error.to_error(raw.line))
+            continue
+        try:
+            request = to_request(raw.data, seq, raw.line, settings)
+        except RowInvalid as exc:
+            on_error(exc.to_error(raw.line))
+            continue
+        if request.id in done.done_ids and request.id not in window_ids_skipped:
+            window_ids_skipped.add(request.id)
+            continue
+        if request.id in seen:
+            on_error(
+                RowError(
+                    raw.line,
+                    request.id,
+                    "duplicate_id",
+                    f"id '{request.id}' already appeared earlier in the file",
+                    request.openai_url is not None,
+                )
+            )
+            continue
+        seen.add(request.id)
+        window.append(request)
+        if len(window) >= settings.plan.window_rows:
+            yield window
+            window = []
+    if window:
+        yield window

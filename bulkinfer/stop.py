@@ -1,0 +1,43 @@
+"""A stop token: how a caller asks a running job to stop, from any thread.
+
+The core never installs signal handlers (it may run in a server's worker
+thread or a Ray actor): the CLI turns SIGINT, SIGTERM and SIGHUP into
+:meth:`StopToken.stop` calls (see :mod:`bulkinfer.cli`), a server or a test
+calls it directly. The job checks the token between engine steps; once
+set, it adds no new request, flushes what finished and raises
+:class:`~bulkinfer.errors.Interrupted`.
+"""
+
+from __future__ import annotations
+
+import threading
+
+from bulkinfer.errors import Interrupted
+
+
+class StopToken:
+    """Set once (the first reason wins); read by the job's feed loop.
+
+    ``starting`` is True while the job has nothing to flush (model load,
+    engine start); the job sets it to False when it starts feeding rows. A
+    signal handler may then stop at once instead of asking.
+    """
+
+    def __init__(self) -> None:
+        self._event = threading.Event()
+        self.reason = ""
+        self.signum: int | None = None
+        self.starting = True
+
+    def stop(self, reason: str = "stopped", signum: int | None = None) -> None:
+        """Ask the job to stop; ``signum``: the signal that asked (sets the exit code 128 + N)."""
+        if not self._event.is_set():
+            self.reason, self.signum = reason, signum
+            self._event.set()
+
+    def is_set(self) -> bool:
+        return self._event.is_set()
+
+    def interrupted(self, detail: str) -> Interrupted:
+        """The :class:`Interrupted` error that ends a stopped job, with ``detail`` (what was kept)."""
+        return Interrupted(self.signum, f"{self.reason}: {detail}")
