@@ -1,3 +1,196 @@
-"""bulkinfer: offline bulk inference for LLMs on vLLM."""
+"""bulkinfer: offline bulk inference for LLMs on vLLM.
+
+The public Python API: the functions the CLI calls, with the same defaults,
+files and exit semantics, raising the :mod:`bulkinfer.errors` classes the
+CLI maps to exit codes. They touch no process-wide state but the engine's
+log capture (see :mod:`bulkinfer.engine.log`), install no signal handler,
+and run in any thread; stop one from another thread with a
+:class:`StopToken`::
+
+    import bulkinfer
+
+    result = bulkinfer.run("prompts.jsonl", max_tokens=64, temperature=0)
+    print(result.completed, result.failed, result.report["throughput"])
+
+Option names (``**overrides``) are ``bulkinfer run``'s flags with
+underscores (``max_tokens``, ``max_num_seqs``, ``order``, ...); any other
+vLLM ``EngineArgs`` field goes in ``engine_args``.
+
+Importing this module imports neither vLLM nor torch.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from bulkinfer.config import Settings, load_settings
+from bulkinfer.stop import StopToken
+
+if TYPE_CHECKING:
+    from bulkinfer.jobs.eval import EvalResult
+    from bulkinfer.jobs.run import RunReport
 
 __version__ = "0.1.0"
+__all__ = ["EvalResult", "RunReport", "Settings", "StopToken", "evaluate", "load_settings", "plan", "run"]
+
+
+def _settings(
+    settings: Settings | None, overrides: Mapping[str, Any], engine_args: Mapping[str, Any] | None
+) -> Settings:
+    """``settings`` (default: the built-in defaults) with flat option overrides.
+
+    Raises:
+        ConfigError: an unknown option name (naming the closest), or an invalid value.
+    """
+    import difflib
+
+    from bulkinfer.config import option_keys, with_overrides
+    from bulkinfer.errors import ConfigError
+
+    keys = option_keys()
+    dotted: dict[str, Any] = {}
+    for name, value in overrides.items():
+        if name not in keys:
+            close = difflib.get_close_matches(name, sorted(keys), n=3)
+            hint = f"; did you mean {' or '.join(close)}?" if close else f"; known: {', '.join(sorted(keys))}"
+            raise ConfigError(f"unknown option {name!r}{hint}")
+        dotted[keys[name]] = tuple(value) if name == "stop" and value is not None else value
+    dotted.update({f"engine.{name}": value for name, value in (engine_args or {}).items()})
+    return with_overrides(settings or load_settings(), dotted)
+
+
+def run(
+    input_path: str | Path,
+    output_path: str | Path | None = None,
+    settings: Settings | None = None,
+    *,
+    overwrite: bool = False,
+    resume: bool = False,
+    engine_args: Mapping[str, Any] | None = None,
+    stop: StopToken | None = None,
+    progress_plain: bool = False,
+    verbose: bool = False,
+    **overrides: Any,
+) -> RunReport:
+    """Generate a completion for every row of ``input_path`` (JSONL or
+    Parquet): ``bulkinfer run``. Writes ``OUT`` (default
+    ``INPUT_STEM.out.jsonl``), ``OUT.errors.jsonl``, ``OUT.report.json``,
+    ``OUT.report.html`` and the engine's log ``OUT.log``; every input row ends
+    as exactly one output or error record.
+
+    Args:
+        settings: a :class:`Settings` (e.g. from :func:`load_settings` on a
+            TOML file); built-in defaults when None.
+        overwrite, resume: as ``--overwrite`` / ``--resume``.
+        engine_args: any other vLLM ``EngineArgs`` fields
+            (``{"enable_prefix_caching": False}``), as ``--engine-arg``.
+        stop: set it (from any thread) to stop the run cleanly: finished
+            rows stay on disk, resume with ``resume=True``.
+        **overrides: ``bulkinfer run`` options by name (``max_tokens=64``).
+
+    Returns:
+        The :class:`RunReport`: the report and the exit code the CLI would end
+        with (0, or 3 when some rows failed).
+
+    Raises:
+        ConfigError, InputFileError, ModelError, EngineError,
+        OutputExistsError, LockHeldError, OutputWriteError, Interrupted: as
+        :func:`bulkinfer.jobs.run.run` (exit codes 2, 4, 5, 6, 7, 9, 128+N).
+    """
+    from bulkinfer.jobs.run import RunPaths
+    from bulkinfer.jobs.run import run as run_job
+
+    paths = RunPaths.build(Path(input_path), Path(output_path) if output_path is not None else None)
+    return run_job(
+        paths,
+        _settings(settings, overrides, engine_args),
+        overwrite=overwrite,
+        resume=resume,
+        progress_plain=progress_plain,
+        verbose=verbose,
+        stop=stop,
+    )
+
+
+def plan(input_path: str | Path, settings: Settings | None = None, **overrides: Any) -> dict[str, Any]:
+    """Read and tokenize ``input_path`` as :func:`run` would, without an
+    engine: ``bulkinfer plan``. Returns the plan (row counts, errors by type,
+    prompt-token percentiles, buckets, padding efficiency, a time estimate
+    in seconds from this machine's calibration; see
+    :func:`bulkinfer.jobs.plan.plan_file`).
+
+    Raises:
+        ConfigError, InputFileError, ModelError: as :func:`run`.
+    """
+    from bulkinfer.jobs.plan import plan_file
+
+    return plan_file(Path(input_path), _settings(settings, overrides, None))
+
+
+def evaluate(
+    golden: str | Path,
+    output_path: str | Path | None = None,
+    settings: Settings | None = None,
+    *,
+    predictions: str | Path | None = None,
+    perplexity: bool = False,
+    bootstrap: int = 0,
+    fail_under: Mapping[str, float] | None = None,
+    overwrite: bool = False,
+    resume: bool = False,
+    engine_args: Mapping[str, Any] | None = None,
+    stop: StopToken | None = None,
+    progress_plain: bool = False,
+    verbose: bool = False,
+    **overrides: Any,
+) -> EvalResult:
+    """Generate completions for a golden set (or take ``predictions``) and
+    score them against its references: ``bulkinfer eval``. Writes the scored
+    rows (default ``GOLDEN_STEM.out.jsonl``) and ``OUT.eval.json``.
+
+    Args:
+        perplexity: also the perplexity of each reference given its prompt.
+        bootstrap: paired bootstrap resamples for 95% intervals (0: none).
+        fail_under: metric -> bar (``{"bleu": 20}``): exit code 8 below it.
+        the others: as :func:`run`.
+
+    Returns:
+        The :class:`~bulkinfer.jobs.eval.EvalResult`: the eval report, the
+        exit code (8 below a bar, else the generation's) and the bars missed.
+
+    Raises:
+        as :func:`run`; ConfigError when no prediction matches a golden id.
+    """
+    from bulkinfer.io.formats import default_output
+    from bulkinfer.jobs.eval import run_eval
+
+    golden = Path(golden)
+    return run_eval(
+        golden,
+        Path(output_path) if output_path is not None else default_output(golden),
+        _settings(settings, overrides, engine_args),
+        predictions=Path(predictions) if predictions is not None else None,
+        perplexity=perplexity,
+        bootstrap=bootstrap,
+        fail_under=dict(fail_under) if fail_under else None,
+        overwrite=overwrite,
+        resume=resume,
+        progress_plain=progress_plain,
+        verbose=verbose,
+        stop=stop,
+    )
+
+
+def __getattr__(name: str) -> Any:
+    """The result types, imported when first asked for (keeps ``import bulkinfer`` light)."""
+    if name == "RunReport":
+        from bulkinfer.jobs.run import RunReport
+
+        return RunReport
+    if name == "EvalResult":
+        from bulkinfer.jobs.eval import EvalResult
+
+        return EvalResult
+    raise AttributeError(f"module 'bulkinfer' has no attribute {name!r}")

@@ -7,7 +7,6 @@ commands, so ``bulkinfer --help`` stays fast.
 
 from __future__ import annotations
 
-import dataclasses
 import os
 import signal
 import sys
@@ -16,7 +15,7 @@ from typing import Annotated, Any, NoReturn
 
 import typer
 
-from bulkinfer.config import EngineSettings, PlanSettings, SamplingDefaults
+from bulkinfer.config import EngineSettings, PlanSettings, SamplingDefaults, option_keys
 from bulkinfer.errors import BulkinferError, Interrupted
 from bulkinfer.stop import StopToken
 
@@ -203,6 +202,15 @@ MaxModelLenOption = Annotated[
 BucketsOption = Annotated[
     str | None, typer.Option(help="Bucket upper bounds in prompt tokens, e.g. 64,128,256.", rich_help_panel=PLAN)
 ]
+EngineArgOption = Annotated[
+    list[str] | None,
+    typer.Option(
+        "--engine-arg",
+        metavar="KEY=VALUE",
+        help="Any vLLM EngineArgs field, e.g. enable_prefix_caching=false (repeatable).",
+        rich_help_panel=ENGINE,
+    ),
+]
 PaddingBatchSizeOption = Annotated[
     int | None,
     typer.Option(
@@ -213,17 +221,30 @@ PaddingBatchSizeOption = Annotated[
 
 # Command-line option -> the dotted settings key it overrides (see bulkinfer.config.load_settings):
 # every engine and plan setting has an option of the same name; `--seed` is the engine's seed.
-OVERRIDES = {
-    "model": "model",
-    "apply_chat_template": "apply_chat_template",
-    **{name: f"sampling.{name}" for name in ("max_tokens", "temperature", "top_p", "stop", "ignore_eos")},
-    **{f.name: f"engine.{f.name}" for f in dataclasses.fields(EngineSettings)},
-    **{f.name: f"plan.{f.name}" for f in dataclasses.fields(PlanSettings)},
-}
+OVERRIDES = option_keys()
 
 
 # Flag that sets a setting to False -> the option (in OVERRIDES) that sets it to True.
 NEGATIONS = {"raw_prompts": "apply_chat_template", "no_enforce_eager": "enforce_eager"}
+
+
+def _engine_arg(item: str) -> tuple[str, Any]:
+    """``KEY=VALUE`` of ``--engine-arg``: VALUE read as a TOML value (``true``,
+    ``8``, ``0.5``, ``"text"``, ``[1, 2]``), else as the text it is (``fp8``).
+
+    Raises:
+        typer.BadParameter: no ``=``, or an empty key (exit 2).
+    """
+    import tomllib
+
+    key, sep, text = item.partition("=")
+    key = key.strip().replace("-", "_")
+    if not sep or not key:
+        raise typer.BadParameter(f"--engine-arg takes KEY=VALUE (a vLLM EngineArgs field), got {item!r}")
+    try:
+        return key, tomllib.loads(f"v = {text.strip()}")["v"]
+    except tomllib.TOMLDecodeError:
+        return key, text.strip()
 
 
 def _flag(name: str) -> str:
@@ -244,6 +265,9 @@ def _overrides(options: dict[str, Any]) -> dict[str, Any]:
             if options.get(name):
                 raise typer.BadParameter(f"give {_flag(name)} or {_flag(negation)}, not both")
             values[OVERRIDES[name]] = False
+    for item in options.get("engine_arg") or ():
+        key, value = _engine_arg(item)
+        values[f"engine.{key}"] = value
     if "sampling.stop" in values:
         values["sampling.stop"] = tuple(values["sampling.stop"]) if values["sampling.stop"] else None
     if "plan.buckets" in values:
@@ -338,6 +362,7 @@ def run(
             "--trust-remote-code", help="Allow the model repository's own Python code to run.", rich_help_panel=ENGINE
         ),
     ] = None,
+    engine_arg: EngineArgOption = None,
     order: Annotated[
         str | None,
         typer.Option(help="Feed order: descending (longest first; default), ascending, arrival.", rich_help_panel=PLAN),
@@ -419,6 +444,7 @@ def eval_command(
     resume: ResumeOption = False,
     plain_progress: PlainProgressOption = False,
     verbose: VerboseOption = False,
+    engine_arg: EngineArgOption = None,
 ) -> None:
     """Run GOLDEN through the model (or take --predictions) and score it: BLEU, chrF, ROUGE, exact match, perplexity."""
     overrides = _overrides(locals())  # first: only the options are local yet

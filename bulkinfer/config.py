@@ -52,6 +52,12 @@ class SamplingDefaults:
 class EngineSettings:
     """vLLM engine arguments, with vLLM's names. ``None`` means "let bulkinfer
     choose for this device" (see :func:`bulkinfer.engine.vllm.resolve_engine_args`).
+
+    The common arguments are typed fields (checked here); ``extra_args``
+    holds any other field of vLLM's ``EngineArgs`` (``enable_prefix_caching``,
+    ``quantization``, ``kv_cache_dtype``, ...): any other key of the
+    ``[engine]`` table or ``--engine-arg KEY=VALUE``, checked against
+    ``EngineArgs`` itself where the engine is built.
     """
 
     dtype: str = "auto"
@@ -65,6 +71,7 @@ class EngineSettings:
     enforce_eager: bool | None = None
     seed: int = 0
     trust_remote_code: bool = False
+    extra_args: Mapping[str, Any] = field(default_factory=dict)
 
 
 @dataclass(frozen=True, slots=True)
@@ -127,6 +134,20 @@ class Settings:
         return dataclasses.asdict(self)
 
 
+def option_keys() -> dict[str, str]:
+    """Flat option name (a ``bulkinfer run`` flag's, with underscores) ->
+    the dotted settings key it overrides: ``max_tokens`` ->
+    ``sampling.max_tokens``, every engine and plan setting by its own name
+    (``seed`` is the engine's seed)."""
+    return {
+        "model": "model",
+        "apply_chat_template": "apply_chat_template",
+        **{name: f"sampling.{name}" for name in ("max_tokens", "temperature", "top_p", "stop", "ignore_eos")},
+        **{f.name: f"engine.{f.name}" for f in dataclasses.fields(EngineSettings) if f.name != "extra_args"},
+        **{f.name: f"plan.{f.name}" for f in dataclasses.fields(PlanSettings)},
+    }
+
+
 _SECTIONS: dict[str, type] = {
     "sampling": SamplingDefaults,
     "engine": EngineSettings,
@@ -143,8 +164,12 @@ def _check_keys(where: str, cls: type, values: Mapping[str, Any]) -> None:
 
 
 def _build(cls: type, where: str, values: Mapping[str, Any]) -> Any:
+    if cls is EngineSettings:  # any other key is one of vLLM's EngineArgs (checked where the engine is built)
+        known = {f.name for f in dataclasses.fields(cls)} - {"extra_args"}
+        extra = {**values.get("extra_args", {}), **{k: v for k, v in values.items() if k not in known | {"extra_args"}}}
+        values = {**{k: v for k, v in values.items() if k in known}, "extra_args": extra}
     _check_keys(where, cls, values)
-    converted = {k: tuple(v) if isinstance(v, list) else v for k, v in values.items()}
+    converted = {k: tuple(v) if isinstance(v, list) and k != "extra_args" else v for k, v in values.items()}
     return cls(**converted)
 
 
@@ -174,7 +199,21 @@ def load_settings(config_path: Path | None = None, overrides: Mapping[str, Any] 
             raise ConfigError(f"cannot read config file {config_path}: {reason}") from None
         except (tomllib.TOMLDecodeError, UnicodeDecodeError) as exc:
             raise ConfigError(f"{config_path}: not valid TOML: {exc}") from None
-    where = str(config_path) if config_path else "settings"
+    return _from_data(data, overrides, str(config_path) if config_path else "settings")
+
+
+def with_overrides(settings: Settings, overrides: Mapping[str, Any]) -> Settings:
+    """``settings`` with ``overrides`` (dotted keys, as :func:`load_settings`
+    takes them) applied and checked again.
+
+    Raises:
+        ConfigError: unknown keys; invalid values.
+    """
+    return _from_data(settings.to_dict(), overrides, "settings")
+
+
+def _from_data(data: dict[str, Any], overrides: Mapping[str, Any] | None, where: str) -> Settings:
+    """Settings from a TOML-shaped dict and dotted overrides (``None`` values skipped)."""
     unknown = sorted(set(data) - set(_SECTIONS) - _TOP_LEVEL)
     if unknown:
         raise ConfigError(f"{where}: unknown setting(s) {', '.join(unknown)}")

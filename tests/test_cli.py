@@ -109,6 +109,32 @@ def test_enforce_eager_flags_reach_the_setting(
     assert settings.engine.enforce_eager is expected
 
 
+@pytest.mark.parametrize("command", ["run", "eval"])
+def test_engine_args_reach_the_engine_settings(command: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    args = [command, str(tmp_path / "in.jsonl"), "--engine-arg", "enable_prefix_caching=false"]
+    args += [
+        "--engine-arg",
+        "quantization=fp8",
+        "--engine-arg",
+        "max-num-seqs=8",
+        "--engine-arg",
+        "cuda_graph_sizes=[1, 2]",
+    ]
+    settings = _settings_of(args, monkeypatch)
+    assert settings.engine.max_num_seqs == 8  # a typed setting, whichever way it came
+    assert settings.engine.extra_args == {
+        "enable_prefix_caching": False,  # TOML values: false, numbers, lists ...
+        "quantization": "fp8",  # ... else the text as it is
+        "cuda_graph_sizes": [1, 2],
+    }
+
+
+def test_an_engine_arg_without_a_value_exits_2() -> None:
+    result = runner.invoke(app, ["run", "in.jsonl", "--engine-arg", "enable_prefix_caching"])
+    assert result.exit_code == 2
+    assert "KEY=VALUE" in result.output
+
+
 @pytest.mark.parametrize(
     "args",
     [

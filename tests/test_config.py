@@ -117,6 +117,20 @@ def test_unknown_key_in_section_is_named(tmp_path: Path) -> None:
     assert info.value.exit_code == EXIT_USAGE
 
 
+def test_other_engine_keys_are_vllm_engine_args(tmp_path: Path) -> None:
+    path = write_toml(tmp_path, '[engine]\nmax_num_seqs = 8\nenable_prefix_caching = false\nkv_cache_dtype = "fp8"\n')
+    settings = load_settings(path, {"engine.max_num_batched_tokens": 512, "engine.quantization": "fp8"})
+    assert settings.engine.max_num_seqs == 8 and settings.engine.max_num_batched_tokens == 512  # typed, checked here
+    assert settings.engine.extra_args == {
+        "enable_prefix_caching": False,
+        "kv_cache_dtype": "fp8",
+        "quantization": "fp8",
+    }
+    assert settings.to_dict()["engine"]["extra_args"]["enable_prefix_caching"] is False  # in the resume fingerprint
+    with pytest.raises(ConfigError, match="max_num_seqs"):  # a typed field is still checked, whichever way it came
+        load_settings(None, {"engine.max_num_seqs": 0})
+
+
 def test_unknown_top_level_key_is_named(tmp_path: Path) -> None:
     path = write_toml(tmp_path, 'model = "m"\nmodle = "m"\n')
     with pytest.raises(ConfigError, match="modle"):

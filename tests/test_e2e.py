@@ -173,6 +173,7 @@ def test_report_agrees_with_output(mixed: dict[str, Any]) -> None:
         assert b["real_tokens"] <= b["padded_tokens"]
     assert 0 < report["padding_efficiency"]["arrival"] <= report["padding_efficiency"]["sorted"] <= 1
     assert report["engine"]["dtype"] == "float32"
+    assert report["engine"]["enable_prefix_caching"] is True  # vLLM's default, read back from its config
 
 
 def test_jsonl_and_parquet_give_identical_completions(mixed: dict[str, Any]) -> None:
@@ -196,8 +197,12 @@ def test_jsonl_and_parquet_give_identical_completions(mixed: dict[str, Any]) -> 
 
 def test_openai_batch_format(tmp_path: Path) -> None:
     out = tmp_path / "batch.out.jsonl"
-    proc = bulkinfer("run", str(SAMPLE / "openai_batch.jsonl"), "-o", str(out), "--plain-progress")
+    # any vLLM EngineArgs field reaches the engine: read back from vLLM's own config into the report
+    engine_arg = ["--engine-arg", "enable_prefix_caching=false"]
+    proc = bulkinfer("run", str(SAMPLE / "openai_batch.jsonl"), "-o", str(out), "--plain-progress", *engine_arg)
     assert proc.returncode == 0, proc.stderr[-3000:]
+    engine = orjson.loads(out.with_name("batch.out.report.json").read_bytes())["engine"]
+    assert engine["enable_prefix_caching"] is False
     requests = read_jsonl(SAMPLE / "openai_batch.jsonl")
     results = {r["custom_id"]: r for r in read_jsonl(out)}
     assert set(results) == {r["custom_id"] for r in requests}
@@ -263,3 +268,33 @@ def test_kill_9_mid_run_then_resume_with_the_real_engine(tmp_path: Path) -> None
     report = orjson.loads((tmp_path / "out.report.json").read_bytes())
     assert report["resumed"]["completed"] >= 5
     assert report["request_counts"]["completed"] == 40
+
+
+def test_the_python_api_runs_in_a_thread(tmp_path: Path) -> None:
+    """``bulkinfer.run`` from a non-main thread (as a server or a Ray actor
+    would call it): no signal handler, a real run on the default model."""
+    import threading
+
+    import bulkinfer
+
+    src, out = tmp_path / "capitals.jsonl", tmp_path / "capitals.out.jsonl"
+    write_jsonl(src, [{"id": c, "prompt": f"What is the capital of {c.title()}?"} for c in CAPITALS])
+    results: list[Any] = []
+
+    def target() -> None:
+        try:
+            results.append(bulkinfer.run(src, out, max_tokens=24, temperature=0, progress_plain=True))
+        except BaseException as exc:  # surfaced below
+            results.append(exc)
+
+    thread = threading.Thread(target=target)
+    thread.start()
+    thread.join(timeout=900)
+    assert not thread.is_alive()
+    [result] = results
+    assert isinstance(result, bulkinfer.RunReport), result
+    assert (result.exit_code, result.completed, result.failed) == (0, 3, 0)
+    answers = {r["id"]: r["completion"] for r in read_jsonl(out)}
+    for country, capital in CAPITALS.items():
+        assert capital in answers[country], answers
+    assert result.report["sampling"]["max_tokens"] == 24

@@ -9,12 +9,13 @@ Importing this module does not import vLLM or torch; :class:`VllmEngine` does.
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import queue
 import signal
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Collection, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -46,8 +47,44 @@ def available_memory_bytes() -> int:
     return 0
 
 
-def resolve_engine_args(model: str, settings: EngineSettings, device: str, mem_available: int = 0) -> dict[str, Any]:
-    """vLLM ``EngineArgs`` keyword arguments for ``model`` on ``device``.
+# EngineArgs fields bulkinfer sets itself: not through extra_args.
+RESERVED_ENGINE_ARGS = {
+    "model": "give the model with --model (or `model` in the config)",
+    "tokenizer": "the model's own tokenizer is used",
+    "disable_log_stats": "bulkinfer reports its own statistics",
+}
+
+
+def check_extra_args(extra: Mapping[str, Any], known: Collection[str]) -> None:
+    """Check ``extra_args`` names against ``known`` (the fields of vLLM's
+    ``EngineArgs``).
+
+    Raises:
+        ConfigError: an unknown name (naming the closest fields, by
+            :func:`difflib.get_close_matches`), or one bulkinfer sets itself.
+    """
+    import difflib
+
+    for name in extra:
+        if name in RESERVED_ENGINE_ARGS:
+            raise ConfigError(f"engine argument {name!r} cannot be set: {RESERVED_ENGINE_ARGS[name]}")
+        if name not in known:
+            close = difflib.get_close_matches(name, sorted(known), n=3)
+            hint = f"; did you mean {' or '.join(close)}?" if close else ""
+            raise ConfigError(f"unknown vLLM engine argument {name!r} (not a field of vllm.EngineArgs){hint}")
+
+
+def resolve_engine_args(
+    model: str,
+    settings: EngineSettings,
+    device: str,
+    mem_available: int = 0,
+    known: Collection[str] | None = None,
+) -> dict[str, Any]:
+    """vLLM ``EngineArgs`` keyword arguments for ``model`` on ``device``:
+    the typed settings, then ``settings.extra_args`` (checked against
+    ``known``, the fields of ``EngineArgs``, when given; see
+    :func:`check_extra_args`).
 
     Values the user set win. On ``device == "cpu"`` the unset ones are:
 
@@ -83,6 +120,9 @@ def resolve_engine_args(model: str, settings: EngineSettings, device: str, mem_a
         value = getattr(settings, name)
         if value is not None:
             args[name] = value
+    if known is not None:
+        check_extra_args(settings.extra_args, known)
+    args.update(settings.extra_args)
     if device == "cpu":
         if settings.dtype == "auto":
             args["dtype"] = "float32"
@@ -265,7 +305,8 @@ class VllmEngine:
         self.stream_tokens = True
         self._stall_timeout_s = stall_timeout_s
         device = detect_device()
-        args = resolve_engine_args(str(model), settings, device, mem_available=available_memory_bytes())
+        known = {f.name for f in dataclasses.fields(EngineArgs)}
+        args = resolve_engine_args(str(model), settings, device, available_memory_bytes(), known)
         import psutil  # a dependency of vLLM
 
         from bulkinfer.engine.watchdog import Watchdog
@@ -304,6 +345,7 @@ class VllmEngine:
             "max_model_len": self.max_model_len,
             "max_num_seqs": self.max_num_seqs,
             "max_num_batched_tokens": vllm_config.scheduler_config.max_num_batched_tokens,
+            "enable_prefix_caching": vllm_config.cache_config.enable_prefix_caching,
             "device": device,
             "vllm_version": vllm.__version__,
         }

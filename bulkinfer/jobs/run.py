@@ -101,9 +101,26 @@ def _same_file(a: Path, b: Path) -> bool:
 
 
 @dataclass(frozen=True, slots=True)
-class RunResult:
+class RunReport:
+    """What a run returns: ``report``, the contents of ``OUT.report.json``
+    (see :mod:`bulkinfer.report.stats` for its keys; ``already_complete``
+    when a resume found nothing to do), and the exit code ``bulkinfer run``
+    ends with: :data:`~bulkinfer.errors.EXIT_OK`, or
+    :data:`~bulkinfer.errors.EXIT_PARTIAL` when some rows failed (they are in
+    the errors file)."""
+
     report: dict[str, Any]
     exit_code: int
+
+    @property
+    def completed(self) -> int:
+        """Rows with a completion in the output (resumed ones included)."""
+        return int(self.report.get("request_counts", {}).get("completed", 0))
+
+    @property
+    def failed(self) -> int:
+        """Rows in the errors file."""
+        return int(self.report.get("request_counts", {}).get("failed", 0))
 
 
 def run(
@@ -117,7 +134,7 @@ def run(
     progress_plain: bool = False,
     verbose: bool = False,
     stop: StopToken | None = None,
-) -> RunResult:
+) -> RunReport:
     """Run every row of ``paths.input`` through the model; write the output,
     errors and report files. Returns the report and the exit code
     (:data:`EXIT_OK`, or :data:`EXIT_PARTIAL` when some rows failed).
@@ -168,7 +185,7 @@ def run(
             if resume and not overwrite and files.is_complete():
                 files.discard_partial()
                 report = orjson.loads(paths.report.read_bytes()) if paths.report.exists() else {}
-                return RunResult({**report, "already_complete": True}, EXIT_OK)
+                return RunReport({**report, "already_complete": True}, EXIT_OK)
             done = files.start(input_identity(paths.input), settings_fingerprint(settings), resume, overwrite)
             resumed = bool(done.completed or done.failed)
             try:
@@ -193,7 +210,7 @@ def run(
         except OSError as exc:
             raise _os_error(exc, paths) from exc
     code = EXIT_PARTIAL if report["request_counts"]["failed"] else EXIT_OK
-    return RunResult(report, code)
+    return RunReport(report, code)
 
 
 def _check_writable_path(out: Path) -> None:
