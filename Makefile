@@ -47,6 +47,7 @@ test: install browser
 lint: install
 	$(VENV)/bin/ruff check bulkinfer tests bench
 	$(VENV)/bin/mypy
+	$(VENV)/bin/lint-imports
 
 clean:
 	rm -rf $(VENV) demo_out

@@ -302,7 +302,10 @@ def write_eval_html(
     try:
         from bulkinfer.report.html import eval_sections, run_sections, write_html
 
-        sections = [*eval_sections(report, records), *(run_sections(run_report) if "seconds" in run_report else [])]
+        sections = [
+            *eval_sections(report, evaluate.METRICS, records),
+            *(run_sections(run_report) if "seconds" in run_report else []),
+        ]
         write_html(f"bulkinfer eval: {report['golden']}", sections, path)
     except Exception as exc:
         print(f"bulkinfer: warning: HTML report not written: {type(exc).__name__}: {exc}", file=terminal())

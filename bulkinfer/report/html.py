@@ -181,13 +181,12 @@ def run_sections(report: dict[str, Any]) -> list[str]:
     return parts
 
 
-def eval_sections(report: dict[str, Any], rows: Sequence[dict[str, Any]] = ()) -> list[str]:
-    """HTML sections for an eval report (``OUT.eval.json``) and its scored rows."""
+def eval_sections(report: dict[str, Any], metrics: Sequence[str], rows: Sequence[dict[str, Any]] = ()) -> list[str]:
+    """HTML sections for an eval report (``OUT.eval.json``), its ``metrics``
+    (names, in table order) and its scored rows."""
     scores = report["scores"]
     ci = scores.get("ci") or {}
-    from bulkinfer.metrics.text import METRICS
-
-    names = [*METRICS, *(["perplexity"] if scores.get("perplexity") is not None else [])]
+    names = [*metrics, *(["perplexity"] if scores.get("perplexity") is not None else [])]
     table = _table(
         [[n, scores[n], " - ".join(f"{v:.2f}" for v in ci[n]) if n in ci else ""] for n in names],
         header=["metric", "score", "95% interval"],
