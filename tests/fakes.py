@@ -1,6 +1,6 @@
 """A fake engine for testing the orchestration of failures (rejected requests,
 crashes, signals, kills at chosen moments). It never stands in as proof that
-inference works: tests/test_e2e.py runs the real vLLM engine for that."""
+inference works: tests/e2e/test_e2e.py runs the real vLLM engine for that."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""The public Python API's settings handling (the real runs are in tests/test_e2e.py)."""
+"""The public Python API's settings handling (the real runs are in tests/e2e/test_e2e.py)."""
 
 from __future__ import annotations
 

@@ -17,7 +17,7 @@ import pytest
 
 pytestmark = pytest.mark.e2e
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 ROWS, PROMPT_TOKENS, MAX_OUTPUT = 4, 128, 4
 
 

@@ -2,7 +2,7 @@
 
 The fake engine stands in only to provoke failures at chosen moments (a
 rejected request, an engine crash, a signal mid-run); that inference works is
-proven by tests/test_e2e.py with the real engine.
+proven by tests/e2e/test_e2e.py with the real engine.
 """
 
 from __future__ import annotations

@@ -32,7 +32,7 @@ from bulkinfer.metrics.text import (
     score,
 )
 
-GOLDEN = Path(__file__).resolve().parent.parent / "sample_data" / "golden.jsonl"
+GOLDEN = Path(__file__).resolve().parents[2] / "sample_data" / "golden.jsonl"
 TOL = 1e-9
 
 

@@ -1,7 +1,7 @@
 """Faults with the real CLI, the real vLLM engine and the default model: the
 engine core killed mid-run (what the OOM killer does), ``kill -9`` during
 the model load, and signals during the engine start. (A poison row among good
-ones is part of tests/test_e2e.py's shared run.)
+ones is part of tests/e2e/test_e2e.py's shared run.)
 """
 
 from __future__ import annotations
@@ -21,7 +21,7 @@ from bench.faults import vllm_children, vllm_processes_since
 
 pytestmark = pytest.mark.e2e
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 SAMPLE = ROOT / "sample_data"
 
 

@@ -2,7 +2,7 @@
 engine: paths that would destroy the input, a stuck engine, a failed start,
 disk errors, empty input, signals during load.
 
-The fake engine only provokes failures; tests/test_e2e.py proves the same
+The fake engine only provokes failures; tests/e2e/test_e2e.py proves the same
 guarantees with the real vLLM engine (engine core killed, kill -9 during
 load, a poison row).
 """
@@ -35,7 +35,7 @@ from bulkinfer.errors import (
 from bulkinfer.jobs.output_files import OutputFiles
 from bulkinfer.jobs.run import RunPaths, run
 
-HERE = Path(__file__).resolve().parent
+HERE = Path(__file__).resolve().parents[1]  # tests/, where fault_driver.py is
 
 
 def write_rows(path: Path, n: int) -> Path:

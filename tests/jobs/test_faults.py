@@ -2,7 +2,7 @@
 input row ends in exactly one output or error record.
 
 The runs use a slow fake engine (tests/fault_driver.py) so that the kill lands
-where intended; tests/test_e2e.py does the same with the real engine once.
+where intended; tests/e2e/test_e2e.py does the same with the real engine once.
 """
 
 from __future__ import annotations
@@ -18,7 +18,7 @@ import orjson
 import pytest
 from fakes import wait_for
 
-HERE = Path(__file__).resolve().parent
+HERE = Path(__file__).resolve().parents[1]  # tests/, where fault_driver.py is
 N_ROWS = 40
 
 

@@ -23,7 +23,7 @@ from bulkinfer.prep.planner import bucket_index, bucket_label
 
 pytestmark = pytest.mark.e2e
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 SAMPLE = ROOT / "sample_data"
 CAPITALS = {"france": "Paris", "germany": "Berlin", "japan": "Tokyo"}
 

@@ -18,7 +18,7 @@ from bulkinfer.metrics.text import METRICS
 
 pytestmark = pytest.mark.e2e
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 
 
 def bulkinfer(*args: str) -> subprocess.CompletedProcess[str]:

@@ -4,7 +4,7 @@ defaults checked by vLLM's own SamplingParams, and the watchdog.
 
 No model is loaded here: the waiting logic of VllmEngine runs over a stand-in
 step function and a stand-in engine process (a sleeping child). The real
-engine core is killed in tests/test_e2e.py.
+engine core is killed in tests/e2e/test_e2e.py.
 """
 
 from __future__ import annotations

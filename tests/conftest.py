@@ -1,0 +1,40 @@
+"""Shared fixtures. Every test not marked ``e2e`` runs with ``BULKINFER_HOME``
+pointing at a session directory whose default model is the tiny stand-in of
+:mod:`tiny_model`: orchestration tests never load the real model, whatever
+the user's home holds, and need no network. ``e2e`` tests use the real
+default model (prepared in the real ``BULKINFER_HOME`` on first use)."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+import tiny_model
+
+
+@pytest.fixture(scope="session")
+def tiny_home(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A ``BULKINFER_HOME`` whose prepared default model is the tiny stand-in."""
+    home = tmp_path_factory.mktemp("bulkinfer-home")
+    tiny_model.build(home)
+    return home
+
+
+@pytest.fixture(scope="module", autouse=True)
+def _tiny_default_model(request: pytest.FixtureRequest) -> Iterator[None]:
+    """Module-scoped (before any module fixture runs), for every module outside tests/e2e/."""
+    if (Path(__file__).parent / "e2e") in Path(str(request.path)).parents:
+        yield
+        return
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setenv("BULKINFER_HOME", str(request.getfixturevalue("tiny_home")))
+        yield
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """Everything under tests/e2e/ is marked ``e2e`` (the real engine and model)."""
+    e2e = Path(__file__).parent / "e2e"
+    for item in items:
+        if e2e in Path(str(item.fspath)).parents:
+            item.add_marker(pytest.mark.e2e)
