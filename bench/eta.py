@@ -40,7 +40,7 @@ from typing import Any
 
 import orjson
 
-from bulkinfer.engine.vllm import cpu_model
+from bulkinfer.engine.args import cpu_model
 
 ROOT = Path(__file__).resolve().parents[1]
 FRACTIONS = (0.10, 0.25, 0.50)

@@ -32,7 +32,7 @@ from typing import Any
 
 import psutil
 
-from bulkinfer.engine.vllm import cpu_model
+from bulkinfer.engine.args import cpu_model
 
 SAMPLE_INTERVAL_S = 0.5
 

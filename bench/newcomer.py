@@ -19,7 +19,7 @@ from pathlib import Path
 
 import orjson
 
-from bulkinfer.engine.vllm import cpu_model
+from bulkinfer.engine.args import cpu_model
 
 ROOT = Path(__file__).resolve().parents[1]
 DATA = ROOT / "bench" / "data" / "newcomer100.jsonl"

@@ -56,7 +56,8 @@ def main() -> None:
 
     from bench.eta import short_prompts
     from bulkinfer.config import load_settings
-    from bulkinfer.engine.vllm import VllmEngine, cpu_model
+    from bulkinfer.engine.args import cpu_model
+    from bulkinfer.engine.vllm import VllmEngine
     from bulkinfer.models import load_tokenizer, resolve_model
     from bulkinfer.prep.rows import parse_row
 

@@ -61,7 +61,7 @@ def versions_text() -> str:
             names = ", ".join(torch.cuda.get_device_name(i) for i in range(torch.cuda.device_count()))
             lines.append(f"device: cuda ({torch.cuda.device_count()} GPUs: {names})")
         else:
-            from bulkinfer.engine.vllm import cpu_model
+            from bulkinfer.engine.args import cpu_model
 
             lines.append(f"device: cpu ({cpu_model()}, {os.cpu_count()} cores)")
     except ImportError:
@@ -158,7 +158,7 @@ def _buckets(value: str | None) -> tuple[int, ...] | None:
 # The options, defined once; a command lists the ones it takes. Engine options
 # carry vLLM's EngineArgs names and meanings (vllm/config/model.py, cache.py,
 # scheduler.py, parallel.py); `None` means "not given": the config file or
-# bulkinfer's choice for the device decides (bulkinfer.engine.vllm.resolve_engine_args).
+# bulkinfer's choice for the device decides (bulkinfer.engine.args.resolve_engine_args).
 _SAMPLING, _ENGINE, _PLAN = SamplingDefaults(), EngineSettings(), PlanSettings()
 
 ConfigOption = Annotated[Path | None, typer.Option(help="TOML settings file (see configs/default.toml).")]

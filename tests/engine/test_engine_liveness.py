@@ -22,7 +22,8 @@ import psutil
 import pytest
 
 from bulkinfer.config import SamplingDefaults
-from bulkinfer.engine.vllm import VllmEngine, _Outputs, _Stepper, check_sampling_defaults
+from bulkinfer.engine.sampling import StreamedOutputs, check_sampling_defaults
+from bulkinfer.engine.vllm import VllmEngine, _Stepper
 from bulkinfer.errors import ConfigError, EngineError
 
 
@@ -37,7 +38,7 @@ def stand_in_engine(step: Any, process: subprocess.Popen[bytes], stall_timeout_s
     engine._core_processes = {}
     engine._stall_timeout_s = stall_timeout_s
     engine._buffered = []
-    engine._outputs = _Outputs()
+    engine._outputs = StreamedOutputs()
     return engine
 
 
@@ -184,7 +185,7 @@ def test_streamed_outputs_are_joined_and_every_token_counted() -> None:
         choice = CompletionOutput(0, text, token_ids, None, None, finish_reason=finish_reason)
         return RequestOutput(request_id, None, [1, 2, 3], None, [choice], finished=finish_reason is not None)
 
-    outputs = _Outputs()
+    outputs = StreamedOutputs()
     assert outputs.completions([delta("a", "The capital", [10, 11]), delta("b", "Hi", [20])]) == []
     assert (outputs.generated_tokens, outputs.prefilled_tokens) == (3, 6)
     assert sorted(outputs.token_counts.values()) == [1, 2]

@@ -8,7 +8,7 @@ import orjson
 from fakes import FakeEngine
 
 from bulkinfer.config import EngineSettings, PlanSettings, SamplingDefaults, load_settings
-from bulkinfer.engine.vllm import resolve_engine_args
+from bulkinfer.engine.args import resolve_engine_args
 from bulkinfer.jobs.run import RunPaths, run
 from bulkinfer.models import load_tokenizer, resolve_model
 from bulkinfer.prep.planner import Planner
