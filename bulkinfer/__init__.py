@@ -99,7 +99,7 @@ def run(
         OutputExistsError, LockHeldError, OutputWriteError, Interrupted: as
         :func:`bulkinfer.jobs.run.run` (exit codes 2, 4, 5, 6, 7, 9, 128+N).
     """
-    from bulkinfer.jobs.run import RunPaths
+    from bulkinfer.jobs.output_files import RunPaths
     from bulkinfer.jobs.run import run as run_job
 
     paths = RunPaths.build(Path(input_path), Path(output_path) if output_path is not None else None)

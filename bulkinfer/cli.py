@@ -391,9 +391,9 @@ def run(
     from rich.console import Console
 
     from bulkinfer.config import load_settings
-    from bulkinfer.jobs.run import RunPaths
+    from bulkinfer.jobs.output_files import RunPaths
     from bulkinfer.jobs.run import run as run_job
-    from bulkinfer.report.stats import print_summary
+    from bulkinfer.report.terminal import print_summary
 
     try:
         settings = load_settings(config, overrides)
@@ -500,8 +500,9 @@ def plan(
     from rich.console import Console
 
     from bulkinfer.config import load_settings
-    from bulkinfer.jobs.plan import plan_file, print_plan
+    from bulkinfer.jobs.plan import plan_file
     from bulkinfer.report.stats import write_report
+    from bulkinfer.report.terminal import print_plan
 
     try:
         result = plan_file(input_path, load_settings(config, overrides))
@@ -560,7 +561,7 @@ def report(
         write_eval_html(data, run_report, records, html_path)
     else:
         from bulkinfer.report.html import write_run_html
-        from bulkinfer.report.stats import print_summary
+        from bulkinfer.report.terminal import print_summary
 
         print_summary(data, Console())
         write_run_html(data, html_path)

@@ -18,7 +18,8 @@ from fakes import FakeEngine
 from bulkinfer.cli import StopSignals
 from bulkinfer.config import load_settings
 from bulkinfer.errors import BulkinferError
-from bulkinfer.jobs.run import RunPaths, run
+from bulkinfer.jobs.output_files import RunPaths
+from bulkinfer.jobs.run import run
 
 
 def main() -> int:

@@ -16,7 +16,8 @@ from bulkinfer.engine.base import EngineFactory
 from bulkinfer.engine.log import EngineLog
 from bulkinfer.engine.vllm import vllm_engine
 from bulkinfer.errors import EngineError, ModelError
-from bulkinfer.jobs.run import RunPaths, run
+from bulkinfer.jobs.output_files import RunPaths
+from bulkinfer.jobs.run import run
 from bulkinfer.report.calibration import calibration_path, load_calibrations
 from bulkinfer.stop import StopToken
 

@@ -24,7 +24,7 @@ from typing import Any
 import orjson
 
 from bulkinfer.config import Settings
-from bulkinfer.engine.base import Engine, EngineFactory
+from bulkinfer.engine.base import EngineFactory, KeptEngine
 from bulkinfer.engine.log import EngineLog, terminal
 from bulkinfer.engine.vllm import vllm_engine
 from bulkinfer.errors import (
@@ -40,8 +40,8 @@ from bulkinfer.io import formats
 from bulkinfer.io.files import JsonlAppender, publish
 from bulkinfer.io.readers import open_reader
 from bulkinfer.io.records import parse_output, read_records
-from bulkinfer.jobs.output_files import OutputFiles
-from bulkinfer.jobs.run import RunPaths, run
+from bulkinfer.jobs.output_files import OutputFiles, RunPaths
+from bulkinfer.jobs.run import run
 from bulkinfer.metrics import text as evaluate
 from bulkinfer.metrics.perplexity import ReferenceNLL, reference_nll
 from bulkinfer.models import DEFAULT_MODEL, TokenizerFactory, load_tokenizer, resolve_model
@@ -110,60 +110,6 @@ def read_predictions(path: Path) -> list[dict[str, Any]]:
         return list(read_records(path))
     except OSError as exc:
         raise InputFileError(f"cannot read the predictions file {path}: {exc.strerror or exc}") from None
-
-
-class KeptEngine:
-    """An engine factory for :func:`bulkinfer.jobs.run.run` that keeps the
-    engine it makes open after the run, so that the perplexity pass reuses it
-    instead of starting a second engine (~30 s on CPU). The run's ``close()``
-    is a no-op; :meth:`close` closes the kept engine."""
-
-    def __init__(self, factory: EngineFactory):
-        self.factory = factory
-        self.engine: Engine | None = None
-
-    def __call__(self, model_path: str, settings: Settings) -> Engine:
-        self.engine = self.factory(model_path, settings)
-        return _Unclosed(self.engine)
-
-    def get(self, model_path: str, settings: Settings) -> Engine:
-        """The kept engine, or a new one (kept too) when the run made none
-        (predictions given, or an already complete output)."""
-        if self.engine is None:
-            self.engine = self.factory(model_path, settings)
-        return self.engine
-
-    def close(self) -> None:
-        if self.engine is not None:
-            self.engine.close()
-            self.engine = None
-
-
-class _Unclosed:
-    """``engine`` with ``close()`` left to its :class:`KeptEngine`."""
-
-    def __init__(self, engine: Engine):
-        self.max_model_len, self.max_num_seqs, self.settings = (
-            engine.max_model_len,
-            engine.max_num_seqs,
-            engine.settings,
-        )
-        self.add, self.step, self.has_unfinished = engine.add, engine.step, engine.has_unfinished
-        self._engine = engine
-
-    @property
-    def generated_tokens(self) -> int:
-        return self._engine.generated_tokens
-
-    @property
-    def prefilled_tokens(self) -> int:
-        return self._engine.prefilled_tokens
-
-    def running_lengths(self) -> list[int]:
-        return self._engine.running_lengths()
-
-    def close(self) -> None:
-        pass
 
 
 def run_eval(

@@ -30,6 +30,7 @@ import hashlib
 import os
 from collections.abc import Iterator
 from contextlib import contextmanager
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -250,3 +251,52 @@ class OutputFiles:
         publish(self.spool, self.out)
         failpoint("after_publish")
         self.journal.unlink(missing_ok=True)
+
+
+@dataclass(frozen=True, slots=True)
+class RunPaths:
+    """Where one run reads and writes."""
+
+    input: Path
+    output: Path
+
+    @property
+    def errors(self) -> Path:
+        return formats.sibling(self.output, ".errors.jsonl")
+
+    @property
+    def report(self) -> Path:
+        return formats.sibling(self.output, ".report.json")
+
+    @property
+    def html(self) -> Path:
+        return formats.sibling(self.output, ".report.html")
+
+    @classmethod
+    def build(cls, input_path: Path, output: Path | None) -> RunPaths:
+        """The paths of a run; ``output`` defaults to ``INPUT_STEM.out.jsonl``.
+
+        Raises:
+            ConfigError: the output has an unknown suffix, or a path the run
+                writes (output, errors, report, spool, journal, lock; see
+                :meth:`bulkinfer.jobs.output_files.OutputFiles.paths`) is the input,
+                by name, symlink or hard link.
+        """
+        out = output if output is not None else formats.default_output(input_path)
+        formats.output_format(out)
+        for path in OutputFiles(out).paths():
+            if _same_file(path, input_path):
+                what = "output" if path == out else f"the file {path.name} that output {out} writes"
+                raise ConfigError(f"{what} would overwrite the input {input_path}; choose another -o")
+        return cls(input_path, out)
+
+
+def _same_file(a: Path, b: Path) -> bool:
+    """Whether ``a`` and ``b`` name one file: the same real path, or (both
+    existing) the same inode, so symlinks and hard links count."""
+    try:
+        if os.path.realpath(a) == os.path.realpath(b):
+            return True
+        return a.exists() and b.exists() and os.path.samefile(a, b)
+    except OSError:
+        return False

@@ -19,8 +19,6 @@ from pathlib import Path
 from typing import Any
 
 import orjson
-from rich.console import Console
-from rich.table import Table
 
 from bulkinfer.prep.planner import bucket_index, bucket_label
 from bulkinfer.schema import Completion, Done
@@ -59,51 +57,6 @@ def write_report(report: dict[str, Any], path: Path) -> None:
     from bulkinfer.io.files import atomic_write
 
     atomic_write(path, orjson.dumps(report, option=orjson.OPT_INDENT_2, default=str))
-
-
-def _pct(x: float) -> str:
-    return f"{100 * x:.1f}%"
-
-
-def print_summary(report: dict[str, Any], console: Console) -> None:
-    """The report as rich tables: counts, time by phase, throughput, buckets."""
-    counts = report["request_counts"]
-    seconds = report["seconds"]
-    tput = report["throughput"]
-    summary = Table(title=f"bulkinfer run: {report['input']}", show_header=False)
-    summary.add_column("what", style="bold")
-    summary.add_column("value", justify="right")
-    summary.add_row("model", str(report["model"]))
-    if "chat_template_applied" in report:
-        summary.add_row("prompt rows", "through the chat template" if report["chat_template_applied"] else "sent raw")
-    summary.add_row("rows", f"{counts['total']} ({counts['completed']} completed, {counts['failed']} failed)")
-    summary.add_row("tokens", f"{report['tokens']['prompt']} prompt, {report['tokens']['completion']} completion")
-    summary.add_row(
-        "seconds",
-        ", ".join(f"{k} {seconds[k]:.1f}" for k in ("load", "plan", "generate", "write", "total")),
-    )
-    summary.add_row(
-        "throughput",
-        f"{tput['requests_per_s']:.2f} req/s, {tput['completion_tokens_per_s']:.1f} completion tok/s, "
-        f"{tput['total_tokens_per_s']:.1f} total tok/s",
-    )
-    pad = report["padding_efficiency"]
-    summary.add_row(
-        f"padding efficiency (static B={pad['batch_size']})",
-        f"arrival {_pct(pad['arrival'])}, sorted {_pct(pad['sorted'])}",
-    )
-    summary.add_row("output", str(report["output"]))
-    if counts["failed"]:
-        summary.add_row("errors", str(report["errors"]))
-    console.print(summary)
-    buckets = Table(title="buckets (prompt tokens)")
-    for name in ("range", "rows", "real tokens", "padded tokens", "padding efficiency"):
-        buckets.add_column(name, justify="right")
-    for b in report["buckets"]:
-        buckets.add_row(
-            b["range"], str(b["rows"]), str(b["real_tokens"]), str(b["padded_tokens"]), _pct(b["padding_efficiency"])
-        )
-    console.print(buckets)
 
 
 # completion-length histogram bins (tokens): 1, 2, 3-4, 5-8, ..., 8193+

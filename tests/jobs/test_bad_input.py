@@ -19,7 +19,8 @@ from fakes import FakeEngine
 from bulkinfer.config import load_settings
 from bulkinfer.errors import EXIT_OK, EXIT_PARTIAL, InputFileError
 from bulkinfer.io import readers
-from bulkinfer.jobs.run import RunPaths, run
+from bulkinfer.jobs.output_files import RunPaths
+from bulkinfer.jobs.run import run
 
 
 def good(i: int) -> bytes:

@@ -32,8 +32,8 @@ from bulkinfer.errors import (
     OutputExistsError,
     OutputWriteError,
 )
-from bulkinfer.jobs.output_files import OutputFiles
-from bulkinfer.jobs.run import RunPaths, run
+from bulkinfer.jobs.output_files import OutputFiles, RunPaths
+from bulkinfer.jobs.run import run
 
 HERE = Path(__file__).resolve().parents[1]  # tests/, where fault_driver.py is
 

@@ -28,8 +28,8 @@ from bulkinfer.errors import (
     LockHeldError,
     OutputExistsError,
 )
-from bulkinfer.jobs.output_files import OutputFiles
-from bulkinfer.jobs.run import RunPaths, run
+from bulkinfer.jobs.output_files import OutputFiles, RunPaths
+from bulkinfer.jobs.run import run
 from bulkinfer.stop import StopToken
 
 

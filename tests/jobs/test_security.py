@@ -9,7 +9,8 @@ from fakes import FakeEngine
 
 from bulkinfer.config import EngineSettings, PlanSettings, SamplingDefaults, load_settings
 from bulkinfer.engine.args import resolve_engine_args
-from bulkinfer.jobs.run import RunPaths, run
+from bulkinfer.jobs.output_files import RunPaths
+from bulkinfer.jobs.run import run
 from bulkinfer.models import load_tokenizer, resolve_model
 from bulkinfer.prep.planner import Planner
 from bulkinfer.prep.rows import parse_row

@@ -14,7 +14,8 @@ import pytest
 from fakes import FakeEngine
 
 from bulkinfer.config import load_settings
-from bulkinfer.jobs.run import RunPaths, run
+from bulkinfer.jobs.output_files import RunPaths
+from bulkinfer.jobs.run import run
 
 
 @pytest.fixture(scope="module")

@@ -10,7 +10,8 @@ from dataclasses import dataclass, field
 
 import pytest
 
-from bulkinfer.report.progress import Progress, WorkEstimate
+from bulkinfer.report.eta import WorkEstimate
+from bulkinfer.report.progress import Progress
 
 PROMPT_S, COMPLETION_S, STEP_S = 0.001, 0.0025, 0.005  # the simulated engine's costs (ratio as measured on CPU)
 BUDGET = 2048  # tokens per step, prompt and completion (vLLM's max_num_batched_tokens)
@@ -147,7 +148,7 @@ def test_tokens_per_s_counts_unfinished_rows() -> None:
 
 
 def test_survival_is_kaplan_meier_with_running_rows_censored(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr("bulkinfer.report.progress.MIN_AT_RISK", 1)
+    monkeypatch.setattr("bulkinfer.report.eta.MIN_AT_RISK", 1)
     work = WorkEstimate()
     work.plan(10, 4)
     for length in (1, 2):

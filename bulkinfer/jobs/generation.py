@@ -1,0 +1,171 @@
+"""One run's generation: rows through the feed loop into the spools.
+
+Windows are planned as the loop pulls requests; each result is appended to
+the output or errors spool; progress and the run's counters observe it all.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Iterator
+from typing import Any
+
+from bulkinfer.config import Settings
+from bulkinfer.engine.base import Engine
+from bulkinfer.engine.feed import FeedStopped, feed
+from bulkinfer.io import records
+from bulkinfer.io.files import JsonlAppender
+from bulkinfer.io.readers import RawRow, Reader, count_rows
+from bulkinfer.jobs.output_files import OutputFiles, RunPaths
+from bulkinfer.models import DEFAULT_MODEL
+from bulkinfer.prep.planner import Planner
+from bulkinfer.prep.windows import iter_windows
+from bulkinfer.report.progress import Progress
+from bulkinfer.report.stats import RunStats
+from bulkinfer.schema import Completion, Done, Request, RowError
+from bulkinfer.stop import StopToken
+
+
+class Generation:
+    """One run's rows through the feed loop (:func:`bulkinfer.engine.feed.feed`):
+    windows planned as the loop pulls requests, each result appended to the
+    spools, progress and :class:`~bulkinfer.report.stats.RunStats` updated.
+    Rows an earlier attempt finished (``done``) are skipped.
+    """
+
+    def __init__(
+        self,
+        paths: RunPaths,
+        files: OutputFiles,
+        done: Done,
+        settings: Settings,
+        engine: Engine,
+        planner: Planner,
+        progress_plain: bool = False,
+    ):
+        self.paths, self.files, self.done, self.settings = paths, files, done, settings
+        self.engine, self.planner = engine, planner
+        self.max_in_flight = settings.plan.max_in_flight or 2 * engine.max_num_seqs
+        self.model_name = settings.model or DEFAULT_MODEL
+        resumed = bool(done.completed or done.failed)
+        self.spool = JsonlAppender(files.spool, append=resumed, already=done.completed)
+        self.errors = JsonlAppender(files.errors_spool, append=resumed, already=done.failed)
+        total = count_rows(paths.input)
+        if total is not None:  # rows left for this attempt (blank lines included: an estimate)
+            total = max(total - done.completed - done.failed, 0)
+        self.progress = Progress(total, force_plain=progress_plain)
+        self.stats = RunStats()
+        # the engine's live counts when this run started (an engine may be reused)
+        self._engine_base = (engine.generated_tokens, engine.prefilled_tokens)
+
+    def fail(self, error: RowError, planned: bool = False) -> None:
+        """Record a failed row; ``planned``: it failed in the engine, after planning."""
+        self.errors.write(records.error_record(error))
+        self.progress.update(failed=1, planned=planned)
+
+    def run(self, rows: Iterable[RawRow], stop: StopToken) -> None:
+        """Feed every row and collect every result; then publish.
+
+        Raises:
+            EngineError: the engine died (finished rows stay in the spools).
+            Interrupted: ``stop`` was set (likewise).
+            OSError: a spool or final file cannot be written (likewise).
+        """
+        try:
+            self._feed(rows, stop)
+        except BaseException:
+            self._close(failed=True)
+            raise
+
+    def _feed(self, rows: Iterable[RawRow], stop: StopToken) -> None:
+        stop.starting = False  # from here on a stop finishes cleanly
+        if stop.is_set():
+            raise stop.interrupted("before any row was run")
+        self.stats.start()
+        try:
+            feed(
+                self.engine,
+                self._requests(iter_windows(rows, self.settings, self.fail, self.done)),
+                max_in_flight=self.max_in_flight,
+                on_finished=self._finished,
+                on_failed=self._failed,
+                on_step=self._stepped,
+                stop=stop,
+            )
+        except FeedStopped:
+            raise stop.interrupted(
+                f"{self.spool.count} finished rows and {self.errors.count} errors kept in "
+                f"{self.spool.path} and {self.errors.path}; continue with --resume"
+            ) from None
+        self.stats.generation_ended()
+        with self.stats.timed("write"):
+            self._close()
+            self.files.finish()
+        self.planner.padding.finish()
+
+    def _requests(self, windows: Iterator[list[Request]]) -> Iterator[Request]:
+        """Planned requests, a window at a time (planning is timed as ``plan``)."""
+        while True:
+            with self.stats.timed("plan"):
+                window = next(windows, None)
+                if window is None:
+                    return
+                planned, errors = self.planner.plan_window(window)
+                for request in planned:
+                    self.progress.planned(len(request.prompt_token_ids or ()), request.max_tokens)
+                for error in errors:
+                    self.fail(error)
+            yield from planned
+
+    def _failed(self, request: Request, message: str) -> None:
+        error = RowError(request.line, request.id, "engine_error", message, request.openai_url is not None)
+        self.fail(error, planned=True)
+
+    def _finished(self, request: Request, completion: Completion) -> None:
+        self.spool.write(records.output_record(request, completion, self.model_name))
+        self.stats.finished(completion)
+        self.progress.update(done=1, completion_tokens=completion.completion_tokens)
+
+    def _stepped(self, finished: list[Completion]) -> None:
+        """After an engine step: flush what finished; the engine's live token
+        counts to the progress display and the timeline."""
+        if finished:
+            with self.stats.timed("write"):
+                self.spool.flush()
+                self.errors.flush()
+        generated = self.engine.generated_tokens - self._engine_base[0]
+        prefilled = self.engine.prefilled_tokens - self._engine_base[1]
+        self.progress.tick(generated, prefilled, self.engine.running_lengths())
+        self.stats.sample(generated)
+
+    def _close(self, failed: bool = False) -> None:
+        """Close the progress display and the spools; after a failure
+        (``failed``) without raising, keeping what reached the disk."""
+        self.progress.close()
+        if failed:
+            self.spool.abandon()
+            self.errors.abandon()
+        else:
+            self.spool.close()
+            self.errors.close()
+
+    def report(self, reader: Reader, model_path: str, load_s: float, total_s: float) -> dict[str, Any]:
+        """The run report (see :mod:`bulkinfer.report.stats` for the keys)."""
+        return self.stats.report(
+            paths={"input": self.paths.input, "output": self.paths.output, "errors": self.paths.errors},
+            model=self.model_name,
+            model_path=model_path,
+            counts=(self.spool.count, self.errors.count, reader.blank_lines),
+            done=self.done,
+            load_s=load_s,
+            total_s=total_s,
+            padding=self.planner.padding.to_report(),
+            plan={
+                "order": self.settings.plan.order,
+                "window_rows": self.settings.plan.window_rows,
+                "max_in_flight": self.max_in_flight,
+                "bucket_bounds": list(self.settings.plan.buckets),
+            },
+            engine=self.engine.settings,
+            sampling=self.settings.to_dict()["sampling"],
+            chat_template_applied=self.settings.apply_chat_template,
+        )

@@ -1,0 +1,116 @@
+"""What the terminal shows at the end of a command: the run summary, the
+plan, the eval scores (rich tables on the console given)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from rich.console import Console
+from rich.table import Table
+
+
+def _pct(x: float) -> str:
+    return f"{100 * x:.1f}%"
+
+
+def print_summary(report: dict[str, Any], console: Console) -> None:
+    """The report as rich tables: counts, time by phase, throughput, buckets."""
+    counts = report["request_counts"]
+    seconds = report["seconds"]
+    tput = report["throughput"]
+    summary = Table(title=f"bulkinfer run: {report['input']}", show_header=False)
+    summary.add_column("what", style="bold")
+    summary.add_column("value", justify="right")
+    summary.add_row("model", str(report["model"]))
+    if "chat_template_applied" in report:
+        summary.add_row("prompt rows", "through the chat template" if report["chat_template_applied"] else "sent raw")
+    summary.add_row("rows", f"{counts['total']} ({counts['completed']} completed, {counts['failed']} failed)")
+    summary.add_row("tokens", f"{report['tokens']['prompt']} prompt, {report['tokens']['completion']} completion")
+    summary.add_row(
+        "seconds",
+        ", ".join(f"{k} {seconds[k]:.1f}" for k in ("load", "plan", "generate", "write", "total")),
+    )
+    summary.add_row(
+        "throughput",
+        f"{tput['requests_per_s']:.2f} req/s, {tput['completion_tokens_per_s']:.1f} completion tok/s, "
+        f"{tput['total_tokens_per_s']:.1f} total tok/s",
+    )
+    pad = report["padding_efficiency"]
+    summary.add_row(
+        f"padding efficiency (static B={pad['batch_size']})",
+        f"arrival {_pct(pad['arrival'])}, sorted {_pct(pad['sorted'])}",
+    )
+    summary.add_row("output", str(report["output"]))
+    if counts["failed"]:
+        summary.add_row("errors", str(report["errors"]))
+    console.print(summary)
+    buckets = Table(title="buckets (prompt tokens)")
+    for name in ("range", "rows", "real tokens", "padded tokens", "padding efficiency"):
+        buckets.add_column(name, justify="right")
+    for b in report["buckets"]:
+        buckets.add_row(
+            b["range"], str(b["rows"]), str(b["real_tokens"]), str(b["padded_tokens"]), _pct(b["padding_efficiency"])
+        )
+    console.print(buckets)
+
+
+def print_plan(plan: dict[str, Any], console: Any) -> None:
+    """The plan as rich tables."""
+    from rich.table import Table
+
+    rows, tokens, pad = plan["rows"], plan["prompt_tokens"], plan["padding_efficiency"]
+    summary = Table(title=f"bulkinfer plan: {plan['input']}", show_header=False)
+    summary.add_column("what", style="bold")
+    summary.add_column("value", justify="right")
+    summary.add_row(
+        "rows", f"{rows['total']} ({rows['valid']} valid, {rows['failed']} would fail, {rows['skipped']} blank skipped)"
+    )
+    for error_type, count in sorted(plan["errors"].items()):
+        summary.add_row(f"  {error_type}", str(count))
+    summary.add_row(
+        "prompt tokens",
+        f"min {tokens['min']}, median {tokens['median']}, p90 {tokens['p90']}, "
+        f"p99 {tokens['p99']}, max {tokens['max']} (total {tokens['total']})",
+    )
+    summary.add_row("context", f"{plan['context']} tokens")
+    summary.add_row("prompt rows", "through the chat template" if plan.get("chat_template_applied") else "sent raw")
+    summary.add_row(
+        f"padding efficiency (static B={pad['batch_size']})",
+        f"arrival {100 * pad['arrival']:.1f}%, bucketed {100 * pad['bucketed']:.1f}%, "
+        f"sorted {100 * pad['sorted']:.1f}%",
+    )
+    summary.add_row("completion tokens", f"at most {plan['max_completion_tokens']}")
+    estimate = plan["estimate"]
+    if estimate:
+        cal = estimate["calibration"]
+        summary.add_row(
+            "estimate",
+            f"generation at most {estimate['generate_seconds_at_most']:.0f} s "
+            f"+ load {estimate['load_seconds']:.0f} s "
+            f"(at {cal['completion_tokens_per_s']:.1f} completion tok/s, "
+            f"measured {cal['measured_at']})",
+        )
+    else:
+        summary.add_row("estimate", "none yet: no run of this model on this machine to calibrate from")
+    summary.add_row("planned in", f"{plan['seconds']:.1f} s")
+    console.print(summary)
+    buckets = Table(title="buckets (prompt tokens)")
+    for name in ("range", "rows", "histogram", "real tokens", "padded tokens", "padding efficiency"):
+        if name == "histogram":
+            buckets.add_column(name, no_wrap=True, min_width=20)
+        else:
+            buckets.add_column(name, justify="right")
+    most = max((b["rows"] for b in plan["buckets"]), default=1)
+    for b in plan["buckets"]:
+        bar = "#" * max(1, round(20 * b["rows"] / most))
+        buckets.add_row(
+            b["range"],
+            str(b["rows"]),
+            bar,
+            str(b["real_tokens"]),
+            str(b["padded_tokens"]),
+            f"{100 * b['padding_efficiency']:.1f}%",
+        )
+    console.print(buckets)
+    for example in plan["error_examples"][:5]:
+        console.print(f"line {example['line']}: {example['type']}: {example['message']}")
