@@ -453,7 +453,7 @@ def eval_command(
     from bulkinfer.config import load_settings
     from bulkinfer.io.formats import default_output
     from bulkinfer.jobs.eval import load_eval, print_eval, run_eval
-    from bulkinfer.metrics.text import parse_fail_under
+    from bulkinfer.metrics.bars import parse_fail_under
 
     try:
         bars = parse_fail_under(fail_under) if fail_under else None

@@ -42,6 +42,7 @@ from bulkinfer.io.readers import open_reader
 from bulkinfer.io.records import parse_output, read_records
 from bulkinfer.jobs.output_files import OutputFiles, RunPaths
 from bulkinfer.jobs.run import run
+from bulkinfer.metrics import bars
 from bulkinfer.metrics import text as evaluate
 from bulkinfer.metrics.perplexity import ReferenceNLL, reference_nll
 from bulkinfer.models import DEFAULT_MODEL, TokenizerFactory, load_tokenizer, resolve_model
@@ -207,7 +208,7 @@ def run_eval(
                 corpus["perplexity_rows"] = len(nll.scored)
                 corpus["perplexity_tokens"] = total_tokens
                 corpus["perplexity_failed"] = len(nll.failed)
-            below = evaluate.check_fail_under(corpus, fail_under) if fail_under else []
+            below = bars.check_fail_under(corpus, fail_under) if fail_under else []
             report = {
                 "golden": str(golden),
                 "predictions": str(predictions),
@@ -276,7 +277,7 @@ def load_eval(path: Path) -> dict[str, Any]:
     """
     try:
         data: dict[str, Any] = orjson.loads(path.read_bytes())
-        evaluate.compare({}, data.get("scores", data))
+        bars.compare({}, data.get("scores", data))
     except (OSError, orjson.JSONDecodeError, ValueError, AttributeError) as exc:
         raise ConfigError(f"cannot compare with {path}: {exc}") from None
     return data
@@ -291,7 +292,7 @@ def print_eval(report: dict[str, Any], previous: dict[str, Any] | None, console:
     ci = scores.get("ci") or {}
     changes = {}
     if previous is not None:
-        changes = {name: delta for name, _, _, delta in evaluate.compare(scores, previous.get("scores", previous))}
+        changes = {name: delta for name, _, _, delta in bars.compare(scores, previous.get("scores", previous))}
     table = Table(title=f"bulkinfer eval: {report['golden']} ({report['row_counts']['scored']} rows scored)")
     table.add_column("metric")
     table.add_column("score", justify="right")

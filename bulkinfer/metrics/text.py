@@ -37,13 +37,13 @@ from __future__ import annotations
 
 import math
 import unicodedata
-from collections.abc import Iterable, Iterator, Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from functools import lru_cache
 from importlib import metadata
 from typing import Any, cast
 
-from bulkinfer.errors import ConfigError
+from bulkinfer.metrics.bootstrap import bootstrap_ci
 
 #: The corpus metrics, in report order; all on a 0-100 scale.
 METRICS = ("bleu", "chrf", "rouge1", "rouge2", "rougeL", "rougeLsum", "exact_match")
@@ -73,14 +73,6 @@ class InvalidReference(ValueError):
         super().__init__(message)
         self.type = type_
         self.message = message
-
-
-class FailUnderError(ConfigError, ValueError):
-    """A bad ``--fail-under`` value (unknown metric, bad number, bad syntax).
-
-    A :class:`ValueError`, and a :class:`~bulkinfer.errors.ConfigError` so the
-    CLI exits with the usage code.
-    """
 
 
 @dataclass(frozen=True, slots=True)
@@ -250,7 +242,7 @@ def score(
             with ``None`` into sacrebleu's streams, see :func:`reference_streams`).
         bootstrap: number of bootstrap resamples for 95% confidence intervals
             (0: none; 1000 is usual). Each resample draws ``len(predictions)``
-            row indices with replacement (:func:`resample_indices`) and
+            row indices with replacement (:func:`bulkinfer.metrics.bootstrap.resample_indices`) and
             recomputes every corpus metric on it -- BLEU and chrF from their
             summed sacrebleu sufficient statistics, as sacrebleu's own
             bootstrap does, ROUGE and exact match as the mean of the resampled
@@ -287,7 +279,7 @@ def score(
 
     ci = None
     if bootstrap:
-        ci = _bootstrap_ci(preds, streams, per_row, bootstrap, seed)
+        ci = bootstrap_ci(METRICS, preds, streams, per_row, bootstrap, seed)
 
     warnings = []
     share = non_latin_share(ref for row in refs for ref in row)
@@ -314,58 +306,6 @@ def score(
     )
 
 
-def resample_indices(rows: int, bootstrap: int, seed: int = DEFAULT_SEED) -> Iterator[Any]:
-    """The row indices of each bootstrap resample: ``bootstrap`` int arrays of
-    length ``rows``, drawn with replacement by ``numpy.random.default_rng(seed)``.
-    The same ``rows``, ``bootstrap`` and ``seed`` give the same resamples."""
-    import numpy as np
-
-    rng = np.random.default_rng(seed)
-    for _ in range(bootstrap):
-        yield rng.integers(0, rows, size=rows)
-
-
-def _bootstrap_ci(
-    preds: list[str],
-    streams: list[list[str]],
-    per_row: Mapping[str, Sequence[float]],
-    bootstrap: int,
-    seed: int,
-) -> dict[str, tuple[float, float]]:
-    """95% intervals of every metric over ``bootstrap`` resamples of the rows.
-
-    BLEU and chrF are corpus statistics, not means: each resample sums the
-    rows' sufficient statistics (n-gram matches, lengths) weighted by how often
-    the row was drawn, and sacrebleu turns the sums into a score -- the method
-    of sacrebleu's ``significance._bootstrap_resample``, on its
-    ``_extract_corpus_statistics`` / ``_compute_score_from_stats`` (with exact
-    integer sums where sacrebleu uses float32).
-    """
-    import numpy as np
-    from sacrebleu.metrics import BLEU, CHRF
-
-    rows = len(preds)
-    corpus_metrics = {"bleu": BLEU(), "chrf": CHRF()}
-    stats = {
-        name: np.asarray(metric._extract_corpus_statistics(preds, streams), dtype=np.int64)
-        for name, metric in corpus_metrics.items()
-    }
-    row_values = {name: np.asarray(values, dtype=np.float64) for name, values in per_row.items()}
-    samples: dict[str, list[float]] = {name: [] for name in METRICS}
-    for idx in resample_indices(rows, bootstrap, seed):
-        counts = np.bincount(idx, minlength=rows)
-        for name, metric in corpus_metrics.items():
-            summed = (counts @ stats[name]).tolist()
-            samples[name].append(metric._compute_score_from_stats(summed).score)
-        for name, values in row_values.items():
-            samples[name].append(float(counts @ values) / rows)
-    ci = {}
-    for name in METRICS:
-        low, high = np.percentile(np.asarray(samples[name]), [2.5, 97.5])
-        ci[name] = (float(low), float(high))
-    return ci
-
-
 def non_latin_share(texts: Iterable[str]) -> float:
     """The share (0-1) of letters in ``texts`` that are not Latin letters
     (Unicode name not starting with ``LATIN``): CJK, Cyrillic, Arabic... 0.0
@@ -378,84 +318,6 @@ def non_latin_share(texts: Iterable[str]) -> float:
                 if not ch.isascii() and not unicodedata.name(ch, "").startswith("LATIN"):
                     non_latin += 1
     return non_latin / letters if letters else 0.0
-
-
-def parse_fail_under(spec: str) -> dict[str, float]:
-    """``"bleu=20,rougeL=30"`` -> ``{"bleu": 20.0, "rougeL": 30.0}`` (0-100 bars).
-
-    Raises:
-        FailUnderError (a ValueError): empty spec, an item without ``=``, an
-            unknown or repeated metric name, or a bar that is not a number
-            between 0 and 100.
-    """
-    bars: dict[str, float] = {}
-    items = [item.strip() for item in spec.split(",") if item.strip()]
-    if not items:
-        raise FailUnderError(f"--fail-under: expected METRIC=BAR[,METRIC=BAR...], got {spec!r}")
-    for item in items:
-        name, sep, raw = (part.strip() for part in item.partition("="))
-        if not sep:
-            raise FailUnderError(f"--fail-under: {item!r} is not METRIC=BAR (e.g. bleu=20)")
-        if name not in METRICS:
-            raise FailUnderError(f"--fail-under: unknown metric {name!r}; metrics are {', '.join(METRICS)}")
-        if name in bars:
-            raise FailUnderError(f"--fail-under: {name} is given twice")
-        try:
-            bar = float(raw)
-        except ValueError:
-            raise FailUnderError(f"--fail-under: {name}={raw!r} is not a number") from None
-        if not 0.0 <= bar <= 100.0:
-            raise FailUnderError(f"--fail-under: {name}={raw} is outside 0-100 (metrics are on a 0-100 scale)")
-        bars[name] = bar
-    return bars
-
-
-def check_fail_under(scores: Mapping[str, Any], bars: Mapping[str, float]) -> list[str]:
-    """The metrics of ``scores`` (an :meth:`EvalScores.to_dict`) strictly below
-    their bar, as messages like ``"bleu 18.52 < 20"``; empty when all pass.
-
-    Raises:
-        ValueError: a barred metric is not a number in ``scores``.
-    """
-    failures = []
-    for name, bar in bars.items():
-        value = scores.get(name)
-        if not isinstance(value, int | float) or isinstance(value, bool):
-            raise ValueError(f"--fail-under: no {name} score to check")
-        if value < bar:
-            shown = f"{value:.2f}"
-            if float(shown) >= bar:  # 19.999 would print as 20.00 < 20
-                shown = repr(value)
-            failures.append(f"{name} {shown} < {bar:g}")
-    return failures
-
-
-def compare(
-    current: Mapping[str, Any], previous: Mapping[str, Any]
-) -> list[tuple[str, float | None, float, float | None]]:
-    """Each metric's change from a previous eval: ``(name, previous, current,
-    current - previous)`` in :data:`METRICS` order, for every metric in
-    ``current``; ``previous`` and the change are ``None`` when the previous
-    eval lacks that metric. Both are :meth:`EvalScores.to_dict` dicts (0-100).
-
-    Raises:
-        ValueError: ``previous`` holds none of the metrics (not an eval result).
-    """
-
-    def number(scores: Mapping[str, Any], name: str) -> float | None:
-        value = scores.get(name)
-        return float(value) if isinstance(value, int | float) and not isinstance(value, bool) else None
-
-    if not any(number(previous, name) is not None for name in METRICS):
-        raise ValueError(f"previous results hold none of the metrics {', '.join(METRICS)}; is it an eval result?")
-    changes = []
-    for name in METRICS:
-        cur = number(current, name)
-        if cur is None:
-            continue
-        prev = number(previous, name)
-        changes.append((name, prev, cur, None if prev is None else cur - prev))
-    return changes
 
 
 def metrics_versions() -> dict[str, str]:

@@ -15,19 +15,16 @@ import sacrebleu
 from rouge_score import rouge_scorer
 
 from bulkinfer.errors import ConfigError
+from bulkinfer.metrics.bars import FailUnderError, check_fail_under, compare, parse_fail_under
+from bulkinfer.metrics.bootstrap import resample_indices
 from bulkinfer.metrics.text import (
     METRICS,
     ROUGE_TYPES,
-    FailUnderError,
     InvalidReference,
-    check_fail_under,
-    compare,
     metrics_versions,
     non_latin_share,
-    parse_fail_under,
     reference_streams,
     references_of,
-    resample_indices,
     row_scores,
     score,
 )
