@@ -5,7 +5,7 @@ file: JSONL is read line by line and decoded with orjson; Parquet is read one
 row group at a time, in record batches, with only the needed columns.
 
 The input must be a regular file (it is read more than once: the row count for
-progress, ``--resume``); :func:`inspect_input` is the one place that checks it.
+progress, ``--resume``); :func:`bulkinfer.io.inputs.inspect_input` is the one place that checks it.
 JSONL may be gzip- or zstd-compressed: the compression is found from the
 file's first bytes (whatever its name) and the stream is decompressed as it is
 read. The format comes from the name without its compression suffix:
@@ -15,11 +15,8 @@ Parquet.
 
 from __future__ import annotations
 
-import gzip
 import io
-import os
 import re
-import stat
 import zlib
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -29,7 +26,8 @@ from typing import Any, Protocol
 import orjson
 
 from bulkinfer.errors import InputFileError
-from bulkinfer.io.formats import JSONL, PARQUET, SUFFIXES, format_suffix, input_format
+from bulkinfer.io.formats import JSONL, input_format
+from bulkinfer.io.inputs import inspect_input, open_binary
 from bulkinfer.schema import RowInvalid
 
 # A JSONL line longer than this (bytes) is a row error, not a crash; at most
@@ -37,124 +35,11 @@ from bulkinfer.schema import RowInvalid
 MAX_LINE_BYTES = 64 * 1024 * 1024
 PARQUET_BATCH_ROWS = 1024
 _BOM = b"\xef\xbb\xbf"
-# Magic bytes of the compressions read transparently...
-_GZIP_MAGIC = b"\x1f\x8b"
-_ZSTD_MAGIC = b"\x28\xb5\x2f\xfd"
-# ... and of those refused, with what the user should do.
-_DECOMPRESS_OR_RECOMPRESS = "decompress it first, or recompress it with gzip or zstd"
-_REFUSED = (
-    (b"BZh", "bzip2-compressed", _DECOMPRESS_OR_RECOMPRESS),
-    (b"\xfd7zXZ\x00", "xz-compressed", _DECOMPRESS_OR_RECOMPRESS),
-    (b"\x04\x22\x4d\x18", "lz4-compressed", _DECOMPRESS_OR_RECOMPRESS),
-    (b"PK\x03\x04", "a zip archive", "extract the file first, or compress it with gzip or zstd"),
-    (b"7z\xbc\xaf\x27\x1c", "a 7z archive", "extract the file first, or compress it with gzip or zstd"),
-)
-_NOT_REGULAR = (
-    (stat.S_ISFIFO, "a named pipe (FIFO)"),
-    (stat.S_ISSOCK, "a socket"),
-    (stat.S_ISCHR, "a character device"),
-    (stat.S_ISBLK, "a block device"),
-)
 _DECOMPRESS_COMMAND = {"gzip": "gunzip -k", "zstd": "zstd -d"}
 # What a decompressing stream raises on a corrupt or truncated input: gzip
 # raises EOFError (truncated), zlib.error (bad deflate data) or BadGzipFile,
 # an OSError (bad header, CRC); pyarrow raises OSError or ArrowInvalid (a ValueError).
 _STREAM_ERRORS = (OSError, EOFError, ValueError, zlib.error)
-
-
-# --- the input file -------------------------------------------------------------------------------
-
-
-def inspect_input(path: Path) -> str | None:
-    """Check that ``path`` is a readable regular file and find its compression.
-
-    The file type is read with ``os.stat`` first, so a FIFO is never opened
-    (that would block until a writer appears); then the first 6 bytes are read.
-
-    Returns:
-        ``"gzip"``, ``"zstd"`` or ``None`` (not compressed, or an unknown
-        compression: the reader then sees its bytes as they are).
-
-    Raises:
-        InputFileError: the path does not exist, cannot be read (permission
-            denied), is a directory, a named pipe, socket or device, or is
-            compressed with bzip2, xz or lz4, or is a zip or 7z archive.
-    """
-    try:
-        mode = os.stat(path).st_mode
-    except FileNotFoundError:
-        raise InputFileError(f"input file not found: {path}") from None
-    except PermissionError:
-        raise InputFileError(f"{path}: permission denied; make the input file readable by this user") from None
-    except OSError as exc:
-        raise InputFileError(f"{path}: cannot read the input file: {exc.strerror or exc}") from None
-    if stat.S_ISDIR(mode):
-        raise InputFileError(f"{path} is a directory; give a .jsonl or .parquet file")
-    if not stat.S_ISREG(mode):
-        kind = next((name for test, name in _NOT_REGULAR if test(mode)), "a special file")
-        raise InputFileError(
-            f"{path} is {kind}, not a regular file: bulkinfer reads its input more than once "
-            "(row count, --resume); write the rows to a file first"
-        )
-    try:
-        with open(path, "rb") as f:
-            head = f.read(6)
-    except PermissionError:
-        raise InputFileError(f"{path}: permission denied; make the input file readable by this user") from None
-    except OSError as exc:
-        raise InputFileError(f"{path}: cannot read the input file: {exc.strerror or exc}") from None
-    if head.startswith(_GZIP_MAGIC):
-        return "gzip"
-    if head.startswith(_ZSTD_MAGIC):
-        return "zstd"
-    for magic, kind, advice in _REFUSED:
-        if head.startswith(magic):
-            raise InputFileError(f"{path} is {kind}; bulkinfer reads plain, gzip or zstd input: {advice}")
-    return None
-
-
-def _open_binary(path: Path, compression: str | None) -> io.BufferedIOBase:
-    """``path`` opened for binary reading, decompressed as it is read (never
-    whole): gzip with :mod:`gzip`, zstd with pyarrow's streaming codec."""
-    if compression == "gzip":
-        return gzip.GzipFile(path, "rb")
-    if compression == "zstd":
-        import pyarrow as pa
-
-        # CompressedInputStream has no readline: the BufferedReader gives lines.
-        return io.BufferedReader(pa.input_stream(str(path), compression="zstd"), buffer_size=1 << 16)
-    return open(path, "rb")
-
-
-def count_rows(path: Path) -> int | None:
-    """A fast estimate of the rows in ``path``, for progress: the number of
-    lines (blank lines included) for JSONL, read in 1 MiB blocks; the footer's
-    row count for Parquet.
-
-    A gzip- or zstd-compressed file is decompressed (streamed) once more to
-    count its lines: a pass at decompression speed, small next to inference,
-    and it gives progress a total and an ETA.
-
-    Returns:
-        The count, or ``None`` on any error (missing, not a regular file,
-        corrupt): it never raises, and never opens a FIFO.
-    """
-    try:
-        compression = inspect_input(path)
-        if SUFFIXES.get(format_suffix(path)) == PARQUET:
-            if compression is not None:
-                return None
-            import pyarrow.parquet as pq
-
-            return int(pq.ParquetFile(path).metadata.num_rows)
-        count, last = 0, b"\n"
-        with _open_binary(path, compression) as f:
-            while block := f.read(1 << 20):
-                count += block.count(b"\n")
-                last = block[-1:]
-        return count + (last != b"\n")
-    except Exception:
-        return None
 
 
 # --- readers --------------------------------------------------------------------------------------
@@ -216,7 +101,7 @@ class JsonlReader:
         self.compression = inspect_input(path)
         if self.compression is not None:
             try:
-                with _open_binary(path, self.compression) as f:
+                with open_binary(path, self.compression) as f:
                     f.read(1)
             except _STREAM_ERRORS as exc:
                 raise InputFileError(
@@ -225,7 +110,7 @@ class JsonlReader:
 
     def __iter__(self) -> Iterator[RawRow]:
         try:
-            f = _open_binary(self.path, self.compression)
+            f = open_binary(self.path, self.compression)
         except OSError as exc:
             raise InputFileError(f"{self.path}: cannot read the input file: {exc.strerror or exc}") from None
         line_no = 0

@@ -14,7 +14,8 @@ from bulkinfer.engine.base import Engine
 from bulkinfer.engine.feed import FeedStopped, feed
 from bulkinfer.io import records
 from bulkinfer.io.files import JsonlAppender
-from bulkinfer.io.readers import RawRow, Reader, count_rows
+from bulkinfer.io.inputs import count_rows
+from bulkinfer.io.readers import RawRow, Reader
 from bulkinfer.jobs.output_files import OutputFiles, RunPaths
 from bulkinfer.models import DEFAULT_MODEL
 from bulkinfer.prep.planner import Planner

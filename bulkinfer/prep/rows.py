@@ -17,7 +17,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from bulkinfer.config import SEED_RANGE, SamplingDefaults, Settings
+from bulkinfer.checks import SEED_RANGE
+from bulkinfer.config import SamplingDefaults, Settings
 from bulkinfer.schema import CHAT_URL, COMPLETIONS_URL, Request, RowInvalid
 
 ROLES = frozenset({"system", "developer", "user", "assistant", "tool"})

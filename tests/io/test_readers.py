@@ -17,7 +17,8 @@ import pytest
 
 from bulkinfer.config import SamplingDefaults
 from bulkinfer.errors import EXIT_INPUT, InputFileError
-from bulkinfer.io.readers import JsonlReader, ParquetReader, RawRow, count_rows, open_reader
+from bulkinfer.io.inputs import count_rows
+from bulkinfer.io.readers import JsonlReader, ParquetReader, RawRow, open_reader
 from bulkinfer.prep.rows import parse_row
 from bulkinfer.schema import RowInvalid
 
@@ -522,14 +523,14 @@ def test_missing_input(tmp_path: Path) -> None:
 
 
 def test_unreadable_input(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    from bulkinfer.io import readers
+    from bulkinfer.io import inputs
 
     path = jsonl(tmp_path, b'{"prompt": "a"}\n')
 
     def denied(*args: object, **kwargs: object) -> None:
         raise PermissionError(13, "Permission denied")
 
-    monkeypatch.setattr(readers, "open", denied, raising=False)  # root may read a chmod 000 file
+    monkeypatch.setattr(inputs, "open", denied, raising=False)  # root may read a chmod 000 file
     with pytest.raises(InputFileError, match="permission denied") as info:
         open_reader(path)
     assert info.value.exit_code == EXIT_INPUT
