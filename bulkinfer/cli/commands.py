@@ -183,7 +183,8 @@ def report(
 @app.command()
 def models() -> None:
     """List the models prepared under $BULKINFER_HOME (default ~/.cache/bulkinfer)."""
-    from bulkinfer.models import bulkinfer_home, list_models
+    from bulkinfer.default_model import bulkinfer_home
+    from bulkinfer.models import list_models
 
     found = list_models()
     if not found:

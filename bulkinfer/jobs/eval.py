@@ -24,6 +24,7 @@ from typing import Any
 import orjson
 
 from bulkinfer.config import Settings
+from bulkinfer.default_model import DEFAULT_MODEL
 from bulkinfer.engine.base import EngineFactory, KeptEngine
 from bulkinfer.engine.log import EngineLog, terminal
 from bulkinfer.engine.vllm import vllm_engine
@@ -45,7 +46,7 @@ from bulkinfer.jobs.run import run
 from bulkinfer.metrics import bars
 from bulkinfer.metrics import text as evaluate
 from bulkinfer.metrics.perplexity import ReferenceNLL, reference_nll
-from bulkinfer.models import DEFAULT_MODEL, TokenizerFactory, load_tokenizer, resolve_model
+from bulkinfer.models import TokenizerFactory, load_tokenizer, resolve_model
 from bulkinfer.prep.rows import to_request
 from bulkinfer.report.stats import write_report
 from bulkinfer.schema import Request, RowInvalid

@@ -10,6 +10,7 @@ from collections.abc import Iterable, Iterator
 from typing import Any
 
 from bulkinfer.config import Settings
+from bulkinfer.default_model import DEFAULT_MODEL
 from bulkinfer.engine.base import Engine
 from bulkinfer.engine.feed import FeedStopped, feed
 from bulkinfer.io import records
@@ -17,7 +18,6 @@ from bulkinfer.io.files import JsonlAppender
 from bulkinfer.io.inputs import count_rows
 from bulkinfer.io.readers import RawRow, Reader
 from bulkinfer.jobs.output_files import OutputFiles, RunPaths
-from bulkinfer.models import DEFAULT_MODEL
 from bulkinfer.prep.planner import Planner
 from bulkinfer.prep.windows import iter_windows
 from bulkinfer.report.progress import Progress

@@ -11,8 +11,8 @@ from typing import Any
 
 import orjson
 
+from bulkinfer.default_model import bulkinfer_home
 from bulkinfer.io.files import atomic_write
-from bulkinfer.models import bulkinfer_home
 
 
 def calibration_path() -> Path:
