@@ -285,13 +285,13 @@ class RunPaths:
         out = output if output is not None else formats.default_output(input_path)
         formats.output_format(out)
         for path in OutputFiles(out).paths():
-            if _same_file(path, input_path):
+            if same_file(path, input_path):
                 what = "output" if path == out else f"the file {path.name} that output {out} writes"
                 raise ConfigError(f"{what} would overwrite the input {input_path}; choose another -o")
         return cls(input_path, out)
 
 
-def _same_file(a: Path, b: Path) -> bool:
+def same_file(a: Path, b: Path) -> bool:
     """Whether ``a`` and ``b`` name one file: the same real path, or (both
     existing) the same inode, so symlinks and hard links count."""
     try:

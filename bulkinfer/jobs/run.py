@@ -35,7 +35,7 @@ from bulkinfer.errors import (
 )
 from bulkinfer.io.readers import Reader, open_reader
 from bulkinfer.jobs.generation import Generation
-from bulkinfer.jobs.output_files import OutputFiles, RunPaths, _same_file, input_identity, settings_fingerprint
+from bulkinfer.jobs.output_files import OutputFiles, RunPaths, input_identity, same_file, settings_fingerprint
 from bulkinfer.models import TokenizerFactory, load_tokenizer, resolve_model
 from bulkinfer.prep.planner import Planner
 from bulkinfer.report.calibration import record_calibration
@@ -173,7 +173,7 @@ def _check_writable_path(out: Path) -> None:
 def _os_error(exc: OSError, paths: RunPaths) -> BulkinferError:
     """An OSError that escaped the run as a bulkinfer error: reading the
     input is an InputFileError; writing a file is an OutputWriteError."""
-    if exc.filename is not None and _same_file(Path(exc.filename), paths.input):
+    if exc.filename is not None and same_file(Path(exc.filename), paths.input):
         return InputFileError(f"cannot read {paths.input}: {exc.strerror or exc}")
     return write_error(exc, None if exc.filename is not None else paths.output.parent)
 

@@ -55,6 +55,29 @@ def test_all_rows_complete_and_in_flight_is_bounded(tmp_path: Path) -> None:
     assert result.report["request_counts"] == {"total": 20, "completed": 20, "failed": 0, "skipped": 0}
 
 
+def test_the_tokenizer_and_engine_come_from_the_injected_factories(tmp_path: Path) -> None:
+    from bulkinfer.models import load_tokenizer
+
+    calls: list[tuple[str, object]] = []
+
+    def tokenizer_factory(model_path: str, trust_remote_code: bool) -> object:
+        calls.append((model_path, trust_remote_code))
+        tokenizer = load_tokenizer(model_path)
+        tokenizer.chat_template = None  # a base model's tokenizer: prompts go raw
+        return tokenizer
+
+    def engine_factory(model_path: str, s: Settings) -> FakeEngine:
+        calls.append((model_path, s.model))
+        return FakeEngine()
+
+    paths = RunPaths.build(make_input(tmp_path, 3), tmp_path / "out.jsonl")
+    result = run(paths, settings(), engine_factory=engine_factory, tokenizer_factory=tokenizer_factory)
+    model_path = result.report["model_path"]
+    assert calls == [(model_path, False), (model_path, None)]
+    assert result.report["chat_template_applied"] is False  # "auto" decided by the injected tokenizer
+    assert result.report["request_counts"]["completed"] == 3
+
+
 def test_longest_prompts_are_fed_first_within_a_window(tmp_path: Path) -> None:
     engine = FakeEngine()
     paths = RunPaths.build(make_input(tmp_path, 6), tmp_path / "out.jsonl")
