@@ -25,7 +25,7 @@ from bulkinfer.cli.options import (
     VerboseOption,
     _overrides,
 )
-from bulkinfer.cli.signals import StopSignals, _fail
+from bulkinfer.cli.signals import StopSignals, fail
 from bulkinfer.errors import BulkinferError
 
 
@@ -87,7 +87,7 @@ def eval_command(
                 stop=stop_token,
             )
     except BulkinferError as exc:
-        _fail(exc)
+        fail(exc)
     print_eval(result.report, previous, Console())
     for line in result.below_bar:
         typer.echo(f"bulkinfer: below the bar: {line}", err=True)
@@ -119,7 +119,7 @@ def plan(
     try:
         result = plan_file(input_path, load_settings(config, overrides))
     except BulkinferError as exc:
-        _fail(exc)
+        fail(exc)
     print_plan(result, Console())
     if json_out is not None:
         write_report(result, json_out)
@@ -139,7 +139,7 @@ def calibrate(
         with StopSignals() as stop_token:
             entry = run_calibration(load_settings(config, {"model": model}), verbose=verbose, stop=stop_token)
     except BulkinferError as exc:
-        _fail(exc)
+        fail(exc)
     typer.echo(
         f"calibrated: {entry['completion_tokens_per_s']:.1f} completion tokens/s, "
         f"{entry['prompt_tokens_per_s']:.1f} prompt tokens/s, load {entry['load_seconds']:.1f} s"

@@ -30,7 +30,7 @@ from bulkinfer.cli.options import (
     VerboseOption,
     _overrides,
 )
-from bulkinfer.cli.signals import StopSignals, _fail
+from bulkinfer.cli.signals import StopSignals, fail
 from bulkinfer.errors import BulkinferError
 
 
@@ -168,7 +168,7 @@ def run(
                 stop=stop_token,
             )
     except BulkinferError as exc:
-        _fail(exc)
+        fail(exc)
     if result.report.get("already_complete"):
         typer.echo(f"bulkinfer: {paths.output} is already complete; nothing to do")
     else:

@@ -12,7 +12,9 @@ from bulkinfer.errors import BulkinferError, Interrupted
 from bulkinfer.stop import StopToken
 
 
-def _fail(exc: BulkinferError) -> NoReturn:
+def fail(exc: BulkinferError) -> NoReturn:
+    """Print ``exc`` as ``bulkinfer: error: ...`` and exit with its code; after a
+    stop (:class:`Interrupted`) a further signal ends the process at once."""
     typer.echo(f"bulkinfer: error: {exc}", err=True)
     if isinstance(exc, Interrupted):
         # The spools are closed and the engine is shut down: a further signal
@@ -27,7 +29,7 @@ def _exit_at_once(signum: int, frame: object) -> None:
     os._exit(128 + signum)
 
 
-# Set by _fail when a stop signal ended the command: main() then leaves at once.
+# Set by fail when a stop signal ended the command: main() then leaves at once.
 _stopped_by_signal: list[int] = []
 
 

@@ -13,7 +13,8 @@ from bulkinfer.schema import Completion, Request
 
 
 class Engine(Protocol):
-    """What the runner needs from an engine; :class:`VllmEngine` is the real one.
+    """What the feed loop (:func:`bulkinfer.engine.feed.feed`) needs from an engine;
+    :class:`~bulkinfer.engine.vllm.VllmEngine` is the real one.
 
     ``step(wait)`` returns the requests that finished; with ``wait`` (seconds)
     it returns ``[]`` once that time has passed even though the engine step is
