@@ -44,18 +44,15 @@ def _settings(
     Raises:
         ConfigError: an unknown option name (naming the closest), or an invalid value.
     """
-    import difflib
-
     from bulkinfer.config import option_keys, with_overrides
-    from bulkinfer.errors import ConfigError
+    from bulkinfer.errors import ConfigError, closest
 
     keys = option_keys()
     dotted: dict[str, Any] = {}
     for name, value in overrides.items():
         if name not in keys:
-            close = difflib.get_close_matches(name, sorted(keys), n=3)
-            hint = f"; did you mean {' or '.join(close)}?" if close else f"; known: {', '.join(sorted(keys))}"
-            raise ConfigError(f"unknown option {name!r}{hint}")
+            known = "; known: " + ", ".join(sorted(keys))
+            raise ConfigError(f"unknown option {name!r}{closest(name, keys, known)}")
         dotted[keys[name]] = tuple(value) if name == "stop" and value is not None else value
     dotted.update({f"engine.{name}": value for name, value in (engine_args or {}).items()})
     return with_overrides(settings or load_settings(), dotted)

@@ -25,6 +25,7 @@ Exit codes (also in the README and ``bulkinfer run --help``):
 from __future__ import annotations
 
 import errno
+from collections.abc import Iterable
 
 EXIT_OK = 0
 EXIT_USAGE = 2
@@ -95,6 +96,16 @@ class Interrupted(BulkinferError):
         super().__init__(message)
         self.signum = signum
         self.exit_code = 128 + (signum if signum is not None else 2)
+
+
+def closest(name: str, known: Iterable[str], otherwise: str = "") -> str:
+    """``"; did you mean a or b?"`` for the known names closest to ``name``
+    (:func:`difflib.get_close_matches`, at most 3), else ``otherwise``: the
+    tail of an "unknown name" error."""
+    import difflib
+
+    close = difflib.get_close_matches(name, sorted(known), n=3)
+    return f"; did you mean {' or '.join(close)}?" if close else otherwise
 
 
 # errno -> what to do, for the OSErrors that mean "this file cannot be written"

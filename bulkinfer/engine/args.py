@@ -9,7 +9,7 @@ from collections.abc import Collection, Mapping
 from typing import Any
 
 from bulkinfer.config import EngineSettings
-from bulkinfer.errors import ConfigError
+from bulkinfer.errors import ConfigError, closest
 
 GiB = 1024**3
 
@@ -52,14 +52,11 @@ def check_extra_args(extra: Mapping[str, Any], known: Collection[str]) -> None:
         ConfigError: an unknown name (naming the closest fields, by
             :func:`difflib.get_close_matches`), or one bulkinfer sets itself.
     """
-    import difflib
-
     for name in extra:
         if name in RESERVED_ENGINE_ARGS:
             raise ConfigError(f"engine argument {name!r} cannot be set: {RESERVED_ENGINE_ARGS[name]}")
         if name not in known:
-            close = difflib.get_close_matches(name, sorted(known), n=3)
-            hint = f"; did you mean {' or '.join(close)}?" if close else ""
+            hint = closest(name, known)
             raise ConfigError(f"unknown vLLM engine argument {name!r} (not a field of vllm.EngineArgs){hint}")
 
 
