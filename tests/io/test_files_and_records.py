@@ -245,3 +245,32 @@ def test_parquet_column_with_mixed_types_becomes_json_text(tmp_path: Path) -> No
     writers.publish(spool, out)
     rows = pq.read_table(out).to_pylist()
     assert [r["label"] for r in rows] == ["1", '"x"', None]
+
+
+@pytest.mark.parametrize("url", [CHAT_URL, COMPLETIONS_URL])
+def test_openai_output_lines_are_valid_vllm_batch_outputs_and_openai_bodies(url: str) -> None:
+    """Checked against the reference types: vLLM's ``BatchRequestOutput`` for
+    the line, vLLM's response model and the ``openai`` SDK's ``ChatCompletion``
+    / ``Completion`` for its body. (vLLM 0.32's batch runner has no
+    ``/v1/completions``: its ``BatchRequestOutput`` body union lacks
+    ``CompletionResponse``, so that line's envelope is checked with the body
+    apart.)"""
+    run_batch = pytest.importorskip("vllm.entrypoints.launchers.run_batch")
+    from openai.types import Completion as OpenAICompletion
+    from openai.types.chat import ChatCompletion
+    from vllm.entrypoints.openai.chat_completion.protocol import ChatCompletionResponse
+    from vllm.entrypoints.openai.completion.protocol import CompletionResponse
+
+    chat = url == CHAT_URL
+    body = {"messages": [{"role": "user", "content": "Hi"}]} if chat else {"prompt": "Once"}
+    req = request({"custom_id": "req-1", "method": "POST", "url": url, "body": body})
+    record = output_record(req, Completion("0", "Hello!", "length", 11, 4), "local-model")
+    out_body = record["response"]["body"]
+    envelope = record if chat else {**record, "response": {**record["response"], "body": None}}
+    parsed = run_batch.BatchRequestOutput.model_validate(envelope)
+    assert (parsed.custom_id, parsed.error, parsed.response.status_code) == ("req-1", None, 200)
+    (ChatCompletionResponse if chat else CompletionResponse).model_validate(out_body)
+    typed = (ChatCompletion if chat else OpenAICompletion).model_validate(out_body)
+    choice = typed.choices[0]
+    text = choice.message.content if chat else choice.text  # type: ignore[union-attr]
+    assert (text, choice.finish_reason, typed.usage.total_tokens) == ("Hello!", "length", 15)  # type: ignore[union-attr]
