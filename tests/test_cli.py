@@ -71,6 +71,76 @@ def test_every_option_and_argument_has_help(name: str) -> None:
         assert getattr(param, "help", None), f"bulkinfer {name} {param.opts[0]} has no help"
 
 
+def _options(name: str) -> list[Any]:
+    command = COMMANDS[name]
+    return [p for p in command.get_params(typer.Context(command)) if p.param_type_name == "option"]
+
+
+def _plain(markup: str) -> str:
+    from rich.text import Text
+
+    return Text.from_markup(markup).plain
+
+
+@pytest.mark.parametrize("name", sorted(COMMANDS))
+def test_help_states_a_default_for_every_option(name: str) -> None:
+    result = runner.invoke(app, [name, "--help"], env={"COLUMNS": "400"})
+    for param in _options(name):
+        if param.name in ("help", "version"):
+            continue
+        assert "[default: " in _plain(param.help), f"bulkinfer {name} {param.opts[0]}: no default in {param.help!r}"
+        assert _plain(param.help) in result.output  # one line at 400 columns: shown whole, once
+        assert result.output.count("[default: ") == len(_options(name)) - 1
+
+
+@pytest.mark.parametrize("name", sorted(COMMANDS))
+def test_help_text_survives_rich_markup(name: str) -> None:
+    """Rich reads ``[a-z]`` in help as a style and drops it: every bracket is escaped."""
+    command = COMMANDS[name]
+    texts = [command.help or "", command.epilog or ""] + [p.help or "" for p in command.params]
+    for text in texts:
+        assert _plain(text) == text.replace("\\[", "["), text
+
+
+@pytest.mark.parametrize("name", sorted(COMMANDS))
+def test_help_has_readable_metavars_examples_and_one_line_per_exit_code(name: str) -> None:
+    result = runner.invoke(app, [name, "-h"], env={"COLUMNS": "80"})
+    assert result.exit_code == 0, result.output
+    assert f"Usage: bulkinfer {name} " in result.output
+    assert not re.search(r"<(bool|str|int|float|list\[\w+\])>|\{[A-Z]+\}", result.output), result.output
+    lines = result.output.splitlines()
+    examples = lines.index(" Examples:".ljust(80))
+    assert lines[examples + 1].strip().startswith(f"$ bulkinfer {name}")
+    if " Exit codes:".ljust(80) in lines:
+        codes = lines[lines.index(" Exit codes:".ljust(80)) + 1 :]
+        codes = codes[: next(i for i, line in enumerate(codes) if not line.strip())]
+        assert codes and all(re.match(r"   (\d+|128\+N) +\w", line) for line in codes), codes  # none wrapped
+
+
+def test_root_help_lists_run_first_and_takes_dash_h() -> None:
+    result = runner.invoke(app, ["-h"], env={"COLUMNS": "80"})
+    assert result.exit_code == 0
+    commands = re.findall(r"^│ (\w+) ", result.output, re.M)
+    assert commands[0] == "run" and set(commands) == set(COMMANDS)
+
+
+@pytest.mark.parametrize(
+    ("flag", "value", "choices"),
+    [("--order", "random", ["descending", "ascending", "arrival"]), ("--dtype", "fp7", ["auto", "bfloat16"])],
+)
+def test_enumerated_options_list_their_choices(flag: str, value: str, choices: list[str]) -> None:
+    result = runner.invoke(app, ["run", "in.jsonl", flag, value], env={"COLUMNS": "200"})
+    assert result.exit_code == 2
+    assert f"Invalid value for '{flag}'" in result.output and repr(value) in result.output
+    assert all(repr(choice) in result.output for choice in choices), result.output
+
+
+def test_vllm_short_forms(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    settings = _settings_of(["run", str(tmp_path / "in.jsonl"), "-tp", "2", "-dp", "3", "-q", "fp8"], monkeypatch)
+    assert (settings.engine.tensor_parallel_size, settings.engine.data_parallel_size) == (2, 3)
+    assert settings.engine.extra_args == {"quantization": "fp8"}
+
+
 def _settings_of(args: list[str], monkeypatch: pytest.MonkeyPatch) -> Settings:
     """The settings a command builds from ``args``; the command stops right after."""
     import bulkinfer.config
@@ -216,6 +286,7 @@ def test_every_override_option_reaches_its_setting() -> None:
         "enforce_eager": False,
         "seed": 3,
         "trust_remote_code": True,
+        "quantization": "fp8",
         "order": "ascending",
         "buckets": "64,128",
         "window_rows": 100,
@@ -232,7 +303,7 @@ def test_every_override_option_reaches_its_setting() -> None:
     assert (s.engine.dtype, s.engine.max_model_len, s.engine.max_num_seqs) == ("bfloat16", 1024, 8)
     assert (s.engine.max_num_batched_tokens, s.engine.gpu_memory_utilization) == (2048, 0.5)
     assert (s.engine.kv_cache_memory_bytes, s.engine.enforce_eager, s.engine.seed) == (2**30, False, 3)
-    assert s.engine.trust_remote_code is True
+    assert (s.engine.trust_remote_code, s.engine.extra_args) == (True, {"quantization": "fp8"})
     assert (s.plan.order, s.plan.buckets, s.plan.window_rows) == ("ascending", (64, 128), 100)
     assert (s.plan.max_in_flight, s.plan.padding_batch_size, s.plan.stall_timeout_s) == (16, 4, 30.0)
     # Options not given (None) keep the defaults.

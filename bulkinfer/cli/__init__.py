@@ -11,10 +11,15 @@ from __future__ import annotations
 import os
 import sys
 
-from bulkinfer.cli import commands  # noqa: F401  (its @app.command decorators register the commands)
 from bulkinfer.cli.app import app
-from bulkinfer.cli.options import NEGATIONS, OVERRIDES, _overrides
+
+# isort: off
+# The @app.command decorators register the commands; `bulkinfer --help` lists them in this order.
 from bulkinfer.cli.run_command import run
+from bulkinfer.cli import commands  # noqa: F401
+
+# isort: on
+from bulkinfer.cli.options import NEGATIONS, OVERRIDES, _overrides
 from bulkinfer.cli.signals import StopSignals, _stopped_by_signal
 
 __all__ = ["NEGATIONS", "OVERRIDES", "StopSignals", "_overrides", "app", "main", "run"]

@@ -7,12 +7,13 @@ from typing import Annotated
 
 import typer
 
-from bulkinfer.cli.app import EXIT_CODES_HELP, app
+from bulkinfer.cli.app import Command, app, epilog, exit_codes
 from bulkinfer.cli.options import (
     BucketsOption,
     ChatTemplateOption,
     ConfigOption,
     EngineArgOption,
+    InputArgument,
     MaxModelLenOption,
     MaxTokensOption,
     ModelOption,
@@ -24,28 +25,67 @@ from bulkinfer.cli.options import (
     TemperatureOption,
     VerboseOption,
     _overrides,
+    described,
 )
 from bulkinfer.cli.signals import StopSignals, fail
 from bulkinfer.errors import BulkinferError
 
+EVAL_EXAMPLES = (
+    "bulkinfer eval golden.jsonl",
+    "bulkinfer eval golden.jsonl --predictions golden.out.jsonl",
+    "bulkinfer eval golden.jsonl --perplexity --bootstrap 1000",
+    "bulkinfer eval golden.jsonl --fail-under bleu=20 --compare last.eval.json",
+)
 
-@app.command(name="eval", epilog=EXIT_CODES_HELP + " 8 a metric is below its --fail-under bar.")
+
+@app.command(
+    name="eval",
+    cls=Command,
+    epilog=epilog(EVAL_EXAMPLES, exit_codes(("8", "a metric is below its --fail-under bar"))),
+)
 def eval_command(
-    golden: Annotated[Path, typer.Argument(help="Golden rows: prompt or messages, id, reference (.jsonl/.parquet).")],
+    golden: Annotated[
+        Path,
+        typer.Argument(
+            metavar="GOLDEN", help="Golden rows: id, prompt or messages, and reference; a .jsonl or .parquet file."
+        ),
+    ],
     output: Annotated[
-        Path | None, typer.Option("--output", "-o", help="Scored predictions (default: GOLDEN_STEM.out.jsonl).")
+        Path | None,
+        typer.Option(
+            "--output", "-o", metavar="FILE", help=described("The scored predictions.", "GOLDEN_STEM.out.jsonl")
+        ),
     ] = None,
     predictions: Annotated[
-        Path | None, typer.Option(help="Score this existing output instead of generating (rows matched by id).")
+        Path | None,
+        typer.Option(
+            metavar="FILE",
+            help=described("Score this existing output instead of generating (rows matched by id).", "generate"),
+        ),
     ] = None,
     perplexity: Annotated[
-        bool, typer.Option("--perplexity", help="Also the perplexity of each reference given its prompt.")
+        bool,
+        typer.Option("--perplexity", help=described("Also the perplexity of each reference given its prompt.", "off")),
     ] = False,
-    bootstrap: Annotated[int, typer.Option(help="Paired bootstrap resamples for 95% intervals (0: none).")] = 0,
+    bootstrap: Annotated[
+        int,
+        typer.Option(
+            metavar="N",
+            show_default=False,
+            help=described("Paired bootstrap resamples for 95% intervals; 0 for none.", 0),
+        ),
+    ] = 0,
     fail_under: Annotated[
-        str | None, typer.Option(help="Exit 8 when a metric is below its bar, e.g. bleu=20,rougeL=30.")
+        str | None,
+        typer.Option(
+            metavar="METRIC=BAR,...",
+            help=described("Exit 8 when a metric is below its bar, e.g. bleu=20,rougeL=30.", "none"),
+        ),
     ] = None,
-    compare: Annotated[Path | None, typer.Option(help="A previous OUT.eval.json: print each metric's change.")] = None,
+    compare: Annotated[
+        Path | None,
+        typer.Option(metavar="FILE", help=described("A previous OUT.eval.json: print each metric's change.", "none")),
+    ] = None,
     config: ConfigOption = None,
     model: ModelOption = None,
     apply_chat_template: ChatTemplateOption = None,
@@ -94,9 +134,28 @@ def eval_command(
     raise typer.Exit(code=result.exit_code)
 
 
-@app.command()
+PLAN_EXAMPLES = (
+    "bulkinfer plan prompts.jsonl",
+    "bulkinfer plan prompts.jsonl --max-tokens 128 --json plan.json",
+)
+
+
+@app.command(
+    cls=Command,
+    epilog=epilog(
+        PLAN_EXAMPLES,
+        (
+            (
+                ("0", "planned"),
+                ("2", "usage or config error"),
+                ("4", "the input is missing or unreadable"),
+                ("5", "the model cannot be found or loaded"),
+            )
+        ),
+    ),
+)
 def plan(
-    input_path: Annotated[Path, typer.Argument(metavar="INPUT", help="Prompts: .jsonl or .parquet.")],
+    input_path: InputArgument,
     config: ConfigOption = None,
     model: ModelOption = None,
     apply_chat_template: ChatTemplateOption = None,
@@ -105,7 +164,10 @@ def plan(
     max_model_len: MaxModelLenOption = None,
     buckets: BucketsOption = None,
     padding_batch_size: PaddingBatchSizeOption = None,
-    json_out: Annotated[Path | None, typer.Option("--json", help="Also write the plan as JSON to this file.")] = None,
+    json_out: Annotated[
+        Path | None,
+        typer.Option("--json", metavar="FILE", help=described("Also write the plan as JSON to this file.", "none")),
+    ] = None,
 ) -> None:
     """Dry run: row counts, failures, prompt lengths, buckets, padding and a time estimate. Loads no engine."""
     overrides = _overrides(locals())  # first: only the options are local yet
@@ -125,9 +187,15 @@ def plan(
         write_report(result, json_out)
 
 
-@app.command()
+@app.command(
+    cls=Command,
+    epilog=epilog(
+        ("bulkinfer calibrate", "bulkinfer calibrate --model ./my-model --config configs/default.toml"),
+        (("0", "calibrated"), ("2", "usage or config error"), ("5", "the model cannot be found or loaded")),
+    ),
+)
 def calibrate(
-    config: Annotated[Path | None, typer.Option(help="TOML settings file (engine settings are used).")] = None,
+    config: ConfigOption = None,
     model: ModelOption = None,
     verbose: VerboseOption = False,
 ) -> None:
@@ -146,9 +214,17 @@ def calibrate(
     )
 
 
-@app.command()
+@app.command(
+    cls=Command,
+    epilog=epilog(
+        ("bulkinfer report answers.out.report.json", "bulkinfer report golden.out.eval.json"),
+        (("0", "rendered"), ("4", "the report is missing or unreadable")),
+    ),
+)
 def report(
-    path: Annotated[Path, typer.Argument(help="A saved OUT.report.json (run) or OUT.eval.json (eval).")],
+    path: Annotated[
+        Path, typer.Argument(metavar="REPORT", help="A saved OUT.report.json (of run) or OUT.eval.json (of eval).")
+    ],
 ) -> None:
     """Re-render the terminal summary and the HTML report (OUT.report.html) from a saved report."""
     import orjson
@@ -180,7 +256,7 @@ def report(
     typer.echo(f"written: {html_path}")
 
 
-@app.command()
+@app.command(cls=Command, epilog=epilog(("bulkinfer models",), ()))
 def models() -> None:
     """List the models prepared under $BULKINFER_HOME (default ~/.cache/bulkinfer)."""
     from bulkinfer.default_model import bulkinfer_home

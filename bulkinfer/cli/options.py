@@ -1,18 +1,23 @@
-"""Command-line options: their declarations, and the settings overrides they make."""
+"""Command-line options: their declarations (help text, metavar, default
+shown, vLLM's short forms), and the settings overrides they make.
+
+Every option is declared here once; a command lists the ones it takes. An
+option's default is ``None`` ("not given": the config file, then bulkinfer's
+choice for the device decides; see :func:`bulkinfer.config.load_settings` and
+:func:`bulkinfer.engine.args.resolve_engine_args`), so its help states the
+default that applies. Engine options carry vLLM's ``EngineArgs`` names and
+meanings (vllm/config/model.py, cache.py, scheduler.py, parallel.py) and
+vLLM's short forms (``-tp``, ``-dp``, ``-q``)."""
 
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Annotated, Any
+from typing import Annotated, Any, Literal
 
 import typer
 
-from bulkinfer.config import EngineSettings, PlanSettings, SamplingDefaults, option_keys
+from bulkinfer.config import DEFAULT_BUCKETS, EngineSettings, PlanSettings, SamplingDefaults, option_keys
 
-# The options, defined once; a command lists the ones it takes. Engine options
-# carry vLLM's EngineArgs names and meanings (vllm/config/model.py, cache.py,
-# scheduler.py, parallel.py); `None` means "not given": the config file or
-# bulkinfer's choice for the device decides (bulkinfer.engine.args.resolve_engine_args).
 _SAMPLING, _ENGINE, _PLAN = SamplingDefaults(), EngineSettings(), PlanSettings()
 
 
@@ -25,21 +30,57 @@ SAMPLING = "Sampling defaults (a row's own fields win)"
 PLAN = "Plan"
 
 
+def described(text: str, default: object) -> str:
+    """Help text ending in its default, ``[default: ...]``, as typer shows
+    defaults; square brackets are escaped for Rich markup (Rich would read
+    ``[a-z]`` as a style and drop it)."""
+    from rich.markup import escape
+
+    return f"{escape(text)} \\[default: {escape(str(default))}]"
+
+
 def _buckets(value: str | None) -> tuple[int, ...] | None:
     if value is None:
         return None
     try:
         return tuple(int(x) for x in value.split(",") if x.strip())
     except ValueError:
-        raise typer.BadParameter("expected comma-separated integers, e.g. 64,128,256") from None
+        raise typer.BadParameter(f"--buckets takes comma-separated integers, e.g. 64,128,256; got {value!r}") from None
 
 
-ConfigOption = Annotated[Path | None, typer.Option(help="TOML settings file (see configs/default.toml).")]
+# Input, output and the run itself.
+
+InputArgument = Annotated[Path, typer.Argument(metavar="INPUT", help="Prompts: a .jsonl or .parquet file.")]
+
+
+OutputOption = Annotated[
+    Path | None,
+    typer.Option(
+        "--output",
+        "-o",
+        metavar="FILE",
+        help=described("Output: .jsonl or .parquet.", "INPUT_STEM.out.jsonl beside INPUT"),
+    ),
+]
+
+
+ConfigOption = Annotated[
+    Path | None,
+    typer.Option(
+        metavar="FILE",
+        help=described("TOML settings file; flags win over it (every key: configs/default.toml).", "none"),
+    ),
+]
 
 
 ModelOption = Annotated[
     str | None,
-    typer.Option(help="Local Hugging Face model directory or hub id (default: the embedded smollm2-135m-instruct)."),
+    typer.Option(
+        metavar="MODEL",
+        help=described(
+            "A local model directory (Hugging Face layout) or hub id.", "the embedded smollm2-135m-instruct"
+        ),
+    ),
 ]
 
 
@@ -50,52 +91,244 @@ ChatTemplateOption = Annotated[
     bool | None,
     typer.Option(
         "--apply-chat-template",
-        help="Send each prompt through the model's chat template (default: if the model has one).",
+        help=described("Send each prompt through the model's chat template.", "auto: when the model has one"),
     ),
 ]
 
 
 RawPromptsOption = Annotated[
-    bool, typer.Option("--raw-prompts", help="Send each prompt as is, without a chat template.")
+    bool,
+    typer.Option(
+        "--raw-prompts", help=described("Send each prompt as it is, without a chat template.", "auto, as above")
+    ),
 ]
 
 
-OverwriteOption = Annotated[bool, typer.Option("--overwrite", help="Replace an existing (or partial) output.")]
+OverwriteOption = Annotated[
+    bool, typer.Option("--overwrite", help=described("Replace an existing (or partial) output.", "off"))
+]
 
 
 ResumeOption = Annotated[
-    bool, typer.Option("--resume", help="Continue an interrupted run: finished rows are kept, the rest run.")
+    bool,
+    typer.Option(
+        "--resume", help=described("Continue an interrupted run: finished rows are kept, the rest run.", "off")
+    ),
 ]
 
 
-PlainProgressOption = Annotated[bool, typer.Option("--plain-progress", help="Plain progress lines even on a terminal.")]
+PlainProgressOption = Annotated[
+    bool,
+    typer.Option(
+        "--plain-progress",
+        help=described("One plain progress line every few seconds, even on a terminal.", "a live bar on a terminal"),
+    ),
+]
 
 
 VerboseOption = Annotated[
-    bool, typer.Option("--verbose", "-v", help="Show the engine's log live instead of writing it to OUT.log.")
+    bool,
+    typer.Option(
+        "--verbose", "-v", help=described("Show the engine's log live instead of writing it to OUT.log.", "off")
+    ),
 ]
 
 
+# Sampling defaults: a row's own fields win.
+
 MaxTokensOption = Annotated[
     int | None,
-    typer.Option(help=f"Completion tokens per row at most (default {_SAMPLING.max_tokens}).", rich_help_panel=SAMPLING),
+    typer.Option(
+        metavar="TOKENS",
+        help=described("Completion tokens per row at most.", _SAMPLING.max_tokens),
+        rich_help_panel=SAMPLING,
+    ),
 ]
 
 
 TemperatureOption = Annotated[
     float | None,
-    typer.Option(help=f"Sampling temperature, 0 = greedy (default {_SAMPLING.temperature}).", rich_help_panel=SAMPLING),
+    typer.Option(
+        metavar="FLOAT",
+        help=described("Sampling temperature; 0 is greedy.", _SAMPLING.temperature),
+        rich_help_panel=SAMPLING,
+    ),
+]
+
+
+TopPOption = Annotated[
+    float | None,
+    typer.Option(
+        metavar="FLOAT",
+        help=described(
+            "Nucleus sampling: the smallest set of tokens of this probability mass, in (0, 1].", _SAMPLING.top_p
+        ),
+        rich_help_panel=SAMPLING,
+    ),
+]
+
+
+StopOption = Annotated[
+    list[str] | None,
+    typer.Option(
+        metavar="TEXT",
+        help=described("A stop string; repeat the flag for more.", "none"),
+        rich_help_panel=SAMPLING,
+    ),
+]
+
+
+IgnoreEosOption = Annotated[
+    bool | None,
+    typer.Option(
+        "--ignore-eos",
+        help=described("Generate max_tokens even past the end-of-sequence token (benchmarks).", "off"),
+        rich_help_panel=SAMPLING,
+    ),
+]
+
+
+# Engine (vLLM EngineArgs).
+
+DtypeOption = Annotated[
+    Literal["auto", "float32", "float", "bfloat16", "float16", "half"] | None,
+    typer.Option(
+        metavar="DTYPE",
+        help=described(
+            "Weights and activations: auto, float32, bfloat16 or float16 (vLLM's float and half too).",
+            "auto: float32 on CPU, the model's on GPU",
+        ),
+        rich_help_panel=ENGINE,
+    ),
+]
+
+
+TensorParallelSizeOption = Annotated[
+    int | None,
+    typer.Option(
+        "--tensor-parallel-size",
+        "-tp",
+        metavar="N",
+        help=described("GPUs per model replica.", _ENGINE.tensor_parallel_size),
+        rich_help_panel=ENGINE,
+    ),
+]
+
+
+DataParallelSizeOption = Annotated[
+    int | None,
+    typer.Option(
+        "--data-parallel-size",
+        "-dp",
+        metavar="N",
+        help=described("Model replicas, each on its own GPUs.", _ENGINE.data_parallel_size),
+        rich_help_panel=ENGINE,
+    ),
+]
+
+
+QuantizationOption = Annotated[
+    str | None,
+    typer.Option(
+        "--quantization",
+        "-q",
+        metavar="METHOD",
+        help=described("vLLM's quantization method for the weights, e.g. fp8, awq, gptq.", "the model's own config"),
+        rich_help_panel=ENGINE,
+    ),
 ]
 
 
 MaxModelLenOption = Annotated[
     int | None,
-    typer.Option(help="Context length in tokens, prompt + completion (default: the model's).", rich_help_panel=ENGINE),
+    typer.Option(
+        metavar="TOKENS",
+        help=described("Context length in tokens, prompt + completion.", "the model's"),
+        rich_help_panel=ENGINE,
+    ),
 ]
 
 
-BucketsOption = Annotated[
-    str | None, typer.Option(help="Bucket upper bounds in prompt tokens, e.g. 64,128,256.", rich_help_panel=PLAN)
+MaxNumSeqsOption = Annotated[
+    int | None,
+    typer.Option(
+        metavar="N",
+        help=described("Sequences in one engine step at most.", "vLLM's for the device"),
+        rich_help_panel=ENGINE,
+    ),
+]
+
+
+MaxNumBatchedTokensOption = Annotated[
+    int | None,
+    typer.Option(
+        metavar="TOKENS",
+        help=described("Tokens in one engine step at most, prompt + completion.", "vLLM's for the device"),
+        rich_help_panel=ENGINE,
+    ),
+]
+
+
+GpuMemoryUtilizationOption = Annotated[
+    float | None,
+    typer.Option(
+        metavar="FRACTION",
+        help=described("Share (0, 1] of each GPU's memory the engine may use.", "vLLM's, 0.9"),
+        rich_help_panel=ENGINE,
+    ),
+]
+
+
+KvCacheMemoryBytesOption = Annotated[
+    int | None,
+    typer.Option(
+        metavar="BYTES",
+        help=described(
+            "KV cache bytes per device, instead of --gpu-memory-utilization.",
+            "CPU: 25% of available memory, within 1..8 GiB; GPU: from --gpu-memory-utilization",
+        ),
+        rich_help_panel=ENGINE,
+    ),
+]
+
+
+EnforceEagerOption = Annotated[
+    bool | None,
+    typer.Option(
+        "--enforce-eager",
+        help=described("Eager PyTorch: no torch.compile, no CUDA graphs.", "on for CPU"),
+        rich_help_panel=ENGINE,
+    ),
+]
+
+
+NoEnforceEagerOption = Annotated[
+    bool,
+    typer.Option(
+        "--no-enforce-eager",
+        help=described("Allow torch.compile and CUDA graphs.", "on for GPU"),
+        rich_help_panel=ENGINE,
+    ),
+]
+
+
+SeedOption = Annotated[
+    int | None,
+    typer.Option(
+        metavar="INT",
+        help=described("The engine's random seed (a row's seed wins for that row).", _ENGINE.seed),
+        rich_help_panel=ENGINE,
+    ),
+]
+
+
+TrustRemoteCodeOption = Annotated[
+    bool | None,
+    typer.Option(
+        "--trust-remote-code",
+        help=described("Allow the model repository's own Python code to run.", "off"),
+        rich_help_panel=ENGINE,
+    ),
 ]
 
 
@@ -104,8 +337,53 @@ EngineArgOption = Annotated[
     typer.Option(
         "--engine-arg",
         metavar="KEY=VALUE",
-        help="Any vLLM EngineArgs field, e.g. enable_prefix_caching=false (repeatable).",
+        help=described("Any vLLM EngineArgs field, e.g. enable_prefix_caching=false; repeat for more.", "none"),
         rich_help_panel=ENGINE,
+    ),
+]
+
+
+# Plan: how rows are sorted, bucketed and fed.
+
+OrderOption = Annotated[
+    Literal["descending", "ascending", "arrival"] | None,
+    typer.Option(
+        metavar="ORDER",
+        help=described("Feed order: descending (longest prompts first), ascending, or arrival (as read).", _PLAN.order),
+        rich_help_panel=PLAN,
+    ),
+]
+
+
+BucketsOption = Annotated[
+    str | None,
+    typer.Option(
+        metavar="T1,T2,...",
+        help=described(
+            "Bucket upper bounds in prompt tokens.",
+            f"{DEFAULT_BUCKETS[0]},{DEFAULT_BUCKETS[1]},...,{DEFAULT_BUCKETS[-1]} (doubling)",
+        ),
+        rich_help_panel=PLAN,
+    ),
+]
+
+
+WindowRowsOption = Annotated[
+    int | None,
+    typer.Option(
+        metavar="ROWS",
+        help=described("Rows read, tokenized and sorted together (memory grows with it).", _PLAN.window_rows),
+        rich_help_panel=PLAN,
+    ),
+]
+
+
+MaxInFlightOption = Annotated[
+    int | None,
+    typer.Option(
+        metavar="N",
+        help=described("Requests in the engine at once.", "2 x max_num_seqs"),
+        rich_help_panel=PLAN,
     ),
 ]
 
@@ -113,15 +391,30 @@ EngineArgOption = Annotated[
 PaddingBatchSizeOption = Annotated[
     int | None,
     typer.Option(
-        help=f"Static batch size B for the padding report only (default {_PLAN.padding_batch_size}).",
+        metavar="N",
+        help=described("Static batch size for the padding figures of the report only.", _PLAN.padding_batch_size),
+        rich_help_panel=PLAN,
+    ),
+]
+
+
+StallTimeoutOption = Annotated[
+    float | None,
+    typer.Option(
+        "--stall-timeout-s",
+        metavar="SECONDS",
+        help=described(
+            "Seconds one engine step may take before the engine counts as stuck.", f"{_PLAN.stall_timeout_s:g}"
+        ),
         rich_help_panel=PLAN,
     ),
 ]
 
 
 # Command-line option -> the dotted settings key it overrides (see bulkinfer.config.load_settings):
-# every engine and plan setting has an option of the same name; `--seed` is the engine's seed.
-OVERRIDES = option_keys()
+# every engine and plan setting has an option of the same name; `--seed` is the engine's seed;
+# `--quantization` is one of vLLM's EngineArgs bulkinfer passes through (engine.extra_args).
+OVERRIDES = {**option_keys(), "quantization": "engine.quantization"}
 
 
 # Flag that sets a setting to False -> the option (in OVERRIDES) that sets it to True.
