@@ -71,6 +71,21 @@ def test_every_option_and_argument_has_help(name: str) -> None:
         assert getattr(param, "help", None), f"bulkinfer {name} {param.opts[0]} has no help"
 
 
+@pytest.mark.parametrize("command", ["run", "eval"])
+@pytest.mark.parametrize(("flags", "expected"), [([], "input"), (["--output-order", "completion"], "completion")])
+def test_output_order_flag_reaches_the_setting(
+    command: str, flags: list[str], expected: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    settings = _settings_of([command, str(tmp_path / "in.jsonl"), *flags], monkeypatch)
+    assert settings.plan.output_order == expected
+
+
+def test_an_unknown_output_order_is_refused_with_the_accepted_values(tmp_path: Path) -> None:
+    result = runner.invoke(app, ["run", str(tmp_path / "in.jsonl"), "--output-order", "sorted"])
+    assert (result.exit_code, "Traceback" in result.output) == (2, False)  # settings are checked before the input
+    assert "output_order must be one of input, completion, got 'sorted'" in result.output
+
+
 def _settings_of(args: list[str], monkeypatch: pytest.MonkeyPatch) -> Settings:
     """The settings a command builds from ``args``; the command stops right after."""
     import bulkinfer.config
@@ -222,6 +237,7 @@ def test_every_override_option_reaches_its_setting() -> None:
         "max_in_flight": 16,
         "padding_batch_size": 4,
         "stall_timeout_s": 30.0,
+        "output_order": "completion",
         "not_a_setting": "ignored",
     }
     assert set(values) - {"not_a_setting"} == set(OVERRIDES)
@@ -235,6 +251,7 @@ def test_every_override_option_reaches_its_setting() -> None:
     assert s.engine.trust_remote_code is True
     assert (s.plan.order, s.plan.buckets, s.plan.window_rows) == ("ascending", (64, 128), 100)
     assert (s.plan.max_in_flight, s.plan.padding_batch_size, s.plan.stall_timeout_s) == (16, 4, 30.0)
+    assert s.plan.output_order == "completion"
     # Options not given (None) keep the defaults.
     assert load_settings(None, _overrides(dict.fromkeys(OVERRIDES))) == load_settings()
 

@@ -119,6 +119,15 @@ PaddingBatchSizeOption = Annotated[
 ]
 
 
+OutputOrderOption = Annotated[
+    str | None,
+    typer.Option(
+        help="Order of OUT's rows: input (default; restored when the run ends) or completion (no sort).",
+        rich_help_panel=PLAN,
+    ),
+]
+
+
 # Command-line option -> the dotted settings key it overrides (see bulkinfer.config.load_settings):
 # every engine and plan setting has an option of the same name; `--seed` is the engine's seed.
 OVERRIDES = option_keys()

@@ -21,6 +21,7 @@ from bulkinfer.cli.options import (
     MaxModelLenOption,
     MaxTokensOption,
     ModelOption,
+    OutputOrderOption,
     OverwriteOption,
     PaddingBatchSizeOption,
     PlainProgressOption,
@@ -136,6 +137,7 @@ def run(
         typer.Option(help="Requests in the engine at once (default 2 x max_num_seqs).", rich_help_panel=PLAN),
     ] = None,
     padding_batch_size: PaddingBatchSizeOption = None,
+    output_order: OutputOrderOption = None,
     stall_timeout_s: Annotated[
         float | None,
         typer.Option(
