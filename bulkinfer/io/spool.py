@@ -78,10 +78,11 @@ def spool_records(path: Path) -> Iterator[tuple[int, dict[str, Any]]]:
         yield line, orjson.loads(body)
 
 
-def publish_spool(spool: Path, out: Path, order: Order, run_rows: int = MERGE_RUN_ROWS) -> None:
+def publish_spool(spool: Path, out: Path, order: Order, run_rows: int | None = None) -> None:
     """Make ``spool`` the final ``out`` (JSONL or Parquet, by its name)
     atomically, its records in input ``order`` (an external merge sort in
-    bounded memory, see the module docstring) or in completion order (as
+    bounded memory, ``run_rows`` records a run, default
+    :data:`MERGE_RUN_ROWS`; see the module docstring) or in completion order (as
     they are in the spool). The records go to ``.OUT.ordered.tmp`` (JSONL,
     fsync'd), which :func:`~bulkinfer.io.files.publish` makes ``out`` (a
     rename, or a conversion to Parquet). The spool is gone afterwards; so
@@ -98,6 +99,8 @@ def publish_spool(spool: Path, out: Path, order: Order, run_rows: int = MERGE_RU
     except BaseException:
         ordered.unlink(missing_ok=True)
         raise
+    finally:
+        records.close()  # the merge's runs are removed now, not when the traceback goes
     spool.unlink()
 
 
@@ -111,10 +114,11 @@ def run_paths(spool: Path) -> list[Path]:
     return sorted(spool.parent.glob(f"{spool.name}.run-*.tmp"))
 
 
-def sorted_records(spool: Path, run_rows: int = MERGE_RUN_ROWS) -> Iterator[Keyed]:
+def sorted_records(spool: Path, run_rows: int | None = None) -> Generator[Keyed, None, None]:
     """The spool's records sorted by input line (stable), holding at most
-    ``run_rows`` records in memory; run temporaries are removed when the
-    iterator ends or is closed."""
+    ``run_rows`` (default :data:`MERGE_RUN_ROWS`) records in memory; run
+    temporaries are removed when the iterator ends or is closed."""
+    run_rows = run_rows or MERGE_RUN_ROWS
     runs: list[Path] = []
     try:
         batch: list[Keyed] = []
