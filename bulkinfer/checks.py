@@ -149,6 +149,7 @@ def validate(settings: Settings) -> None:
             "a number of seconds > 0",
         ),
         ("plan.padding_batch_size", p.padding_batch_size, _int_ge_1(p.padding_batch_size), "an integer >= 1"),
+        ("plan.output_order", p.output_order, p.output_order in OUTPUT_ORDERS, f"one of {', '.join(OUTPUT_ORDERS)}"),
     ]
     for name, value, ok, expected in checks:
         if not ok:
@@ -156,3 +157,6 @@ def validate(settings: Settings) -> None:
 
 
 FEED_ORDERS: tuple[str, ...] = ("descending", "ascending", "arrival")
+
+
+OUTPUT_ORDERS: tuple[str, ...] = ("input", "completion")

@@ -26,6 +26,7 @@ from bulkinfer.checks import validate
 from bulkinfer.errors import ConfigError
 
 FeedOrder = Literal["descending", "ascending", "arrival"]
+OutputOrder = Literal["input", "completion"]
 
 # Upper bounds (inclusive, prompt tokens) of the default buckets; a last
 # bucket takes everything longer than the last bound.
@@ -95,6 +96,10 @@ class PlanSettings:
       alive but no longer answers. One step is at most one batch of
       ``max_num_batched_tokens`` prompt tokens: raise it for large models on
       CPU. ``None``: wait for ever.
+    - ``output_order``: the order of the rows in the output and errors files:
+      ``input`` (the input's, restored at publishing by an external merge in
+      bounded memory, see :mod:`bulkinfer.io.spool`) or ``completion`` (the
+      order rows finished in, published in one streaming pass without a sort).
     """
 
     buckets: tuple[int, ...] = DEFAULT_BUCKETS
@@ -103,6 +108,7 @@ class PlanSettings:
     max_in_flight: int | None = None
     padding_batch_size: int = 16
     stall_timeout_s: float | None = 600.0
+    output_order: OutputOrder = "input"
 
 
 @dataclass(frozen=True, slots=True)

@@ -126,7 +126,11 @@ def test_root_help_lists_run_first_and_takes_dash_h() -> None:
 
 @pytest.mark.parametrize(
     ("flag", "value", "choices"),
-    [("--order", "random", ["descending", "ascending", "arrival"]), ("--dtype", "fp7", ["auto", "bfloat16"])],
+    [
+        ("--order", "random", ["descending", "ascending", "arrival"]),
+        ("--dtype", "fp7", ["auto", "bfloat16"]),
+        ("--output-order", "sorted", ["input", "completion"]),
+    ],
 )
 def test_enumerated_options_list_their_choices(flag: str, value: str, choices: list[str]) -> None:
     result = runner.invoke(app, ["run", "in.jsonl", flag, value], env={"COLUMNS": "200"})
@@ -139,6 +143,15 @@ def test_vllm_short_forms(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> No
     settings = _settings_of(["run", str(tmp_path / "in.jsonl"), "-tp", "2", "-dp", "3", "-q", "fp8"], monkeypatch)
     assert (settings.engine.tensor_parallel_size, settings.engine.data_parallel_size) == (2, 3)
     assert settings.engine.extra_args == {"quantization": "fp8"}
+
+
+@pytest.mark.parametrize("command", ["run", "eval"])
+@pytest.mark.parametrize(("flags", "expected"), [([], "input"), (["--output-order", "completion"], "completion")])
+def test_output_order_flag_reaches_the_setting(
+    command: str, flags: list[str], expected: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    settings = _settings_of([command, str(tmp_path / "in.jsonl"), *flags], monkeypatch)
+    assert settings.plan.output_order == expected
 
 
 def _settings_of(args: list[str], monkeypatch: pytest.MonkeyPatch) -> Settings:
@@ -293,6 +306,7 @@ def test_every_override_option_reaches_its_setting() -> None:
         "max_in_flight": 16,
         "padding_batch_size": 4,
         "stall_timeout_s": 30.0,
+        "output_order": "completion",
         "not_a_setting": "ignored",
     }
     assert set(values) - {"not_a_setting"} == set(OVERRIDES)
@@ -306,6 +320,7 @@ def test_every_override_option_reaches_its_setting() -> None:
     assert (s.engine.trust_remote_code, s.engine.extra_args) == (True, {"quantization": "fp8"})
     assert (s.plan.order, s.plan.buckets, s.plan.window_rows) == ("ascending", (64, 128), 100)
     assert (s.plan.max_in_flight, s.plan.padding_batch_size, s.plan.stall_timeout_s) == (16, 4, 30.0)
+    assert s.plan.output_order == "completion"
     # Options not given (None) keep the defaults.
     assert load_settings(None, _overrides(dict.fromkeys(OVERRIDES))) == load_settings()
 

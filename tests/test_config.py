@@ -187,6 +187,7 @@ def test_missing_and_malformed_files(tmp_path: Path) -> None:
         ({"plan.buckets": [16, 16, 32]}, "plan.buckets"),
         ({"plan.buckets": [0, 16]}, "plan.buckets"),
         ({"plan.order": "random"}, "plan.order"),
+        ({"plan.output_order": "sorted"}, "plan.output_order"),
         ({"plan.window_rows": 0}, "plan.window_rows"),
         ({"plan.max_in_flight": 0}, "plan.max_in_flight"),
         ({"plan.padding_batch_size": 0}, "plan.padding_batch_size"),

@@ -17,6 +17,7 @@ from bulkinfer.cli.options import (
     MaxModelLenOption,
     MaxTokensOption,
     ModelOption,
+    OutputOrderOption,
     OverwriteOption,
     PaddingBatchSizeOption,
     PlainProgressOption,
@@ -97,6 +98,7 @@ def eval_command(
     plain_progress: PlainProgressOption = False,
     verbose: VerboseOption = False,
     engine_arg: EngineArgOption = None,
+    output_order: OutputOrderOption = None,
 ) -> None:
     """Run GOLDEN through the model (or take --predictions) and score it: BLEU, chrF, ROUGE, exact match, perplexity."""
     overrides = _overrides(locals())  # first: only the options are local yet

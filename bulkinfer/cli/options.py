@@ -411,6 +411,19 @@ StallTimeoutOption = Annotated[
 ]
 
 
+OutputOrderOption = Annotated[
+    Literal["input", "completion"] | None,
+    typer.Option(
+        metavar="ORDER",
+        help=described(
+            "Order of OUT's rows: input (restored when the run ends) or completion (no sort: the largest files).",
+            _PLAN.output_order,
+        ),
+        rich_help_panel=PLAN,
+    ),
+]
+
+
 # Command-line option -> the dotted settings key it overrides (see bulkinfer.config.load_settings):
 # every engine and plan setting has an option of the same name; `--seed` is the engine's seed;
 # `--quantization` is one of vLLM's EngineArgs bulkinfer passes through (engine.extra_args).

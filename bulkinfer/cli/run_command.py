@@ -26,6 +26,7 @@ from bulkinfer.cli.options import (
     NoEnforceEagerOption,
     OrderOption,
     OutputOption,
+    OutputOrderOption,
     OverwriteOption,
     PaddingBatchSizeOption,
     PlainProgressOption,
@@ -92,6 +93,7 @@ def run(
     max_in_flight: MaxInFlightOption = None,
     padding_batch_size: PaddingBatchSizeOption = None,
     stall_timeout_s: StallTimeoutOption = None,
+    output_order: OutputOrderOption = None,
 ) -> None:
     """Generate a completion for every row of INPUT; write OUT, OUT.errors.jsonl and OUT.report.json."""
     overrides = _overrides(locals())  # first: only the options are local yet

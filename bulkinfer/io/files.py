@@ -2,8 +2,10 @@
 
 Results are appended as they complete to a JSONL *spool* beside the output
 (``.NAME.partial.jsonl``), flushed in small groups and fsync'd every few
-seconds. At the end the spool becomes the output atomically: renamed as is
-for JSONL, or converted to Parquet in a temporary file first. Every final
+seconds. At the end the spool becomes the output atomically, in input or
+completion order (:mod:`bulkinfer.io.spool`): written in that order to a
+temporary JSONL file, then renamed (JSONL) or converted to Parquet in a
+temporary file first (:func:`publish`). Every final
 file (output, errors, report.json, report.html, journal, calibration, the
 model marker) is published the same way (:func:`publish_path`): a temporary
 file in the same directory, fsync'd, renamed over the final name, and the
@@ -17,7 +19,7 @@ import errno
 import os
 import signal
 import time
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from pathlib import Path
 from typing import IO, Any
 
@@ -69,15 +71,25 @@ def atomic_write(path: Path, data: bytes) -> None:
     """
     tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
     try:
-        with open(tmp, "wb") as f:
-            f.write(data)
-            failpoint("atomic_write", path)
-            f.flush()
-            os.fsync(f.fileno())
+        write_synced(tmp, [data])
+        failpoint("atomic_write", path)
         publish_path(tmp, path)
     except BaseException:
         tmp.unlink(missing_ok=True)
         raise
+
+
+def write_synced(path: Path, chunks: Iterable[bytes]) -> None:
+    """Write ``chunks`` to ``path`` (replacing it), flushed and fsync'd.
+
+    Raises:
+        OSError: as the writes raise.
+    """
+    with open(path, "wb") as f:
+        for chunk in chunks:
+            f.write(chunk)
+        f.flush()
+        os.fsync(f.fileno())
 
 
 def publish_path(src: Path, dst: Path) -> None:
@@ -110,7 +122,11 @@ class JsonlAppender:
         self._last_sync = time.monotonic()
 
     def write(self, record: dict[str, Any]) -> None:
-        self._file.write(_dumps(record))
+        self.write_raw(_dumps(record))
+
+    def write_raw(self, line: bytes) -> None:
+        """Append one complete line (its newline included)."""
+        self._file.write(line)
         self.count += 1
 
     def flush(self, force_sync: bool = False) -> None:
@@ -154,7 +170,7 @@ def publish(spool: Path, out: Path) -> None:
     if output_format(out) == PARQUET:
         tmp = out.with_name(f".{out.name}.tmp")
         try:
-            _jsonl_to_parquet(spool, tmp)
+            jsonl_to_parquet(spool, tmp)
             publish_path(tmp, out)
         except BaseException:
             tmp.unlink(missing_ok=True)
@@ -179,8 +195,9 @@ def iter_jsonl_chunks(path: Path, rows: int | None = None) -> Iterator[list[dict
         yield chunk
 
 
-def _jsonl_to_parquet(src: Path, dst: Path) -> None:
-    """Two streaming passes over ``src``: infer one Arrow type per column over
+def jsonl_to_parquet(src: Path, dst: Path) -> None:
+    """Write the records of the JSONL file ``src`` to the Parquet file ``dst`` (fsync'd) in
+    two streaming passes over ``src``: infer one Arrow type per column over
     all rows, then write. A column whose values have no common Arrow type (a
     pass-through field that is a number in one row and text in another) is
     written as JSON text, so no row is lost."""

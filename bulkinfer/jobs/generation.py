@@ -14,9 +14,9 @@ from bulkinfer.default_model import DEFAULT_MODEL
 from bulkinfer.engine.base import Engine
 from bulkinfer.engine.feed import FeedStopped, feed
 from bulkinfer.io import records
-from bulkinfer.io.files import JsonlAppender
 from bulkinfer.io.inputs import count_rows
 from bulkinfer.io.readers import RawRow, Reader
+from bulkinfer.io.spool import Spool
 from bulkinfer.jobs.output_files import OutputFiles, RunPaths
 from bulkinfer.prep.planner import Planner
 from bulkinfer.prep.windows import iter_windows
@@ -48,8 +48,8 @@ class Generation:
         self.max_in_flight = settings.plan.max_in_flight or 2 * engine.max_num_seqs
         self.model_name = settings.model or DEFAULT_MODEL
         resumed = bool(done.completed or done.failed)
-        self.spool = JsonlAppender(files.spool, append=resumed, already=done.completed)
-        self.errors = JsonlAppender(files.errors_spool, append=resumed, already=done.failed)
+        self.spool = Spool(files.spool, append=resumed, already=done.completed)
+        self.errors = Spool(files.errors_spool, append=resumed, already=done.failed)
         total = count_rows(paths.input)
         if total is not None:  # rows left for this attempt (blank lines included: an estimate)
             total = max(total - done.completed - done.failed, 0)
@@ -60,7 +60,7 @@ class Generation:
 
     def fail(self, error: RowError, planned: bool = False) -> None:
         """Record a failed row; ``planned``: it failed in the engine, after planning."""
-        self.errors.write(records.error_record(error))
+        self.errors.add(error.line, records.error_record(error))
         self.progress.update(failed=1, planned=planned)
 
     def run(self, rows: Iterable[RawRow], stop: StopToken) -> None:
@@ -100,7 +100,7 @@ class Generation:
         self.stats.generation_ended()
         with self.stats.timed("write"):
             self._close()
-            self.files.finish()
+            self.files.finish(self.settings.plan.output_order)
         self.planner.padding.finish()
 
     def _requests(self, windows: Iterator[list[Request]]) -> Iterator[Request]:
@@ -122,7 +122,7 @@ class Generation:
         self.fail(error, planned=True)
 
     def _finished(self, request: Request, completion: Completion) -> None:
-        self.spool.write(records.output_record(request, completion, self.model_name))
+        self.spool.add(request.line, records.output_record(request, completion, self.model_name))
         self.stats.finished(completion)
         self.progress.update(done=1, completion_tokens=completion.completion_tokens)
 
@@ -162,6 +162,7 @@ class Generation:
             padding=self.planner.padding.to_report(),
             plan={
                 "order": self.settings.plan.order,
+                "output_order": self.settings.plan.output_order,
                 "window_rows": self.settings.plan.window_rows,
                 "max_in_flight": self.max_in_flight,
                 "bucket_bounds": list(self.settings.plan.buckets),

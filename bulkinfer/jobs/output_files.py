@@ -10,17 +10,21 @@ output's directory so renames are atomic (:meth:`OutputFiles.paths` lists them):
   output *stem*, so ``-o r.jsonl`` and ``-o r.parquet`` never run at once.
   The kernel frees it when the holder dies, even by ``kill -9``;
 - ``.r.jsonl.partial.jsonl`` and ``.r.errors.jsonl.partial.jsonl``: the
-  spools, one complete JSON line per finished row, appended as rows finish;
+  spools, one complete JSON line per finished row (``[LINE, RECORD]``, see
+  :mod:`bulkinfer.io.spool`), appended as rows finish;
 - ``.r.jsonl.journal.json``: the input's identity (path, size, mtime) and a
   fingerprint of the settings that shape results, so that ``--resume``
   refuses to continue with another input or other settings;
-- temporaries ``.NAME.tmp`` / ``.NAME.PID.tmp`` that become a final file by
-  ``os.replace``, removed when a write fails.
+- temporaries ``.NAME.tmp`` / ``.NAME.PID.tmp`` / ``.NAME.ordered.tmp``
+  that become a final file by ``os.replace``, and the sorted runs of the
+  merge that restores input order (``.NAME.partial.jsonl.run-K.tmp``), all
+  removed when a write fails.
 
 The spools are the record of what is done: after a crash, a torn last line is
 cut off and every complete line stays done. The final files appear by
 ``os.replace``: errors first, output last, so an existing final ``OUT`` means
-the run is complete.
+the run is complete. Publishing puts the records in input order (by default)
+or leaves them in completion order (``plan.output_order``).
 """
 
 from __future__ import annotations
@@ -36,11 +40,12 @@ from typing import Any
 
 import orjson
 
-from bulkinfer.config import Settings
+from bulkinfer.config import OutputOrder, Settings
 from bulkinfer.errors import ConfigError, LockHeldError, OutputExistsError, write_error
 from bulkinfer.io import formats
-from bulkinfer.io.files import atomic_write, failpoint, publish, publish_path
-from bulkinfer.io.records import error_line, parse_output, read_records
+from bulkinfer.io.files import atomic_write, failpoint, publish_path
+from bulkinfer.io.records import parse_output
+from bulkinfer.io.spool import Spool, ordered_path, publish_spool, read_spool, run_paths, spool_records
 from bulkinfer.schema import Done
 
 
@@ -93,6 +98,8 @@ class OutputFiles:
         self.journal = out.with_name(f".{out.name}.journal.json")
         self.lock_path = out.with_name(f".{out.stem}.lock")
         self.tmp = out.with_name(f".{out.name}.tmp")
+        self.ordered = ordered_path(out)
+        self.errors_ordered = ordered_path(self.errors)
 
     def paths(self) -> list[Path]:
         """Every path a run on this output writes (temporaries of the
@@ -108,6 +115,8 @@ class OutputFiles:
             self.journal,
             self.lock_path,
             self.tmp,
+            self.ordered,
+            self.errors_ordered,
         ]
 
     def siblings(self) -> list[Path]:
@@ -211,13 +220,13 @@ class OutputFiles:
         # A crash between the two final renames leaves the errors published
         # and the output still spooled: take the errors back.
         if self.errors.exists() and not self.errors_spool.exists():
-            publish_path(self.errors, self.errors_spool)
+            self._take_back_errors()
         progress = Done()
         for path in (self.spool, self.errors_spool):
             if path.exists():
                 cut_torn_tail(path)
         if self.spool.exists():
-            for record in read_records(self.spool):
+            for _, record in spool_records(self.spool):
                 row = parse_output(record)
                 if row is None:
                     raise ValueError(f"{self.spool}: a record that is not an output row: {record!r:.200}")
@@ -226,10 +235,26 @@ class OutputFiles:
                 progress.prompt_tokens += row.prompt_tokens
                 progress.completion_tokens += row.completion_tokens
         if self.errors_spool.exists():
-            for record in read_records(self.errors_spool):
+            for line, _ in read_spool(self.errors_spool):
                 progress.failed += 1
-                progress.done_lines.add(error_line(record))
+                progress.done_lines.add(line)
         return progress
+
+    def _take_back_errors(self) -> None:
+        """The published errors file (bare records, each with its ``line``)
+        back into the errors spool's format, then removed."""
+        tmp = self.errors_spool.with_name(f"{self.errors_spool.name}.{os.getpid()}.tmp")
+        spool = Spool(tmp)
+        try:
+            for line, record in spool_records(self.errors):
+                spool.add(line, record)
+            spool.close()
+            publish_path(tmp, self.errors_spool)
+        except BaseException:
+            spool.abandon()
+            tmp.unlink(missing_ok=True)
+            raise
+        self.errors.unlink()
 
     def discard_if_nothing_done(self) -> None:
         """After a failed attempt: when no row finished in any attempt, remove
@@ -239,16 +264,22 @@ class OutputFiles:
 
     def discard_partial(self) -> None:
         """Remove spools, journal and temporaries of an earlier attempt."""
-        for path in (self.spool, self.errors_spool, self.journal, self.tmp):
+        runs = [*run_paths(self.spool), *run_paths(self.errors_spool)]
+        for path in (self.spool, self.errors_spool, self.journal, self.tmp, self.ordered, self.errors_ordered, *runs):
             path.unlink(missing_ok=True)
 
-    def finish(self) -> None:
+    def finish(self, order: OutputOrder = "input") -> None:
         """Publish errors, then the output (its rename marks the run complete),
-        then drop the journal."""
+        each in ``order`` (see :func:`bulkinfer.io.spool.publish_spool`), then
+        drop the journal.
+
+        Raises:
+            OSError: a file cannot be written; the spools stay for ``--resume``.
+        """
         failpoint("before_publish")
-        publish(self.errors_spool, self.errors)
+        publish_spool(self.errors_spool, self.errors, order)
         failpoint("between_publish")
-        publish(self.spool, self.out)
+        publish_spool(self.spool, self.out, order)
         failpoint("after_publish")
         self.journal.unlink(missing_ok=True)
 

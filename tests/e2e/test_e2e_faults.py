@@ -18,6 +18,7 @@ import psutil
 import pytest
 
 from bench.faults import vllm_children, vllm_processes_since
+from bulkinfer.io.spool import spool_records
 
 pytestmark = pytest.mark.e2e
 
@@ -65,7 +66,7 @@ def test_engine_core_killed_mid_run_exits_5_and_resume_completes(tmp_path: Path)
     # how the death is seen first can vary (the process table, vLLM's own engine-dead flag); the line says so
     assert "vLLM engine" in error and "--resume" in error, error
     assert any(how in error for how in ("killed by SIGKILL", "engine core died", "engine died")), error
-    kept = read_jsonl(spool)
+    kept = [record for _, record in spool_records(spool)]
     assert len(kept) >= 3 and not out.exists()
 
     resumed = subprocess.run(

@@ -32,6 +32,7 @@ from bulkinfer.errors import (
     OutputExistsError,
     OutputWriteError,
 )
+from bulkinfer.io.spool import spool_records
 from bulkinfer.jobs.output_files import OutputFiles, RunPaths
 from bulkinfer.jobs.run import run
 
@@ -48,7 +49,8 @@ def settings(**plan: object) -> Settings:
 
 
 def ids(path: Path) -> list[str]:
-    return [orjson.loads(line)["id"] for line in path.read_bytes().splitlines()]
+    """The ids of an output file's records or of a spool's (``[LINE, RECORD]`` lines)."""
+    return [record["id"] for _, record in spool_records(path)]
 
 
 def hidden(directory: Path) -> list[str]:

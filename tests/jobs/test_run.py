@@ -28,6 +28,7 @@ from bulkinfer.errors import (
     LockHeldError,
     OutputExistsError,
 )
+from bulkinfer.io.spool import spool_records
 from bulkinfer.jobs.output_files import OutputFiles, RunPaths
 from bulkinfer.jobs.run import run
 from bulkinfer.stop import StopToken
@@ -81,7 +82,7 @@ def test_the_tokenizer_and_engine_come_from_the_injected_factories(tmp_path: Pat
 def test_longest_prompts_are_fed_first_within_a_window(tmp_path: Path) -> None:
     engine = FakeEngine()
     paths = RunPaths.build(make_input(tmp_path, 6), tmp_path / "out.jsonl")
-    run(paths, settings(max_in_flight=100), engine_factory=lambda m, s: engine)
+    run(paths, settings(max_in_flight=100, output_order="completion"), engine_factory=lambda m, s: engine)
     ids = [orjson.loads(line)["id"] for line in paths.output.read_bytes().splitlines()]
     assert ids == ["r5", "r4", "r3", "r2", "r1", "r0"]
 
@@ -120,7 +121,7 @@ def test_sigterm_stops_feeding_flushes_and_exits_143(tmp_path: Path) -> None:
     assert info.value.exit_code == 143
     assert not paths.output.exists()
     spool = tmp_path / ".out.jsonl.partial.jsonl"
-    kept = [orjson.loads(line)["id"] for line in spool.read_bytes().splitlines()]
+    kept = [record["id"] for _, record in spool_records(spool)]
     assert len(kept) == 6  # three steps of two finished rows; nothing fed after the signal
     assert engine.steps == 3
     assert signal.getsignal(signal.SIGTERM) == handler_before  # handlers restored
