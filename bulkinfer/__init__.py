@@ -49,13 +49,16 @@ def _settings(
 
     keys = option_keys()
     dotted: dict[str, Any] = {}
+    origins: dict[str, str] = {}
     for name, value in overrides.items():
         if name not in keys:
             known = "; known: " + ", ".join(sorted(keys))
             raise ConfigError(f"unknown option {name!r}{closest(name, keys, known)}")
         dotted[keys[name]] = tuple(value) if name == "stop" and value is not None else value
+        origins[keys[name]] = name
     dotted.update({f"engine.{name}": value for name, value in (engine_args or {}).items()})
-    return with_overrides(settings or load_settings(), dotted)
+    origins.update({f"engine.{name}": f"engine_args[{name!r}]" for name in engine_args or {}})
+    return with_overrides(settings or load_settings(), dotted, origins)
 
 
 def run(

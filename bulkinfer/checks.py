@@ -4,6 +4,7 @@ from vLLM's own limits (with where in vLLM each comes from)."""
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
 from bulkinfer.errors import ConfigError
@@ -64,13 +65,16 @@ def _number(value: Any) -> bool:
     return isinstance(value, int | float) and not isinstance(value, bool)
 
 
-def validate(settings: Settings) -> None:
+def validate(settings: Settings, names: Mapping[str, str] | None = None) -> None:
     """Check types and ranges once, where settings are built.
 
+    ``names`` maps a dotted key to what the user typed for it (``--max-tokens``,
+    ``sampling.max_tokens in c.toml``); other keys are named as they are.
+
     Raises:
-        ConfigError: naming the first bad setting, what it must be and the
-            value given, e.g. ``sampling.seed must be an integer in [0, 2**63),
-            got 1.5``.
+        ConfigError: naming the first bad setting as the user gave it, what it
+            must be and the value given, e.g. ``--seed must be an integer in
+            [0, 2**32), got -1``.
     """
     s, e, p = settings.sampling, settings.engine, settings.plan
     # (setting, value given, valid?, what it must be)
@@ -153,7 +157,7 @@ def validate(settings: Settings) -> None:
     ]
     for name, value, ok, expected in checks:
         if not ok:
-            raise ConfigError(f"{name} must be {expected}, got {_shown(value)}")
+            raise ConfigError(f"{(names or {}).get(name, name)} must be {expected}, got {_shown(value)}")
 
 
 FEED_ORDERS: tuple[str, ...] = ("descending", "ascending", "arrival")

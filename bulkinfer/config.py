@@ -23,7 +23,7 @@ from pathlib import Path
 from typing import Any, Literal
 
 from bulkinfer.checks import validate
-from bulkinfer.errors import ConfigError
+from bulkinfer.errors import ConfigError, InputFileError
 
 FeedOrder = Literal["descending", "ascending", "arrival"]
 OutputOrder = Literal["input", "completion"]
@@ -179,7 +179,11 @@ def _build(cls: type, where: str, values: Mapping[str, Any]) -> Any:
     return cls(**converted)
 
 
-def load_settings(config_path: Path | None = None, overrides: Mapping[str, Any] | None = None) -> Settings:
+def load_settings(
+    config_path: Path | None = None,
+    overrides: Mapping[str, Any] | None = None,
+    origins: Mapping[str, str] | None = None,
+) -> Settings:
     """Build the frozen :class:`Settings` from defaults, a TOML file and flags.
 
     Args:
@@ -187,17 +191,25 @@ def load_settings(config_path: Path | None = None, overrides: Mapping[str, Any] 
         overrides: flag values as dotted keys, e.g. ``{"sampling.max_tokens": 64,
             "engine.dtype": "float32", "model": "path"}``; ``None`` values are
             ignored (flag not given).
+        origins: what the user typed for each override, by dotted key
+            (``{"plan.order": "--order"}``): an invalid value's error names
+            it. An override without one is named by its dotted key; a value
+            from the config file as ``KEY in FILE`` (``plan.order in c.toml``).
 
     Raises:
-        ConfigError: a config file that is missing, a directory, unreadable
-            (any ``OSError``) or not valid TOML; unknown keys; invalid values.
+        InputFileError: the config file does not exist (exit 4, as for every
+            missing file).
+        ConfigError: a config file that is a directory, unreadable (any other
+            ``OSError``) or not valid TOML (with its line and column);
+            unknown keys; invalid values (naming the flag or the key and file).
     """
     data: dict[str, Any] = {}
+    names: dict[str, str] = {}
     if config_path is not None:
         try:
             data = tomllib.loads(Path(config_path).read_text(encoding="utf-8"))
         except FileNotFoundError:
-            raise ConfigError(f"config file not found: {config_path}") from None
+            raise InputFileError(f"config file not found: {config_path}") from None
         except IsADirectoryError:
             raise ConfigError(f"config file {config_path} is a directory; give a TOML file") from None
         except OSError as exc:  # EACCES, ENOTDIR, ELOOP, EIO, ...
@@ -205,21 +217,43 @@ def load_settings(config_path: Path | None = None, overrides: Mapping[str, Any] 
             raise ConfigError(f"cannot read config file {config_path}: {reason}") from None
         except (tomllib.TOMLDecodeError, UnicodeDecodeError) as exc:
             raise ConfigError(f"{config_path}: not valid TOML: {exc}") from None
-    return _from_data(data, overrides, str(config_path) if config_path else "settings")
+        names = {key: f"{key} in {config_path}" for key in _dotted_keys(data)}
+    return _from_data(data, overrides, str(config_path) if config_path else "settings", names, origins)
 
 
-def with_overrides(settings: Settings, overrides: Mapping[str, Any]) -> Settings:
+def with_overrides(
+    settings: Settings, overrides: Mapping[str, Any], origins: Mapping[str, str] | None = None
+) -> Settings:
     """``settings`` with ``overrides`` (dotted keys, as :func:`load_settings`
-    takes them) applied and checked again.
+    takes them) applied and checked again; ``origins`` as for :func:`load_settings`.
 
     Raises:
         ConfigError: unknown keys; invalid values.
     """
-    return _from_data(settings.to_dict(), overrides, "settings")
+    return _from_data(settings.to_dict(), overrides, "settings", {}, origins)
 
 
-def _from_data(data: dict[str, Any], overrides: Mapping[str, Any] | None, where: str) -> Settings:
-    """Settings from a TOML-shaped dict and dotted overrides (``None`` values skipped)."""
+def _dotted_keys(data: Mapping[str, Any]) -> list[str]:
+    """The keys of a TOML-shaped dict, a table's keys as ``table.key``."""
+    keys = []
+    for name, value in data.items():
+        if name in _SECTIONS and isinstance(value, dict):
+            keys += [f"{name}.{key}" for key in value]
+        else:
+            keys.append(name)
+    return keys
+
+
+def _from_data(
+    data: dict[str, Any],
+    overrides: Mapping[str, Any] | None,
+    where: str,
+    names: dict[str, str],
+    origins: Mapping[str, str] | None,
+) -> Settings:
+    """Settings from a TOML-shaped dict and dotted overrides (``None`` values
+    skipped); ``names``: what an error calls a key of ``data``, updated with
+    ``origins`` for the overrides."""
     unknown = sorted(set(data) - set(_SECTIONS) - _TOP_LEVEL)
     if unknown:
         raise ConfigError(f"{where}: unknown setting(s) {', '.join(unknown)}")
@@ -238,6 +272,7 @@ def _from_data(data: dict[str, Any], overrides: Mapping[str, Any] | None, where:
             sections[section][name] = value
         else:
             top[name] = value
+        names[key] = (origins or {}).get(key, key)
     try:
         settings = Settings(
             **top,
@@ -245,5 +280,5 @@ def _from_data(data: dict[str, Any], overrides: Mapping[str, Any] | None, where:
         )
     except TypeError as exc:
         raise ConfigError(f"{where}: {exc}") from None
-    validate(settings)
+    validate(settings, names)
     return settings

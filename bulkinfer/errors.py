@@ -9,7 +9,9 @@ Exit codes (also in the README and ``bulkinfer run --help``):
 0     every row completed
 2     usage or configuration error (bad flag, bad TOML, bad path)
 3     the run finished but some rows failed (see ``*.errors.jsonl``)
-4     the input file cannot be read (missing, not JSONL/Parquet, bad schema)
+4     a file the command reads is missing (``... not found: PATH``: input,
+      golden, predictions, --compare, --config, report) or cannot be read
+      (not JSONL/Parquet/JSON, bad schema, no row with a ``reference``)
 5     the model cannot be prepared or loaded, or the engine failed
 6     the output already exists (use ``--overwrite``), or an interrupted
       run's partial output does (use ``--resume`` or ``--overwrite``)
@@ -51,7 +53,8 @@ class ConfigError(BulkinferError):
 
 
 class InputFileError(BulkinferError):
-    """The input file as a whole cannot be read (not a single bad row)."""
+    """A file the command reads (input, golden, predictions, config, saved
+    report) is missing or cannot be read as a whole (not a single bad row)."""
 
     exit_code = EXIT_INPUT
 

@@ -5,6 +5,7 @@ the tokenizer loaded. The default model's preparation is
 
 from __future__ import annotations
 
+import functools
 import os
 import re
 import stat
@@ -70,13 +71,15 @@ def resolve_model(model: str | None, home: Path | None = None) -> str:
 
     A path-like ``model`` (see ``_is_path_like``) that does not exist is an
     error at once, never passed on as a hub id; a local directory must hold
-    ``config.json`` and weights. Nothing is downloaded or loaded here.
+    ``config.json`` and weights; a hub id must be in the local Hugging Face
+    cache or known to the hub (one metadata request, none when
+    ``HF_HUB_OFFLINE`` is set). Nothing is downloaded or loaded here.
 
     Raises:
         ModelError: the name is none of the above (the message names the path
             and what to give instead); a local directory is unreadable, has no
-            ``config.json`` or no weights; or the default model cannot be
-            prepared.
+            ``config.json`` or no weights; a hub id is neither cached nor
+            found on the hub; or the default model cannot be prepared.
     """
     if model is None or model == DEFAULT_MODEL:
         return str(prepare_default_model(home))
@@ -99,11 +102,66 @@ def resolve_model(model: str | None, home: Path | None = None) -> str:
     if _is_path_like(model):
         raise ModelError(f"no such model directory: {_absolute(local)}; {_WHAT_TO_GIVE}")
     if _HUB_ID.match(model):
+        _check_hub_model(model)
         return model
     raise ModelError(
         f"unknown model {model!r}: not a local directory or a prepared model "
         f"(default: {DEFAULT_MODEL!r}); {_WHAT_TO_GIVE}"
     )
+
+
+_OFFLINE_VARIABLES = ("HF_HUB_OFFLINE", "TRANSFORMERS_OFFLINE")
+
+
+def _offline() -> str | None:
+    """The environment variable that keeps Hugging Face libraries off the network, if one is set."""
+    for name in _OFFLINE_VARIABLES:
+        if os.environ.get(name, "").strip().upper() in {"1", "ON", "YES", "TRUE"}:
+            return name
+    return None
+
+
+@functools.lru_cache(maxsize=64)  # a found id is not asked for twice in one process; errors are not cached
+def _check_hub_model(model: str) -> None:
+    """Check, in at most a few seconds, that the hub id ``model`` can be
+    loaded: its ``config.json`` is in the local Hugging Face cache, or (when
+    not offline) the hub answers one metadata request for it. Downloads nothing;
+    transformers and vLLM would otherwise retry for many seconds, then fail
+    with a traceback.
+
+    Raises:
+        ModelError: not cached and offline (``HF_HUB_OFFLINE``/``TRANSFORMERS_OFFLINE``),
+            no such repository (or gated, or private), or the hub cannot be reached.
+    """
+    import huggingface_hub
+    from huggingface_hub.errors import GatedRepoError, RepositoryNotFoundError
+
+    if isinstance(huggingface_hub.try_to_load_from_cache(model, "config.json"), str):
+        return
+    cache = huggingface_hub.constants.HF_HUB_CACHE
+    offline = _offline()
+    if offline is not None:
+        raise ModelError(
+            f"model {model!r} is not in the local Hugging Face cache ({cache}) and {offline} is set, so it "
+            f"cannot be downloaded; download it first (hf download {model}), or {_WHAT_TO_GIVE}"
+        )
+    try:
+        huggingface_hub.model_info(model, timeout=10)
+    except GatedRepoError:
+        raise ModelError(
+            f"model {model!r} is gated on the Hugging Face hub: accept its terms on huggingface.co and log in "
+            "(hf auth login), or give a local model directory"
+        ) from None
+    except RepositoryNotFoundError:
+        raise ModelError(
+            f"no model {model!r} on the Hugging Face hub (or it is private) and none in the local cache "
+            f"({cache}); {_WHAT_TO_GIVE}"
+        ) from None
+    except Exception as exc:  # the transport's own errors (requests, httpx, httpx2 by hub version)
+        raise ModelError(
+            f"model {model!r} is not in the local Hugging Face cache ({cache}) and the hub cannot be reached "
+            f"({type(exc).__name__}: {exc}); check the network, or {_WHAT_TO_GIVE}"
+        ) from None
 
 
 def _is_path_like(model: str) -> bool:
@@ -234,5 +292,5 @@ def load_tokenizer(model: str, trust_remote_code: bool = False) -> Any:
 
     try:
         return AutoTokenizer.from_pretrained(model, trust_remote_code=trust_remote_code)
-    except (OSError, ValueError, KeyError) as exc:
+    except Exception as exc:  # OSError, ValueError, KeyError, ImportError, the hub transport's own errors
         raise ModelError(f"cannot load the tokenizer of {model}: {type(exc).__name__}: {exc}") from None

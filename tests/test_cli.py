@@ -161,8 +161,10 @@ def _settings_of(args: list[str], monkeypatch: pytest.MonkeyPatch) -> Settings:
     built: list[Settings] = []
     load_settings = bulkinfer.config.load_settings
 
-    def load_and_stop(config_path: Path | None, overrides: Mapping[str, Any] | None) -> Settings:
-        built.append(load_settings(config_path, overrides))
+    def load_and_stop(
+        config_path: Path | None, overrides: Mapping[str, Any] | None, origins: Mapping[str, str] | None = None
+    ) -> Settings:
+        built.append(load_settings(config_path, overrides, origins))
         raise ConfigError("stopped after the settings")
 
     monkeypatch.setattr(bulkinfer.config, "load_settings", load_and_stop)
@@ -350,3 +352,221 @@ def _installed(dist: str) -> bool:
         return True
     except importlib.metadata.PackageNotFoundError:
         return False
+
+
+# --- errors in the user's words (issue 17) --------------------------------------------------------
+
+
+def _fake_engines(monkeypatch: pytest.MonkeyPatch) -> list[str]:
+    """Every command's engine factory (run's and eval's) becomes a FakeEngine
+    builder; the list records each model an engine was built for."""
+    from fakes import FakeEngine
+
+    import bulkinfer.jobs.eval
+    import bulkinfer.jobs.run
+
+    built: list[str] = []
+
+    def factory(model: str, settings: Settings) -> FakeEngine:
+        built.append(model)
+        return FakeEngine()
+
+    for function in (bulkinfer.jobs.run.run, bulkinfer.jobs.eval.run_eval):
+        monkeypatch.setitem(function.__kwdefaults__, "engine_factory", factory)
+    return built
+
+
+def _plain_error(result: Any, code: int) -> str:
+    """The error line of a CLI result that exited with ``code`` and no traceback."""
+    assert result.exit_code == code, result.output
+    assert "Traceback" not in result.output
+    assert result.exception is None or isinstance(result.exception, SystemExit), result.exception
+    assert result.output.startswith("bulkinfer: error: "), result.output
+    return str(result.output)
+
+
+def test_eval_without_any_reference_stops_before_the_engine(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    built = _fake_engines(monkeypatch)
+    golden = tmp_path / "noref.jsonl"
+    golden.write_text('{"id": "a", "prompt": "hi"}\n{"id": "b", "prompt": "yo"}\n')
+    result = runner.invoke(app, ["eval", str(golden)])
+    message = _plain_error(result, 4)
+    assert "none of its 2 rows has a usable 'reference'" in message
+    assert built == []  # no engine was started
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["noref.jsonl"]  # no output, log or lock left behind
+    again = runner.invoke(app, ["eval", str(golden)])
+    assert again.exit_code == 4  # the next try is not "output exists" (6)
+
+
+def test_eval_rows_without_reference_are_row_errors_and_the_rest_scored(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import orjson
+
+    built = _fake_engines(monkeypatch)
+    golden = tmp_path / "g.jsonl"
+    golden.write_text(
+        '{"id": "a", "prompt": "hi", "reference": "hello"}\n'
+        '{"id": "b", "prompt": "yo"}\n'
+        '{"id": "c", "prompt": "hey", "reference": ["hey there"]}\n'
+    )
+    result = runner.invoke(app, ["eval", str(golden), "-o", str(tmp_path / "out.jsonl")])
+    assert result.exit_code == 3, result.output  # finished, some rows failed
+    assert len(built) == 1
+    errors = [orjson.loads(line) for line in (tmp_path / "out.errors.jsonl").read_bytes().splitlines()]
+    assert [(e["id"], e["line"], e["error"]["type"]) for e in errors] == [("b", 2, "missing_field")]
+    assert "'reference'" in errors[0]["error"]["message"]
+    report = orjson.loads((tmp_path / "out.eval.json").read_bytes())
+    assert report["row_counts"]["scored"] == 2
+    outputs = [orjson.loads(line)["id"] for line in (tmp_path / "out.jsonl").read_bytes().splitlines()]
+    assert sorted(outputs) == ["a", "c"]  # the row without a reference was not generated
+    assert f"written: {tmp_path / 'out.jsonl'}, {tmp_path / 'out.eval.json'}" in result.output
+
+
+@pytest.mark.parametrize("command", ["run", "plan", "eval", "calibrate"])
+@pytest.mark.parametrize("model", ["nosuchorg/nosuchmodel", "./no/such/dir"])
+def test_a_model_that_cannot_be_found_is_exit_5_at_once(
+    command: str, model: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import huggingface_hub
+
+    from bulkinfer import models
+
+    built = _fake_engines(monkeypatch)
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    monkeypatch.setattr(huggingface_hub, "try_to_load_from_cache", lambda repo, name: None)
+    models._check_hub_model.cache_clear()
+    golden = tmp_path / "g.jsonl"
+    golden.write_text('{"id": "a", "prompt": "hi", "reference": "hello"}\n')
+    args = [command] + ([] if command == "calibrate" else [str(golden)]) + ["--model", model]
+    message = _plain_error(runner.invoke(app, args), 5)
+    assert ("HF_HUB_OFFLINE" if "nosuchorg" in model else "no such model directory") in message
+    assert built == []
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["g.jsonl"]  # no output or log left
+
+
+@pytest.mark.parametrize(
+    ("args", "named"),
+    [
+        (["--window-rows", "0"], "--window-rows must be an integer >= 1, got 0"),
+        (["--max-tokens", "0"], "--max-tokens must be an integer >= 1, got 0"),
+        (["--temperature", "3"], "--temperature must be a number in [0, 2], got 3.0"),
+        (["--engine-arg", "max_num_seqs=0"], "--engine-arg max_num_seqs must be an integer >= 1, got 0"),
+    ],
+)
+def test_a_bad_flag_value_names_the_flag(args: list[str], named: str, tmp_path: Path) -> None:
+    src = tmp_path / "in.jsonl"
+    src.write_text('{"prompt": "hi"}\n')
+    message = _plain_error(runner.invoke(app, ["run", str(src), *args]), 2)
+    assert message.strip() == f"bulkinfer: error: {named}"
+
+
+def test_a_bad_config_value_names_the_key_and_the_file(tmp_path: Path) -> None:
+    src = tmp_path / "in.jsonl"
+    src.write_text('{"prompt": "hi"}\n')
+    cfg = tmp_path / "c.toml"
+    cfg.write_text('[plan]\norder = "random"\n')
+    message = _plain_error(runner.invoke(app, ["run", str(src), "--config", str(cfg)]), 2)
+    assert f"plan.order in {cfg} must be one of" in message
+
+
+@pytest.mark.parametrize("command", ["run", "eval"])
+def test_resume_and_overwrite_together_exit_2(command: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    built = _fake_engines(monkeypatch)
+    src = tmp_path / "in.jsonl"
+    src.write_text('{"prompt": "hi", "reference": "hello"}\n')
+    message = _plain_error(runner.invoke(app, [command, str(src), "--resume", "--overwrite"]), 2)
+    assert "--resume" in message and "--overwrite" in message and "not both" in message
+    assert built == []
+
+
+def test_a_refused_resume_names_the_changed_flag(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    from bulkinfer.jobs.output_files import OutputFiles
+
+    _fake_engines(monkeypatch)
+    src = tmp_path / "in.jsonl"
+    src.write_text("".join(f'{{"id": "r{i}", "prompt": "p{i}"}}\n' for i in range(4)))
+    out = tmp_path / "in.out.jsonl"
+    assert runner.invoke(app, ["run", str(src), "--max-tokens", "8"]).exit_code == 0
+    files = OutputFiles(out)  # turn the complete run into an interrupted one: output back to its spool
+    out.rename(files.spool)
+    files.errors.unlink()
+    import orjson
+
+    from bulkinfer.config import load_settings
+    from bulkinfer.jobs.output_files import input_identity, results_settings, settings_fingerprint
+
+    settings = load_settings(None, {"sampling.max_tokens": 8})
+    files.journal.write_bytes(
+        orjson.dumps(
+            {
+                "input": input_identity(src),
+                "settings_sha256": settings_fingerprint(settings),
+                "settings": results_settings(settings),
+            }
+        )
+    )
+    result = runner.invoke(app, ["run", str(src), "--resume", "--max-tokens", "16", "--temperature", "0"])
+    message = _plain_error(result, 2)
+    assert "--max-tokens (sampling.max_tokens): 8 -> 16" in message
+    assert "--temperature (sampling.temperature): 1.0 -> 0.0" in message
+
+
+@pytest.mark.parametrize(
+    "args",
+    [
+        ["run", "missing.jsonl"],
+        ["plan", "missing.jsonl"],
+        ["eval", "missing.jsonl"],
+        ["eval", "g.jsonl", "--predictions", "missing.jsonl"],
+        ["eval", "g.jsonl", "--compare", "missing.jsonl"],
+        ["report", "missing.jsonl"],
+        ["run", "g.jsonl", "--config", "missing.jsonl"],
+    ],
+)
+def test_a_missing_file_is_exit_4_everywhere(args: list[str], tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    built = _fake_engines(monkeypatch)
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "g.jsonl").write_text('{"id": "a", "prompt": "hi", "reference": "hello"}\n')
+    message = _plain_error(runner.invoke(app, args), 4)
+    assert message.strip().endswith("not found: missing.jsonl")
+    assert built == []
+
+
+@pytest.mark.parametrize(
+    ("text", "expected"),
+    [
+        ('{"scores": 1,\n  x}\n', "line 2, column 3: not valid JSON"),
+        ("[1, 2]\n", "a JSON list, not the object a report file holds"),
+        ('{"a": 1}\n', "neither a saved OUT.report.json nor an OUT.eval.json"),
+    ],
+)
+def test_an_invalid_report_file_is_exit_4_with_a_clear_message(text: str, expected: str, tmp_path: Path) -> None:
+    path = tmp_path / "x.report.json"
+    path.write_text(text)
+    message = _plain_error(runner.invoke(app, ["report", str(path)]), 4)
+    assert expected in message
+
+
+def test_report_of_an_eval_says_only_what_it_wrote(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    _fake_engines(monkeypatch)
+    golden = tmp_path / "g.jsonl"
+    golden.write_text('{"id": "a", "prompt": "hi", "reference": "hello"}\n')
+    assert runner.invoke(app, ["eval", str(golden)]).exit_code == 0
+    result = runner.invoke(app, ["report", str(tmp_path / "g.out.eval.json")])
+    assert result.exit_code == 0, result.output
+    written = [line for line in result.output.splitlines() if line.startswith("written")]
+    assert written == [f"written: {tmp_path / 'g.out.report.html'}"]
+
+
+def test_an_invalid_json_line_is_named_by_the_files_line(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    import orjson
+
+    _fake_engines(monkeypatch)
+    src = tmp_path / "in.jsonl"
+    src.write_text('{"prompt": "a"}\n{"prompt": "b"}\n\n{"prompt": x}\n')
+    assert runner.invoke(app, ["run", str(src)]).exit_code == 3
+    [error] = [orjson.loads(line) for line in (tmp_path / "in.out.errors.jsonl").read_bytes().splitlines()]
+    assert error["line"] == 4
+    assert error["error"]["message"].startswith("line 4, column 12: not valid JSON")

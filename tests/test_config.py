@@ -11,7 +11,7 @@ import orjson
 import pytest
 
 from bulkinfer.config import DEFAULT_BUCKETS, PlanSettings, SamplingDefaults, Settings, load_settings
-from bulkinfer.errors import EXIT_USAGE, ConfigError
+from bulkinfer.errors import EXIT_USAGE, ConfigError, InputFileError
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -159,10 +159,11 @@ def test_section_that_is_not_a_table(tmp_path: Path) -> None:
 
 
 def test_missing_and_malformed_files(tmp_path: Path) -> None:
-    with pytest.raises(ConfigError, match="not found"):
+    with pytest.raises(InputFileError, match="config file not found: ") as missing:
         load_settings(tmp_path / "absent.toml")
+    assert missing.value.exit_code == 4  # a missing file is exit 4, whichever file it is
     bad = write_toml(tmp_path, "[sampling\nmax_tokens = 5\n")
-    with pytest.raises(ConfigError, match="not valid TOML"):
+    with pytest.raises(ConfigError, match=r"not valid TOML: .*\(at line 1, column 10\)"):
         load_settings(bad)
 
 
@@ -254,9 +255,11 @@ def test_bad_range_in_toml(tmp_path: Path) -> None:
     ],
 )
 def test_bad_values_in_toml_are_named_with_the_value(tmp_path: Path, toml: str, message: str) -> None:
+    path = write_toml(tmp_path, toml)
     with pytest.raises(ConfigError) as info:
-        load_settings(write_toml(tmp_path, toml))
-    assert str(info.value) == message
+        load_settings(path)
+    key, _, rest = message.partition(" must be ")
+    assert str(info.value) == f"{key} in {path} must be {rest}"  # the key and the file it came from
     assert info.value.exit_code == EXIT_USAGE
 
 
@@ -383,3 +386,20 @@ def test_apply_chat_template_is_auto_by_default_and_decided_by_the_tokenizer() -
     assert forced.resolve_chat_template(_Tokenizer("{{ messages }}")).apply_chat_template is False
     with pytest.raises(ConfigError, match=r'apply_chat_template must be true, false or "auto", got \'yes\''):
         load_settings(None, {"apply_chat_template": "yes"})
+
+
+def test_errors_name_the_flag_the_key_and_file_or_the_override(tmp_path: Path) -> None:
+    origins = {"plan.order": "--order", "sampling.max_tokens": "--max-tokens"}
+    with pytest.raises(ConfigError) as info:
+        load_settings(None, {"plan.order": "random"}, origins)
+    assert str(info.value) == "--order must be one of descending, ascending, arrival, got 'random'"
+    with pytest.raises(ConfigError) as info:
+        load_settings(None, {"sampling.max_tokens": 0}, origins)
+    assert str(info.value) == "--max-tokens must be an integer >= 1, got 0"
+    path = write_toml(tmp_path, '[plan]\norder = "random"\n')
+    with pytest.raises(ConfigError) as info:
+        load_settings(path)
+    assert str(info.value).startswith(f"plan.order in {path} must be one of ")
+    # a flag given over a valid file value is named as the flag
+    with pytest.raises(ConfigError, match=r"^--max-tokens must be"):
+        load_settings(write_toml(tmp_path, "[sampling]\nmax_tokens = 5\n"), {"sampling.max_tokens": -1}, origins)

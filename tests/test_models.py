@@ -191,6 +191,7 @@ def make_model_dir(path: Path, weights: str = "model.safetensors") -> Path:
 
 
 def test_resolve_model(home: Path, model_dir: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(models, "_check_hub_model", lambda model: None)  # tested below, without network
     assert models.resolve_model(None, home) == str(model_dir)
     assert models.resolve_model(DEFAULT_MODEL, home) == str(model_dir)
     assert models.resolve_model(str(model_dir), home) == str(model_dir)  # a prepared directory passes the checks
@@ -245,6 +246,7 @@ def test_missing_path_like_model_is_a_local_error(
 
 
 def test_org_name_is_a_hub_id_unless_org_is_a_local_directory(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(models, "_check_hub_model", lambda model: None)  # tested below, without network
     monkeypatch.chdir(tmp_path)
     home = tmp_path / "bulkinfer-home"
     assert models.resolve_model("HuggingFaceTB/SmolLM2-135M-Instruct", home) == "HuggingFaceTB/SmolLM2-135M-Instruct"
@@ -342,3 +344,62 @@ def test_forward_pass_predicts_paris(model_dir: Path) -> None:
     top = int(probs.argmax())
     assert tokenizer.decode([top]) == " Paris"
     assert probs[top] > 0.5  # measured 0.77 for the Q4_1 GGUF
+
+
+def _no_cache(monkeypatch: pytest.MonkeyPatch) -> None:
+    import huggingface_hub
+
+    monkeypatch.setattr(huggingface_hub, "try_to_load_from_cache", lambda repo, name: None)
+    models._check_hub_model.cache_clear()
+
+
+def test_a_hub_id_not_cached_is_refused_at_once_offline(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    import huggingface_hub
+
+    _no_cache(monkeypatch)
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    asked: list[str] = []
+    monkeypatch.setattr(huggingface_hub, "model_info", lambda model, **kw: asked.append(model))
+    with pytest.raises(
+        ModelError, match=r"'nosuchorg/nosuchmodel' is not in the local Hugging Face cache .* HF_HUB_OFFLINE"
+    ):
+        models.resolve_model("nosuchorg/nosuchmodel", tmp_path)
+    assert asked == []  # the hub is not asked
+
+
+def test_a_hub_id_unknown_to_the_hub_or_unreachable_is_a_model_error(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    import huggingface_hub
+    from huggingface_hub.errors import RepositoryNotFoundError
+
+    _no_cache(monkeypatch)
+    monkeypatch.delenv("HF_HUB_OFFLINE", raising=False)
+    monkeypatch.delenv("TRANSFORMERS_OFFLINE", raising=False)
+
+    class NotFound(RepositoryNotFoundError):
+        def __init__(self) -> None:  # the hub's own needs an HTTP response
+            Exception.__init__(self, "404 Repository Not Found")
+
+    def not_found(model: str, **kw: Any) -> None:
+        raise NotFound()
+
+    monkeypatch.setattr(huggingface_hub, "model_info", not_found)
+    with pytest.raises(ModelError, match=r"no model 'nosuchorg/nosuchmodel' on the Hugging Face hub"):
+        models.resolve_model("nosuchorg/nosuchmodel", tmp_path)
+
+    def unreachable(model: str, **kw: Any) -> None:
+        raise ConnectionError("Name or service not known")
+
+    monkeypatch.setattr(huggingface_hub, "model_info", unreachable)
+    with pytest.raises(ModelError, match=r"the hub cannot be reached \(ConnectionError: Name or service not known\)"):
+        models.resolve_model("nosuchorg/nosuchmodel", tmp_path)
+
+
+def test_a_cached_hub_id_passes_without_the_hub(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    import huggingface_hub
+
+    models._check_hub_model.cache_clear()
+    monkeypatch.setattr(huggingface_hub, "try_to_load_from_cache", lambda repo, name: "/cache/config.json")
+    monkeypatch.setattr(huggingface_hub, "model_info", lambda *a, **kw: pytest.fail("the hub was asked"))
+    assert models.resolve_model("someorg/cached", tmp_path) == "someorg/cached"

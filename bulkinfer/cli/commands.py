@@ -25,11 +25,12 @@ from bulkinfer.cli.options import (
     ResumeOption,
     TemperatureOption,
     VerboseOption,
+    _origins,
     _overrides,
     described,
 )
 from bulkinfer.cli.signals import StopSignals, fail
-from bulkinfer.errors import BulkinferError
+from bulkinfer.errors import BulkinferError, InputFileError
 
 EVAL_EXAMPLES = (
     "bulkinfer eval golden.jsonl",
@@ -101,18 +102,18 @@ def eval_command(
     output_order: OutputOrderOption = None,
 ) -> None:
     """Run GOLDEN through the model (or take --predictions) and score it: BLEU, chrF, ROUGE, exact match, perplexity."""
-    overrides = _overrides(locals())  # first: only the options are local yet
+    overrides, origins = _overrides(locals()), _origins(locals())  # first: only the options are local yet
     from rich.console import Console
 
     from bulkinfer.config import load_settings
     from bulkinfer.io.formats import default_output
-    from bulkinfer.jobs.eval import load_eval, print_eval, run_eval
+    from bulkinfer.jobs.eval import eval_path, load_eval, print_eval, run_eval
     from bulkinfer.metrics.bars import parse_fail_under
 
     try:
         bars = parse_fail_under(fail_under) if fail_under else None
         previous = load_eval(compare) if compare else None
-        settings = load_settings(config, overrides)
+        settings = load_settings(config, overrides, origins)
         with StopSignals() as stop_token:
             result = run_eval(
                 golden,
@@ -131,6 +132,7 @@ def eval_command(
     except BulkinferError as exc:
         fail(exc)
     print_eval(result.report, previous, Console())
+    typer.echo(f"written: {result.report['output']}, {eval_path(Path(result.report['output']))}")
     for line in result.below_bar:
         typer.echo(f"bulkinfer: below the bar: {line}", err=True)
     raise typer.Exit(code=result.exit_code)
@@ -172,7 +174,7 @@ def plan(
     ] = None,
 ) -> None:
     """Dry run: row counts, failures, prompt lengths, buckets, padding and a time estimate. Loads no engine."""
-    overrides = _overrides(locals())  # first: only the options are local yet
+    overrides, origins = _overrides(locals()), _origins(locals())  # first: only the options are local yet
     from rich.console import Console
 
     from bulkinfer.config import load_settings
@@ -181,7 +183,7 @@ def plan(
     from bulkinfer.report.terminal import print_plan
 
     try:
-        result = plan_file(input_path, load_settings(config, overrides))
+        result = plan_file(input_path, load_settings(config, overrides, origins))
     except BulkinferError as exc:
         fail(exc)
     print_plan(result, Console())
@@ -207,7 +209,9 @@ def calibrate(
 
     try:
         with StopSignals() as stop_token:
-            entry = run_calibration(load_settings(config, {"model": model}), verbose=verbose, stop=stop_token)
+            entry = run_calibration(
+                load_settings(config, {"model": model}, {"model": "--model"}), verbose=verbose, stop=stop_token
+            )
     except BulkinferError as exc:
         fail(exc)
     typer.echo(
@@ -232,11 +236,14 @@ def report(
     import orjson
     from rich.console import Console
 
+    from bulkinfer.io.records import read_json_file
+
     try:
-        data = orjson.loads(path.read_bytes())
-    except (OSError, orjson.JSONDecodeError) as exc:
-        typer.echo(f"bulkinfer: error: cannot read {path}: {exc}", err=True)
-        raise typer.Exit(code=2) from None
+        data = read_json_file(path, "report file")
+        if "scores" not in data and "request_counts" not in data:
+            raise InputFileError(f"{path} is neither a saved OUT.report.json nor an OUT.eval.json")
+    except BulkinferError as exc:
+        fail(exc)
     html_path = path.with_name(
         path.name.removesuffix(".json").removesuffix(".report").removesuffix(".eval") + ".report.html"
     )

@@ -457,6 +457,19 @@ def _flag(name: str) -> str:
     return "--" + name.replace("_", "-")
 
 
+def _origins(options: dict[str, Any]) -> dict[str, str]:
+    """What the user typed for each override :func:`_overrides` makes, by
+    dotted key (``{"plan.order": "--order"}``), for error messages."""
+    origins = {
+        OVERRIDES[name]: _flag(name) for name, value in options.items() if name in OVERRIDES and value is not None
+    }
+    origins.update({OVERRIDES[name]: _flag(neg) for neg, name in NEGATIONS.items() if options.get(neg)})
+    for item in options.get("engine_arg") or ():
+        key = item.partition("=")[0].strip()
+        origins[f"engine.{key.replace('-', '_')}"] = f"--engine-arg {key}"
+    return origins
+
+
 def _overrides(options: dict[str, Any]) -> dict[str, Any]:
     """Settings overrides from a command's options (its ``locals()``): every
     option named in :data:`OVERRIDES` or :data:`NEGATIONS`; ``None`` means

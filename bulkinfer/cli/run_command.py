@@ -42,6 +42,7 @@ from bulkinfer.cli.options import (
     TrustRemoteCodeOption,
     VerboseOption,
     WindowRowsOption,
+    _origins,
     _overrides,
 )
 from bulkinfer.cli.signals import StopSignals, fail
@@ -96,7 +97,7 @@ def run(
     output_order: OutputOrderOption = None,
 ) -> None:
     """Generate a completion for every row of INPUT; write OUT, OUT.errors.jsonl and OUT.report.json."""
-    overrides = _overrides(locals())  # first: only the options are local yet
+    overrides, origins = _overrides(locals()), _origins(locals())  # first: only the options are local yet
     from rich.console import Console
 
     from bulkinfer.config import load_settings
@@ -105,7 +106,7 @@ def run(
     from bulkinfer.report.terminal import print_summary
 
     try:
-        settings = load_settings(config, overrides)
+        settings = load_settings(config, overrides, origins)
         paths = RunPaths.build(input_path, output)
         with StopSignals() as stop_token:
             result = run_job(

@@ -25,6 +25,7 @@ from typing import IO, Any
 
 import orjson
 
+from bulkinfer.errors import InputFileError
 from bulkinfer.io.formats import PARQUET, output_format
 
 # Columns of an output with no rows (an empty input): a bulkinfer output row's own.
@@ -180,14 +181,31 @@ def publish(spool: Path, out: Path) -> None:
         publish_path(spool, out)
 
 
+def json_line_error(raw: bytes, line: int, exc: orjson.JSONDecodeError) -> str:
+    """``line N, column C: not valid JSON: WHY`` for line ``line`` (1-based, of
+    the file) whose bytes ``raw`` orjson could not decode. orjson counts lines
+    and columns within ``raw`` alone; an error past its end (the line's own
+    newline) is at the column after its last character."""
+    column = exc.colno if exc.lineno == 1 else len(raw.rstrip(b"\r\n").decode("utf-8", "replace")) + 1
+    return f"line {line}, column {column}: not valid JSON: {exc.msg}"
+
+
 def iter_jsonl_chunks(path: Path, rows: int | None = None) -> Iterator[list[dict[str, Any]]]:
-    """Records of a JSONL file in lists of at most ``rows`` (default :data:`PARQUET_CHUNK_ROWS`)."""
+    """Records of a JSONL file in lists of at most ``rows`` (default :data:`PARQUET_CHUNK_ROWS`).
+
+    Raises:
+        InputFileError: a line is not valid JSON (naming the file's line and the column).
+        OSError: the file cannot be read.
+    """
     rows = rows or PARQUET_CHUNK_ROWS
     chunk: list[dict[str, Any]] = []
     with open(path, "rb") as f:
-        for line in f:
+        for line_no, line in enumerate(f, start=1):
             if line.strip():
-                chunk.append(orjson.loads(line))
+                try:
+                    chunk.append(orjson.loads(line))
+                except orjson.JSONDecodeError as exc:
+                    raise InputFileError(f"{path}: {json_line_error(line, line_no, exc)}") from None
                 if len(chunk) >= rows:
                     yield chunk
                     chunk = []

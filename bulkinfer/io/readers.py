@@ -26,6 +26,7 @@ from typing import Any, Protocol
 import orjson
 
 from bulkinfer.errors import InputFileError
+from bulkinfer.io.files import json_line_error
 from bulkinfer.io.formats import JSONL, input_format
 from bulkinfer.io.inputs import inspect_input, open_binary
 from bulkinfer.schema import RowInvalid
@@ -142,7 +143,7 @@ class JsonlReader:
                 try:
                     yield RawRow(line_no, data=orjson.loads(raw))
                 except orjson.JSONDecodeError as exc:
-                    yield RawRow(line_no, error=_decode_error(raw, exc))
+                    yield RawRow(line_no, error=_decode_error(raw, line_no, exc))
 
     def _broken_stream(self, line: int, exc: Exception) -> RowInvalid:
         return RowInvalid(
@@ -191,14 +192,16 @@ def recover_id(raw: bytes) -> tuple[str, bool] | None:
     return None
 
 
-def _decode_error(raw: bytes, exc: Exception) -> RowInvalid:
-    """The row error of a line orjson cannot decode, with its id when
-    :func:`recover_id` can read it (the record then says ``id_recovered``)."""
+def _decode_error(raw: bytes, line: int, exc: orjson.JSONDecodeError) -> RowInvalid:
+    """The row error of line ``line`` (1-based, of the file) that orjson cannot
+    decode: where (the file's line, the column within it) and why, with the
+    row's id when :func:`recover_id` can read it (the record then says
+    ``id_recovered``). orjson's own position counts within the line alone."""
     try:
         raw.decode("utf-8")
-        message = f"line is not valid JSON: {exc}"
+        message = json_line_error(raw, line, exc)
     except UnicodeDecodeError as utf8_exc:
-        message = f"line is not valid UTF-8 ({utf8_exc.reason} at byte {utf8_exc.start})"
+        message = f"line {line}: not valid UTF-8 ({utf8_exc.reason} at byte {utf8_exc.start} of the line)"
     recovered = recover_id(raw)
     if recovered is None:
         return RowInvalid("invalid_json", message)

@@ -23,6 +23,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from bulkinfer.errors import InputFileError
 from bulkinfer.io.files import iter_jsonl_chunks
 from bulkinfer.io.formats import PARQUET, output_format
 from bulkinfer.schema import CHAT_URL, Completion, Request, RowError
@@ -137,3 +138,28 @@ def read_records(path: Path) -> Iterator[dict[str, Any]]:
         return
     for chunk in iter_jsonl_chunks(path):
         yield from chunk
+
+
+def read_json_file(path: Path, what: str) -> dict[str, Any]:
+    """A JSON object saved in ``path`` (a report, an eval); ``what`` names it
+    in errors (``"report file"``).
+
+    Raises:
+        InputFileError: ``WHAT not found: PATH``; unreadable; not valid JSON
+            (with the line and column); not a JSON object.
+    """
+    import orjson
+
+    try:
+        data = orjson.loads(path.read_bytes())
+    except FileNotFoundError:
+        raise InputFileError(f"{what} not found: {path}") from None
+    except OSError as exc:
+        raise InputFileError(f"cannot read the {what} {path}: {exc.strerror or exc}") from None
+    except orjson.JSONDecodeError as exc:
+        raise InputFileError(
+            f"{path}: line {exc.lineno}, column {exc.colno}: not valid JSON: {exc.msg}; give a saved {what}"
+        ) from None
+    if not isinstance(data, dict):
+        raise InputFileError(f"{path}: a JSON {type(data).__name__}, not the object a {what} holds")
+    return data

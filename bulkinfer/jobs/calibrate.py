@@ -18,6 +18,7 @@ from bulkinfer.engine.vllm import vllm_engine
 from bulkinfer.errors import EngineError, ModelError
 from bulkinfer.jobs.output_files import RunPaths
 from bulkinfer.jobs.run import run
+from bulkinfer.models import resolve_model
 from bulkinfer.report.calibration import calibration_path, load_calibrations
 from bulkinfer.stop import StopToken
 
@@ -41,6 +42,7 @@ def calibrate(
     Raises:
         ModelError, EngineError: as ``run``.
     """
+    resolve_model(settings.model)  # a model that cannot be found fails here, before the engine's log opens
     topics = ["the sea", "a city at night", "an old clock", "bread", "a mountain road", "winter", "a library", "rain"]
     sampling = dataclasses.replace(
         settings.sampling, max_tokens=CALIBRATION_MAX_TOKENS, temperature=0.0, ignore_eos=True

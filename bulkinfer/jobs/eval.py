@@ -21,8 +21,6 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-import orjson
-
 from bulkinfer.config import Settings
 from bulkinfer.default_model import DEFAULT_MODEL
 from bulkinfer.engine.base import EngineFactory, KeptEngine
@@ -39,15 +37,15 @@ from bulkinfer.errors import (
 )
 from bulkinfer.io import formats
 from bulkinfer.io.files import JsonlAppender, publish
-from bulkinfer.io.readers import open_reader
-from bulkinfer.io.records import parse_output, read_records
+from bulkinfer.io.readers import RawRow, open_reader
+from bulkinfer.io.records import parse_output, read_json_file, read_records
 from bulkinfer.jobs.output_files import OutputFiles, RunPaths
-from bulkinfer.jobs.run import run
+from bulkinfer.jobs.run import check_resume_overwrite, run
 from bulkinfer.metrics import bars
 from bulkinfer.metrics import text as evaluate
 from bulkinfer.metrics.perplexity import ReferenceNLL, reference_nll
 from bulkinfer.models import TokenizerFactory, load_tokenizer, resolve_model
-from bulkinfer.prep.rows import to_request
+from bulkinfer.prep.rows import parse_row, to_request
 from bulkinfer.report.stats import write_report
 from bulkinfer.schema import Request, RowInvalid
 from bulkinfer.stop import StopToken
@@ -100,6 +98,46 @@ def read_golden(path: Path, settings: Settings) -> tuple[list[GoldenRow], list[d
     return rows, invalid
 
 
+def reference_error(raw: RawRow, settings: Settings) -> RawRow:
+    """``raw``, or an error row (``missing_field`` / ``invalid_field``, with
+    the row's id) when it is a valid input row without a usable ``reference``:
+    such a row is not generated, it is a row error in ``OUT.errors.jsonl``."""
+    if raw.error is not None:
+        return raw
+    try:
+        request = parse_row(raw.data, 0, raw.line, settings.sampling)
+    except RowInvalid:
+        return raw  # the run reports what is wrong with the row itself
+    try:
+        evaluate.references_of(raw.data.get("reference"))
+    except evaluate.InvalidReference as exc:
+        return RawRow(raw.line, error=RowInvalid(exc.type, exc.message, request.id, request.openai_url is not None))
+    return raw
+
+
+def check_golden(golden: Path, settings: Settings) -> None:
+    """Check, before any model loads, that some row of ``golden`` can be scored.
+
+    Raises:
+        InputFileError: the file is missing or unreadable (as
+            :func:`bulkinfer.io.readers.open_reader`), has no rows, or no row
+            has a usable ``reference``.
+    """
+    if not golden.exists() and not golden.is_symlink():
+        raise InputFileError(f"golden file not found: {golden}")
+    rows = 0
+    for raw in open_reader(golden):
+        rows += 1
+        if reference_error(raw, settings) is raw and raw.error is None:
+            return
+    if not rows:
+        raise InputFileError(f"golden file {golden} has no rows: nothing to score")
+    raise InputFileError(
+        f"golden file {golden}: none of its {rows} rows has a usable 'reference' field (a string, or a list "
+        "of strings), so nothing can be scored; add one to each row, or use `bulkinfer run` to only generate"
+    )
+
+
 def read_predictions(path: Path) -> list[dict[str, Any]]:
     """Every record of a predictions file (JSONL or Parquet output of ``run``).
 
@@ -137,12 +175,21 @@ def run_eval(
     failed; failed rows are listed as unmatched and not scored). The engine's
     log is appended to ``OUT.log`` unless ``verbose`` (see :mod:`bulkinfer.engine.log`).
 
+    Golden rows without a usable ``reference`` are row errors in
+    ``OUT.errors.jsonl`` and are not generated; the others are scored.
+
     Raises:
-        the errors of :func:`bulkinfer.jobs.run.run`; InputFileError for an
-        unreadable predictions file; ConfigError when no row can be scored.
+        the errors of :func:`bulkinfer.jobs.run.run`; ConfigError for both
+        ``resume`` and ``overwrite``; InputFileError, before any file is
+        written or model loaded, when no golden row has a ``reference``, and
+        for a missing or unreadable predictions file; ConfigError when no
+        prediction matches a golden id.
     """
     started = time.monotonic()
+    check_resume_overwrite(resume, overwrite)
     paths = RunPaths.build(golden, out)
+    check_golden(golden, settings)  # before any file is written or model loaded
+    model_path = resolve_model(settings.model)  # likewise: a model that cannot be found fails here
     engines = KeptEngine(engine_factory)  # the perplexity pass reuses the generation's engine
     if perplexity:
         engine_factory = engines
@@ -162,12 +209,12 @@ def run_eval(
                     progress_plain=progress_plain,
                     verbose=verbose,
                     stop=stop,
+                    check_row=lambda raw: reference_error(raw, settings),
                 )
                 run_report, run_code = generated.report, generated.exit_code
                 predictions = out
             elif out.exists() and not overwrite:
                 raise OutputExistsError(f"output {out} already exists; use --overwrite to replace it")
-            model_path = resolve_model(settings.model)
             tokenizer = tokenizer_factory(model_path, settings.engine.trust_remote_code)
             settings = settings.resolve_chat_template(tokenizer)  # as the generation decided
             rows, invalid = read_golden(golden, settings)
@@ -274,13 +321,13 @@ def load_eval(path: Path) -> dict[str, Any]:
     """A saved ``.eval.json`` (for ``--compare``).
 
     Raises:
-        ConfigError: missing or not JSON.
+        InputFileError: missing, unreadable, not JSON, or without scores.
     """
+    data = read_json_file(path, "eval file")
     try:
-        data: dict[str, Any] = orjson.loads(path.read_bytes())
         bars.compare({}, data.get("scores", data))
-    except (OSError, orjson.JSONDecodeError, ValueError, AttributeError) as exc:
-        raise ConfigError(f"cannot compare with {path}: {exc}") from None
+    except (ValueError, AttributeError, TypeError) as exc:
+        raise InputFileError(f"{path}: not a saved OUT.eval.json ({exc}); give one to --compare") from None
     return data
 
 
@@ -319,4 +366,3 @@ def print_eval(report: dict[str, Any], previous: dict[str, Any] | None, console:
     unmatched = report["row_counts"]["unmatched_golden"]
     if unmatched:
         console.print(f"{len(unmatched)} golden rows without a prediction (not scored): {', '.join(unmatched[:10])}")
-    console.print(f"written: {report['output']} and its .eval.json")

@@ -14,6 +14,7 @@ import errno
 import itertools
 import os
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -21,6 +22,7 @@ from typing import Any
 import orjson
 
 from bulkinfer.config import Settings
+from bulkinfer.default_model import DEFAULT_MODEL
 from bulkinfer.engine.base import Engine, EngineFactory, NoEngine
 from bulkinfer.engine.log import EngineLog
 from bulkinfer.engine.vllm import vllm_engine
@@ -28,14 +30,15 @@ from bulkinfer.errors import (
     EXIT_OK,
     EXIT_PARTIAL,
     BulkinferError,
+    ConfigError,
     EngineError,
     InputFileError,
     ModelError,
     write_error,
 )
-from bulkinfer.io.readers import Reader, open_reader
+from bulkinfer.io.readers import RawRow, Reader, open_reader
 from bulkinfer.jobs.generation import Generation
-from bulkinfer.jobs.output_files import OutputFiles, RunPaths, input_identity, same_file, settings_fingerprint
+from bulkinfer.jobs.output_files import OutputFiles, RunPaths, input_identity, results_settings, same_file
 from bulkinfer.models import TokenizerFactory, load_tokenizer, resolve_model
 from bulkinfer.prep.planner import Planner
 from bulkinfer.report.calibration import record_calibration
@@ -79,6 +82,7 @@ def run(
     progress_plain: bool = False,
     verbose: bool = False,
     stop: StopToken | None = None,
+    check_row: Callable[[RawRow], RawRow] | None = None,
 ) -> RunReport:
     """Run every row of ``paths.input`` through the model; write the output,
     errors and report files. Returns the report and the exit code
@@ -100,8 +104,9 @@ def run(
             exists and neither ``overwrite`` nor ``resume`` allows going on, or
             another format of the same output stem exists.
         LockHeldError: another run holds this output stem's lock.
-        ConfigError: ``resume`` with another input or other settings (once a
-            row finished), or a ``[sampling]`` default vLLM rejects.
+        ConfigError: ``resume`` and ``overwrite`` both; ``resume`` with another
+            input or other settings (once a row finished; the message says
+            what changed), or a ``[sampling]`` default vLLM rejects.
         InputFileError: the input cannot be read (before any model loads).
         ModelError, EngineError: the model or engine cannot start, or the
             engine dies (finished rows stay in the spools).
@@ -111,6 +116,10 @@ def run(
             SIGHUP); finished rows are on disk in the spool beside the
             output (exit code 128 + N).
 
+    ``check_row``, when given, sees every row read before it is parsed and
+    returns it or an error row (``RawRow.error`` set): ``eval`` turns a row
+    without a reference into a row error that is never generated.
+
     ``engine_factory(model_path, settings)`` builds the engine,
     ``tokenizer_factory(model_path, trust_remote_code)`` loads the tokenizer
     (tests inject their own). Touches no process-wide state but the engine's
@@ -118,7 +127,10 @@ def run(
     it runs in any thread.
     """
     started = time.monotonic()
+    check_resume_overwrite(resume, overwrite)
     reader = open_reader(paths.input, passthrough=settings.passthrough)
+    if settings.model not in (None, DEFAULT_MODEL):
+        resolve_model(settings.model)  # a model that cannot be found fails here, before any file is written
     files = OutputFiles(paths.output)
     _check_writable_path(paths.output)
     try:
@@ -131,7 +143,7 @@ def run(
                 files.discard_partial()
                 report = orjson.loads(paths.report.read_bytes()) if paths.report.exists() else {}
                 return RunReport({**report, "already_complete": True}, EXIT_OK)
-            done = files.start(input_identity(paths.input), settings_fingerprint(settings), resume, overwrite)
+            done = files.start(input_identity(paths.input), results_settings(settings), resume, overwrite)
             resumed = bool(done.completed or done.failed)
             try:
                 with EngineLog(files.log, verbose, append=resumed) as log:
@@ -146,6 +158,7 @@ def run(
                             progress_plain,
                             started,
                             stop or StopToken(),
+                            check_row,
                         )
                     except (EngineError, ModelError) as exc:
                         raise log.explain(exc) from exc
@@ -156,6 +169,12 @@ def run(
             raise _os_error(exc, paths) from exc
     code = EXIT_PARTIAL if report["request_counts"]["failed"] else EXIT_OK
     return RunReport(report, code)
+
+
+def check_resume_overwrite(resume: bool, overwrite: bool) -> None:
+    """Raises ConfigError when both are asked: continuing a run and starting it over contradict."""
+    if resume and overwrite:
+        raise ConfigError("give --resume (continue the interrupted run) or --overwrite (start over), not both")
 
 
 def _check_writable_path(out: Path) -> None:
@@ -188,10 +207,11 @@ def _run_locked(
     progress_plain: bool,
     started: float,
     stop: StopToken,
+    check_row: Callable[[RawRow], RawRow] | None,
 ) -> dict[str, Any]:
     """The body of :func:`run`, with the lock held and the journal written."""
     engine_factory, tokenizer_factory = factories
-    rows = iter(reader)
+    rows = map(check_row, reader) if check_row is not None else iter(reader)
     first = next(rows, None)
     if first is None:  # no rows at all: no model to load
         model: str = ""

@@ -76,6 +76,24 @@ def test_malformed_json_is_a_row_error_with_its_line(tmp_path: Path) -> None:
     assert (error.line, error.type) == (2, "invalid_json")
 
 
+def test_a_json_error_names_the_files_line_and_the_column(tmp_path: Path) -> None:
+    rows, _ = read_all(jsonl(tmp_path, b'{"id": "a"}\n{"id": "b"}\n\n{"id": x}\n'))
+    bad = rows[2]
+    assert bad.line == 4 and bad.error is not None
+    # orjson alone says "line 1 column 8": its position within the line
+    assert bad.error.message.startswith("line 4, column 8: not valid JSON: unexpected character")
+    assert "line 1" not in bad.error.message
+
+
+def test_a_bad_line_in_a_file_read_whole_names_its_line(tmp_path: Path) -> None:
+    from bulkinfer.io.records import read_records
+
+    path = jsonl(tmp_path, b'{"id": "a"}\n\n{"id": "b"\n')
+    with pytest.raises(InputFileError, match=r"line 3, column 11: not valid JSON: unexpected end of data") as info:
+        list(read_records(path))
+    assert info.value.exit_code == EXIT_INPUT
+
+
 def test_invalid_utf8_is_invalid_json_naming_utf8(tmp_path: Path) -> None:
     rows, _ = read_all(jsonl(tmp_path, b'{"prompt": "ok"}\n{"prompt": "caf\xe9"}\n{"prompt": "fine"}\n'))
     assert rows[0].data == {"prompt": "ok"}

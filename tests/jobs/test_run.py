@@ -211,17 +211,32 @@ def test_partial_output_without_flags_is_refused(tmp_path: Path) -> None:
 
 def test_resume_with_changed_input_or_settings_is_refused(tmp_path: Path) -> None:
     paths = interrupted_run(tmp_path)
-    with pytest.raises(ConfigError, match="settings differ"):
+    with pytest.raises(ConfigError, match="settings differ") as info:
         run(
             paths,
             load_settings(None, {"sampling.max_tokens": 7}),
             resume=True,
             engine_factory=lambda m, s: FakeEngine(),
         )
+    old = settings().sampling.max_tokens
+    assert f"--max-tokens (sampling.max_tokens): {old} -> 7" in str(info.value)  # which setting, old -> new
+    size = paths.input.stat().st_size
     with open(paths.input, "ab") as f:
         f.write(b'{"id": "extra", "prompt": "x"}\n')
-    with pytest.raises(ConfigError, match="started from input"):
+    with pytest.raises(ConfigError, match="changed since the interrupted run") as info:
         run(paths, settings(), resume=True, engine_factory=lambda m, s: FakeEngine())
+    message = str(info.value)
+    assert f"size {size} -> {paths.input.stat().st_size} bytes" in message
+    assert "mtime_ns" not in message and "{" not in message  # plain words, no raw dicts
+
+
+def test_resume_and_overwrite_together_are_refused(tmp_path: Path) -> None:
+    paths = interrupted_run(tmp_path)
+    before = sorted(p.name for p in tmp_path.iterdir())
+    with pytest.raises(ConfigError, match="--resume .* or --overwrite .*, not both") as info:
+        run(paths, settings(), resume=True, overwrite=True, engine_factory=lambda m, s: FakeEngine())
+    assert info.value.exit_code == 2
+    assert sorted(p.name for p in tmp_path.iterdir()) == before  # nothing started over
 
 
 def test_resume_on_complete_output_does_nothing(tmp_path: Path) -> None:
