@@ -31,7 +31,7 @@ body { font-family: system-ui, sans-serif; margin: 2em; color: #222; max-width: 
 h1 { font-size: 1.4em; } h2 { font-size: 1.15em; margin-top: 1.6em; }
 table { border-collapse: collapse; margin: .5em 0; } td, th { border: 1px solid #ccc; padding: .25em .6em; }
 td.n { text-align: right; font-variant-numeric: tabular-nums; }
-.charts { display: flex; flex-wrap: wrap; gap: 1em; } img { border: 1px solid #eee; }
+.charts, .tables { display: flex; flex-wrap: wrap; gap: 1em 2em; } img { border: 1px solid #eee; }
 p.note { max-width: 60em; color: #444; }
 """
 # Sets data-images on <body> to the decoded sizes of the charts, so a headless
@@ -182,7 +182,12 @@ def _summary(report: dict[str, Any]) -> list[str]:
         rows.append(["peak memory of bulkinfer (RSS)", format_bytes(rss["bulkinfer"])])
     if rss.get("children"):
         rows.append(["peak memory of the largest engine process (RSS)", format_bytes(rss["children"])])
-    parts = ["<h2>Summary</h2>", _table(rows)]
+    parts = ['<div class="tables"><div><h2>Summary</h2>', _table(rows), "</div>"]
+    sampling = report.get("sampling")
+    if sampling:
+        settings = _table([[k, _setting(k, v)] for k, v in sampling.items()])
+        parts.append(f"<div><h2>Sampling settings</h2>{settings}</div>")
+    parts.append("</div>")
 
     tput, e2e = report["throughput"], report.get("throughput_end_to_end")
     names = [
@@ -196,10 +201,6 @@ def _summary(report: dict[str, Any]) -> list[str]:
     parts += ["<h2>Throughput</h2>", _table(table, header)]
     if report.get("resumed", {}).get("completed"):
         parts.append("<p>Throughput counts the rows this attempt ran, not the resumed ones.</p>")
-
-    sampling = report.get("sampling")
-    if sampling:
-        parts += ["<h2>Sampling settings</h2>", _table([[k, _setting(k, v)] for k, v in sampling.items()])]
     return parts
 
 

@@ -45,12 +45,12 @@ def print_summary(report: dict[str, Any], console: Console) -> None:
         )
     rss = report.get("peak_rss_bytes") or {}
     if "bulkinfer" in rss:
-        engine = f", engine process {format_bytes(rss['children'])}" if rss.get("children") else ""
+        engine = f", engine {format_bytes(rss['children'])}" if rss.get("children") else ""
         summary.add_row("peak memory (RSS)", f"bulkinfer {format_bytes(rss['bulkinfer'])}{engine}")
     pad = report["padding_efficiency"]
     summary.add_row(
-        f"padding if batched statically (B={pad['batch_size']}; vLLM does not pad)",
-        f"arrival {_pct(pad['arrival'])}, sorted {_pct(pad['sorted'])}",
+        f"padding if batched statically (B={pad['batch_size']})",
+        f"arrival {_pct(pad['arrival'])}, sorted {_pct(pad['sorted'])}; vLLM does not pad",
     )
     summary.add_row("output", str(report["output"]))
     if counts["failed"]:

@@ -209,5 +209,5 @@ def test_the_terminal_summary_shows_end_to_end_throughput_and_memory_in_gib(run_
     out = io.StringIO()
     print_summary(run_report, Console(file=out, width=200))
     text = out.getvalue()
-    assert "bulkinfer 689 MiB, engine process 7.56 GiB" in text
+    assert "bulkinfer 689 MiB, engine 7.56 GiB" in text
     assert "end to end (load included)" in text and "vLLM does not pad" in text
