@@ -221,7 +221,7 @@ def _tokens_chart(series: dict[str, Any]) -> str:
     ax.set_ylabel("tokens (cumulative)")
     ax.set_xlim(left=0)
     ax.set_ylim(bottom=0)
-    ax.legend(fontsize=8, loc="upper left")
+    ax.legend(fontsize=8, loc="upper center", bbox_to_anchor=(0.5, -0.2), frameon=False)  # below: off the lines
     return _png(fig)
 
 
