@@ -321,10 +321,13 @@ def eval_sections(report: dict[str, Any], metrics: Sequence[str], rows: Sequence
     scores = report["scores"]
     ci = scores.get("ci") or {}
     names = [*metrics, *(["perplexity"] if scores.get("perplexity") is not None else [])]
-    table = _table(
-        [[n, scores[n], " - ".join(f"{v:.2f}" for v in ci[n]) if n in ci else ""] for n in names],
-        header=["metric", "score", "95% interval"],
-    )
+    if ci:  # resampled (--bootstrap)
+        table = _table(
+            [[n, scores[n], " - ".join(f"{v:.2f}" for v in ci[n]) if n in ci else ""] for n in names],
+            header=["metric", "score", "95% interval"],
+        )
+    else:
+        table = _table([[n, scores[n]] for n in names], header=["metric", "score"])
     parts = ["<h2>Scores</h2>", table, _table([[k, v] for k, v in scores["signatures"].items()], ["signature", ""])]
     counts = report.get("row_counts") or {}
     if counts:
