@@ -270,10 +270,11 @@ def models() -> None:
     """List the models prepared under $BULKINFER_HOME (default ~/.cache/bulkinfer)."""
     from bulkinfer.default_model import bulkinfer_home
     from bulkinfer.models import list_models
+    from bulkinfer.report.units import format_bytes
 
     found = list_models()
     if not found:
         typer.echo(f"no models prepared under {bulkinfer_home()}; `bulkinfer run` prepares the default one")
         return
     for info in found:
-        typer.echo(f"{info.name}\t{info.size_bytes / 1e6:.0f} MB\t{info.path}")
+        typer.echo(f"{info.name}\t{format_bytes(info.size_bytes)}\t{info.path}")

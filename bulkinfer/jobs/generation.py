@@ -128,7 +128,7 @@ class Generation:
 
     def _stepped(self, finished: list[Completion]) -> None:
         """After an engine step: flush what finished; the engine's live token
-        counts to the progress display and the timeline."""
+        counts to the progress display and the token series."""
         if finished:
             with self.stats.timed("write"):
                 self.spool.flush()
@@ -136,7 +136,7 @@ class Generation:
         generated = self.engine.generated_tokens - self._engine_base[0]
         prefilled = self.engine.prefilled_tokens - self._engine_base[1]
         self.progress.tick(generated, prefilled, self.engine.running_lengths())
-        self.stats.sample(generated)
+        self.stats.sample(generated, prefilled)
 
     def _close(self, failed: bool = False) -> None:
         """Close the progress display and the spools; after a failure

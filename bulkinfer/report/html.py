@@ -2,11 +2,14 @@
 as base64 PNG (matplotlib, Agg backend), no scripts or styles fetched from
 anywhere, so it opens from a mail attachment or a cron job's artifact folder.
 
-Charts: prompt-length buckets and completion-length histogram, padding
-efficiency per bucket and overall (arrival vs sorted), completion tokens
-delivered over the run (its slope is the throughput), time by phase. Tables:
-request counts, throughput, engine settings; for an eval, the metric table and
-the distribution of per-row scores.
+Tables: request counts, tokens, wall time, throughput over generation and end
+to end, sampling and engine settings (bytes in KiB/MiB/GiB). Charts: tokens
+over generation time from the engine's live counts (the progress line's source;
+its slope is the throughput), prompt- and completion-length histograms, time by
+phase (each bar labelled with its value), and, under a note that vLLM does not
+pad, the padding a static batcher would waste per bucket and overall (arrival
+vs sorted). For an eval: the metric table, row counts and the distribution of
+per-row scores on labelled axes.
 
 matplotlib is imported only here, never on the CLI's start-up path.
 """
@@ -16,18 +19,20 @@ from __future__ import annotations
 import base64
 import html
 import io
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
 from bulkinfer.engine.log import terminal
+from bulkinfer.report.units import format_bytes
 
 _STYLE = """
 body { font-family: system-ui, sans-serif; margin: 2em; color: #222; max-width: 1100px; }
 h1 { font-size: 1.4em; } h2 { font-size: 1.15em; margin-top: 1.6em; }
 table { border-collapse: collapse; margin: .5em 0; } td, th { border: 1px solid #ccc; padding: .25em .6em; }
 td.n { text-align: right; font-variant-numeric: tabular-nums; }
-.charts { display: flex; flex-wrap: wrap; gap: 1em; } img { border: 1px solid #eee; }
+.charts, .tables { display: flex; flex-wrap: wrap; gap: 1em 2em; } img { border: 1px solid #eee; }
+p.note { max-width: 60em; color: #444; }
 """
 # Sets data-images on <body> to the decoded sizes of the charts, so a headless
 # browser can tell that every image decoded (tests/test_html_report.py).
@@ -48,36 +53,71 @@ def _png(fig: Any) -> str:
     return base64.b64encode(buffer.getvalue()).decode("ascii")
 
 
-def _bar_chart(title: str, labels: Sequence[str], series: dict[str, Sequence[float]], ylabel: str) -> str:
+def _figure() -> tuple[Any, Any]:
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    fig, ax = plt.subplots(figsize=(6, 3.2))
+    return plt.subplots(figsize=(6, 3.2))
+
+
+def _integer_ticks(axis: Any) -> None:
+    """Ticks at whole numbers only (an axis that counts rows)."""
+    from matplotlib.ticker import MaxNLocator
+
+    axis.set_major_locator(MaxNLocator(integer=True))
+
+
+def _bar_chart(
+    title: str,
+    labels: Sequence[str],
+    series: dict[str, Sequence[float]],
+    ylabel: str,
+    value_label: Callable[[float], str],
+    xlabel: str = "",
+) -> str:
+    """Bars with their value written above each (``value_label`` formats it),
+    so a bar too short to see still reads; a y axis of ``rows`` ticks at whole
+    numbers."""
+    fig, ax = _figure()
     width = 0.8 / max(len(series), 1)
     for k, (name, values) in enumerate(series.items()):
-        ax.bar([i + k * width for i in range(len(labels))], values, width=width, label=name)
+        bars = ax.bar([i + k * width for i in range(len(labels))], values, width=width, label=name)
+        ax.bar_label(bars, labels=[value_label(v) for v in values], padding=2, fontsize=8)
     ax.set_xticks([i + width * (len(series) - 1) / 2 for i in range(len(labels))], labels, rotation=30, ha="right")
+    ax.margins(y=0.15)  # room for the labels above the tallest bar
     ax.set_title(title)
     ax.set_ylabel(ylabel)
+    if xlabel:
+        ax.set_xlabel(xlabel)
+    if ylabel == "rows":
+        _integer_ticks(ax.yaxis)
     if len(series) > 1:
         ax.legend()
     return _png(fig)
 
 
-def _line_chart(title: str, xs: Sequence[float], ys: Sequence[float], xlabel: str, ylabel: str) -> str:
-    import matplotlib
+def _rows(value: float) -> str:
+    return f"{value:,.0f}"
 
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
 
-    fig, ax = plt.subplots(figsize=(6, 3.2))
-    ax.plot(xs, ys, marker=".")
-    ax.set_title(title)
-    ax.set_xlabel(xlabel)
-    ax.set_ylabel(ylabel)
-    return _png(fig)
+def _percent(value: float) -> str:
+    return f"{value:.0f}%"
+
+
+def _seconds(value: float) -> str:
+    return f"{value:.2f} s" if value < 10 else f"{value:,.0f} s"
+
+
+def duration(seconds: float) -> str:
+    """``235.9`` -> ``"3 min 56 s (235.9 s)"``; under a minute, ``"42.0 s"``."""
+    if seconds < 60:
+        return f"{seconds:.1f} s"
+    minutes, rest = divmod(round(seconds), 60)
+    hours, minutes = divmod(minutes, 60)
+    shown = f"{hours} h {minutes} min {rest} s" if hours else f"{minutes} min {rest} s"
+    return f"{shown} ({seconds:,.1f} s)"
 
 
 def _img(data: str, alt: str) -> str:
@@ -92,77 +132,124 @@ def _table(rows: Sequence[Sequence[Any]], header: Sequence[str] | None = None) -
         cells = []
         for value in row:
             numeric = isinstance(value, int | float) and not isinstance(value, bool)
-            text = f"{value:,.2f}" if isinstance(value, float) else str(value)
-            cells.append(f'<td class="{"n" if numeric else ""}">{html.escape(text)}</td>')
+            text = f"{value:,.2f}" if isinstance(value, float) else f"{value:,}" if numeric else str(value)
+            cells.append(('<td class="n">' if numeric else "<td>") + f"{html.escape(text)}</td>")
         out.append("<tr>" + "".join(cells) + "</tr>")
     out.append("</table>")
     return "".join(out)
 
 
-def run_sections(report: dict[str, Any]) -> list[str]:
-    """HTML sections for a run report (the keys of ``OUT.report.json``)."""
-    counts, seconds, tput = report["request_counts"], report["seconds"], report["throughput"]
-    buckets = report.get("buckets", [])
-    pad = report["padding_efficiency"]
-    parts = ["<h2>Summary</h2>", _table([
+def _setting(name: str, value: Any) -> Any:
+    """A setting as the report shows it: byte counts in KiB/MiB/GiB, unset as ``-``."""
+    if value is None:
+        return "-"
+    if name.endswith("_bytes") and isinstance(value, int) and not isinstance(value, bool):
+        return f"{format_bytes(value)} ({value:,} bytes)"
+    if isinstance(value, list | tuple):
+        return ", ".join(map(str, value)) or "-"
+    return value
+
+
+# The note beside the padding charts: the figures are a counterfactual.
+PADDING_NOTE = (
+    "vLLM does not pad: continuous batching with paged attention stores and computes each request's own "
+    "tokens only, so this run wasted none of these positions. The figures are what a static batcher "
+    "(Hugging Face generate, a hand-written batch loop) would waste, padding every batch of B={batch_size} "
+    "prompts to its longest: real prompt tokens / padded prompt tokens, with the file cut in arrival order "
+    "vs in length-sorted order."
+)
+
+
+def _summary(report: dict[str, Any]) -> list[str]:
+    counts, seconds, tokens = report["request_counts"], report["seconds"], report["tokens"]
+    rows: list[list[Any]] = [
         ["input", report["input"]], ["output", report["output"]], ["model", report["model"]],
         ["rows", counts["total"]], ["completed", counts["completed"]], ["failed", counts["failed"]],
         ["skipped (blank lines)", counts.get("skipped", 0)],
-        ["prompt tokens", report["tokens"]["prompt"]], ["completion tokens", report["tokens"]["completion"]],
-        ["requests/s", tput["requests_per_s"]], ["completion tokens/s", tput["completion_tokens_per_s"]],
-        ["total tokens/s", tput["total_tokens_per_s"]],
-    ])]  # fmt: skip
+    ]  # fmt: skip
+    resumed = report.get("resumed") or {}
+    if resumed.get("completed") or resumed.get("failed"):
+        rows.append(["resumed (finished by an earlier attempt)", resumed["completed"] + resumed["failed"]])
+    if "chat_template_applied" in report:
+        rows.append(["prompt rows", "through the chat template" if report["chat_template_applied"] else "sent raw"])
+    rows += [
+        ["prompt tokens", tokens["prompt"]], ["completion tokens", tokens["completion"]],
+        ["wall time (model load included)", duration(seconds["total"])],
+        ["generation time (first request in to last result out)", duration(seconds["generate"])],
+    ]  # fmt: skip
+    rss = report.get("peak_rss_bytes") or {}
+    if "bulkinfer" in rss:
+        rows.append(["peak memory of bulkinfer (RSS)", format_bytes(rss["bulkinfer"])])
+    if rss.get("children"):
+        rows.append(["peak memory of the largest engine process (RSS)", format_bytes(rss["children"])])
+    parts = ['<div class="tables"><div><h2>Summary</h2>', _table(rows), "</div>"]
+    sampling = report.get("sampling")
+    if sampling:
+        settings = _table([[k, _setting(k, v)] for k, v in sampling.items()])
+        parts.append(f"<div><h2>Sampling settings</h2>{settings}</div>")
+    parts.append("</div>")
+
+    tput, e2e = report["throughput"], report.get("throughput_end_to_end")
+    names = [
+        ("requests/s", "requests_per_s"), ("prompt tokens/s", "prompt_tokens_per_s"),
+        ("completion tokens/s", "completion_tokens_per_s"), ("total tokens/s", "total_tokens_per_s"),
+    ]  # fmt: skip
+    header = ["", f"over generation ({seconds['generate']:,.1f} s)"]
+    if e2e:
+        header.append(f"end to end ({seconds['total']:,.1f} s, model load included)")
+    table = [[label, tput[key], *([e2e[key]] if e2e else [])] for label, key in names]
+    parts += ["<h2>Throughput</h2>", _table(table, header)]
+    if report.get("resumed", {}).get("completed"):
+        parts.append("<p>Throughput counts the rows this attempt ran, not the resumed ones.</p>")
+    return parts
+
+
+def _tokens_chart(series: dict[str, Any]) -> str:
+    """Cumulative completion and prompt tokens over generation time, from the
+    engine's live counts (the report's ``tokens_over_time``)."""
+    xs = series["seconds"]
+    fig, ax = _figure()
+    end = xs[-1] if xs else 0.0
+    lines = (("completion_tokens", "completion tokens generated"), ("prompt_tokens", "prompt tokens processed"))
+    for key, label in lines:
+        ys = series.get(key) or []
+        if len(ys) == len(xs):
+            mean = f"{ys[-1] / end:,.1f} tok/s on average" if end > 0 else ""
+            ax.plot(xs, ys, marker="." if len(xs) < 60 else None, label=f"{label} ({mean})" if mean else label)
+    ax.set_title("tokens over generation time (engine's live counts; slope = tokens/s)")
+    ax.set_xlabel("seconds since the first request")
+    ax.set_ylabel("tokens (cumulative)")
+    ax.set_xlim(left=0)
+    ax.set_ylim(bottom=0)
+    ax.legend(fontsize=8, loc="upper center", bbox_to_anchor=(0.5, -0.2), frameon=False)  # below: off the lines
+    return _png(fig)
+
+
+def _rows_chart(title: str, bins: Sequence[dict[str, Any]], xlabel: str, alt: str) -> str:
+    """A histogram already binned: ``bins`` of ``{"range", "rows"}``."""
+    chart = _bar_chart(title, [b["range"] for b in bins], {"rows": [b["rows"] for b in bins]}, "rows", _rows, xlabel)
+    return _img(chart, alt)
+
+
+def run_sections(report: dict[str, Any]) -> list[str]:
+    """HTML sections for a run report (the keys of ``OUT.report.json``; a
+    report of an older bulkinfer, without ``tokens_over_time``, sampling or
+    end-to-end throughput, renders without them)."""
+    seconds = report["seconds"]
+    buckets = report.get("buckets", [])
+    pad = report["padding_efficiency"]
+    parts = _summary(report)
     charts = []
+    series = report.get("tokens_over_time")
+    if series and len(series.get("seconds", [])) > 1:
+        charts.append(_img(_tokens_chart(series), "tokens over time"))
     if buckets:
-        labels = [b["range"] for b in buckets]
-        charts.append(
-            _img(
-                _bar_chart("prompt length (rows per bucket)", labels, {"rows": [b["rows"] for b in buckets]}, "rows"),
-                "prompt lengths",
-            )
-        )
-        charts.append(
-            _img(
-                _bar_chart(
-                    f"padding efficiency per bucket (static B={pad['batch_size']})",
-                    labels,
-                    {"sorted": [100 * b["padding_efficiency"] for b in buckets]},
-                    "%",
-                ),
-                "padding per bucket",
-            )
-        )
-    charts.append(
-        _img(
-            _bar_chart(
-                "padding efficiency overall",
-                ["arrival", "sorted"],
-                {"overall": [100 * pad["arrival"], 100 * pad["sorted"]]},
-                "%",
-            ),
-            "padding overall",
-        )
-    )
+        charts.append(_rows_chart("prompt length (rows per bucket)", buckets, "prompt tokens", "prompt lengths"))
     completions = report.get("completion_length_histogram") or []
     if completions:
         charts.append(
-            _img(
-                _bar_chart(
-                    "completion length (tokens)",
-                    [c["range"] for c in completions],
-                    {"rows": [c["rows"] for c in completions]},
-                    "rows",
-                ),
-                "completion lengths",
-            )
+            _rows_chart("completion length (rows per bin)", completions, "completion tokens", "completion lengths")
         )
-    timeline = report.get("timeline") or []
-    if len(timeline) > 1:
-        # vLLM hands a row back when it finishes, so a per-interval rate would be
-        # spikes; the cumulative curve's slope is the throughput.
-        xs, ys = [t for t, _ in timeline], [c for _, c in timeline]
-        title = "completion tokens delivered over the run (slope = tokens/s)"
-        charts.append(_img(_line_chart(title, xs, ys, "seconds since the first request", "tokens"), "throughput"))
     phases = ["load", "plan", "generate", "write"]
     charts.append(
         _img(
@@ -171,14 +258,61 @@ def run_sections(report: dict[str, Any]) -> list[str]:
                 phases,
                 {"seconds": [seconds[p] for p in phases]},
                 "seconds",
+                _seconds,
             ),
             "time by phase",
         )
     )
     parts.append('<h2>Charts</h2><div class="charts">' + "".join(charts) + "</div>")
+    if not series:
+        parts.append(
+            "<p>This report has no token series (written by a bulkinfer before it recorded the engine's "
+            "live counts): no tokens-over-time chart.</p>"
+        )
+
+    padding = []
+    if buckets:
+        padding.append(
+            _img(
+                _bar_chart(
+                    f"padding efficiency per bucket if batched statically (B={pad['batch_size']})",
+                    [b["range"] for b in buckets],
+                    {"sorted": [100 * b["padding_efficiency"] for b in buckets]},
+                    "% of padded positions that are real",
+                    _percent,
+                    xlabel="prompt tokens",
+                ),
+                "padding per bucket",
+            )
+        )
+    padding.append(
+        _img(
+            _bar_chart(
+                f"padding efficiency overall if batched statically (B={pad['batch_size']})",
+                ["arrival order", "length-sorted"],
+                {"overall": [100 * pad["arrival"], 100 * pad["sorted"]]},
+                "% of padded positions that are real",
+                _percent,
+            ),
+            "padding overall",
+        )
+    )
+    note = html.escape(PADDING_NOTE.format(batch_size=pad["batch_size"]))
+    parts.append(
+        f'<h2>Padding: what static batching would waste</h2><p class="note">{note}</p>'
+        f'<div class="charts">{"".join(padding)}</div>'
+    )
     engine = report.get("engine", {})
-    parts.append("<h2>Engine settings</h2>" + _table([[k, v] for k, v in engine.items()]))
+    parts.append("<h2>Engine settings</h2>" + _table([[k, _setting(k, v)] for k, v in engine.items()]))
     return parts
+
+
+# How each per-row score is named on its chart's axis.
+_SCORE_AXES = {
+    "bleu": "sentence BLEU (0-100, higher is better)",
+    "rougeL": "ROUGE-L F1 (0-100, higher is better)",
+    "perplexity": "perplexity of the reference (lower is better)",
+}
 
 
 def eval_sections(report: dict[str, Any], metrics: Sequence[str], rows: Sequence[dict[str, Any]] = ()) -> list[str]:
@@ -187,24 +321,30 @@ def eval_sections(report: dict[str, Any], metrics: Sequence[str], rows: Sequence
     scores = report["scores"]
     ci = scores.get("ci") or {}
     names = [*metrics, *(["perplexity"] if scores.get("perplexity") is not None else [])]
-    table = _table(
-        [[n, scores[n], " - ".join(f"{v:.2f}" for v in ci[n]) if n in ci else ""] for n in names],
-        header=["metric", "score", "95% interval"],
-    )
+    if ci:  # resampled (--bootstrap)
+        table = _table(
+            [[n, scores[n], " - ".join(f"{v:.2f}" for v in ci[n]) if n in ci else ""] for n in names],
+            header=["metric", "score", "95% interval"],
+        )
+    else:
+        table = _table([[n, scores[n]] for n in names], header=["metric", "score"])
     parts = ["<h2>Scores</h2>", table, _table([[k, v] for k, v in scores["signatures"].items()], ["signature", ""])]
+    counts = report.get("row_counts") or {}
+    if counts:
+        parts += ["<h2>Rows</h2>", _table([[k, len(v) if isinstance(v, list) else v] for k, v in counts.items()])]
     charts = []
-    for metric in ("bleu", "rougeL", "perplexity"):
+    for metric, axis in _SCORE_AXES.items():
         values = [r[metric] for r in rows if isinstance(r.get(metric), int | float)]
         if values:
-            import matplotlib
-
-            matplotlib.use("Agg")
-            import matplotlib.pyplot as plt
-
-            fig, ax = plt.subplots(figsize=(6, 3.2))
-            ax.hist(values, bins=20)
+            fig, ax = _figure()
+            bounded = metric != "perplexity"
+            ax.hist(values, bins=20, range=(0, 100) if bounded else None, edgecolor="white")
+            if bounded:
+                ax.set_xlim(0, 100)
             ax.set_title(f"per-row {metric} ({len(values)} rows)")
+            ax.set_xlabel(axis)
             ax.set_ylabel("rows")
+            _integer_ticks(ax.yaxis)
             charts.append(_img(_png(fig), f"per-row {metric}"))
     if charts:
         parts.append('<h2>Per-row scores</h2><div class="charts">' + "".join(charts) + "</div>")

@@ -63,19 +63,69 @@ def write_report(report: dict[str, Any], path: Path) -> None:
 LENGTH_BINS: tuple[int, ...] = tuple(2**i for i in range(14))
 
 
+# The token series keeps at most this many points: when full, every other
+# point goes and the interval between points doubles.
+SERIES_MAX_POINTS = 512
+# Seconds between two points of the token series at the start of a run.
+SERIES_INTERVAL_S = 1.0
+
+
+class TokenSeries:
+    """The engine's live token counts over generation time, bounded: the
+    cumulative completion tokens generated and prompt tokens processed
+    (prefilled) of finished and unfinished requests alike, the counts the
+    progress line shows. A point every ``interval_s`` seconds (at most
+    :data:`SERIES_MAX_POINTS`; when full, every other point is dropped and the
+    interval doubles, so a run of any length keeps an even, bounded sample).
+    """
+
+    def __init__(self, interval_s: float | None = None, max_points: int = SERIES_MAX_POINTS) -> None:
+        self.interval_s = SERIES_INTERVAL_S if interval_s is None else interval_s
+        self.max_points = max(max_points, 2)
+        self.points: list[tuple[float, int, int]] = [(0.0, 0, 0)]  # (seconds, completion, prompt)
+        self.last: tuple[float, int, int] = (0.0, 0, 0)
+
+    def observe(self, seconds: float, completion_tokens: int, prompt_tokens: int) -> None:
+        """The live counts ``seconds`` after generation started."""
+        self.last = (seconds, completion_tokens, prompt_tokens)
+        if seconds - self.points[-1][0] < self.interval_s:
+            return
+        if len(self.points) >= self.max_points:
+            self.points = self.points[::2]
+            self.interval_s *= 2
+            if seconds - self.points[-1][0] < self.interval_s:
+                return
+        self.points.append(self.last)
+
+    def to_dict(self, end_s: float, completion_tokens: int, prompt_tokens: int) -> dict[str, Any]:
+        """The report's ``tokens_over_time``: parallel lists ``seconds`` (since
+        generation started), ``completion_tokens`` and ``prompt_tokens``
+        (cumulative), ending at ``end_s`` with the given totals (the last live
+        counts when larger), and the ``interval_s`` the points ended up at."""
+        points = [p for p in self.points if p[0] < end_s]
+        points.append((end_s, max(completion_tokens, self.last[1]), max(prompt_tokens, self.last[2])))
+        return {
+            "source": "engine live counts",
+            "interval_s": self.interval_s,
+            "seconds": [round(p[0], 3) for p in points],
+            "completion_tokens": [p[1] for p in points],
+            "prompt_tokens": [p[2] for p in points],
+        }
+
+
 class RunStats:
     """Counters that observe one run's feed loop: seconds by phase (``plan``,
     ``generate``, ``write``), prompt and completion tokens of the rows this
     attempt finished, their completion lengths (power-of-two bins) and the
-    cumulative completion tokens over generation time (at most one point a
-    second), for the report and its HTML charts."""
+    engine's live token counts over generation time (:class:`TokenSeries`),
+    for the report and its HTML charts."""
 
     def __init__(self, clock: Callable[[], float] = time.monotonic) -> None:
         self.clock = clock
         self.seconds = {"plan": 0.0, "generate": 0.0, "write": 0.0}
         self.prompt_tokens = self.completion_tokens = 0
         self.completion_lengths: Counter[int] = Counter()
-        self.timeline: list[tuple[float, int]] = [(0.0, 0)]
+        self.series = TokenSeries()
         self._started = clock()
 
     def start(self) -> None:
@@ -100,11 +150,14 @@ class RunStats:
         self.completion_tokens += completion.completion_tokens
         self.completion_lengths[bucket_index(completion.completion_tokens, LENGTH_BINS)] += 1
 
-    def sample(self, generated_tokens: int) -> None:
-        """The engine's live count of completion tokens, after a step (the timeline)."""
-        elapsed = self.clock() - self._started
-        if elapsed - self.timeline[-1][0] >= 1.0:
-            self.timeline.append((round(elapsed, 2), max(generated_tokens, self.completion_tokens)))
+    def sample(self, generated_tokens: int, prefilled_tokens: int) -> None:
+        """The engine's live counts after a step: completion tokens generated
+        and prompt tokens processed since this run started (the token series)."""
+        self.series.observe(
+            self.clock() - self._started,
+            max(generated_tokens, self.completion_tokens),
+            max(prefilled_tokens, self.prompt_tokens),
+        )
 
     def report(
         self,
@@ -156,5 +209,5 @@ class RunStats:
             "completion_length_histogram": [
                 {"range": bucket_label(i, LENGTH_BINS), "rows": n} for i, n in sorted(self.completion_lengths.items())
             ],
-            "timeline": [*self.timeline, (round(seconds["generate"], 2), self.completion_tokens)],
+            "tokens_over_time": self.series.to_dict(seconds["generate"], self.completion_tokens, self.prompt_tokens),
         }

@@ -8,6 +8,8 @@ from typing import Any
 from rich.console import Console
 from rich.table import Table
 
+from bulkinfer.report.units import format_bytes
+
 
 def _pct(x: float) -> str:
     return f"{100 * x:.1f}%"
@@ -35,10 +37,20 @@ def print_summary(report: dict[str, Any], console: Console) -> None:
         f"{tput['requests_per_s']:.2f} req/s, {tput['completion_tokens_per_s']:.1f} completion tok/s, "
         f"{tput['total_tokens_per_s']:.1f} total tok/s",
     )
+    e2e = report.get("throughput_end_to_end")
+    if e2e:
+        summary.add_row(
+            "end to end (load included)",
+            f"{e2e['requests_per_s']:.2f} req/s, {e2e['completion_tokens_per_s']:.1f} completion tok/s",
+        )
+    rss = report.get("peak_rss_bytes") or {}
+    if "bulkinfer" in rss:
+        engine = f", engine {format_bytes(rss['children'])}" if rss.get("children") else ""
+        summary.add_row("peak memory (RSS)", f"bulkinfer {format_bytes(rss['bulkinfer'])}{engine}")
     pad = report["padding_efficiency"]
     summary.add_row(
-        f"padding efficiency (static B={pad['batch_size']})",
-        f"arrival {_pct(pad['arrival'])}, sorted {_pct(pad['sorted'])}",
+        f"padding if batched statically (B={pad['batch_size']})",
+        f"arrival {_pct(pad['arrival'])}, sorted {_pct(pad['sorted'])}; vLLM does not pad",
     )
     summary.add_row("output", str(report["output"]))
     if counts["failed"]:
