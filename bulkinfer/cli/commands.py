@@ -153,7 +153,7 @@ PLAN_EXAMPLES = (
             (
                 ("0", "planned"),
                 ("2", "usage or config error"),
-                ("3", "--strict: some rows would fail"),
+                ("3", "some rows would fail (with --strict)"),
                 ("4", "the input is missing or unreadable"),
                 ("5", "the model cannot be found or loaded"),
             )
