@@ -118,7 +118,8 @@ def plan(input_path: str | Path, settings: Settings | None = None, **overrides: 
     """Read and tokenize ``input_path`` as :func:`run` would, without an
     engine: ``bulkinfer plan``. Returns the plan (row counts, errors by type,
     prompt-token percentiles, buckets, padding efficiency, a time estimate
-    in seconds from this machine's calibration; see
+    as a range of seconds from this model's calibrations on this machine,
+    or None with the reason in ``estimate_source``; see
     :func:`bulkinfer.jobs.plan.plan_file`).
 
     Raises:

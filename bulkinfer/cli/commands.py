@@ -30,7 +30,7 @@ from bulkinfer.cli.options import (
     described,
 )
 from bulkinfer.cli.signals import StopSignals, fail
-from bulkinfer.errors import BulkinferError, InputFileError
+from bulkinfer.errors import EXIT_PARTIAL, BulkinferError, InputFileError
 
 EVAL_EXAMPLES = (
     "bulkinfer eval golden.jsonl",
@@ -141,6 +141,7 @@ def eval_command(
 PLAN_EXAMPLES = (
     "bulkinfer plan prompts.jsonl",
     "bulkinfer plan prompts.jsonl --max-tokens 128 --json plan.json",
+    "bulkinfer plan prompts.jsonl --strict",
 )
 
 
@@ -152,6 +153,7 @@ PLAN_EXAMPLES = (
             (
                 ("0", "planned"),
                 ("2", "usage or config error"),
+                ("3", "some rows would fail (with --strict)"),
                 ("4", "the input is missing or unreadable"),
                 ("5", "the model cannot be found or loaded"),
             )
@@ -172,6 +174,7 @@ def plan(
         Path | None,
         typer.Option("--json", metavar="FILE", help=described("Also write the plan as JSON to this file.", "none")),
     ] = None,
+    strict: Annotated[bool, typer.Option("--strict", help=described("Exit 3 when any row would fail.", "off"))] = False,
 ) -> None:
     """Dry run: row counts, failures, prompt lengths, buckets, padding and a time estimate. Loads no engine."""
     overrides, origins = _overrides(locals()), _origins(locals())  # first: only the options are local yet
@@ -189,6 +192,10 @@ def plan(
     print_plan(result, Console())
     if json_out is not None:
         write_report(result, json_out)
+    if strict and result["rows"]["failed"]:
+        failed = result["rows"]["failed"]
+        typer.echo(f"bulkinfer: {failed} row{'s' if failed > 1 else ''} would fail (--strict)", err=True)
+        raise typer.Exit(code=EXIT_PARTIAL)
 
 
 @app.command(

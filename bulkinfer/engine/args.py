@@ -146,6 +146,12 @@ def cpu_model() -> str:
     return platform.processor() or platform.machine()
 
 
+def this_machine() -> dict[str, Any]:
+    """What a throughput measurement depends on besides the model:
+    ``{"cpu": CPU model name, "cores": logical cores}``."""
+    return {"cpu": cpu_model(), "cores": os.cpu_count() or 0}
+
+
 def detect_device() -> str:
     """``"cuda"`` when torch sees a CUDA device, else ``"cpu"``."""
     import torch

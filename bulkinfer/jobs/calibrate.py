@@ -12,6 +12,7 @@ from typing import Any
 import orjson
 
 from bulkinfer.config import Settings
+from bulkinfer.engine.args import this_machine
 from bulkinfer.engine.base import EngineFactory
 from bulkinfer.engine.log import EngineLog
 from bulkinfer.engine.vllm import vllm_engine
@@ -19,7 +20,7 @@ from bulkinfer.errors import EngineError, ModelError
 from bulkinfer.jobs.output_files import RunPaths
 from bulkinfer.jobs.run import run
 from bulkinfer.models import resolve_model
-from bulkinfer.report.calibration import calibration_path, load_calibrations
+from bulkinfer.report.calibration import calibration_path, generated_by_attempt, record_calibration
 from bulkinfer.stop import StopToken
 
 CALIBRATION_ROWS = 64
@@ -36,11 +37,14 @@ def calibrate(
 ) -> dict[str, Any]:
     """Measure this machine: run a short fixed workload (64 chat prompts x 64
     completion tokens, ``ignore_eos``) through the real engine, record its
-    throughput as the model's calibration, and return that entry. The
-    engine's log goes to ``$BULKINFER_HOME/calibrate.log`` unless ``verbose``.
+    throughput as the model's calibration on this machine (source
+    ``"calibrate"``, see :mod:`bulkinfer.report.calibration`), and return
+    that entry. The engine's log goes to ``$BULKINFER_HOME/calibrate.log``
+    unless ``verbose``.
 
     Raises:
-        ModelError, EngineError: as ``run``.
+        ModelError, EngineError: as ``run``; EngineError also when the engine
+        generated less than the workload (too little to estimate from).
     """
     resolve_model(settings.model)  # a model that cannot be found fails here, before the engine's log opens
     topics = ["the sea", "a city at night", "an old clock", "bread", "a mountain road", "winter", "a library", "rain"]
@@ -62,4 +66,11 @@ def calibrate(
                 report = run(paths, fixed, engine_factory=engine_factory, verbose=verbose, stop=stop).report
             except (EngineError, ModelError) as exc:
                 raise log.explain(exc) from exc
-    return dict(load_calibrations()[report["model_path"]])
+    entry = record_calibration(report, this_machine(), source="calibrate")
+    if entry is None:
+        rows, tokens = generated_by_attempt(report)
+        raise EngineError(
+            f"the calibration generated {rows} rows and {tokens} completion tokens, "
+            f"less than the {CALIBRATION_ROWS} x {CALIBRATION_MAX_TOKENS} it asked for; nothing recorded"
+        )
+    return entry

@@ -8,18 +8,27 @@ Scoring reads the predictions and references into memory (golden sets are
 thousands of rows, not millions).
 
 Files: ``OUT`` (the predictions with per-row ``bleu``, ``rougeL``,
-``exact_match`` and, with ``--perplexity``, ``perplexity``) and
-``OUT.eval.json`` (corpus scores, signatures, model, settings, row counts,
-library versions).
+``exact_match`` and, with ``--perplexity``, ``perplexity``; with
+``--predictions``, only the scored ones) and ``OUT.eval.json`` (corpus
+scores, signatures, the model and settings that produced the predictions,
+row counts, the scored row set, library versions).
+
+The settings recorded are those that really produced the predictions: this
+eval's own generation, or the ``PRED.report.json`` beside ``--predictions``
+when it exists; otherwise they are recorded as unknown, never as today's
+defaults.
 """
 
 from __future__ import annotations
 
+import hashlib
 import math
 import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
+
+import orjson
 
 from bulkinfer.config import Settings
 from bulkinfer.default_model import DEFAULT_MODEL
@@ -59,6 +68,9 @@ class GoldenRow:
     line: int
     references: list[str]
     request: Request
+
+
+UNKNOWN = "unknown"
 
 
 @dataclass(frozen=True, slots=True)
@@ -152,6 +164,62 @@ def read_predictions(path: Path) -> list[dict[str, Any]]:
         raise InputFileError(f"cannot read the predictions file {path}: {exc.strerror or exc}") from None
 
 
+def generation_of(predictions: Path) -> dict[str, Any]:
+    """What produced an existing predictions file, from the run report beside
+    it (``PRED.report.json``, as ``run`` writes it): ``{"source": that
+    report's path, "model", "model_path", "sampling", "engine",
+    "chat_template_applied"}``. Without a readable report every value is
+    ``"unknown"`` and ``source`` is None."""
+    path = formats.sibling(predictions, ".report.json")
+    try:
+        report = orjson.loads(path.read_bytes())
+    except (OSError, orjson.JSONDecodeError):
+        report = None
+    if not isinstance(report, dict):
+        return {"source": None, **dict.fromkeys(GENERATION_KEYS, UNKNOWN)}
+    return {"source": str(path), **{key: report.get(key, UNKNOWN) for key in GENERATION_KEYS}}
+
+
+GENERATION_KEYS = ("model", "model_path", "sampling", "engine", "chat_template_applied")
+
+
+def row_set(ids: list[str]) -> dict[str, Any]:
+    """Which rows an eval scored, small enough to store: their ``count`` and
+    ``ids_sha256``, the SHA-256 of the sorted ids joined by newlines."""
+    digest = hashlib.sha256("\n".join(sorted(ids)).encode()).hexdigest()
+    return {"count": len(ids), "ids_sha256": digest}
+
+
+def row_set_warnings(report: dict[str, Any], previous: dict[str, Any]) -> list[str]:
+    """Why comparing ``report`` with ``previous`` (a saved ``.eval.json``)
+    may mislead: the two scored different rows, or ``previous`` does not say
+    which rows it scored. Empty when both scored the same ids."""
+    ours, theirs = report.get("row_set"), previous.get("row_set")
+    if not isinstance(theirs, dict):
+        return ["the previous eval does not record which rows it scored: the changes may compare different rows"]
+    if ours == theirs:
+        return []
+    if ours and ours.get("count") != theirs.get("count"):
+        return [
+            f"the two evals scored different rows ({ours['count']} here, {theirs.get('count')} before): "
+            "the changes compare different row sets"
+        ]
+    return ["the two evals scored different rows (same count, different ids): the changes compare different row sets"]
+
+
+def describe_generation(generation: dict[str, Any]) -> str:
+    """The model and sampling settings that produced the predictions, in a line."""
+    if generation.get("source") is None:
+        return "unknown (no run report beside the predictions)"
+    sampling = generation.get("sampling")
+    shown = (
+        ", ".join(f"{key} {sampling[key]}" for key in ("temperature", "top_p", "max_tokens") if key in sampling)
+        if isinstance(sampling, dict)
+        else f"sampling {UNKNOWN}"
+    )
+    return f"{generation.get('model')}, {shown} (from {generation['source']})"
+
+
 def run_eval(
     golden: Path,
     out: Path,
@@ -178,6 +246,12 @@ def run_eval(
     Golden rows without a usable ``reference`` are row errors in
     ``OUT.errors.jsonl`` and are not generated; the others are scored.
 
+    With ``predictions``, ``OUT`` holds only the scored records (the first
+    record of each golden id, in the predictions' order); predictions
+    without a golden row and golden rows without a prediction are counted in
+    ``row_counts`` and not scored. The report's ``generation`` is what
+    produced the predictions (:func:`generation_of`); ``settings`` is None then.
+
     Raises:
         the errors of :func:`bulkinfer.jobs.run.run`; ConfigError for both
         ``resume`` and ``overwrite``; InputFileError, before any file is
@@ -198,6 +272,7 @@ def run_eval(
         try:
             run_report: dict[str, Any] = {}
             run_code = EXIT_OK
+            generated_here = predictions is None
             if predictions is None:
                 generated = run(
                     paths,
@@ -246,6 +321,8 @@ def run_eval(
                     records[index]["perplexity"] = math.exp(total / count)
                 elif row_id in nll.failed:
                     records[index]["perplexity_error"] = nll.failed[row_id]
+            if not generated_here:  # OUT is what was scored; a run's output keeps every row, for --resume
+                records = [records[index] for index in sorted(scored_index)]
             _write_records(paths, records)
 
             corpus = scores.to_dict()
@@ -257,22 +334,34 @@ def run_eval(
                 corpus["perplexity_tokens"] = total_tokens
                 corpus["perplexity_failed"] = len(nll.failed)
             below = bars.check_fail_under(corpus, fail_under) if fail_under else []
+            if generated_here:
+                generation = {"source": str(paths.report), **{key: run_report.get(key) for key in GENERATION_KEYS}}
+            else:
+                generation = generation_of(predictions)
+            unmatched_golden = [row.id for row in rows if row.id not in by_id]
+            unmatched_predictions = sorted(set(by_id) - golden_ids)
             report = {
                 "golden": str(golden),
                 "predictions": str(predictions),
                 "output": str(out),
-                "model": settings.model or DEFAULT_MODEL,
-                "model_path": model_path,
+                "model": generation["model"] if not generated_here else settings.model or DEFAULT_MODEL,
+                "model_path": generation["model_path"] if not generated_here else model_path,
+                "generation": generation,
                 "scores": corpus,
                 "row_counts": {
                     "golden": len(rows) + len(invalid),
+                    "predictions": len(by_id),
                     "scored": len(matched),
-                    "unmatched_golden": [row.id for row in rows if row.id not in by_id],
-                    "unmatched_predictions": sorted(set(by_id) - golden_ids),
+                    "unmatched": {"golden": len(unmatched_golden), "predictions": len(unmatched_predictions)},
+                    "unmatched_golden": unmatched_golden,
+                    "unmatched_predictions": unmatched_predictions,
                     "invalid_golden": invalid,
                 },
+                "row_set": row_set([row.id for row in matched]),
                 "fail_under": {"bars": fail_under or {}, "below": below},
-                "settings": settings.to_dict(),
+                # the settings of this eval's generation; with --predictions, see "generation"
+                "settings": settings.to_dict() if generated_here else None,
+                "perplexity_model_path": model_path if perplexity else None,
                 "metrics_version": evaluate.metrics_versions(),
                 "run_report": str(paths.report) if run_report else None,
                 "seconds": time.monotonic() - started,
@@ -363,6 +452,21 @@ def print_eval(report: dict[str, Any], previous: dict[str, Any] | None, console:
         console.print(f"{name} signature: {signature}")
     for line in [*scores.get("warnings", []), *scores.get("notes", [])]:
         console.print(f"note: {line}")
-    unmatched = report["row_counts"]["unmatched_golden"]
+    counts = report["row_counts"]
+    unmatched = counts["unmatched_golden"]
     if unmatched:
-        console.print(f"{len(unmatched)} golden rows without a prediction (not scored): {', '.join(unmatched[:10])}")
+        console.print(
+            f"{len(unmatched)} golden rows without a prediction (not scored): {', '.join(unmatched[:10])}",
+            markup=False,
+        )
+    extra = counts.get("unmatched_predictions") or []
+    if extra:
+        console.print(
+            f"{len(extra)} predictions without a golden row (not scored): {', '.join(extra[:10])}", markup=False
+        )
+    generation = report.get("generation")
+    if generation:
+        console.print(f"predictions generated by: {describe_generation(generation)}", markup=False)
+    if previous is not None:
+        for warning in row_set_warnings(report, previous):
+            console.print(f"warning: {warning}", markup=False)

@@ -3,9 +3,11 @@ without loading an engine.
 
 It reads, validates and tokenizes exactly as ``run`` does (same reader, same
 row rules, same planner), so its counts are the counts a run would report.
-The time estimate comes from a calibration: the throughput that the last
-``run`` of the same model measured on this machine (stored under
-``$BULKINFER_HOME/calibration.json`` by every run).
+The time estimate is a range of seconds built from the calibrations of the
+same model on this machine (``bulkinfer calibrate``, and runs of 64 rows or
+more, stored under ``$BULKINFER_HOME/calibration.json``); with none, the plan
+says so instead of giving a number (see
+:func:`bulkinfer.report.calibration.estimate`).
 """
 
 from __future__ import annotations
@@ -18,11 +20,13 @@ from pathlib import Path
 from typing import Any
 
 from bulkinfer.config import Settings
+from bulkinfer.default_model import DEFAULT_MODEL
+from bulkinfer.engine.args import this_machine
 from bulkinfer.io.readers import open_reader
 from bulkinfer.models import load_tokenizer, resolve_model
 from bulkinfer.prep.planner import Planner, efficiency, static_batch_tokens
 from bulkinfer.prep.windows import iter_windows
-from bulkinfer.report.calibration import load_calibrations
+from bulkinfer.report.calibration import estimate, load_calibrations
 from bulkinfer.schema import RowError
 
 DEFAULT_CONTEXT = 2048
@@ -58,7 +62,10 @@ def plan_file(input_path: Path, settings: Settings) -> dict[str, Any]:
     (as in the run report), ``padding_efficiency`` {``arrival``,
     ``bucketed``, ``sorted``} for static batches of ``batch_size``,
     ``max_completion_tokens`` (sum of the rows' ``max_tokens``), ``estimate``
-    (from the calibration, or None), ``context``, ``seconds``.
+    (``generate_seconds`` and ``load_seconds`` as ``{"low", "high"}``, the
+    ``calibrations`` it comes from, ``derivation``, ``assumes``; or None),
+    ``estimate_source`` (where the estimate comes from, or why there is
+    none), ``context``, ``seconds`` (the plan's own time).
 
     Raises:
         InputFileError, ModelError: as ``run``.
@@ -123,13 +130,8 @@ def plan_file(input_path: Path, settings: Settings) -> dict[str, Any]:
         "max_completion_tokens": max_completion,
         "estimate": None,
     }
-    calibration = load_calibrations().get(model)
-    if calibration and calibration["completion_tokens_per_s"] > 0:
-        plan["estimate"] = {
-            "generate_seconds_at_most": max_completion / calibration["completion_tokens_per_s"],
-            "load_seconds": calibration["load_seconds"],
-            "calibration": calibration,
-            "note": "assumes every row generates its max_tokens; rows that stop early finish sooner",
-        }
+    plan["estimate"], plan["estimate_source"] = estimate(
+        load_calibrations(), model, settings.model or DEFAULT_MODEL, this_machine(), max_completion
+    )
     plan["seconds"] = time.monotonic() - started
     return plan

@@ -23,6 +23,7 @@ import orjson
 
 from bulkinfer.config import Settings
 from bulkinfer.default_model import DEFAULT_MODEL
+from bulkinfer.engine.args import this_machine
 from bulkinfer.engine.base import Engine, EngineFactory, NoEngine
 from bulkinfer.engine.log import EngineLog
 from bulkinfer.engine.vllm import vllm_engine
@@ -233,5 +234,5 @@ def _run_locked(
     report["peak_rss_bytes"] = peak_rss_bytes()
     write_report(report, paths.report)
     write_run_html(report, paths.html)
-    record_calibration(report)
+    record_calibration(report, this_machine())
     return report

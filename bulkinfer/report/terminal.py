@@ -8,6 +8,7 @@ from typing import Any
 from rich.console import Console
 from rich.table import Table
 
+from bulkinfer.report.calibration import describe
 from bulkinfer.report.units import format_bytes
 
 
@@ -94,16 +95,13 @@ def print_plan(plan: dict[str, Any], console: Any) -> None:
     summary.add_row("completion tokens", f"at most {plan['max_completion_tokens']}")
     estimate = plan["estimate"]
     if estimate:
-        cal = estimate["calibration"]
+        gen, load = estimate["generate_seconds"], estimate["load_seconds"]
         summary.add_row(
             "estimate",
-            f"generation at most {estimate['generate_seconds_at_most']:.0f} s "
-            f"+ load {estimate['load_seconds']:.0f} s "
-            f"(at {cal['completion_tokens_per_s']:.1f} completion tok/s, "
-            f"measured {cal['measured_at']})",
+            f"generation {gen['low']:.0f}-{gen['high']:.0f} s + load {load['low']:.0f}-{load['high']:.0f} s (below)",
         )
     else:
-        summary.add_row("estimate", "none yet: no run of this model on this machine to calibrate from")
+        summary.add_row("estimate", "none (below)")
     summary.add_row("planned in", f"{plan['seconds']:.1f} s")
     console.print(summary)
     buckets = Table(title="buckets (prompt tokens)")
@@ -124,5 +122,17 @@ def print_plan(plan: dict[str, Any], console: Any) -> None:
             f"{100 * b['padding_efficiency']:.1f}%",
         )
     console.print(buckets)
+    if estimate:
+        lines = [
+            f"estimate: generation {gen['low']:.0f}-{gen['high']:.0f} s + load {load['low']:.0f}-{load['high']:.0f} s,"
+            f" if {estimate['assumes']}",
+            f"  {estimate['derivation']}",
+            f"  {plan['estimate_source']}:",
+            *(f"    {describe(entry)}" for entry in estimate["calibrations"]),
+        ]
+    else:
+        lines = [plan["estimate_source"]]  # "no estimate: ..."
+    for line in lines:
+        console.print(line, markup=False, highlight=False)
     for example in plan["error_examples"][:5]:
         console.print(f"line {example['line']}: {example['type']}: {example['message']}")

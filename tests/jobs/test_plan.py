@@ -3,16 +3,26 @@ independently here, with the default model's real tokenizer."""
 
 from __future__ import annotations
 
+import dataclasses
 import random
 from pathlib import Path
+from typing import Any
 
 import orjson
 import pytest
+from fakes import FakeEngine
+from typer.testing import CliRunner
 
+from bulkinfer.cli import app
 from bulkinfer.config import load_settings
+from bulkinfer.engine.args import this_machine
+from bulkinfer.errors import EngineError
 from bulkinfer.jobs.plan import plan_file
 from bulkinfer.models import load_tokenizer, resolve_model
-from bulkinfer.report.calibration import record_calibration
+from bulkinfer.report.calibration import calibration_path, load_calibrations, record_calibration
+from bulkinfer.schema import Completion
+
+runner = CliRunner()
 
 WORDS = "alpha beta gamma delta epsilon zeta eta theta iota kappa lambda".split()
 
@@ -82,35 +92,161 @@ def test_plan_counts_and_padding(tmp_path: Path, tokenizer) -> None:  # type: ig
     ]
 
 
-def test_plan_estimate_comes_from_the_last_run(tmp_path: Path, monkeypatch) -> None:  # type: ignore[no-untyped-def]
-    model = resolve_model(None)
-    monkeypatch.setenv("BULKINFER_HOME", str(tmp_path))
+def _entry(model_path: str, machine: dict[str, Any], **fields: Any) -> dict[str, Any]:
+    return {
+        "source": "run", "model": "tiny", "model_path": model_path, "machine": machine,
+        "measured_at": "2026-11-23T10:00:00", "rows": 300, "completion_tokens": 30000,
+        "completion_tokens_per_s": 100.0, "prompt_tokens_per_s": 200.0, "requests_per_s": 1.0,
+        "load_seconds": 20.0, "device": "cpu", "dtype": "float32", "output": "res/a.jsonl", **fields,
+    }  # fmt: skip
+
+
+def _store(entries: list[dict[str, Any]]) -> None:
+    calibration_path().write_bytes(orjson.dumps({"entries": entries}))
+
+
+def _ten_rows(tmp_path: Path, bad: bool = False) -> Path:
     src = tmp_path / "in.jsonl"
-    src.write_bytes(b"".join(orjson.dumps({"prompt": "hello there", "max_tokens": 50}) + b"\n" for _ in range(10)))
+    lines = [orjson.dumps({"id": f"r{i}", "prompt": "hello there", "max_tokens": 50}) for i in range(10)]
+    if bad:
+        lines.insert(4, b"{not json")
+    src.write_bytes(b"\n".join(lines) + b"\n")
+    return src
+
+
+def test_plan_estimate_is_a_range_from_adequate_calibrations_of_this_model_and_machine(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    model = resolve_model(None)
+    monkeypatch.setenv("BULKINFER_HOME", str(tmp_path))
+    here = this_machine()
+    calibrated = _entry(model, here, source="calibrate", rows=64, completion_tokens=4096, output=None)
+    big_run = _entry(model, here, completion_tokens_per_s=150.0, load_seconds=30.0, measured_at="2026-11-24T09:00:00")
+    small_run = _entry(model, here, rows=20, completion_tokens=5000, completion_tokens_per_s=400.0)  # the last run
+    other_model = _entry("/models/other", here, completion_tokens_per_s=1000.0)
+    other_machine = _entry(model, {"cpu": "Some Other CPU", "cores": 64}, completion_tokens_per_s=1000.0)
+    _store([calibrated, big_run, other_model, other_machine, small_run])
+
+    src = _ten_rows(tmp_path)
+    json_path = tmp_path / "plan.json"
+    result = runner.invoke(app, ["plan", str(src), "--model", model, "--json", str(json_path)], env={"COLUMNS": "250"})
+    assert result.exit_code == 0, result.output
+    plan = orjson.loads(json_path.read_bytes())
+    estimate = plan["estimate"]
+    # 500 completion tokens at the two adequate rates, 100 and 150 tok/s, widened by 25% either way
+    assert estimate["completion_tokens"] == 500
+    assert estimate["generate_seconds"]["low"] == pytest.approx(500 / (150.0 * 1.25))
+    assert estimate["generate_seconds"]["high"] == pytest.approx(500 / (100.0 * 0.75))
+    assert estimate["load_seconds"] == {"low": 20.0, "high": 30.0}
+    assert estimate["calibrations"] == [calibrated, big_run]
+    assert estimate["ignored"] == [small_run]
+    assert estimate["machine"] == here
+    assert plan["estimate_source"].startswith(f"from 2 calibrations of {model} on this machine ({here['cpu']}")
+    assert "1 smaller run ignored" in plan["estimate_source"]
+
+    out = " ".join(result.output.split())  # the table may wrap a long value
+    assert "estimate: generation 3-7 s + load 20-30 s, if every row generates its max_tokens" in out
+    assert "500 completion tokens at 100.0-150.0 tok/s (the measured rates) widened by 25% either way" in out
+    assert "bulkinfer calibrate, 2026-11-23T10:00:00: 64 rows, 4096 completion tokens, 100.0 tok/s" in out
+    assert "run of res/a.jsonl, 2026-11-24T09:00:00: 300 rows, 30000 completion tokens, 150.0 tok/s" in out
+    assert "generation at most" not in out and "400.0 tok/s" not in out
+
+
+def test_plan_without_an_adequate_calibration_says_so_instead_of_a_number(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    model = resolve_model(None)
+    monkeypatch.setenv("BULKINFER_HOME", str(tmp_path))
+    src = _ten_rows(tmp_path)
     settings = load_settings(None, {"model": model})
-    assert plan_file(src, settings)["estimate"] is None
-    record_calibration({
-        "model_path": model, "output": "x", "request_counts": {"completed": 100}, "resumed": {"completed": 0},
-        "throughput": {"completion_tokens_per_s": 250.0, "prompt_tokens_per_s": 500.0, "requests_per_s": 2.0},
-        "seconds": {"load": 30.0}, "engine": {"device": "cpu", "dtype": "float32"},
-    })  # fmt: skip
-    estimate = plan_file(src, settings)["estimate"]
-    assert estimate["generate_seconds_at_most"] == pytest.approx(10 * 50 / 250.0)
-    assert estimate["load_seconds"] == 30.0
+    plan = plan_file(src, settings)
+    assert plan["estimate"] is None
+    assert plan["estimate_source"].startswith(f"no estimate: no calibration of {model} on this machine")
+    assert plan["estimate_source"].endswith("run `bulkinfer calibrate` to measure it")
+
+    _store([_entry(model, this_machine(), rows=20, completion_tokens=1000)])  # only a small run
+    plan = plan_file(src, settings)
+    assert plan["estimate"] is None
+    assert "of at least 64 rows and 4096 completion tokens (smaller runs ignored)" in plan["estimate_source"]
+    result = runner.invoke(app, ["plan", str(src), "--model", model], env={"COLUMNS": "250"})
+    assert f"no estimate: no calibration of {model} on this machine" in " ".join(result.output.split())
 
 
-def test_calibrate_records_what_plan_estimates_from(tmp_path: Path, monkeypatch) -> None:  # type: ignore[no-untyped-def]
-    from fakes import FakeEngine
+def _report(output: str, completed: int, tokens_per_s: float, generate_s: float) -> dict[str, Any]:
+    return {
+        "model": "tiny", "model_path": "/models/tiny", "output": output,
+        "request_counts": {"completed": completed}, "resumed": {"completed": 0},
+        "throughput": {"completion_tokens_per_s": tokens_per_s, "prompt_tokens_per_s": 1.0, "requests_per_s": 1.0},
+        "seconds": {"load": 5.0, "generate": generate_s}, "engine": {"device": "cpu", "dtype": "float32"},
+    }  # fmt: skip
 
+
+def test_record_calibration_stores_adequate_runs_with_their_source(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("BULKINFER_HOME", str(tmp_path))
+    machine = {"cpu": "Test CPU", "cores": 2}
+    assert record_calibration(_report("small.jsonl", 20, 100.0, 100.0), machine) is None  # 20 rows: too few
+    assert record_calibration(_report("short.jsonl", 300, 100.0, 40.0), machine) is None  # 4000 tokens: too few
+    assert load_calibrations() == []
+    entry = record_calibration(_report("a.jsonl", 300, 100.0, 50.0), machine)
+    assert entry is not None
+    assert (entry["rows"], entry["completion_tokens"], entry["machine"], entry["source"]) == (300, 5000, machine, "run")
+    again = record_calibration(_report("a.jsonl", 300, 120.0, 50.0), machine)  # the same output, run again
+    assert load_calibrations() == [again]
+    for i in range(12):
+        record_calibration(_report(f"b{i}.jsonl", 300, 100.0 + i, 50.0), machine)
+    kept = load_calibrations()
+    assert [e["output"] for e in kept] == [f"b{i}.jsonl" for i in range(2, 12)]  # the newest 10
+
+
+def test_an_old_calibration_store_is_not_used(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("BULKINFER_HOME", str(tmp_path))
+    calibration_path().write_bytes(orjson.dumps({"/models/tiny": {"completion_tokens_per_s": 100.0, "rows": 300}}))
+    assert load_calibrations() == []  # it did not record the machine
+
+
+class FullLengthEngine(FakeEngine):
+    """Every row generates its max_tokens, as calibrate's ignore_eos asks."""
+
+    def step(self, wait: float | None = None) -> list[Completion]:
+        requests = {rid: req for rid, req in self.queue}
+        done = super().step(wait)
+        return [dataclasses.replace(c, completion_tokens=requests[c.request_id].max_tokens) for c in done]
+
+
+def test_calibrate_records_what_plan_estimates_from(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     from bulkinfer.jobs.calibrate import calibrate
-    from bulkinfer.report.calibration import load_calibrations
 
     model = resolve_model(None)
     monkeypatch.setenv("BULKINFER_HOME", str(tmp_path))
-    entry = calibrate(load_settings(None, {"model": model}), engine_factory=lambda m, s: FakeEngine())
-    assert load_calibrations()[model] == entry
-    assert entry["rows"] == 64 and entry["completion_tokens_per_s"] > 0
+    entry = calibrate(load_settings(None, {"model": model}), engine_factory=lambda m, s: FullLengthEngine())
+    assert load_calibrations() == [entry]  # the entry its own run stored is replaced
+    assert (entry["source"], entry["rows"], entry["completion_tokens"]) == ("calibrate", 64, 64 * 64)
+    assert entry["machine"] == this_machine() and entry["output"] is None
     src = tmp_path / "in.jsonl"
     src.write_bytes(orjson.dumps({"prompt": "hi", "max_tokens": 10}) + b"\n")
     estimate = plan_file(src, load_settings(None, {"model": model}))["estimate"]
-    assert estimate["generate_seconds_at_most"] == pytest.approx(10 / entry["completion_tokens_per_s"])
+    assert estimate["calibrations"] == [entry]
+    assert estimate["generate_seconds"]["high"] == pytest.approx(10 / (entry["completion_tokens_per_s"] * 0.75))
+
+
+def test_calibrate_that_generates_too_little_records_nothing(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    from bulkinfer.jobs.calibrate import calibrate
+
+    monkeypatch.setenv("BULKINFER_HOME", str(tmp_path))
+    with pytest.raises(EngineError, match="64 rows and 64 completion tokens"):
+        calibrate(load_settings(None, {"model": resolve_model(None)}), engine_factory=lambda m, s: FakeEngine())
+    assert load_calibrations() == []
+
+
+@pytest.mark.parametrize(("bad", "strict", "code"), [(True, True, 3), (False, True, 0), (True, False, 0)])
+def test_plan_strict_exits_3_when_a_row_would_fail(tmp_path: Path, bad: bool, strict: bool, code: int) -> None:
+    src = _ten_rows(tmp_path, bad=bad)
+    result = runner.invoke(app, ["plan", str(src), *(["--strict"] if strict else [])], env={"COLUMNS": "250"})
+    assert result.exit_code == code, result.output
+    out = " ".join(result.output.split())
+    rows = "11 (10 valid, 1 would fail, 0 blank skipped)" if bad else "10 (10 valid, 0 would fail, 0 blank skipped)"
+    assert rows in out
+    assert ("bulkinfer: 1 row would fail (--strict)" in out) == (bad and strict)
+    assert "Traceback" not in result.output
