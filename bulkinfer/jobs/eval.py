@@ -449,9 +449,9 @@ def print_eval(report: dict[str, Any], previous: dict[str, Any] | None, console:
         table.add_row(*cells)
     console.print(table)
     for name, signature in scores["signatures"].items():
-        console.print(f"{name} signature: {signature}")
+        console.print(f"{name} signature: {signature}", markup=False)
     for line in [*scores.get("warnings", []), *scores.get("notes", [])]:
-        console.print(f"note: {line}")
+        console.print(f"note: {line}", markup=False)
     counts = report["row_counts"]
     unmatched = counts["unmatched_golden"]
     if unmatched:

@@ -135,4 +135,4 @@ def print_plan(plan: dict[str, Any], console: Any) -> None:
     for line in lines:
         console.print(line, markup=False, highlight=False)
     for example in plan["error_examples"][:5]:
-        console.print(f"line {example['line']}: {example['type']}: {example['message']}")
+        console.print(f"line {example['line']}: {example['type']}: {example['message']}", markup=False)

@@ -125,3 +125,12 @@ def test_compare_with_an_eval_that_does_not_record_its_rows_warns(tmp_path: Path
     old.write_bytes(orjson.dumps({k: v for k, v in first.items() if k != "row_set"}))
     result, _ = _eval(tmp_path, _predictions(tmp_path, MATCHED, "p2.jsonl"), "second.jsonl", "--compare", str(old))
     assert "warning: the previous eval does not record which rows it scored" in " ".join(result.output.split())
+
+
+def test_the_rouge_note_prints_whole_through_rich_markup(tmp_path: Path) -> None:
+    """Rich would read ``[a-z0-9]`` in the note as a style and print "digits ;"."""
+    from bulkinfer.metrics.text import ROUGE_TOKENIZER_NOTE
+
+    result, _ = _eval(tmp_path, _predictions(tmp_path, MATCHED), "scored.jsonl")
+    assert "ASCII letters and digits [a-z0-9];" in ROUGE_TOKENIZER_NOTE
+    assert "note: " + ROUGE_TOKENIZER_NOTE in " ".join(result.output.split())
