@@ -1,0 +1,133 @@
+"""Record what the progress line's ETA sees during a real run, to study ETA
+models offline; and replay a recording into the shipped estimator.
+
+Record (``python -m bench.eta_trace record short``): runs ``bulkinfer.run``
+in this process on a workload of :mod:`bench.eta` (``short``: 1,000 short
+questions, default settings; ``sharegpt``: ``sample_data/sharegpt.jsonl``
+with ``configs/demo.toml``) with :class:`bulkinfer.report.progress.Progress`
+wrapped, and writes every call the estimator gets, with its
+``time.monotonic()`` second: ``["p", t, prompt_tokens, max_tokens]`` (a row
+planned), ``["u", t, done, failed, completion_tokens, planned]`` (rows
+ended), ``["t", t, generated_tokens, prefilled_tokens, running]`` (the
+engine's live counts after a step; ``running``: each running request's
+completion tokens so far), to ``bench/results/eta-trace-WORKLOAD.json``
+with the machine and the run's report.
+
+Replay (``python -m bench.eta_trace replay FILE``): feeds a recording into
+:class:`bulkinfer.report.eta.WorkEstimate` and prints the ETA error (ETA /
+real time left - 1) at 10%, 25%, 50% and 75% of the time from the first
+planned row to the last event. One engine at a time (two cores).
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+import orjson
+
+ROOT = Path(__file__).resolve().parents[1]
+FRACTIONS = (0.10, 0.25, 0.50, 0.75)
+
+
+def record(workload: str, out: Path) -> None:
+    """One real run of ``workload`` with the estimator's inputs recorded to ``out``."""
+    import bulkinfer.report.progress as progress
+    from bench.eta import short_prompts
+    from bulkinfer import load_settings, run
+    from bulkinfer.engine.args import cpu_model
+
+    events: list[list[Any]] = []
+    wrapped = progress.Progress
+    tick, update, planned = wrapped.tick, wrapped.update, wrapped.planned
+
+    def on_tick(self: Any, generated: int, prefilled: int, running: list[int]) -> None:
+        events.append(["t", time.monotonic(), generated, prefilled, list(running)])
+        tick(self, generated, prefilled, running)
+
+    def on_update(self: Any, done: int = 0, failed: int = 0, completion_tokens: int = 0, planned_: bool = True) -> None:
+        events.append(["u", time.monotonic(), done, failed, completion_tokens, planned_])
+        update(self, done, failed, completion_tokens, planned_)
+
+    def on_planned(self: Any, prompt_tokens: int, max_tokens: int) -> None:
+        events.append(["p", time.monotonic(), prompt_tokens, max_tokens])
+        planned(self, prompt_tokens, max_tokens)
+
+    wrapped.tick, wrapped.update, wrapped.planned = on_tick, on_update, on_planned  # type: ignore[assignment,method-assign]
+    with tempfile.TemporaryDirectory() as tmp:
+        if workload == "short":
+            src = Path(tmp) / "short.jsonl"
+            src.write_bytes(b"".join(orjson.dumps(row) + b"\n" for row in short_prompts(1000)))
+            settings = load_settings()
+        else:
+            src, settings = ROOT / "sample_data" / "sharegpt.jsonl", load_settings(ROOT / "configs" / "demo.toml")
+        result = run(src, Path(tmp) / "out.jsonl", settings=settings, overwrite=True, progress_plain=True)
+    data = {
+        "machine": {"cpu": cpu_model(), "cores": os.cpu_count()},
+        "command": f"python -m bench.eta_trace record {workload}",
+        "events": events,
+        "report": result.report,
+    }
+    out.write_bytes(orjson.dumps(data))
+    print(f"bench.eta_trace: {len(events)} events to {out}", file=sys.stderr)
+
+
+def replay(path: Path) -> list[float | None]:
+    """The shipped estimator's ETA error at each of :data:`FRACTIONS` on a recording."""
+    from bulkinfer.report.eta import WorkEstimate
+
+    events = orjson.loads(path.read_bytes())["events"]
+    total = sum(1 for e in events if e[0] == "p")
+    start, end = events[0][1], events[-1][1]
+    work, etas, last = WorkEstimate(start), [], -1.0
+    for event in events:
+        kind, now = event[0], event[1]
+        if kind == "p":
+            work.plan(event[2], event[3])
+        elif kind == "u":
+            done, failed, tokens = event[2], event[3], event[4]
+            if done == 1 and not failed:
+                work.finish(tokens)
+            else:
+                for _ in range(done + failed):
+                    work.finish(None)
+        else:
+            work.observe(now, event[2], event[3], event[4])
+        if now - last >= 1.0:
+            last = now
+            etas.append((now - start, work.eta_s(total)))
+    errors: list[float | None] = []
+    for fraction in FRACTIONS:
+        at, eta = min(etas, key=lambda x: abs(x[0] - fraction * (end - start)))
+        left = end - start - at
+        errors.append(None if eta is None or left <= 0 else eta / left - 1)
+    return errors
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    sub = parser.add_subparsers(dest="action", required=True)
+    rec = sub.add_parser("record")
+    rec.add_argument("workload", choices=["short", "sharegpt"])
+    rep = sub.add_parser("replay")
+    rep.add_argument("path", type=Path)
+    args = parser.parse_args()
+    if args.action == "record":
+        record(args.workload, ROOT / "bench" / "results" / f"eta-trace-{args.workload}.json")
+    else:
+        errors = replay(args.path)
+        print(
+            " ".join(
+                f"{round(f * 100)}%: " + ("-" if e is None else f"{e:+.0%}")
+                for f, e in zip(FRACTIONS, errors, strict=True)
+            )
+        )
+
+
+if __name__ == "__main__":
+    main()
