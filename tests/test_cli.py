@@ -9,6 +9,7 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
+import orjson
 import pytest
 import typer
 from typer.testing import CliRunner
@@ -421,6 +422,20 @@ def test_eval_rows_without_reference_are_row_errors_and_the_rest_scored(
     outputs = [orjson.loads(line)["id"] for line in (tmp_path / "out.jsonl").read_bytes().splitlines()]
     assert sorted(outputs) == ["a", "c"]  # the row without a reference was not generated
     assert f"written: {tmp_path / 'out.jsonl'}, {tmp_path / 'out.eval.json'}" in result.output
+
+
+@pytest.mark.parametrize("command", ["run", "eval"])
+def test_an_output_in_a_new_directory_is_written_there(
+    command: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """``-o new/dir/out.jsonl``: the directories are made (eval opens its log there first)."""
+    _fake_engines(monkeypatch)
+    golden = tmp_path / "g.jsonl"
+    golden.write_text('{"id": "a", "prompt": "hi", "reference": "hello"}\n')
+    out = tmp_path / "new" / "dir" / "out.jsonl"
+    result = runner.invoke(app, [command, str(golden), "-o", str(out)])
+    assert result.exit_code == 0, result.output
+    assert [line["id"] for line in map(orjson.loads, out.read_bytes().splitlines())] == ["a"]
 
 
 @pytest.mark.parametrize("command", ["run", "plan", "eval", "calibrate"])

@@ -49,7 +49,7 @@ from bulkinfer.io.files import JsonlAppender, publish
 from bulkinfer.io.readers import RawRow, open_reader
 from bulkinfer.io.records import parse_output, read_json_file, read_records
 from bulkinfer.jobs.output_files import OutputFiles, RunPaths
-from bulkinfer.jobs.run import check_resume_overwrite, run
+from bulkinfer.jobs.run import check_resume_overwrite, make_output_dir, run
 from bulkinfer.metrics import bars
 from bulkinfer.metrics import text as evaluate
 from bulkinfer.metrics.perplexity import ReferenceNLL, reference_nll
@@ -267,6 +267,7 @@ def run_eval(
     engines = KeptEngine(engine_factory)  # the perplexity pass reuses the generation's engine
     if perplexity:
         engine_factory = engines
+    make_output_dir(out)  # OUT's directory, for the log opened next
     # appended to: opened before the generation checks that it may write OUT
     with EngineLog(OutputFiles(out).log, verbose, append=True) as log:
         try:

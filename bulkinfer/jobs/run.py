@@ -133,11 +133,7 @@ def run(
     if settings.model not in (None, DEFAULT_MODEL):
         resolve_model(settings.model)  # a model that cannot be found fails here, before any file is written
     files = OutputFiles(paths.output)
-    _check_writable_path(paths.output)
-    try:
-        paths.output.parent.mkdir(parents=True, exist_ok=True)
-    except OSError as exc:
-        raise write_error(exc, paths.output.parent) from None
+    make_output_dir(paths.output)
     with files.locked():
         try:
             if resume and not overwrite and files.is_complete():
@@ -178,9 +174,15 @@ def check_resume_overwrite(resume: bool, overwrite: bool) -> None:
         raise ConfigError("give --resume (continue the interrupted run) or --overwrite (start over), not both")
 
 
-def _check_writable_path(out: Path) -> None:
-    """Raises OutputWriteError when ``out`` is a directory or a component of
-    its path is an existing non-directory (before anything is written)."""
+def make_output_dir(out: Path) -> None:
+    """Create the directory of the output file ``out`` (and its parents)
+    before anything is written there.
+
+    Raises:
+        OutputWriteError: ``out`` is a directory, a component of its path is
+            an existing non-directory, or the directory cannot be created
+            (exit 9).
+    """
     if out.is_dir():
         raise write_error(IsADirectoryError(errno.EISDIR, os.strerror(errno.EISDIR)), out)
     for parent in out.parents:
@@ -188,6 +190,10 @@ def _check_writable_path(out: Path) -> None:
             if not parent.is_dir():
                 raise write_error(NotADirectoryError(errno.ENOTDIR, os.strerror(errno.ENOTDIR)), parent)
             break
+    try:
+        out.parent.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        raise write_error(exc, out.parent) from None
 
 
 def _os_error(exc: OSError, paths: RunPaths) -> BulkinferError:
