@@ -331,7 +331,9 @@ def eval_sections(report: dict[str, Any], metrics: Sequence[str], rows: Sequence
     parts = ["<h2>Scores</h2>", table, _table([[k, v] for k, v in scores["signatures"].items()], ["signature", ""])]
     counts = report.get("row_counts") or {}
     if counts:
-        parts += ["<h2>Rows</h2>", _table([[k, len(v) if isinstance(v, list) else v] for k, v in counts.items()])]
+        # lists of ids as their counts; `unmatched` ({golden, predictions}) repeats the two lists' counts
+        shown = [[k.replace("_", " "), len(v) if isinstance(v, list) else v] for k, v in counts.items()]
+        parts += ["<h2>Rows</h2>", _table([row for row in shown if not isinstance(row[1], dict)])]
     charts = []
     for metric, axis in _SCORE_AXES.items():
         values = [r[metric] for r in rows if isinstance(r.get(metric), int | float)]

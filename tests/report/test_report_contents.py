@@ -178,7 +178,8 @@ def test_every_bar_carries_its_value_and_row_axes_tick_whole_numbers(
 def test_eval_charts_label_their_score_axes_and_count_rows_in_whole_numbers(monkeypatch: pytest.MonkeyPatch) -> None:
     figures = _charts(monkeypatch)
     scores = {name: 10.0 for name in ("bleu", "rougeL")}
-    report = {"scores": {**scores, "signatures": {"bleu": "nrefs:1"}}, "row_counts": {"golden": 3, "scored": 3}}
+    counts = {"golden": 4, "scored": 3, "unmatched": {"golden": 1, "predictions": 0}, "unmatched_golden": ["g4"]}
+    report = {"scores": {**scores, "signatures": {"bleu": "nrefs:1"}}, "row_counts": counts}
     rows = [{"bleu": 12.5, "rougeL": 40.0}, {"bleu": 30.0, "rougeL": 45.0}, {"bleu": 31.0, "rougeL": 80.0}]
     sections = report_html.eval_sections(report, ["bleu", "rougeL"], rows)
     bleu, rouge = figures["per-row bleu (3 rows)"], figures["per-row rougeL (3 rows)"]
@@ -188,7 +189,10 @@ def test_eval_charts_label_their_score_axes_and_count_rows_in_whole_numbers(monk
         assert ax.get_ylabel() == "rows"
         assert all(float(y).is_integer() for y in ax.get_yticks()), ax.get_yticks()
         assert ax.get_xlim() == (0.0, 100.0)
-    assert '<td>scored</td><td class="n">3</td>' in "".join(sections)
+    page = "".join(sections)
+    assert '<td>scored</td><td class="n">3</td>' in page
+    assert '<td>unmatched golden</td><td class="n">1</td>' in page  # a list of ids, as its count
+    assert "{" not in page.split("<h2>Rows</h2>")[1].split("</table>")[0]  # no raw dict
 
 
 def test_a_report_of_an_older_bulkinfer_still_renders(run_report: dict[str, Any], tmp_path: Path) -> None:
