@@ -136,7 +136,7 @@ def run(
     make_output_dir(paths.output)
     with files.locked():
         try:
-            if resume and not overwrite and files.is_complete():
+            if resume and files.is_complete():  # resume excludes overwrite (check_resume_overwrite)
                 files.discard_partial()
                 report = orjson.loads(paths.report.read_bytes()) if paths.report.exists() else {}
                 return RunReport({**report, "already_complete": True}, EXIT_OK)
