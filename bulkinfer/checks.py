@@ -4,7 +4,7 @@ from vLLM's own limits (with where in vLLM each comes from)."""
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from typing import TYPE_CHECKING, Any
 
 from bulkinfer.errors import ConfigError
@@ -65,6 +65,119 @@ def _number(value: Any) -> bool:
     return isinstance(value, int | float) and not isinstance(value, bool)
 
 
+def _number_in(low: float, high: float) -> Callable[[Any], bool]:
+    return lambda v: _number(v) and low <= v <= high
+
+
+def _token_ids(value: Any) -> bool:
+    return isinstance(value, list | tuple) and all(_int(t) and t >= 0 for t in value)
+
+
+def _logit_bias(value: Any) -> bool:
+    """OpenAI's ``logit_bias``: token id (a JSON object key, so a string of
+    digits; an int from Python) -> a bias in [-100, 100]."""
+    return isinstance(value, Mapping) and all(
+        (_int(k) and k >= 0 or isinstance(k, str) and k.isdigit()) and _number(v) and -100 <= v <= 100
+        for k, v in value.items()
+    )
+
+
+# The most alternatives a token's ``top_logprobs`` may list: OpenAI's limit
+# (chat ``top_logprobs`` 0..20) and vLLM's default ``max_logprobs`` (20).
+MAX_TOP_LOGPROBS = 20
+
+
+# Request fields that shape a completion besides max_tokens, temperature,
+# top_p, seed and stop: name (OpenAI's, which is vLLM's ``SamplingParams``
+# argument too) -> (valid?, what it must be). Ranges: OpenAI's API reference
+# (penalties in [-2, 2], logit_bias in [-100, 100], top_logprobs 0..20) and
+# vLLM 0.32's ``SamplingParams._verify_args`` (repetition_penalty > 0, top_k
+# 0 or -1 = no limit else >= 1, min_p in [0, 1], min_tokens >= 0). One table
+# for a row's own values (bulkinfer.prep.rows) and the ``[sampling]`` defaults.
+REQUEST_FIELDS: dict[str, tuple[Callable[[Any], bool], str]] = {
+    "n": (_int_ge_1, "an integer >= 1"),
+    "presence_penalty": (_number_in(-2, 2), "a number in [-2, 2]"),
+    "frequency_penalty": (_number_in(-2, 2), "a number in [-2, 2]"),
+    "repetition_penalty": (lambda v: _number(v) and 0 < v < float("inf"), "a number > 0"),
+    "top_k": (lambda v: _int(v) and v >= -1, "an integer >= 1, or 0 or -1 (no limit)"),
+    "min_p": (_number_in(0, 1), "a number in [0, 1]"),
+    "min_tokens": (lambda v: _int(v) and v >= 0, "an integer >= 0"),
+    "stop_token_ids": (_token_ids, "a list of token ids (integers >= 0)"),
+    "logit_bias": (_logit_bias, "an object of token id -> number in [-100, 100]"),
+    "top_logprobs": (
+        lambda v: _int(v) and 0 <= v <= MAX_TOP_LOGPROBS,
+        f"an integer in [0, {MAX_TOP_LOGPROBS}]",
+    ),
+    "priority": (lambda v: _int(v) and -(2**63) <= v < 2**63, "an integer (lower runs first)"),
+}
+
+
+# vLLM's StructuredOutputsParams: exactly one constraint, and its options.
+STRUCTURED_KINDS: tuple[str, ...] = ("json", "regex", "choice", "grammar", "json_object")
+
+
+STRUCTURED_OPTIONS: tuple[str, ...] = ("disable_any_whitespace", "disable_additional_properties", "whitespace_pattern")
+
+
+def schema_problem(schema: Any) -> str | None:
+    """What makes ``schema`` no JSON schema (the ``jsonschema`` library's
+    meta-schema check, of the draft its ``$schema`` names, else the latest),
+    or None when it is one."""
+    if not isinstance(schema, Mapping):
+        return f"a JSON schema must be an object, got {type(schema).__name__}"
+    import jsonschema
+
+    try:
+        jsonschema.validators.validator_for(schema).check_schema(schema)
+    except jsonschema.SchemaError as exc:
+        where = "/".join(str(p) for p in exc.path)
+        return f"not a valid JSON schema: {exc.message}" + (f" (at {where})" if where else "")
+    return None
+
+
+def structured_problem(value: Any) -> str | None:
+    """What is wrong with a ``structured_outputs`` value (the arguments of
+    vLLM's ``StructuredOutputsParams``: exactly one of ``json`` (a JSON
+    schema, or its JSON text), ``regex``, ``choice`` (a list of strings),
+    ``grammar`` (EBNF/GBNF text), ``json_object: true``; and optionally
+    ``disable_any_whitespace``, ``disable_additional_properties``,
+    ``whitespace_pattern``), or None when it is right."""
+    kinds = ", ".join(STRUCTURED_KINDS)
+    if not isinstance(value, Mapping):
+        return f"expected an object with one of {kinds}, got {_shown(value)}"
+    unknown = sorted(set(value) - set(STRUCTURED_KINDS) - set(STRUCTURED_OPTIONS))
+    if unknown:
+        return f"unknown key(s) {', '.join(map(str, unknown))}; known: {kinds}, {', '.join(STRUCTURED_OPTIONS)}"
+    given = [k for k in STRUCTURED_KINDS if value.get(k) is not None]
+    if len(given) != 1:
+        return f"expected exactly one of {kinds}, got {len(given)}"
+    for name in ("disable_any_whitespace", "disable_additional_properties"):
+        if not isinstance(value.get(name, False), bool):
+            return f"{name}: expected true or false, got {_shown(value[name])}"
+    if not isinstance(value.get("whitespace_pattern", ""), str | None):
+        return f"whitespace_pattern: expected a string, got {_shown(value['whitespace_pattern'])}"
+    kind, spec = given[0], value[given[0]]
+    if kind == "json":
+        if isinstance(spec, str):
+            import json
+
+            try:
+                spec = json.loads(spec)
+            except ValueError as exc:
+                return f"json: not valid JSON text: {exc}"
+        problem = schema_problem(spec)
+        return f"json: {problem}" if problem else None
+    if kind == "choice":
+        if not isinstance(spec, list | tuple) or not spec or not all(isinstance(c, str) and c for c in spec):
+            return f"choice: expected a non-empty list of non-empty strings, got {_shown(spec)}"
+        return None
+    if kind == "json_object":
+        return None if spec is True else f"json_object: expected true, got {_shown(spec)}"
+    if not isinstance(spec, str) or not spec:
+        return f"{kind}: expected a non-empty string, got {_shown(spec)}"
+    return None
+
+
 def validate(settings: Settings, names: Mapping[str, str] | None = None) -> None:
     """Check types and ranges once, where settings are built.
 
@@ -103,6 +216,17 @@ def validate(settings: Settings, names: Mapping[str, str] | None = None) -> None
             "a list of non-empty strings",  # vLLM: "stop cannot contain an empty string."
         ),
         ("sampling.ignore_eos", s.ignore_eos, isinstance(s.ignore_eos, bool), "true or false"),
+        *(
+            (f"sampling.{name}", getattr(s, name), getattr(s, name) is None or ok(getattr(s, name)), expected)
+            for name, (ok, expected) in REQUEST_FIELDS.items()
+            if name != "top_logprobs"
+        ),
+        (
+            "sampling.logprobs",
+            s.logprobs,
+            s.logprobs is None or REQUEST_FIELDS["top_logprobs"][0](s.logprobs),
+            f"the top log-probabilities to return per token, an integer in [0, {MAX_TOP_LOGPROBS}]",
+        ),
         ("engine.dtype", e.dtype, isinstance(e.dtype, str) and bool(e.dtype), "a non-empty string"),
         ("engine.tensor_parallel_size", e.tensor_parallel_size, _int_ge_1(e.tensor_parallel_size), "an integer >= 1"),
         ("engine.data_parallel_size", e.data_parallel_size, _int_ge_1(e.data_parallel_size), "an integer >= 1"),
@@ -158,6 +282,10 @@ def validate(settings: Settings, names: Mapping[str, str] | None = None) -> None
     for name, value, ok, expected in checks:
         if not ok:
             raise ConfigError(f"{(names or {}).get(name, name)} must be {expected}, got {_shown(value)}")
+    problem = None if s.structured_outputs is None else structured_problem(s.structured_outputs)
+    if problem:
+        name = "sampling.structured_outputs"
+        raise ConfigError(f"{(names or {}).get(name, name)}: {problem}")
 
 
 FEED_ORDERS: tuple[str, ...] = ("descending", "ascending", "arrival")

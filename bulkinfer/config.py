@@ -47,6 +47,21 @@ class SamplingDefaults:
     seed: int | None = None
     stop: tuple[str, ...] = ()
     ignore_eos: bool = False
+    n: int = 1
+    presence_penalty: float = 0.0
+    frequency_penalty: float = 0.0
+    repetition_penalty: float = 1.0
+    top_k: int = 0
+    min_p: float = 0.0
+    min_tokens: int = 0
+    stop_token_ids: tuple[int, ...] = ()
+    logit_bias: Mapping[str, float] | None = None
+    # log-probabilities: None = none; k = each completion token's with the top k alternatives
+    logprobs: int | None = None
+    # lower runs first (vLLM's priority scheduling; any row with a priority turns it on)
+    priority: int = 0
+    # a vLLM StructuredOutputsParams table: one of json, regex, choice, grammar, json_object
+    structured_outputs: Mapping[str, Any] | None = None
 
 
 @dataclass(frozen=True, slots=True)

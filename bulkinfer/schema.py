@@ -36,6 +36,15 @@ class Request:
     seed: int | None
     stop: tuple[str, ...]
     ignore_eos: bool = False
+    # The other arguments of vLLM's SamplingParams the row (or [sampling])
+    # sets, by vLLM's names: n, presence_penalty, frequency_penalty,
+    # repetition_penalty, top_k, min_p, min_tokens, stop_token_ids,
+    # logit_bias, logprobs (the top alternatives per token; None: none).
+    options: dict[str, Any] = field(default_factory=dict)
+    # vLLM's StructuredOutputsParams arguments (one constraint), or None.
+    structured: dict[str, Any] | None = None
+    # vLLM's request priority: lower runs first (priority scheduling).
+    priority: int = 0
     passthrough: dict[str, Any] = field(default_factory=dict)
     openai_url: str | None = None
     prompt_token_ids: list[int] | None = None
@@ -49,8 +58,8 @@ class RowError:
     """One failed row: where it was, what it was called, and what went wrong.
 
     ``type`` is one of: ``invalid_json``, ``invalid_row``, ``missing_field``,
-    ``invalid_field``, ``context_length_exceeded``, ``duplicate_id``,
-    ``engine_error``.
+    ``invalid_field``, ``unsupported_field``, ``context_length_exceeded``,
+    ``duplicate_id``, ``engine_error``.
     """
 
     line: int
@@ -80,9 +89,34 @@ class RowInvalid(Exception):
 
 
 @dataclass(frozen=True, slots=True)
+class Choice:
+    """One of a request's ``n`` completions (OpenAI's ``choices[index]``).
+
+    ``logprobs``, when asked for: one entry per completion token in the shape
+    of OpenAI's chat ``choices[].logprobs.content[]`` (``token``, ``logprob``
+    (natural log, <= 0), ``bytes`` (the token's UTF-8 bytes), ``top_logprobs``:
+    the most likely tokens at that position, best first, each ``token``,
+    ``logprob``, ``bytes``).
+    """
+
+    index: int
+    text: str
+    finish_reason: str
+    completion_tokens: int
+    logprobs: list[dict[str, Any]] | None = None
+
+
+@dataclass(frozen=True, slots=True)
 class Completion:
     """A finished request. ``error`` is set (and text empty) when the engine
-    rejected or failed this one request."""
+    rejected or failed this one request.
+
+    ``text`` and ``finish_reason`` are the first choice's;
+    ``completion_tokens`` counts every choice's tokens (OpenAI's
+    ``usage.completion_tokens``). ``choices`` holds all ``n`` of them (with
+    their log-probabilities) when the engine returned them; empty means one
+    choice, the fields above.
+    """
 
     request_id: str
     text: str
@@ -90,6 +124,7 @@ class Completion:
     prompt_tokens: int
     completion_tokens: int
     error: str | None = None
+    choices: tuple[Choice, ...] = ()
     # Scoring requests only: negative log-likelihood (nats) of the tokens from
     # ``score_from`` on, and how many tokens that is.
     nll: float | None = None

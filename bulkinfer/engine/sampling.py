@@ -8,7 +8,7 @@ from typing import Any
 
 from bulkinfer.config import SamplingDefaults
 from bulkinfer.errors import ConfigError
-from bulkinfer.schema import Completion, Request
+from bulkinfer.schema import Choice, Completion, Request
 
 
 def sampling_params(request: Request, sampling_params_cls: Any, output_kind: Any) -> Any:
@@ -21,6 +21,11 @@ def sampling_params(request: Request, sampling_params_cls: Any, output_kind: Any
     """
     if request.score_from is not None:
         return sampling_params_cls(max_tokens=1, temperature=0.0, prompt_logprobs=0, output_kind=output_kind)
+    structured = None
+    if request.structured is not None:
+        from vllm.sampling_params import StructuredOutputsParams
+
+        structured = StructuredOutputsParams(**request.structured)
     return sampling_params_cls(
         max_tokens=request.max_tokens,
         temperature=request.temperature,
@@ -29,6 +34,8 @@ def sampling_params(request: Request, sampling_params_cls: Any, output_kind: Any
         stop=list(request.stop) or None,
         ignore_eos=request.ignore_eos,
         output_kind=output_kind,
+        structured_outputs=structured,
+        **request.options,
     )
 
 
@@ -64,21 +71,70 @@ def check_sampling_defaults(defaults: SamplingDefaults) -> None:
         raise ConfigError(f"[sampling] defaults rejected by vLLM: {exc}") from None
 
 
+# A log-probability JSON can hold: vLLM's OpenAI server clamps -inf to this too.
+MIN_LOGPROB = -9999.0
+
+
+class _Choice:
+    """One choice of a streaming request, as its pieces arrive."""
+
+    __slots__ = ("pieces", "tokens", "logprobs", "finish_reason")
+
+    def __init__(self, logprobs: bool):
+        self.pieces: list[str] = []
+        self.tokens = 0
+        self.logprobs: list[dict[str, Any]] | None = [] if logprobs else None
+        self.finish_reason: str | None = None
+
+
+def _token_logprob(token: str | None, logprob: float) -> dict[str, Any]:
+    text = token or ""
+    return {"token": text, "logprob": max(logprob, MIN_LOGPROB), "bytes": list(text.encode("utf-8"))}
+
+
+def token_entries(token_ids: Any, positions: Any, top: int) -> list[dict[str, Any]]:
+    """OpenAI chat ``logprobs.content`` entries for generated tokens.
+
+    Args:
+        token_ids: the sampled token ids.
+        positions: vLLM's ``CompletionOutput.logprobs`` for them: per
+            position, token id -> ``Logprob`` (``logprob``, ``rank``,
+            ``decoded_token``): the sampled token and the ``top`` most likely.
+        top: how many alternatives to list (``top_logprobs``).
+
+    Returns:
+        One dict per token: ``token``, ``logprob`` (natural log, <= 0,
+        -inf clamped to :data:`MIN_LOGPROB` as vLLM's server does),
+        ``bytes`` (UTF-8), ``top_logprobs`` (the ``top`` by rank, best first).
+    """
+    entries = []
+    for token_id, position in zip(token_ids, positions, strict=False):
+        chosen = position[token_id]
+        best = sorted((lp for lp in position.values() if lp.rank is not None and lp.rank <= top), key=lambda x: x.rank)
+        entry = _token_logprob(chosen.decoded_token, chosen.logprob)
+        entry["top_logprobs"] = [_token_logprob(lp.decoded_token, lp.logprob) for lp in best]
+        entries.append(entry)
+    return entries
+
+
 class StreamedOutputs:
     """Turns vLLM's ``RequestOutput`` objects into :class:`Completion` objects.
 
     A generation request streams (``RequestOutputKind.DELTA``): each output
-    holds the text and token ids new since the last one; the pieces are
-    joined when it finishes. A scoring request (its ``score_from`` in
-    :attr:`score_from`) comes once, finished, with its ``prompt_logprobs``.
+    holds, for each of its ``n`` choices that moved, the text, token ids and
+    log-probabilities new since the last one; the pieces are joined per
+    choice when the request finishes. A scoring request (its ``score_from``
+    in :attr:`score_from`) comes once, finished, with its ``prompt_logprobs``.
     ``generated_tokens`` counts every completion token seen;
     ``prefilled_tokens`` the prompt tokens of every request that produced
-    its first output.
+    its first output. :attr:`top_logprobs` holds, for each request that asked
+    for log-probabilities, how many alternatives per token.
     """
 
     def __init__(self) -> None:
         self.score_from: dict[str, int] = {}
-        self._pieces: dict[str, list[str]] = {}
+        self.top_logprobs: dict[str, int] = {}
+        self._choices: dict[str, dict[int, _Choice]] = {}
         self.token_counts: dict[str, int] = {}
         self.generated_tokens = 0
         self.prefilled_tokens = 0
@@ -97,28 +153,51 @@ class StreamedOutputs:
                 continue
             if not out.outputs:
                 continue
-            choice = out.outputs[0]
-            pieces = self._pieces.get(request_id)
-            if pieces is None:  # its first output: the prompt has been processed
-                pieces = self._pieces[request_id] = []
+            choices = self._choices.get(request_id)
+            if choices is None:  # its first output: the prompt has been processed
+                choices = self._choices[request_id] = {}
                 self.token_counts[request_id] = 0
                 self.prefilled_tokens += len(out.prompt_token_ids or ())
-            pieces.append(choice.text)
-            self.token_counts[request_id] += len(choice.token_ids)
-            self.generated_tokens += len(choice.token_ids)
-            if not out.finished:
-                continue
-            del self._pieces[request_id]
-            done.append(
-                Completion(
-                    request_id=request_id,
-                    text="".join(pieces),
-                    finish_reason=choice.finish_reason or "stop",
-                    prompt_tokens=len(out.prompt_token_ids or ()),
-                    completion_tokens=self.token_counts.pop(request_id),
-                )
-            )
+            top = self.top_logprobs.get(request_id)
+            for piece in out.outputs:
+                choice = choices.get(piece.index)
+                if choice is None:
+                    choice = choices[piece.index] = _Choice(top is not None)
+                choice.pieces.append(piece.text)
+                choice.tokens += len(piece.token_ids)
+                if choice.logprobs is not None and top is not None and piece.logprobs:
+                    choice.logprobs += token_entries(piece.token_ids, piece.logprobs, top)
+                if piece.finish_reason:
+                    choice.finish_reason = piece.finish_reason
+                self.token_counts[request_id] += len(piece.token_ids)
+                self.generated_tokens += len(piece.token_ids)
+            if out.finished:
+                done.append(self._finished(out, self._choices.pop(request_id)))
         return done
+
+    def _finished(self, out: Any, choices: dict[int, _Choice]) -> Completion:
+        request_id = out.request_id
+        self.top_logprobs.pop(request_id, None)
+        all_choices = tuple(
+            Choice(
+                index=index,
+                text="".join(c.pieces),
+                finish_reason=c.finish_reason or "stop",
+                completion_tokens=c.tokens,
+                logprobs=c.logprobs,
+            )
+            for index, c in sorted(choices.items())
+        )
+        first = all_choices[0]
+        many = len(all_choices) > 1 or first.logprobs is not None
+        return Completion(
+            request_id=request_id,
+            text=first.text,
+            finish_reason=first.finish_reason,
+            prompt_tokens=len(out.prompt_token_ids or ()),
+            completion_tokens=self.token_counts.pop(request_id),
+            choices=all_choices if many else (),
+        )
 
     @staticmethod
     def _scored(out: Any, score_from: int) -> Completion:

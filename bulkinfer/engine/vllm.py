@@ -185,7 +185,9 @@ class VllmEngine:
             streamed = self.stream_tokens and request.score_from is None
             kind = self._delta if streamed else self._final_only
             params = sampling_params(request, self._sampling_params, kind)
-            self._engine.add_request(request_id, self._tokens_input(request.prompt_token_ids), params)
+            self._engine.add_request(
+                request_id, self._tokens_input(request.prompt_token_ids), params, priority=request.priority
+            )
         except Exception as exc:
             self._check_alive()
             if type(exc).__name__ == "EngineDeadError":  # vLLM's: the engine, not this request
@@ -195,6 +197,8 @@ class VllmEngine:
             return Completion(request_id, "", "error", len(request.prompt_token_ids), 0, f"{type(exc).__name__}: {exc}")
         if request.score_from is not None:
             self._outputs.score_from[request_id] = request.score_from
+        elif params.logprobs is not None:
+            self._outputs.top_logprobs[request_id] = params.logprobs
         return None
 
     @property

@@ -10,6 +10,7 @@ import gzip
 import io
 import os
 import stat
+from dataclasses import dataclass
 from pathlib import Path
 
 from bulkinfer.errors import InputFileError
@@ -104,32 +105,57 @@ def open_binary(path: Path, compression: str | None) -> io.BufferedIOBase:
     return open(path, "rb")
 
 
-def count_rows(path: Path) -> int | None:
-    """A fast estimate of the rows in ``path``, for progress: the number of
-    lines (blank lines included) for JSONL, read in 1 MiB blocks; the footer's
-    row count for Parquet.
+# A JSONL input that holds this key (or a Parquet input with such a column or
+# field) may set per-row priorities: the engine is built for them.
+PRIORITY_KEY = b'"priority"'
 
-    A gzip- or zstd-compressed file is decompressed (streamed) once more to
-    count its lines: a pass at decompression speed, small next to inference,
-    and it gives progress a total and an ETA.
+
+@dataclass(frozen=True, slots=True)
+class InputScan:
+    """What one fast pass over an input says: ``rows`` (an estimate, see
+    :func:`scan_input`; None when unknown) and whether any row may set a
+    ``priority`` (the key appears; a false alarm only turns on vLLM's
+    priority scheduling, which runs equal priorities first come, first served)."""
+
+    rows: int | None
+    mentions_priority: bool
+
+
+def scan_input(path: Path) -> InputScan:
+    """One pass over ``path``, before any model loads: the number of lines
+    (blank lines included) for JSONL, read in 1 MiB blocks, or the footer's
+    row count for Parquet; and whether the key ``"priority"`` appears (JSONL
+    bytes, Parquet schema).
+
+    A gzip- or zstd-compressed file is decompressed (streamed) to count its
+    lines: a pass at decompression speed, small next to inference, and it
+    gives progress a total and an ETA.
 
     Returns:
-        The count, or ``None`` on any error (missing, not a regular file,
-        corrupt): it never raises, and never opens a FIFO.
+        The scan; ``InputScan(None, False)`` on any error (missing, not a
+        regular file, corrupt): it never raises, and never opens a FIFO.
     """
     try:
         compression = inspect_input(path)
         if SUFFIXES.get(format_suffix(path)) == PARQUET:
             if compression is not None:
-                return None
+                return InputScan(None, False)
             import pyarrow.parquet as pq
 
-            return int(pq.ParquetFile(path).metadata.num_rows)
-        count, last = 0, b"\n"
+            parquet = pq.ParquetFile(path)
+            return InputScan(int(parquet.metadata.num_rows), "priority" in str(parquet.schema_arrow))
+        count, last, tail, priority = 0, b"\n", b"", False
         with open_binary(path, compression) as f:
             while block := f.read(1 << 20):
                 count += block.count(b"\n")
-                last = block[-1:]
-        return count + (last != b"\n")
+                priority = priority or PRIORITY_KEY in tail + block
+                last, tail = block[-1:], block[-len(PRIORITY_KEY) + 1 :]
+        return InputScan(count + (last != b"\n"), priority)
     except Exception:
-        return None
+        return InputScan(None, False)
+
+
+def count_rows(path: Path) -> int | None:
+    """A fast estimate of the rows in ``path``, for progress (see
+    :func:`scan_input`); None when unknown. Never raises."""
+    return scan_input(path).rows

@@ -26,13 +26,31 @@ from typing import Any
 from bulkinfer.errors import InputFileError
 from bulkinfer.io.files import iter_jsonl_chunks
 from bulkinfer.io.formats import PARQUET, output_format
-from bulkinfer.schema import CHAT_URL, Completion, Request, RowError
+from bulkinfer.schema import CHAT_URL, Choice, Completion, Request, RowError
 
 
 def output_record(request: Request, completion: Completion, model: str) -> dict[str, Any]:
-    """The output row for a completed request, in the row's own format."""
+    """The output row for a completed request, in the row's own format.
+
+    bulkinfer rows: ``completion`` and ``finish_reason`` are the first
+    choice's, ``completion_tokens`` counts all choices; with ``n`` > 1,
+    ``completions`` lists every choice (``index``, ``completion``,
+    ``finish_reason``, ``completion_tokens``, and ``logprobs`` when asked
+    for); with log-probabilities, ``logprobs`` holds the first choice's
+    (OpenAI chat's ``logprobs.content`` entries, see
+    :class:`~bulkinfer.schema.Choice`).
+
+    OpenAI lines: ``choices[i]`` with ``index``; ``logprobs`` in the
+    endpoint's shape (chat: ``{"content": [...]}``; completions: ``tokens``,
+    ``token_logprobs``, ``top_logprobs`` (token -> logprob), ``text_offset``
+    (characters into the completion)) or null; ``usage.completion_tokens``
+    sums all choices.
+    """
+    choices = completion.choices or (
+        Choice(0, completion.text, completion.finish_reason, completion.completion_tokens),
+    )
     if request.openai_url is None:
-        return {
+        row = {
             **request.passthrough,
             "id": request.id,
             "completion": completion.text,
@@ -40,24 +58,27 @@ def output_record(request: Request, completion: Completion, model: str) -> dict[
             "prompt_tokens": completion.prompt_tokens,
             "completion_tokens": completion.completion_tokens,
         }
+        if choices[0].logprobs is not None:
+            row["logprobs"] = choices[0].logprobs
+        if len(choices) > 1:
+            row["completions"] = [_row_choice(c) for c in choices]
+        return row
     usage = {
         "prompt_tokens": completion.prompt_tokens,
         "completion_tokens": completion.completion_tokens,
         "total_tokens": completion.prompt_tokens + completion.completion_tokens,
     }
-    if request.openai_url == CHAT_URL:
+    chat = request.openai_url == CHAT_URL
+    if chat:
         body_id, obj = f"chatcmpl-{uuid.uuid4().hex}", "chat.completion"
-        choice: dict[str, Any] = {"index": 0, "message": {"role": "assistant", "content": completion.text}}
     else:
         body_id, obj = f"cmpl-{uuid.uuid4().hex}", "text_completion"
-        choice = {"index": 0, "text": completion.text}
-    choice.update(logprobs=None, finish_reason=completion.finish_reason)
     body = {
         "id": body_id,
         "object": obj,
         "created": int(time.time()),
         "model": request.passthrough.get("model", model),
-        "choices": [choice],
+        "choices": [_openai_choice(c, chat) for c in choices],
         "usage": usage,
     }
     return {
@@ -66,6 +87,42 @@ def output_record(request: Request, completion: Completion, model: str) -> dict[
         "response": {"status_code": 200, "request_id": uuid.uuid4().hex, "body": body},
         "error": None,
     }
+
+
+def _row_choice(choice: Choice) -> dict[str, Any]:
+    row: dict[str, Any] = {
+        "index": choice.index,
+        "completion": choice.text,
+        "finish_reason": choice.finish_reason,
+        "completion_tokens": choice.completion_tokens,
+    }
+    if choice.logprobs is not None:
+        row["logprobs"] = choice.logprobs
+    return row
+
+
+def _openai_choice(choice: Choice, chat: bool) -> dict[str, Any]:
+    """One of an OpenAI body's ``choices``: chat ``message`` or completions ``text``."""
+    logprobs: dict[str, Any] | None = None
+    if chat:
+        out: dict[str, Any] = {"index": choice.index, "message": {"role": "assistant", "content": choice.text}}
+        if choice.logprobs is not None:
+            logprobs = {"content": choice.logprobs}
+    else:
+        out = {"index": choice.index, "text": choice.text}
+        if choice.logprobs is not None:
+            offsets, at = [], 0
+            for entry in choice.logprobs:
+                offsets.append(at)
+                at += len(entry["token"])
+            logprobs = {
+                "text_offset": offsets,
+                "token_logprobs": [e["logprob"] for e in choice.logprobs],
+                "tokens": [e["token"] for e in choice.logprobs],
+                "top_logprobs": [{t["token"]: t["logprob"] for t in e["top_logprobs"]} for e in choice.logprobs],
+            }
+    out.update(logprobs=logprobs, finish_reason=choice.finish_reason)
+    return out
 
 
 def error_record(error: RowError) -> dict[str, Any]:

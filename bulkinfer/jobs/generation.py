@@ -42,6 +42,7 @@ class Generation:
         engine: Engine,
         planner: Planner,
         progress_plain: bool = False,
+        input_rows: int | None = None,
     ):
         self.paths, self.files, self.done, self.settings = paths, files, done, settings
         self.engine, self.planner = engine, planner
@@ -50,7 +51,7 @@ class Generation:
         resumed = bool(done.completed or done.failed)
         self.spool = Spool(files.spool, append=resumed, already=done.completed)
         self.errors = Spool(files.errors_spool, append=resumed, already=done.failed)
-        total = count_rows(paths.input)
+        total = input_rows if input_rows is not None else count_rows(paths.input)
         if total is not None:  # rows left for this attempt (blank lines included: an estimate)
             total = max(total - done.completed - done.failed, 0)
         self.progress = Progress(total, force_plain=progress_plain)

@@ -10,6 +10,7 @@ Memory is bounded by about two windows plus the requests in flight.
 
 from __future__ import annotations
 
+import dataclasses
 import errno
 import itertools
 import os
@@ -37,6 +38,7 @@ from bulkinfer.errors import (
     ModelError,
     write_error,
 )
+from bulkinfer.io.inputs import scan_input
 from bulkinfer.io.readers import RawRow, Reader, open_reader
 from bulkinfer.jobs.generation import Generation
 from bulkinfer.jobs.output_files import OutputFiles, RunPaths, input_identity, results_settings, same_file
@@ -174,6 +176,18 @@ def check_resume_overwrite(resume: bool, overwrite: bool) -> None:
         raise ConfigError("give --resume (continue the interrupted run) or --overwrite (start over), not both")
 
 
+def with_priority_scheduling(settings: Settings, rows_set_priority: bool) -> Settings:
+    """``settings`` with vLLM's ``scheduling_policy = "priority"`` when rows
+    may set a ``priority`` (or ``[sampling] priority`` is set), unless
+    ``[engine] scheduling_policy`` is given: vLLM refuses a request's
+    priority under its default first-come-first-served policy."""
+    extra = settings.engine.extra_args
+    if "scheduling_policy" in extra or not (rows_set_priority or settings.sampling.priority):
+        return settings
+    engine = dataclasses.replace(settings.engine, extra_args={**extra, "scheduling_policy": "priority"})
+    return dataclasses.replace(settings, engine=engine)
+
+
 def make_output_dir(out: Path) -> None:
     """Create the directory of the output file ``out`` (and its parents)
     before anything is written there.
@@ -218,6 +232,7 @@ def _run_locked(
 ) -> dict[str, Any]:
     """The body of :func:`run`, with the lock held and the journal written."""
     engine_factory, tokenizer_factory = factories
+    scan = scan_input(paths.input)
     rows = map(check_row, reader) if check_row is not None else iter(reader)
     first = next(rows, None)
     if first is None:  # no rows at all: no model to load
@@ -227,12 +242,12 @@ def _run_locked(
     else:
         model = resolve_model(settings.model)
         tokenizer = tokenizer_factory(model, settings.engine.trust_remote_code)
-        engine = engine_factory(model, settings)
+        engine = engine_factory(model, with_priority_scheduling(settings, scan.mentions_priority))
     settings = settings.resolve_chat_template(tokenizer)
     load_s = time.monotonic() - started
     try:
         planner = Planner(tokenizer, settings.plan, engine.max_model_len)
-        generation = Generation(paths, files, done, settings, engine, planner, progress_plain)
+        generation = Generation(paths, files, done, settings, engine, planner, progress_plain, scan.rows)
         generation.run(itertools.chain([first], rows) if first is not None else (), stop)
     finally:
         engine.close()

@@ -17,12 +17,27 @@ from __future__ import annotations
 
 from typing import Any
 
-from bulkinfer.checks import SEED_RANGE
+from bulkinfer.checks import MAX_TOP_LOGPROBS, REQUEST_FIELDS, SEED_RANGE, schema_problem, structured_problem
 from bulkinfer.config import SamplingDefaults, Settings
 from bulkinfer.schema import CHAT_URL, COMPLETIONS_URL, Request, RowInvalid
 
 ROLES = frozenset({"system", "developer", "user", "assistant", "tool"})
-CONSUMED_FIELDS = frozenset({"id", "prompt", "messages", "max_tokens", "temperature", "top_p", "seed", "stop"})
+# The fields of a request that shape its completion (rows, OpenAI bodies).
+SAMPLING_FIELDS = frozenset(
+    {"max_tokens", "temperature", "top_p", "seed", "stop", "ignore_eos", "logprobs", "response_format"}
+    | {"structured_outputs"}
+    | set(REQUEST_FIELDS)
+)
+CONSUMED_FIELDS = frozenset({"id", "prompt", "messages"} | SAMPLING_FIELDS)
+# OpenAI body fields read (besides the sampling ones), by endpoint; and fields
+# that do not change the output, accepted and not used (``stream`` only when false).
+BODY_FIELDS = {
+    CHAT_URL: frozenset({"messages", "max_completion_tokens"} | SAMPLING_FIELDS),
+    COMPLETIONS_URL: frozenset({"prompt"} | SAMPLING_FIELDS) - {"top_logprobs"},
+}
+HARMLESS_BODY_FIELDS = frozenset(
+    {"model", "user", "metadata", "store", "service_tier", "safety_identifier", "prompt_cache_key", "stream"}
+)
 
 
 def _is_int(value: Any) -> bool:
@@ -70,8 +85,10 @@ def _parse_messages(value: Any, row_id: str | None, openai: bool) -> list[dict[s
     return messages
 
 
-def _sampling(source: dict[str, Any], defaults: SamplingDefaults, row_id: str | None, openai: bool) -> dict[str, Any]:
-    """The request's sampling fields (Request keyword arguments), defaults filled in."""
+def _sampling(source: dict[str, Any], defaults: SamplingDefaults, row_id: str | None, kind: str) -> dict[str, Any]:
+    """The request's sampling fields (Request keyword arguments), defaults
+    filled in; ``kind``: ``"row"`` (a bulkinfer row) or the OpenAI line's ``url``."""
+    openai = kind != "row"
     max_tokens_field = "max_tokens"
     max_tokens = source.get("max_tokens")
     if max_tokens is None and openai and source.get("max_completion_tokens") is not None:
@@ -104,14 +121,117 @@ def _sampling(source: dict[str, Any], defaults: SamplingDefaults, row_id: str | 
         stop_t = tuple(stop)
     else:
         raise _field_error("stop", "a string or a list of strings", stop, row_id, openai)
+    ignore_eos = source.get("ignore_eos")
+    if ignore_eos is None:
+        ignore_eos = defaults.ignore_eos
+    elif not isinstance(ignore_eos, bool):
+        raise _field_error("ignore_eos", "true or false", ignore_eos, row_id, openai)
+    options: dict[str, Any] = {}
+    for name, (ok, expected) in REQUEST_FIELDS.items():
+        if name in ("top_logprobs", "priority"):
+            continue
+        value = source.get(name)
+        if value is None:
+            value = getattr(defaults, name)
+        elif not ok(value):
+            raise _field_error(name, expected, value, row_id, openai)
+        options[name] = value
+    if options["min_tokens"] > max_tokens:
+        raise _field_error(
+            "min_tokens", f"an integer <= max_tokens ({max_tokens})", options["min_tokens"], row_id, openai
+        )
+    options["stop_token_ids"] = list(options["stop_token_ids"]) or None
+    bias = options.pop("logit_bias")
+    options["logit_bias"] = {int(k): float(v) for k, v in bias.items()} if bias else None
+    options["logprobs"] = _logprobs(source, defaults, kind, row_id)
+    priority = source.get("priority")
+    if priority is None:
+        priority = defaults.priority
+    elif not REQUEST_FIELDS["priority"][0](priority):
+        raise _field_error("priority", REQUEST_FIELDS["priority"][1], priority, row_id, openai)
     return {
         "max_tokens": max_tokens,
         "temperature": float(temperature),
         "top_p": float(top_p),
         "seed": seed,
         "stop": stop_t,
-        "ignore_eos": defaults.ignore_eos,
+        "ignore_eos": ignore_eos,
+        "options": options,
+        "structured": _structured(source, defaults, row_id, openai),
+        "priority": priority,
     }
+
+
+def _logprobs(source: dict[str, Any], defaults: SamplingDefaults, kind: str, row_id: str | None) -> int | None:
+    """The top alternatives to return per completion token (vLLM's
+    ``SamplingParams.logprobs``), or None for no log-probabilities.
+
+    OpenAI chat (and bulkinfer rows): ``logprobs: true`` with an optional
+    ``top_logprobs: k`` (0 when absent); OpenAI completions: ``logprobs: k``.
+    A bulkinfer row may also give ``logprobs: k`` directly."""
+    openai = kind != "row"
+    logprobs, top = source.get("logprobs"), source.get("top_logprobs")
+    ok, expected = REQUEST_FIELDS["top_logprobs"]
+    if kind == COMPLETIONS_URL or (kind == "row" and _is_int(logprobs)):
+        if logprobs is None:
+            return defaults.logprobs
+        if not ok(logprobs):
+            raise _field_error("logprobs", expected, logprobs, row_id, openai)
+        return int(logprobs)
+    if top is not None and logprobs is not True:
+        raise _field_error("top_logprobs", "used with logprobs: true", top, row_id, openai)
+    if logprobs is None:
+        return defaults.logprobs
+    if logprobs is False:
+        return None
+    if logprobs is not True:
+        expected_lp = "true or false" if openai else f"true, false or an integer in [0, {MAX_TOP_LOGPROBS}]"
+        raise _field_error("logprobs", expected_lp, logprobs, row_id, openai)
+    if top is None:
+        return 0
+    if not ok(top):
+        raise _field_error("top_logprobs", expected, top, row_id, openai)
+    return int(top)
+
+
+def _structured(
+    source: dict[str, Any], defaults: SamplingDefaults, row_id: str | None, openai: bool
+) -> dict[str, Any] | None:
+    """vLLM ``StructuredOutputsParams`` arguments from OpenAI's
+    ``response_format`` (``text``: none; ``json_object``; ``json_schema``:
+    its ``schema``, enforced by the grammar whether ``strict`` or not) or
+    vLLM's own ``structured_outputs`` object; else the ``[sampling]`` default."""
+    response_format, structured = source.get("response_format"), source.get("structured_outputs")
+    if response_format is not None and structured is not None:
+        raise RowInvalid("invalid_row", "give 'response_format' or 'structured_outputs', not both", row_id, openai)
+    if structured is not None:
+        problem = structured_problem(structured)
+        if problem:
+            raise RowInvalid("invalid_field", f"field 'structured_outputs': {problem}", row_id, openai)
+        return dict(structured)
+    if response_format is None:
+        return dict(defaults.structured_outputs) if defaults.structured_outputs else None
+    kind = response_format.get("type") if isinstance(response_format, dict) else None
+    if kind == "text":
+        return None
+    if kind == "json_object":
+        return {"json_object": True}
+    if kind != "json_schema":
+        raise _field_error(
+            "response_format", "{type: text | json_object | json_schema}", response_format, row_id, openai
+        )
+    spec = response_format.get("json_schema")
+    if not isinstance(spec, dict):
+        raise _field_error("response_format.json_schema", "an object with a schema", spec, row_id, openai)
+    if not isinstance(spec.get("strict", False), bool | None):
+        raise _field_error("response_format.json_schema.strict", "true or false", spec["strict"], row_id, openai)
+    schema = spec.get("schema")
+    if schema is None:  # OpenAI: the schema is optional; none is any JSON object
+        return {"json_object": True}
+    problem = schema_problem(schema)
+    if problem:
+        raise RowInvalid("invalid_field", f"field 'response_format.json_schema.schema': {problem}", row_id, openai)
+    return {"json": schema}
 
 
 def parse_row(data: Any, seq: int, line: int, defaults: SamplingDefaults) -> Request:
@@ -157,7 +277,7 @@ def parse_row(data: Any, seq: int, line: int, defaults: SamplingDefaults) -> Req
         prompt=prompt,
         messages=messages,
         passthrough=passthrough,
-        **_sampling(data, defaults, row_id, False),
+        **_sampling(data, defaults, row_id, "row"),
     )
 
 
@@ -174,6 +294,19 @@ def _parse_openai(data: dict[str, Any], seq: int, line: int, defaults: SamplingD
     body = data.get("body")
     if not isinstance(body, dict):
         raise _field_error("body", "an object", body, custom_id, True)
+    for name in body:
+        if name in BODY_FIELDS[url] or (
+            name in HARMLESS_BODY_FIELDS and (name != "stream" or body[name] in (None, False))
+        ):
+            continue
+        why = (
+            "streaming is not supported: each line gets one whole response"
+            if name == "stream"
+            else ("bulkinfer does not implement it, and it would change the output")
+        )
+        raise RowInvalid(
+            "unsupported_field", f"field 'body.{name}' is not supported: {why}; the row was not run", custom_id, True
+        )
     prompt, messages = None, None
     if url == CHAT_URL:
         if body.get("messages") is None:
@@ -192,7 +325,7 @@ def _parse_openai(data: dict[str, Any], seq: int, line: int, defaults: SamplingD
         prompt=prompt,
         messages=messages,
         openai_url=url,
-        **_sampling(body, defaults, custom_id, True),
+        **_sampling(body, defaults, custom_id, url),
         passthrough={"model": body["model"]} if isinstance(body.get("model"), str) else {},
     )
 

@@ -75,7 +75,7 @@ def test_step_with_wait_returns_nothing_yet_and_the_results_later(engine_process
         request_id="7",
         finished=True,
         prompt_token_ids=[1, 2],
-        outputs=[SimpleNamespace(text="hi", token_ids=[5], finish_reason="stop")],
+        outputs=[SimpleNamespace(index=0, text="hi", token_ids=[5], logprobs=None, finish_reason="stop")],
     )
 
     def step() -> list[Any]:
