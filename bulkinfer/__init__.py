@@ -54,7 +54,7 @@ def _settings(
         if name not in keys:
             known = "; known: " + ", ".join(sorted(keys))
             raise ConfigError(f"unknown option {name!r}{closest(name, keys, known)}")
-        dotted[keys[name]] = tuple(value) if name == "stop" and value is not None else value
+        dotted[keys[name]] = tuple(value) if name in ("stop", "stop_token_ids") and value is not None else value
         origins[keys[name]] = name
     dotted.update({f"engine.{name}": value for name, value in (engine_args or {}).items()})
     origins.update({f"engine.{name}": f"engine_args[{name!r}]" for name in engine_args or {}})

@@ -157,13 +157,14 @@ class Settings:
 
 def option_keys() -> dict[str, str]:
     """Flat option name (a ``bulkinfer run`` flag's, with underscores) ->
-    the dotted settings key it overrides: ``max_tokens`` ->
-    ``sampling.max_tokens``, every engine and plan setting by its own name
-    (``seed`` is the engine's seed)."""
+    the dotted settings key it overrides: every sampling default by its own
+    name (``max_tokens`` -> ``sampling.max_tokens``), every engine and plan
+    setting by its own name (``seed`` is the engine's seed: a row's own
+    ``seed`` is the per-request one)."""
     return {
         "model": "model",
         "apply_chat_template": "apply_chat_template",
-        **{name: f"sampling.{name}" for name in ("max_tokens", "temperature", "top_p", "stop", "ignore_eos")},
+        **{f.name: f"sampling.{f.name}" for f in dataclasses.fields(SamplingDefaults) if f.name != "seed"},
         **{f.name: f"engine.{f.name}" for f in dataclasses.fields(EngineSettings) if f.name != "extra_args"},
         **{f.name: f"plan.{f.name}" for f in dataclasses.fields(PlanSettings)},
     }

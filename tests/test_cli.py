@@ -291,6 +291,17 @@ def test_every_override_option_reaches_its_setting() -> None:
         "top_p": 0.9,
         "stop": ["END", "###"],
         "ignore_eos": True,
+        "n": 2,
+        "logprobs": 3,
+        "top_k": 40,
+        "min_p": 0.1,
+        "presence_penalty": 0.5,
+        "frequency_penalty": -0.5,
+        "repetition_penalty": 1.1,
+        "min_tokens": 2,
+        "stop_token_ids": [2, 7],
+        "logit_bias": ["50=-100", "7=2.5"],
+        "priority": -1,
         "dtype": "bfloat16",
         "tensor_parallel_size": 1,
         "data_parallel_size": 1,
@@ -317,6 +328,10 @@ def test_every_override_option_reaches_its_setting() -> None:
     assert (s.model, s.apply_chat_template) == ("/m", True)
     assert (s.sampling.max_tokens, s.sampling.temperature, s.sampling.top_p) == (7, 0.5, 0.9)
     assert (s.sampling.stop, s.sampling.ignore_eos) == (("END", "###"), True)
+    assert (s.sampling.n, s.sampling.logprobs, s.sampling.top_k, s.sampling.min_p) == (2, 3, 40, 0.1)
+    assert (s.sampling.presence_penalty, s.sampling.frequency_penalty) == (0.5, -0.5)
+    assert (s.sampling.repetition_penalty, s.sampling.min_tokens, s.sampling.priority) == (1.1, 2, -1)
+    assert (s.sampling.stop_token_ids, s.sampling.logit_bias) == ((2, 7), {"50": -100.0, "7": 2.5})
     assert (s.engine.dtype, s.engine.max_model_len, s.engine.max_num_seqs) == ("bfloat16", 1024, 8)
     assert (s.engine.max_num_batched_tokens, s.engine.gpu_memory_utilization) == (2048, 0.5)
     assert (s.engine.kv_cache_memory_bytes, s.engine.enforce_eager, s.engine.seed) == (2**30, False, 3)
@@ -585,3 +600,52 @@ def test_an_invalid_json_line_is_named_by_the_files_line(tmp_path: Path, monkeyp
     [error] = [orjson.loads(line) for line in (tmp_path / "in.out.errors.jsonl").read_bytes().splitlines()]
     assert error["line"] == 4
     assert error["error"]["message"].startswith("line 4, column 12: not valid JSON")
+
+
+@pytest.mark.parametrize(
+    ("flags", "expected"),
+    [
+        (["--choice", "yes, no,maybe"], {"choice": ["yes", "no", "maybe"]}),
+        (["--regex", "[0-9]{4}"], {"regex": "[0-9]{4}"}),
+        (["--json-schema", "schema.json"], {"json": {"type": "object", "required": ["a"]}}),
+        ([], None),
+    ],
+)
+def test_structured_flags_become_the_structured_outputs_default(
+    flags: list[str], expected: object, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "schema.json").write_text('{"type": "object", "required": ["a"]}')
+    settings = _settings_of(["run", "in.jsonl", *flags], monkeypatch)
+    assert settings.sampling.structured_outputs == expected
+
+
+@pytest.mark.parametrize(
+    ("args", "code", "says"),
+    [
+        (
+            ["--choice", "a,b", "--regex", "x"],
+            2,
+            "give one of --json-schema, --choice, --regex, not --choice and --regex",
+        ),
+        (["--choice", " , "], 2, "--choice takes comma-separated choices"),
+        (["--json-schema", "missing.json"], 4, "JSON schema file not found: missing.json"),
+        (["--json-schema", "bad.json"], 2, "--json-schema: json: not a valid JSON schema"),
+        (["--logit-bias", "50"], 2, "--logit-bias takes TOKEN_ID=BIAS"),
+        (["--logit-bias", "x=1"], 2, "--logit-bias must be an object of token id"),
+        (["--n", "0"], 2, "--n must be an integer >= 1, got 0"),
+        (["--logprobs", "21"], 2, "--logprobs must be the top log-probabilities"),
+        (["--top-k", "-2"], 2, "--top-k must be an integer >= 1, or 0 or -1"),
+    ],
+)
+def test_a_bad_request_flag_names_the_flag(
+    args: list[str], code: int, says: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    built = _fake_engines(monkeypatch)
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "in.jsonl").write_text('{"prompt": "hi"}\n')
+    (tmp_path / "bad.json").write_text('{"type": "objekt"}')
+    result = runner.invoke(app, ["run", "in.jsonl", *args])
+    assert result.exit_code == code, result.output
+    assert says in " ".join(result.output.replace("│", " ").split()), result.output
+    assert "Traceback" not in result.output and built == []

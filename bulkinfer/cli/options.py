@@ -188,6 +188,153 @@ IgnoreEosOption = Annotated[
 ]
 
 
+NOption = Annotated[
+    int | None,
+    typer.Option(
+        "--n",
+        "-n",
+        metavar="N",
+        help=described("Completions per row (OpenAI's n).", _SAMPLING.n),
+        rich_help_panel=SAMPLING,
+    ),
+]
+
+
+LogprobsOption = Annotated[
+    int | None,
+    typer.Option(
+        metavar="K",
+        help=described("Log-probability of each completion token, with the top K alternatives (0-20).", "none"),
+        rich_help_panel=SAMPLING,
+    ),
+]
+
+
+TopKOption = Annotated[
+    int | None,
+    typer.Option(
+        metavar="K",
+        help=described("Sample from the K likeliest tokens; 0 or -1: all.", _SAMPLING.top_k),
+        rich_help_panel=SAMPLING,
+    ),
+]
+
+
+MinPOption = Annotated[
+    float | None,
+    typer.Option(
+        metavar="FLOAT",
+        help=described("Drop tokens less likely than this share of the likeliest one's, in [0, 1].", _SAMPLING.min_p),
+        rich_help_panel=SAMPLING,
+    ),
+]
+
+
+PresencePenaltyOption = Annotated[
+    float | None,
+    typer.Option(
+        metavar="FLOAT",
+        help=described("Penalty in [-2, 2] on tokens already in the completion.", _SAMPLING.presence_penalty),
+        rich_help_panel=SAMPLING,
+    ),
+]
+
+
+FrequencyPenaltyOption = Annotated[
+    float | None,
+    typer.Option(
+        metavar="FLOAT",
+        help=described("Penalty in [-2, 2] per time a token occurs in the completion.", _SAMPLING.frequency_penalty),
+        rich_help_panel=SAMPLING,
+    ),
+]
+
+
+RepetitionPenaltyOption = Annotated[
+    float | None,
+    typer.Option(
+        metavar="FLOAT",
+        help=described(
+            "> 1 discourages tokens of the prompt and completion, < 1 favours them.", _SAMPLING.repetition_penalty
+        ),
+        rich_help_panel=SAMPLING,
+    ),
+]
+
+
+MinTokensOption = Annotated[
+    int | None,
+    typer.Option(
+        metavar="TOKENS",
+        help=described("Completion tokens before the end-of-sequence or a stop may end a row.", _SAMPLING.min_tokens),
+        rich_help_panel=SAMPLING,
+    ),
+]
+
+
+StopTokenIdsOption = Annotated[
+    list[int] | None,
+    typer.Option(
+        metavar="ID",
+        help=described("A token id that ends a completion; repeat for more.", "none"),
+        rich_help_panel=SAMPLING,
+    ),
+]
+
+
+LogitBiasOption = Annotated[
+    list[str] | None,
+    typer.Option(
+        metavar="ID=BIAS",
+        help=described("Add BIAS in [-100, 100] to token ID's logit; repeat for more.", "none"),
+        rich_help_panel=SAMPLING,
+    ),
+]
+
+
+PriorityOption = Annotated[
+    int | None,
+    typer.Option(
+        metavar="INT",
+        help=described("Rows' priority (lower runs first); a row's own priority wins.", _SAMPLING.priority),
+        rich_help_panel=SAMPLING,
+    ),
+]
+
+
+STRUCTURED = "Structured output (one constraint for every row without its own)"
+
+
+JsonSchemaOption = Annotated[
+    Path | None,
+    typer.Option(
+        metavar="FILE",
+        help=described("Every completion is JSON valid under this JSON schema file.", "none"),
+        rich_help_panel=STRUCTURED,
+    ),
+]
+
+
+ChoiceOption = Annotated[
+    str | None,
+    typer.Option(
+        metavar="A,B,...",
+        help=described("Every completion is exactly one of these comma-separated choices.", "none"),
+        rich_help_panel=STRUCTURED,
+    ),
+]
+
+
+RegexOption = Annotated[
+    str | None,
+    typer.Option(
+        metavar="PATTERN",
+        help=described("Every completion matches this regular expression.", "none"),
+        rich_help_panel=STRUCTURED,
+    ),
+]
+
+
 # Engine (vLLM EngineArgs).
 
 DtypeOption = Annotated[
@@ -427,7 +574,11 @@ OutputOrderOption = Annotated[
 # Command-line option -> the dotted settings key it overrides (see bulkinfer.config.load_settings):
 # every engine and plan setting has an option of the same name; `--seed` is the engine's seed;
 # `--quantization` is one of vLLM's EngineArgs bulkinfer passes through (engine.extra_args).
-OVERRIDES = {**option_keys(), "quantization": "engine.quantization"}
+# `--json-schema`, `--choice` and `--regex` make `sampling.structured_outputs` (see _structured).
+OVERRIDES = {
+    **{name: key for name, key in option_keys().items() if name != "structured_outputs"},
+    "quantization": "engine.quantization",
+}
 
 
 # Flag that sets a setting to False -> the option (in OVERRIDES) that sets it to True.
@@ -453,6 +604,58 @@ def _engine_arg(item: str) -> tuple[str, Any]:
         return key, text.strip()
 
 
+STRUCTURED_FLAGS = ("json_schema", "choice", "regex")
+
+
+def _logit_bias(items: list[str] | None) -> dict[str, Any] | None:
+    """``--logit-bias ID=BIAS`` items as ``{ID: BIAS}`` (checked with the settings).
+
+    Raises:
+        typer.BadParameter: an item without ``=`` or a BIAS that is no number (exit 2).
+    """
+    if not items:
+        return None
+    bias: dict[str, Any] = {}
+    for item in items:
+        token, sep, value = item.partition("=")
+        try:
+            bias[token.strip()] = float(value)
+        except ValueError:
+            sep = ""
+        if not sep:
+            raise typer.BadParameter(f"--logit-bias takes TOKEN_ID=BIAS, e.g. 50256=-100; got {item!r}")
+    return bias
+
+
+def _structured(options: dict[str, Any]) -> dict[str, Any] | None:
+    """``sampling.structured_outputs`` from ``--json-schema FILE``, ``--choice
+    A,B`` or ``--regex PATTERN`` (at most one); None when none is given.
+
+    Raises:
+        typer.BadParameter: two of them, or an empty choice list (exit 2).
+        InputFileError: the schema file is missing (exit 4), unreadable or
+            not a JSON object.
+    """
+    given = [name for name in STRUCTURED_FLAGS if options.get(name) is not None]
+    if len(given) > 1:
+        raise typer.BadParameter(
+            f"give one of {', '.join(map(_flag, STRUCTURED_FLAGS))}, not {' and '.join(map(_flag, given))}"
+        )
+    if not given:
+        return None
+    value = options[given[0]]
+    if given[0] == "json_schema":
+        from bulkinfer.io.records import read_json_file
+
+        return {"json": read_json_file(Path(value), "JSON schema file")}
+    if given[0] == "regex":
+        return {"regex": value}
+    choices = [c.strip() for c in value.split(",") if c.strip()]
+    if not choices:
+        raise typer.BadParameter(f"--choice takes comma-separated choices, e.g. yes,no; got {value!r}")
+    return {"choice": choices}
+
+
 def _flag(name: str) -> str:
     return "--" + name.replace("_", "-")
 
@@ -467,6 +670,9 @@ def _origins(options: dict[str, Any]) -> dict[str, str]:
     for item in options.get("engine_arg") or ():
         key = item.partition("=")[0].strip()
         origins[f"engine.{key.replace('-', '_')}"] = f"--engine-arg {key}"
+    for name in STRUCTURED_FLAGS:
+        if options.get(name) is not None:
+            origins["sampling.structured_outputs"] = _flag(name)
     return origins
 
 
@@ -489,6 +695,14 @@ def _overrides(options: dict[str, Any]) -> dict[str, Any]:
         values[f"engine.{key}"] = value
     if "sampling.stop" in values:
         values["sampling.stop"] = tuple(values["sampling.stop"]) if values["sampling.stop"] else None
+    if "sampling.stop_token_ids" in values:
+        ids = values["sampling.stop_token_ids"]
+        values["sampling.stop_token_ids"] = tuple(ids) if ids else None
+    if "sampling.logit_bias" in values:
+        values["sampling.logit_bias"] = _logit_bias(values["sampling.logit_bias"])
+    structured = _structured(options)
+    if structured is not None:
+        values["sampling.structured_outputs"] = structured
     if "plan.buckets" in values:
         values["plan.buckets"] = _buckets(values["plan.buckets"])
     return values

@@ -8,36 +8,50 @@ from bulkinfer.cli.app import Command, app, epilog
 from bulkinfer.cli.options import (
     BucketsOption,
     ChatTemplateOption,
+    ChoiceOption,
     ConfigOption,
     DataParallelSizeOption,
     DtypeOption,
     EnforceEagerOption,
     EngineArgOption,
+    FrequencyPenaltyOption,
     GpuMemoryUtilizationOption,
     IgnoreEosOption,
     InputArgument,
+    JsonSchemaOption,
     KvCacheMemoryBytesOption,
+    LogitBiasOption,
+    LogprobsOption,
     MaxInFlightOption,
     MaxModelLenOption,
     MaxNumBatchedTokensOption,
     MaxNumSeqsOption,
     MaxTokensOption,
+    MinPOption,
+    MinTokensOption,
     ModelOption,
     NoEnforceEagerOption,
+    NOption,
     OrderOption,
     OutputOption,
     OutputOrderOption,
     OverwriteOption,
     PaddingBatchSizeOption,
     PlainProgressOption,
+    PresencePenaltyOption,
+    PriorityOption,
     QuantizationOption,
     RawPromptsOption,
+    RegexOption,
+    RepetitionPenaltyOption,
     ResumeOption,
     SeedOption,
     StallTimeoutOption,
     StopOption,
+    StopTokenIdsOption,
     TemperatureOption,
     TensorParallelSizeOption,
+    TopKOption,
     TopPOption,
     TrustRemoteCodeOption,
     VerboseOption,
@@ -54,6 +68,8 @@ EXAMPLES = (
     "bulkinfer run batch.jsonl --model ./my-model -tp 2 --temperature 0",
     "bulkinfer run prompts.jsonl --config configs/default.toml",
     "bulkinfer run prompts.jsonl --resume",
+    "bulkinfer run reviews.jsonl --choice positive,negative,neutral --temperature 0",
+    "bulkinfer run texts.jsonl --json-schema person.schema.json",
 )
 
 
@@ -74,6 +90,20 @@ def run(
     top_p: TopPOption = None,
     stop: StopOption = None,
     ignore_eos: IgnoreEosOption = None,
+    n: NOption = None,
+    logprobs: LogprobsOption = None,
+    top_k: TopKOption = None,
+    min_p: MinPOption = None,
+    presence_penalty: PresencePenaltyOption = None,
+    frequency_penalty: FrequencyPenaltyOption = None,
+    repetition_penalty: RepetitionPenaltyOption = None,
+    min_tokens: MinTokensOption = None,
+    stop_token_ids: StopTokenIdsOption = None,
+    logit_bias: LogitBiasOption = None,
+    priority: PriorityOption = None,
+    json_schema: JsonSchemaOption = None,
+    choice: ChoiceOption = None,
+    regex: RegexOption = None,
     dtype: DtypeOption = None,
     tensor_parallel_size: TensorParallelSizeOption = None,
     data_parallel_size: DataParallelSizeOption = None,
@@ -97,7 +127,7 @@ def run(
     output_order: OutputOrderOption = None,
 ) -> None:
     """Generate a completion for every row of INPUT; write OUT, OUT.errors.jsonl and OUT.report.json."""
-    overrides, origins = _overrides(locals()), _origins(locals())  # first: only the options are local yet
+    options = dict(locals())  # first: only the options are local yet
     from rich.console import Console
 
     from bulkinfer.config import load_settings
@@ -106,7 +136,7 @@ def run(
     from bulkinfer.report.terminal import print_summary
 
     try:
-        settings = load_settings(config, overrides, origins)
+        settings = load_settings(config, _overrides(options), _origins(options))
         paths = RunPaths.build(input_path, output)
         with StopSignals() as stop_token:
             result = run_job(
