@@ -112,11 +112,19 @@ REQUEST_FIELDS: dict[str, tuple[Callable[[Any], bool], str]] = {
 }
 
 
-# vLLM's StructuredOutputsParams: exactly one constraint, and its options.
+# vLLM's StructuredOutputsParams: exactly one constraint.
 STRUCTURED_KINDS: tuple[str, ...] = ("json", "regex", "choice", "grammar", "json_object")
 
 
-STRUCTURED_OPTIONS: tuple[str, ...] = ("disable_any_whitespace", "disable_additional_properties", "whitespace_pattern")
+# StructuredOutputsParams fields vLLM 0.32 accepts per request and then does
+# not read: its grammar backends take disable_any_whitespace and
+# disable_additional_properties from the engine-wide StructuredOutputsConfig
+# only, and none reads whitespace_pattern. A request naming one is refused.
+ENGINE_WIDE_STRUCTURED: tuple[str, ...] = (
+    "disable_any_whitespace",
+    "disable_additional_properties",
+    "whitespace_pattern",
+)
 
 
 def schema_problem(schema: Any) -> str | None:
@@ -139,23 +147,26 @@ def structured_problem(value: Any) -> str | None:
     """What is wrong with a ``structured_outputs`` value (the arguments of
     vLLM's ``StructuredOutputsParams``: exactly one of ``json`` (a JSON
     schema, or its JSON text), ``regex``, ``choice`` (a list of strings),
-    ``grammar`` (EBNF/GBNF text), ``json_object: true``; and optionally
-    ``disable_any_whitespace``, ``disable_additional_properties``,
-    ``whitespace_pattern``), or None when it is right."""
+    ``grammar`` (EBNF/GBNF text), ``json_object: true``), or None when it
+    is right. The fields vLLM takes only engine-wide
+    (:data:`ENGINE_WIDE_STRUCTURED`) are refused, pointing to the engine setting."""
     kinds = ", ".join(STRUCTURED_KINDS)
     if not isinstance(value, Mapping):
         return f"expected an object with one of {kinds}, got {_shown(value)}"
-    unknown = sorted(set(value) - set(STRUCTURED_KINDS) - set(STRUCTURED_OPTIONS))
+    engine_wide = [k for k in ENGINE_WIDE_STRUCTURED if k in value]
+    if engine_wide:
+        key = engine_wide[0]
+        return (
+            f"{key} is engine-wide in vLLM, not per request: set it for the run with "
+            f"--engine-arg 'structured_outputs_config={{backend = \"xgrammar\", {key} = ...}}' "
+            "([engine] structured_outputs_config)"
+        )
+    unknown = sorted(set(value) - set(STRUCTURED_KINDS))
     if unknown:
-        return f"unknown key(s) {', '.join(map(str, unknown))}; known: {kinds}, {', '.join(STRUCTURED_OPTIONS)}"
+        return f"unknown key(s) {', '.join(map(str, unknown))}; known: {kinds}"
     given = [k for k in STRUCTURED_KINDS if value.get(k) is not None]
     if len(given) != 1:
         return f"expected exactly one of {kinds}, got {len(given)}"
-    for name in ("disable_any_whitespace", "disable_additional_properties"):
-        if not isinstance(value.get(name, False), bool):
-            return f"{name}: expected true or false, got {_shown(value[name])}"
-    if not isinstance(value.get("whitespace_pattern", ""), str | None):
-        return f"whitespace_pattern: expected a string, got {_shown(value['whitespace_pattern'])}"
     kind, spec = given[0], value[given[0]]
     if kind == "json":
         if isinstance(spec, str):

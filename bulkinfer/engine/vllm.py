@@ -22,7 +22,7 @@ from bulkinfer.config import EngineSettings, Settings
 from bulkinfer.engine.args import available_memory_bytes, configure_environment, detect_device, resolve_engine_args
 from bulkinfer.engine.base import Engine
 from bulkinfer.engine.sampling import StreamedOutputs, sampling_params
-from bulkinfer.errors import BulkinferError, EngineError
+from bulkinfer.errors import BulkinferError, ConfigError, EngineError
 from bulkinfer.schema import Completion, Request
 
 # While waiting for an engine step, the engine's processes are checked this often (seconds).
@@ -118,6 +118,13 @@ class VllmEngine:
         device = detect_device()
         known = {f.name for f in dataclasses.fields(EngineArgs)}
         args = resolve_engine_args(str(model), settings, device, available_memory_bytes(), known)
+        if isinstance(args.get("structured_outputs_config"), dict):  # a TOML table: EngineArgs takes the config
+            from vllm.config import StructuredOutputsConfig
+
+            try:
+                args["structured_outputs_config"] = StructuredOutputsConfig(**args["structured_outputs_config"])
+            except Exception as exc:  # pydantic's ValidationError: vLLM's own message
+                raise ConfigError(f"engine.structured_outputs_config: {exc}") from None
         import psutil  # a dependency of vLLM
 
         from bulkinfer.engine.watchdog import Watchdog
@@ -157,6 +164,8 @@ class VllmEngine:
             "max_num_seqs": self.max_num_seqs,
             "max_num_batched_tokens": vllm_config.scheduler_config.max_num_batched_tokens,
             "enable_prefix_caching": vllm_config.cache_config.enable_prefix_caching,
+            # vLLM's setting ("auto") until a structured request shows the backend it chose
+            "structured_outputs_backend": vllm_config.structured_outputs_config.backend,
             "device": device,
             "vllm_version": vllm.__version__,
         }
@@ -199,6 +208,9 @@ class VllmEngine:
             self._outputs.score_from[request_id] = request.score_from
         elif params.logprobs is not None:
             self._outputs.top_logprobs[request_id] = params.logprobs
+        if params.structured_outputs is not None:  # vLLM's input processor resolved "auto" to a backend
+            backend = getattr(params.structured_outputs, "_backend", None)
+            self.settings["structured_outputs_backend"] = backend or self.settings["structured_outputs_backend"]
         return None
 
     @property

@@ -124,7 +124,7 @@ class Generation:
 
     def _finished(self, request: Request, completion: Completion) -> None:
         self.spool.add(request.line, records.output_record(request, completion, self.model_name))
-        self.stats.finished(completion)
+        self.stats.finished(completion, request.structured)
         self.progress.update(done=1, completion_tokens=completion.completion_tokens)
 
     def _stepped(self, finished: list[Completion]) -> None:

@@ -21,6 +21,7 @@ from typing import Any
 import orjson
 
 from bulkinfer.prep.planner import bucket_index, bucket_label
+from bulkinfer.report.structured import StructuredStats
 from bulkinfer.schema import Completion, Done
 
 
@@ -125,6 +126,8 @@ class RunStats:
         self.seconds = {"plan": 0.0, "generate": 0.0, "write": 0.0}
         self.prompt_tokens = self.completion_tokens = 0
         self.completion_lengths: Counter[int] = Counter()
+        self.finish_reasons: Counter[str] = Counter()
+        self.structured = StructuredStats()
         self.series = TokenSeries()
         self._started = clock()
 
@@ -144,11 +147,17 @@ class RunStats:
         finally:
             self.seconds[phase] += self.clock() - t
 
-    def finished(self, completion: Completion) -> None:
-        """A row completed."""
+    def finished(self, completion: Completion, structured: dict[str, Any] | None = None) -> None:
+        """A row completed; ``structured``: its constraint (vLLM's
+        ``StructuredOutputsParams`` arguments), when it had one."""
         self.prompt_tokens += completion.prompt_tokens
         self.completion_tokens += completion.completion_tokens
         self.completion_lengths[bucket_index(completion.completion_tokens, LENGTH_BINS)] += 1
+        choices = [(c.text, c.finish_reason) for c in completion.choices]
+        for text, reason in choices or [(completion.text, completion.finish_reason)]:
+            self.finish_reasons[reason] += 1
+            if structured is not None:
+                self.structured.add(structured, text, reason)
 
     def sample(self, generated_tokens: int, prefilled_tokens: int) -> None:
         """The engine's live counts after a step: completion tokens generated
@@ -206,6 +215,8 @@ class RunStats:
             "engine": engine,
             "sampling": sampling,
             "chat_template_applied": chat_template_applied,
+            "finish_reasons": dict(self.finish_reasons.most_common()),
+            "structured_outputs": self.structured.to_dict(engine.get("structured_outputs_backend")),
             "completion_length_histogram": [
                 {"range": bucket_label(i, LENGTH_BINS), "rows": n} for i, n in sorted(self.completion_lengths.items())
             ],

@@ -44,6 +44,18 @@ def print_summary(report: dict[str, Any], console: Console) -> None:
             "end to end (load included)",
             f"{e2e['requests_per_s']:.2f} req/s, {e2e['completion_tokens_per_s']:.1f} completion tok/s",
         )
+    reasons = report.get("finish_reasons")
+    if reasons:
+        summary.add_row("finish_reason", ", ".join(f"{reason} {n}" for reason, n in reasons.items()))
+    structured = report.get("structured_outputs")
+    if structured:
+        for kind, c in structured["by_kind"].items():
+            checked = c["completions"] - c["unchecked"]
+            summary.add_row(
+                f"structured ({kind}, {structured['backend']})",
+                f"{c['valid']}/{checked} valid, {c['cut_at_max_tokens']} cut at max_tokens, {c['invalid']} invalid"
+                + (f", {c['unchecked']} not checked" if c["unchecked"] else ""),
+            )
     rss = report.get("peak_rss_bytes") or {}
     if "bulkinfer" in rss:
         engine = f", engine {format_bytes(rss['children'])}" if rss.get("children") else ""
