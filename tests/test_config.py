@@ -2,15 +2,17 @@
 
 from __future__ import annotations
 
+import dataclasses
 import errno
 import os
+import re
 from pathlib import Path
 from typing import Any
 
 import orjson
 import pytest
 
-from bulkinfer.config import DEFAULT_BUCKETS, PlanSettings, SamplingDefaults, Settings, load_settings
+from bulkinfer.config import DEFAULT_BUCKETS, EngineSettings, PlanSettings, SamplingDefaults, Settings, load_settings
 from bulkinfer.errors import EXIT_USAGE, ConfigError, InputFileError
 
 REPO = Path(__file__).resolve().parents[1]
@@ -403,3 +405,23 @@ def test_errors_name_the_flag_the_key_and_file_or_the_override(tmp_path: Path) -
     # a flag given over a valid file value is named as the flag
     with pytest.raises(ConfigError, match=r"^--max-tokens must be"):
         load_settings(write_toml(tmp_path, "[sampling]\nmax_tokens = 5\n"), {"sampling.max_tokens": -1}, origins)
+
+
+def test_default_toml_names_every_setting() -> None:
+    """Every setting has a line in its table of configs/default.toml (set, or commented
+    out where its default is unset and TOML has no null), so the file documents them all."""
+    named: set[str] = set()
+    table = ""
+    for line in (REPO / "configs" / "default.toml").read_text(encoding="utf-8").splitlines():
+        header = re.match(r"(?:# )?\[([a-z_.]+)\]$", line)
+        key = re.match(r"(?:# )?([a-z_]+) = ", line)
+        if header:
+            table = header.group(1)
+            named.add(table)
+        elif key:
+            named.add(f"{table}.{key.group(1)}" if table else key.group(1))
+    for name, cls in (("sampling", SamplingDefaults), ("engine", EngineSettings), ("plan", PlanSettings)):
+        for f in dataclasses.fields(cls):
+            if f.name != "extra_args":  # any other [engine] key
+                assert f"{name}.{f.name}" in named, f"{name}.{f.name} is not in default.toml"
+    assert {"model", "passthrough", "apply_chat_template"} <= named
