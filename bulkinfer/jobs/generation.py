@@ -19,6 +19,7 @@ from bulkinfer.io.readers import RawRow, Reader
 from bulkinfer.io.spool import Spool
 from bulkinfer.jobs.output_files import OutputFiles, RunPaths
 from bulkinfer.prep.planner import Planner
+from bulkinfer.prep.rows import passthrough_fields
 from bulkinfer.prep.windows import iter_windows
 from bulkinfer.report.progress import Progress
 from bulkinfer.report.stats import RunStats
@@ -151,8 +152,9 @@ class Generation:
             self.errors.close()
 
     def report(self, reader: Reader, model_path: str, load_s: float, total_s: float) -> dict[str, Any]:
-        """The run report (see :mod:`bulkinfer.report.stats` for the keys)."""
-        return self.stats.report(
+        """The run report (see :mod:`bulkinfer.report.stats` for the keys)
+        and ``passthrough_fields`` (see :func:`~bulkinfer.prep.rows.passthrough_fields`)."""
+        report = self.stats.report(
             paths={"input": self.paths.input, "output": self.paths.output, "errors": self.paths.errors},
             model=self.model_name,
             model_path=model_path,
@@ -172,3 +174,5 @@ class Generation:
             sampling=self.settings.to_dict()["sampling"],
             chat_template_applied=self.settings.apply_chat_template,
         )
+        report["passthrough_fields"] = passthrough_fields(self.planner.passthrough)
+        return report

@@ -25,6 +25,7 @@ from bulkinfer.engine.args import this_machine
 from bulkinfer.io.readers import open_reader
 from bulkinfer.models import load_tokenizer, resolve_model
 from bulkinfer.prep.planner import Planner, efficiency, static_batch_tokens
+from bulkinfer.prep.rows import passthrough_fields
 from bulkinfer.prep.windows import iter_windows
 from bulkinfer.report.calibration import estimate, load_calibrations
 from bulkinfer.schema import RowError
@@ -112,6 +113,7 @@ def plan_file(input_path: Path, settings: Settings) -> dict[str, Any]:
         },
         "errors": dict(errors),
         "error_examples": examples,
+        "passthrough_fields": passthrough_fields(planner.passthrough),
         "prompt_tokens": {
             "min": ordered[0] if ordered else 0,
             "median": percentile(ordered, 50),

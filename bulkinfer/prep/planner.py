@@ -13,6 +13,7 @@ sorting on vLLM is measured in ``bench/``.
 from __future__ import annotations
 
 import bisect
+from collections import Counter
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -138,6 +139,8 @@ class Planner:
         self.settings = settings
         self.max_model_len = max_model_len
         self.padding = PaddingStats(tuple(settings.buckets), settings.padding_batch_size)
+        # pass-through field name -> bulkinfer rows planned that carry it
+        self.passthrough: Counter[str] = Counter()
 
     def render(self, request: Request) -> str:
         """The text sent to the model: the prompt as is, or the chat rendered
@@ -177,6 +180,8 @@ class Planner:
         plain: list[tuple[Request, str]] = []
         chat: list[tuple[Request, str]] = []
         for request in requests:
+            if request.openai_url is None:
+                self.passthrough.update(request.passthrough.keys())
             try:
                 text = self.render(request)
             except Exception as exc:  # template errors are the row's fault

@@ -15,6 +15,7 @@ Two row shapes are accepted (both may appear in one file):
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from typing import Any
 
 from bulkinfer.checks import MAX_TOP_LOGPROBS, REQUEST_FIELDS, SEED_RANGE, schema_problem, structured_problem
@@ -344,3 +345,18 @@ def to_request(data: Any, seq: int, line: int, settings: Settings) -> Request:
     if settings.apply_chat_template and request.prompt is not None and request.openai_url != COMPLETIONS_URL:
         request.messages, request.prompt = [{"role": "user", "content": request.prompt}], None
     return request
+
+
+def passthrough_fields(counts: Mapping[str, int]) -> list[dict[str, Any]]:
+    """The pass-through fields of bulkinfer rows, most common first: each
+    ``name``, the ``rows`` that carry it, and ``did_you_mean``: the field
+    bulkinfer reads that the name nearly spells (``max_token`` ->
+    ``max_tokens``; :func:`difflib.get_close_matches`, cutoff 0.8), else None.
+    A near miss changes nothing in the output: the field is copied, not read."""
+    import difflib
+
+    known = sorted(CONSUMED_FIELDS)
+    return [
+        {"name": name, "rows": rows, "did_you_mean": next(iter(difflib.get_close_matches(name, known, 1, 0.8)), None)}
+        for name, rows in sorted(counts.items(), key=lambda item: (-item[1], item[0]))
+    ]

@@ -7,6 +7,7 @@ from typing import Any
 
 from rich.console import Console
 from rich.table import Table
+from rich.text import Text
 
 from bulkinfer.report.calibration import describe
 from bulkinfer.report.units import format_bytes
@@ -56,6 +57,7 @@ def print_summary(report: dict[str, Any], console: Console) -> None:
                 f"{c['valid']}/{checked} valid, {c['cut_at_max_tokens']} cut at max_tokens, {c['invalid']} invalid"
                 + (f", {c['unchecked']} not checked" if c["unchecked"] else ""),
             )
+    _passthrough_row(summary, report.get("passthrough_fields"))
     rss = report.get("peak_rss_bytes") or {}
     if "bulkinfer" in rss:
         engine = f", engine {format_bytes(rss['children'])}" if rss.get("children") else ""
@@ -79,6 +81,20 @@ def print_summary(report: dict[str, Any], console: Console) -> None:
     console.print(buckets)
 
 
+def _passthrough_row(summary: Any, fields: list[dict[str, Any]] | None) -> None:
+    """The pass-through fields of bulkinfer rows with their row counts; a
+    near miss of a field bulkinfer reads is flagged (it is copied, not read)."""
+    if not fields:
+        return
+    shown = [
+        f"{f['name']} {f['rows']}"
+        + (f" (did you mean {f['did_you_mean']}? copied, not read)" if f["did_you_mean"] else "")
+        for f in fields[:12]
+    ]
+    more = f", and {len(fields) - 12} more" if len(fields) > 12 else ""
+    summary.add_row("pass-through fields (rows)", Text(", ".join(shown) + more))
+
+
 def print_plan(plan: dict[str, Any], console: Any) -> None:
     """The plan as rich tables."""
     from rich.table import Table
@@ -92,6 +108,7 @@ def print_plan(plan: dict[str, Any], console: Any) -> None:
     )
     for error_type, count in sorted(plan["errors"].items()):
         summary.add_row(f"  {error_type}", str(count))
+    _passthrough_row(summary, plan.get("passthrough_fields"))
     summary.add_row(
         "prompt tokens",
         f"min {tokens['min']}, median {tokens['median']}, p90 {tokens['p90']}, "

@@ -250,3 +250,19 @@ def test_plan_strict_exits_3_when_a_row_would_fail(tmp_path: Path, bad: bool, st
     assert rows in out
     assert ("bulkinfer: 1 row would fail (--strict)" in out) == (bad and strict)
     assert "Traceback" not in result.output
+
+
+def test_plan_lists_pass_through_fields_and_flags_near_misses(tmp_path: Path) -> None:
+    rows = [{"id": f"r{i}", "prompt": "hi", "lang": "en"} for i in range(5)]
+    rows += [{"id": "typo", "prompt": "hi", "max_token": 5}]
+    rows += [{"custom_id": "o", "url": "/v1/completions", "body": {"prompt": "hi", "model": "m"}}]  # not counted
+    src = tmp_path / "in.jsonl"
+    src.write_bytes(b"".join(orjson.dumps(r) + b"\n" for r in rows))
+    plan = plan_file(src, load_settings())
+    assert plan["passthrough_fields"] == [
+        {"name": "lang", "rows": 5, "did_you_mean": None},
+        {"name": "max_token", "rows": 1, "did_you_mean": "max_tokens"},
+    ]
+    result = runner.invoke(app, ["plan", str(src)], env={"COLUMNS": "200"})
+    assert result.exit_code == 0, result.output
+    assert "lang 5, max_token 1 (did you mean max_tokens? copied, not read)" in result.output
