@@ -201,7 +201,41 @@ def _summary(report: dict[str, Any]) -> list[str]:
     parts += ["<h2>Throughput</h2>", _table(table, header)]
     if report.get("resumed", {}).get("completed"):
         parts.append("<p>Throughput counts the rows this attempt ran, not the resumed ones.</p>")
+    return parts + _outcomes(report)
+
+
+def _outcomes(report: dict[str, Any]) -> list[str]:
+    """How the completions ended (``finish_reason``), how the structured ones
+    checked against their constraints, and the pass-through fields."""
+    parts = []
+    reasons = report.get("finish_reasons")
+    if reasons:
+        parts += [
+            "<h2>Completions by finish_reason</h2>",
+            _table(list(reasons.items()), ["finish_reason", "completions"]),
+        ]
+    structured = report.get("structured_outputs")
+    if structured:
+        header = ["constraint", "completions", "valid", "cut at max_tokens", "invalid", "not checked"]
+        rows = [[kind, *c.values()] for kind, c in structured["by_kind"].items()]
+        note = html.escape(f"Grammar backend: {structured['backend']}. " + STRUCTURED_NOTE)
+        parts += ["<h2>Structured output</h2>", _table(rows, header), f'<p class="note">{note}</p>']
+    fields = report.get("passthrough_fields")
+    if fields:
+        rows = [
+            [f["name"], f["rows"], f"did you mean {f['did_you_mean']}? (copied, not read)" if f["did_you_mean"] else ""]
+            for f in fields
+        ]
+        parts += ["<h2>Pass-through fields</h2>", _table(rows, ["field", "rows", ""])]
     return parts
+
+
+# Beside the structured-output table: what "valid" means.
+STRUCTURED_NOTE = (
+    "Each completion checked against its row's constraint: JSON parsed and validated against its schema, "
+    "a choice among the choices, a regex matched whole. vLLM's grammar guarantees a completion that ran to "
+    "its end; one cut at max_tokens may stop before the JSON closes."
+)
 
 
 def _tokens_chart(series: dict[str, Any]) -> str:

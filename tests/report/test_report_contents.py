@@ -215,3 +215,31 @@ def test_the_terminal_summary_shows_end_to_end_throughput_and_memory_in_gib(run_
     text = out.getvalue()
     assert "bulkinfer 689 MiB, engine 7.56 GiB" in text
     assert "end to end (load included)" in text and "vLLM does not pad" in text
+
+
+def test_finish_reasons_structured_checks_and_pass_through_fields_are_reported(
+    run_report: dict[str, Any], tmp_path: Path
+) -> None:
+    assert run_report["finish_reasons"] == {"stop": 30}  # FakeEngine ends every row with "stop"
+    assert run_report["structured_outputs"] is None and run_report["passthrough_fields"] == []
+    report = {
+        **run_report,
+        "finish_reasons": {"stop": 7, "length": 2},
+        "structured_outputs": {
+            "backend": "xgrammar",
+            "by_kind": {"json": {"completions": 9, "valid": 7, "cut_at_max_tokens": 2, "invalid": 0, "unchecked": 0}},
+        },
+        "passthrough_fields": [{"name": "max_token", "rows": 3, "did_you_mean": "max_tokens"}],
+    }
+    page = _page(report, tmp_path / "r.html")
+    reasons = page.split("<h2>Completions by finish_reason</h2>")[1].split("<h2>")[0]
+    assert '<td>length</td><td class="n">2</td>' in reasons
+    structured = page.split("<h2>Structured output</h2>")[1].split("<h2>")[0]
+    assert '<td>json</td><td class="n">9</td><td class="n">7</td><td class="n">2</td>' in structured
+    assert "Grammar backend: xgrammar" in structured
+    assert "did you mean max_tokens? (copied, not read)" in page
+    out = io.StringIO()
+    print_summary(report, Console(file=out, width=200))
+    text = out.getvalue()
+    assert "stop 7, length 2" in text and "7/9 valid, 2 cut at max_tokens, 0 invalid" in text
+    assert "max_token 3 (did you mean max_tokens? copied, not read)" in text
