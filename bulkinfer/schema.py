@@ -52,6 +52,12 @@ class Request:
     # where the scored continuation starts; the engine then generates nothing.
     score_from: int | None = None
 
+    @property
+    def max_completion_tokens(self) -> int:
+        """Completion tokens this request may generate in all: ``max_tokens``
+        for each of its ``n`` choices."""
+        return self.max_tokens * int(self.options.get("n", 1))
+
 
 @dataclass(frozen=True, slots=True)
 class RowError:

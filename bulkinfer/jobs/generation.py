@@ -114,7 +114,7 @@ class Generation:
                     return
                 planned, errors = self.planner.plan_window(window)
                 for request in planned:
-                    self.progress.planned(len(request.prompt_token_ids or ()), request.max_tokens)
+                    self.progress.planned(len(request.prompt_token_ids or ()), request.max_completion_tokens)
                 for error in errors:
                     self.fail(error)
             yield from planned

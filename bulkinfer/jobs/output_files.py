@@ -91,13 +91,16 @@ def settings_changes(old: dict[str, Any], new: dict[str, Any]) -> list[str]:
     """Each setting that differs between two :func:`results_settings`, as
     ``--max-tokens (sampling.max_tokens): 8 -> 16``: the flag that sets it
     (``--engine-arg NAME`` for another vLLM argument), its config key, the
-    old and the new value (``not set`` when absent)."""
+    old and the new value (``not set`` when absent). A setting the old
+    record lacks (written by a bulkinfer before the setting existed) is no
+    change while it keeps its default."""
     flags = {key: "--" + name.replace("_", "-") for name, key in option_keys().items()}
     old_flat, new_flat = _flat(old), _flat(new)
+    defaults = _flat(results_settings(Settings()))
     changes = []
     for key in sorted(set(old_flat) | set(new_flat)):
         before, after = old_flat.get(key, _UNSET), new_flat.get(key, _UNSET)
-        if before == after:
+        if before == after or (before is _UNSET and key in defaults and after == defaults[key]):
             continue
         flag = flags.get(key) or (f"--engine-arg {key.removeprefix('engine.')}" if key.startswith("engine.") else "")
         name = f"{flag} ({key})" if flag else key
@@ -283,8 +286,8 @@ class OutputFiles:
                     f"cannot resume {self.out}: the input {identity['path']} changed since the interrupted run "
                     f"({changed}); use the same input, or --overwrite to start over"
                 )
-            if journal.get("settings_sha256") != fingerprint:
-                changes = settings_changes(journal["settings"], settings) if "settings" in journal else []
+            changes = settings_changes(journal["settings"], settings) if "settings" in journal else []
+            if journal.get("settings_sha256") != fingerprint and (changes or "settings" not in journal):
                 which = f": {'; '.join(changes)}" if changes else " (its journal does not record which)"
                 raise ConfigError(
                     f"cannot resume {self.out}: settings differ from the interrupted run's{which}; "

@@ -62,7 +62,7 @@ def plan_file(input_path: Path, settings: Settings) -> dict[str, Any]:
     {``min``, ``median``, ``p90``, ``p99``, ``max``, ``total``}, ``buckets``
     (as in the run report), ``padding_efficiency`` {``arrival``,
     ``bucketed``, ``sorted``} for static batches of ``batch_size``,
-    ``max_completion_tokens`` (sum of the rows' ``max_tokens``), ``estimate``
+    ``max_completion_tokens`` (sum of the rows' ``max_tokens`` times their ``n``), ``estimate``
     (``generate_seconds`` and ``load_seconds`` as ``{"low", "high"}``, the
     ``calibrations`` it comes from, ``derivation``, ``assumes``; or None),
     ``estimate_source`` (where the estimate comes from, or why there is
@@ -92,7 +92,7 @@ def plan_file(input_path: Path, settings: Settings) -> dict[str, Any]:
         for error in window_errors:
             on_error(error)
         lengths.extend(len(r.prompt_token_ids or ()) for r in planned)
-        max_completion += sum(r.max_tokens for r in planned)
+        max_completion += sum(r.max_completion_tokens for r in planned)
     planner.padding.finish()
     padding = planner.padding.to_report()
     batch = settings.plan.padding_batch_size

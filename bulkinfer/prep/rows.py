@@ -4,13 +4,24 @@ Two row shapes are accepted (both may appear in one file):
 
 - bulkinfer rows: ``id`` (optional; kept as a string, default the 1-based line
   or row number), ``prompt`` (text sent as is) or ``messages`` (an OpenAI chat,
-  rendered with the model's chat template), optional ``max_tokens``,
-  ``temperature``, ``top_p``, ``seed``, ``stop``; every other field passes
-  through to the output untouched.
+  rendered with the model's chat template), and optionally every field that
+  shapes a completion (:data:`SAMPLING_FIELDS`: ``max_tokens``,
+  ``temperature``, ``top_p``, ``seed``, ``stop``, ``ignore_eos``, ``n``,
+  the penalties, ``top_k``, ``min_p``, ``min_tokens``, ``stop_token_ids``,
+  ``logit_bias``, ``logprobs``/``top_logprobs``, ``priority``,
+  ``response_format``, ``structured_outputs``); every other field passes
+  through to the output untouched (and is counted: :func:`passthrough_fields`).
 - OpenAI Batch API request lines (https://platform.openai.com/docs/api-reference/batch/request-input):
   ``custom_id``, ``method``, ``url`` (``/v1/chat/completions`` or
   ``/v1/completions``) and ``body`` with ``messages`` or ``prompt`` and the
-  same sampling fields (``max_completion_tokens`` is read as ``max_tokens``).
+  same fields (``max_completion_tokens`` is read as ``max_tokens``;
+  completions take ``logprobs: k``). A body field outside these and the
+  harmless metadata (:data:`HARMLESS_BODY_FIELDS`) is an
+  ``unsupported_field`` error: never ignored.
+
+Ranges follow OpenAI's API reference and vLLM's ``SamplingParams``
+(:data:`bulkinfer.checks.REQUEST_FIELDS`); an out-of-range value is an
+``invalid_field`` error naming the field.
 """
 
 from __future__ import annotations

@@ -266,3 +266,9 @@ def test_plan_lists_pass_through_fields_and_flags_near_misses(tmp_path: Path) ->
     result = runner.invoke(app, ["plan", str(src)], env={"COLUMNS": "200"})
     assert result.exit_code == 0, result.output
     assert "lang 5, max_token 1 (did you mean max_tokens? copied, not read)" in result.output
+
+
+def test_plan_counts_n_choices_in_the_completion_tokens(tmp_path: Path) -> None:
+    src = tmp_path / "in.jsonl"
+    src.write_bytes(b'{"prompt": "hi", "max_tokens": 10, "n": 3}\n{"prompt": "hi", "max_tokens": 5}\n')
+    assert plan_file(src, load_settings())["max_completion_tokens"] == 35

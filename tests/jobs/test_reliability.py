@@ -289,3 +289,17 @@ def test_an_empty_input_to_parquet_has_the_output_schema(tmp_path: Path) -> None
         ("prompt_tokens", "int64"),
         ("completion_tokens", "int64"),
     ]
+
+
+def test_a_journal_of_an_older_bulkinfer_resumes_while_new_settings_keep_their_defaults() -> None:
+    """A journal written before a setting existed lacks its key: no change
+    while it has its default, a change once it is set."""
+    from bulkinfer.config import load_settings
+    from bulkinfer.jobs.output_files import results_settings, settings_changes
+
+    old = results_settings(load_settings())
+    for key in ("n", "logprobs", "structured_outputs", "priority"):
+        del old["sampling"][key]
+    assert settings_changes(old, results_settings(load_settings())) == []
+    changed = settings_changes(old, results_settings(load_settings(None, {"sampling.n": 2})))
+    assert changed == ["--n (sampling.n): not set -> 2"]
