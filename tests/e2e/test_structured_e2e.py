@@ -26,6 +26,22 @@ PEOPLE = ["Ana, 34, lives in Lisbon", "Kenji is 51 and lives in Osaka", "Meet Ol
 LABELS = ["positive", "negative", "neutral"]
 REVIEWS = ["I loved this phone!", "Terrible service, never again.", "The box was brown.", "Great value."]
 YEAR = r"(19|20)[0-9]{2}"
+EVERY_FIELD = {
+    "max_tokens": 6,
+    "temperature": 0.8,
+    "top_p": 0.9,
+    "seed": 5,
+    "stop": ["\n\n"],
+    "presence_penalty": 0.5,
+    "frequency_penalty": 0.5,
+    "repetition_penalty": 1.1,
+    "top_k": 20,
+    "min_p": 0.05,
+    "min_tokens": 2,
+    "stop_token_ids": [2],
+    "logit_bias": {"42": -100},
+    "priority": 1,
+}
 
 
 def chat_line(custom_id: str, content: str, **body: Any) -> dict[str, Any]:
@@ -61,6 +77,9 @@ def structured(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
             "body": {"prompt": "The capital of France is", "max_tokens": 4, "logprobs": 2},
         },
         {"id": "lp-row", "prompt": "Say hi.", "max_tokens": 4, "logprobs": True, "top_logprobs": 2, "priority": -1},
+        # every other field at once, as a bulkinfer row and in an OpenAI body: they run
+        {"id": "every-field", "prompt": "Say hi.", **EVERY_FIELD},
+        chat_line("every-field-openai", "Say hi.", **EVERY_FIELD, user="u", metadata={"k": "v"}, store=False),
         chat_line("tools", "What is the weather?", tools=[{"type": "function", "function": {"name": "weather"}}]),
         chat_line("stream", "Hello", stream="True"),
         {"custom_id": "bad-url", "method": "POST", "url": "/bad_url", "body": {"messages": []}},
@@ -88,7 +107,7 @@ def test_the_run_finishes_with_the_unsupported_lines_as_errors(structured: dict[
         errors["tools"]["error"]["code"] == "unsupported_field" and "body.tools" in errors["tools"]["error"]["message"]
     )
     assert errors["stream"]["error"]["code"] == "unsupported_field"
-    assert len(structured["outputs"]) == 14  # 17 rows, 3 of them errors
+    assert len(structured["outputs"]) == 16  # 19 rows, 3 of them errors
 
 
 def test_json_schema_rows_parse_and_validate(structured: dict[str, Any]) -> None:
@@ -149,3 +168,21 @@ def test_every_openai_line_validates_against_the_reference_types(structured: dic
 
 def test_a_row_with_a_priority_turns_on_priority_scheduling(structured: dict[str, Any]) -> None:
     assert structured["report"]["engine"]["scheduling_policy"] == "priority"
+
+
+def test_rows_with_every_field_run(structured: dict[str, Any]) -> None:
+    row = structured["by_id"]["every-field"]
+    assert 2 <= row["completion_tokens"] <= 6  # min_tokens 2, max_tokens 6
+    usage = body(structured["by_id"]["every-field-openai"])["usage"]
+    assert 2 <= usage["completion_tokens"] <= 6
+
+
+def test_the_report_counts_finish_reasons_and_checks_the_structured_rows(structured: dict[str, Any]) -> None:
+    report = structured["report"]
+    assert sum(report["finish_reasons"].values()) == 14 + 3 * 2  # the n=3 rows count 3 choices each
+    kinds = report["structured_outputs"]["by_kind"]
+    assert report["structured_outputs"]["backend"] == "xgrammar"
+    assert kinds["choice"]["valid"] == kinds["choice"]["completions"] == len(REVIEWS)
+    assert kinds["regex"]["valid"] == 2
+    assert kinds["json"]["completions"] == len(PEOPLE)
+    assert kinds["json"]["valid"] + kinds["json"]["cut_at_max_tokens"] == len(PEOPLE)
