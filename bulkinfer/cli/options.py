@@ -368,7 +368,10 @@ DataParallelSizeOption = Annotated[
         "--data-parallel-size",
         "-dp",
         metavar="N",
-        help=described("Model replicas, each on its own GPUs.", _ENGINE.data_parallel_size),
+        help=described(
+            "Model replicas, each on its own GPUs (CPU: its share of the cores), fed by one reader.",
+            _ENGINE.data_parallel_size,
+        ),
         rich_help_panel=ENGINE,
     ),
 ]

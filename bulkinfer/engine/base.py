@@ -31,8 +31,9 @@ class Engine(Protocol):
 
     max_model_len: int
     max_num_seqs: int
-    settings: dict[str, Any]
 
+    @property
+    def settings(self) -> dict[str, Any]: ...
     @property
     def generated_tokens(self) -> int: ...
     @property

@@ -9,12 +9,14 @@ Importing this module does not import vLLM or torch; :class:`VllmEngine` does.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
+import os
 import queue
 import signal
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -36,8 +38,9 @@ class _Stepper:
     for it with a timeout (vLLM's synchronous client blocks forever when its
     engine core process dies: its output thread exits without a word)."""
 
-    def __init__(self, step: Callable[[], Any]):
+    def __init__(self, step: Callable[[], Any], notify: threading.Event | None = None):
         self._step = step
+        self._notify = notify
         self._go: queue.SimpleQueue[bool] = queue.SimpleQueue()
         self._done: queue.SimpleQueue[tuple[Any, BaseException | None]] = queue.SimpleQueue()
         self.running_since: float | None = None
@@ -49,6 +52,8 @@ class _Stepper:
                 self._done.put((self._step(), None))
             except BaseException as exc:  # handed to the caller's thread
                 self._done.put((None, exc))
+            if self._notify is not None:
+                self._notify.set()
 
     def start(self) -> None:
         if self.running_since is None:
@@ -94,6 +99,11 @@ class VllmEngine:
             seconds while requests are in flight means the engine is stuck
             (:class:`EngineError`); None waits for ever (process death is
             still noticed within :data:`LIVENESS_INTERVAL_S`).
+        environment: variables set while the engine starts, so its processes
+            inherit them (a replica's ``VLLM_CPU_OMP_THREADS_BIND`` or
+            ``CUDA_VISIBLE_DEVICES``); this process's own are restored after.
+        step_done: set each time an engine step returns (replicas wait on one
+            event for any of them).
 
     Raises:
         EngineError: vLLM is not installed or the engine fails to start.
@@ -101,7 +111,14 @@ class VllmEngine:
             processes are terminated before it propagates).
     """
 
-    def __init__(self, model: str | Path, settings: EngineSettings, stall_timeout_s: float | None = None):
+    def __init__(
+        self,
+        model: str | Path,
+        settings: EngineSettings,
+        stall_timeout_s: float | None = None,
+        environment: Mapping[str, str] | None = None,
+        step_done: threading.Event | None = None,
+    ):
         configure_environment()
         try:
             import vllm
@@ -129,9 +146,11 @@ class VllmEngine:
 
         from bulkinfer.engine.watchdog import Watchdog
 
+        earlier = {p.pid for p in psutil.Process().children(recursive=True)}  # another replica's
         self._watchdog = Watchdog()  # before any engine process exists
         try:
-            self._engine = LLMEngine.from_engine_args(EngineArgs(**args), usage_context=UsageContext.LLM_CLASS)
+            with _environment(environment or {}):
+                self._engine = LLMEngine.from_engine_args(EngineArgs(**args), usage_context=UsageContext.LLM_CLASS)
         except BaseException as exc:
             self._watchdog.kill()
             if isinstance(exc, BulkinferError | KeyboardInterrupt | SystemExit):
@@ -139,11 +158,12 @@ class VllmEngine:
             raise EngineError(f"the vLLM engine failed to start: {type(exc).__name__}: {exc}") from exc
         watchdog_pid = self._watchdog.pid
         # The engine's processes; multiprocessing's resource tracker is not one
-        # (it stays until this process exits, and cleans up after the others).
+        # (it stays until this process exits, and cleans up after the others),
+        # nor are those of another replica started before.
         self._processes = [
             p
             for p in psutil.Process().children(recursive=True)
-            if p.pid != watchdog_pid and "resource_tracker" not in " ".join(_cmdline(p))
+            if p.pid != watchdog_pid and p.pid not in earlier and "resource_tracker" not in " ".join(_cmdline(p))
         ]
         self._names = {p.pid: _name(p) for p in self._processes}
         # vLLM's multiprocessing handles of its engine core processes, kept here:
@@ -151,7 +171,7 @@ class VllmEngine:
         resources = getattr(getattr(self._engine, "engine_core", None), "resources", None)
         manager_processes = getattr(getattr(resources, "engine_manager", None), "processes", None) or ()
         self._core_processes = {proc.pid: proc for proc in manager_processes if getattr(proc, "pid", None)}
-        self._stepper = _Stepper(self._engine.step)
+        self._stepper = _Stepper(self._engine.step, step_done)
         self._buffered: list[Completion] = []
         self._closed = False
         vllm_config = self._engine.vllm_config
@@ -212,6 +232,11 @@ class VllmEngine:
             backend = getattr(params.structured_outputs, "_backend", None)
             self.settings["structured_outputs_backend"] = backend or self.settings["structured_outputs_backend"]
         return None
+
+    @property
+    def stepping(self) -> bool:
+        """An engine step is running (in its thread): :meth:`add` would wait for it."""
+        return self._stepper.running_since is not None
 
     @property
     def generated_tokens(self) -> int:
@@ -319,6 +344,21 @@ class VllmEngine:
             self._watchdog.close()
 
 
+@contextlib.contextmanager
+def _environment(variables: Mapping[str, str]) -> Iterator[None]:
+    """``variables`` set in ``os.environ`` for the block, then restored."""
+    saved = {name: os.environ.get(name) for name in variables}
+    os.environ.update(variables)
+    try:
+        yield
+    finally:
+        for name, value in saved.items():
+            if value is None:
+                os.environ.pop(name, None)
+            else:
+                os.environ[name] = value
+
+
 def _alive(proc: Any) -> bool:
     """A psutil process that still runs (a zombie has exited)."""
     try:
@@ -343,9 +383,31 @@ def _cmdline(proc: Any) -> list[str]:
 
 def vllm_engine(model: str, settings: Settings) -> Engine:
     """The real engine: vLLM's ``SamplingParams`` checks the ``[sampling]``
-    defaults first (ConfigError), then the engine starts."""
+    defaults first (ConfigError), then the engine starts; with
+    ``engine.data_parallel_size`` N > 1, N replicas
+    (:class:`~bulkinfer.engine.replicas.Replicas`), each an engine of its own
+    on its share of the devices (:func:`~bulkinfer.engine.replicas.replica_environments`),
+    started one after another.
+
+    Raises:
+        ConfigError: a default vLLM rejects; more replicas than devices.
+        EngineError: an engine fails to start (the ones started are closed).
+    """
+    from bulkinfer.engine.replicas import Replicas, replica_environments
     from bulkinfer.engine.sampling import check_sampling_defaults
-    from bulkinfer.engine.vllm import VllmEngine
 
     check_sampling_defaults(settings.sampling)
-    return VllmEngine(model, settings.engine, stall_timeout_s=settings.plan.stall_timeout_s)
+    replicas = settings.engine.data_parallel_size
+    if replicas == 1:
+        return VllmEngine(model, settings.engine, stall_timeout_s=settings.plan.stall_timeout_s)
+    one = dataclasses.replace(settings.engine, data_parallel_size=1)
+    step_done = threading.Event()
+    engines: list[Engine] = []
+    try:
+        for environment in replica_environments(replicas, settings.engine.tensor_parallel_size, detect_device()):
+            engines.append(VllmEngine(model, one, settings.plan.stall_timeout_s, environment, step_done))
+    except BaseException:
+        for engine in engines:
+            engine.close()
+        raise
+    return Replicas(engines, step_done)

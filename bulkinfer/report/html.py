@@ -337,7 +337,15 @@ def run_sections(report: dict[str, Any]) -> list[str]:
         f'<div class="charts">{"".join(padding)}</div>'
     )
     engine = report.get("engine", {})
-    parts.append("<h2>Engine settings</h2>" + _table([[k, _setting(k, v)] for k, v in engine.items()]))
+    replicas = engine.get("replicas")
+    if replicas:
+        header = ["replica", "rows", "prompt tokens", "completion tokens", "busy s", "completion tokens/s"]
+        rows = [[i, *r.values()] for i, r in enumerate(replicas)]
+        balance = engine.get("replica_balance")
+        note = f"Balance (slowest / fastest busy time): {balance:.2f}." if balance else ""
+        parts += ["<h2>Replicas</h2>", _table(rows, header), f"<p>{html.escape(note)}</p>"]
+    shown = [[k, _setting(k, v)] for k, v in engine.items() if k not in ("replicas", "replica_balance")]
+    parts.append("<h2>Engine settings</h2>" + _table(shown))
     return parts
 
 

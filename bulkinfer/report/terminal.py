@@ -58,6 +58,15 @@ def print_summary(report: dict[str, Any], console: Console) -> None:
                 + (f", {c['unchecked']} not checked" if c["unchecked"] else ""),
             )
     _passthrough_row(summary, report.get("passthrough_fields"))
+    engine = report.get("engine") or {}
+    if engine.get("replicas"):
+        rows = "/".join(str(r["rows"]) for r in engine["replicas"])
+        busy = "/".join(f"{r['busy_seconds']:.1f}" for r in engine["replicas"])
+        balance = engine.get("replica_balance")
+        summary.add_row(
+            f"replicas ({len(engine['replicas'])})",
+            f"rows {rows}, busy {busy} s" + (f", balance {balance:.2f}" if balance else ""),
+        )
     rss = report.get("peak_rss_bytes") or {}
     if "bulkinfer" in rss:
         engine = f", engine {format_bytes(rss['children'])}" if rss.get("children") else ""

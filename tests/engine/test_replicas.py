@@ -1,0 +1,177 @@
+"""Replicas behind one engine (issue 13): requests go where the tokens in
+flight are fewest, every request ends exactly once, a replica busy stepping
+gets its requests when its step returns, and each replica gets its own
+devices. Fake engines: the orchestration, not inference (tests/e2e runs
+``--data-parallel-size 2`` with the real engine)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import orjson
+import pytest
+from fakes import FakeEngine
+
+from bulkinfer.config import load_settings
+from bulkinfer.engine.replicas import Replicas, replica_environments
+from bulkinfer.errors import ConfigError
+from bulkinfer.jobs.output_files import RunPaths
+from bulkinfer.jobs.run import run
+from bulkinfer.schema import Completion, Request
+
+
+def request(rid: str, prompt_tokens: int, max_tokens: int = 10, n: int = 1) -> Request:
+    return Request(
+        seq=0,
+        line=1,
+        id=rid,
+        prompt=None,
+        messages=None,
+        max_tokens=max_tokens,
+        temperature=1.0,
+        top_p=1.0,
+        seed=None,
+        stop=(),
+        options={"n": n},
+        prompt_token_ids=[1] * prompt_tokens,
+    )
+
+
+def test_requests_go_where_the_tokens_in_flight_are_fewest() -> None:
+    a, b = FakeEngine(), FakeEngine()
+    replicas = Replicas([a, b])
+    replicas.add("big", request("big", 1000))  # 1010 tokens on a
+    for i in range(5):
+        replicas.add(f"s{i}", request(f"s{i}", 90))  # 100 tokens each: all fit on b before it passes a
+    assert [rid for rid, _ in a.queue] == ["big"]
+    assert [rid for rid, _ in b.queue] == ["s0", "s1", "s2", "s3", "s4"]
+    replicas.add("n3", request("n3", 10, max_tokens=100, n=3))  # 310 tokens: b holds 500 < 1010
+    assert [rid for rid, _ in b.queue][-1] == "n3"
+    assert replicas.max_num_seqs == a.max_num_seqs + b.max_num_seqs
+
+
+def test_every_request_ends_once_and_both_replicas_report_their_work() -> None:
+    replicas = Replicas([FakeEngine(), FakeEngine()])
+    for i in range(12):
+        replicas.add(f"r{i}", request(f"r{i}", 5 + i))
+    finished: list[Completion] = []
+    while len(finished) < 12:
+        finished += replicas.step(wait=1.0)
+    assert sorted(c.request_id for c in finished) == sorted(f"r{i}" for i in range(12))
+    assert replicas.step(wait=0.01) == [] and not replicas.has_unfinished()
+    stats = replicas.settings["replicas"]
+    assert [s["rows"] for s in stats] == [6, 6]
+    assert sum(s["prompt_tokens"] for s in stats) == sum(5 + i for i in range(12))
+    assert replicas.settings["data_parallel_size"] == 2 and replicas.settings["fake"] is True
+
+
+class SteppingEngine(FakeEngine):
+    """A fake whose step runs in the background: ``stepping`` until the next
+    ``step`` call returns it; an ``add`` meanwhile is a test failure (the
+    real engine would block the caller until its step ended)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.stepping = False
+        self.adds_while_stepping = 0
+
+    def add(self, request_id: str, request: Request) -> Completion | None:
+        self.adds_while_stepping += self.stepping
+        return super().add(request_id, request)
+
+    def step(self, wait: float | None = None) -> list[Completion]:
+        if not self.stepping:  # a step starts; it returns at the next call
+            self.stepping = True
+            return []
+        self.stepping = False
+        return super().step(wait)
+
+
+def test_a_replica_busy_stepping_gets_its_requests_when_its_step_returns() -> None:
+    a, b = SteppingEngine(), SteppingEngine()
+    replicas = Replicas([a, b])
+    replicas.add("r0", request("r0", 5))
+    replicas.add("r1", request("r1", 5))
+    assert replicas.step(wait=0) == []  # both start a step
+    assert a.stepping and b.stepping
+    replicas.add("r2", request("r2", 5))  # held: a is stepping
+    assert [rid for rid, _ in a.queue] == ["r0"]
+    finished: list[Completion] = []
+    while len(finished) < 3:
+        finished += replicas.step(wait=1.0)
+    assert sorted(c.request_id for c in finished) == ["r0", "r1", "r2"]
+    assert a.adds_while_stepping == b.adds_while_stepping == 0
+
+
+def test_a_rejection_of_a_held_request_comes_back_from_step() -> None:
+    a = SteppingEngine()
+    a.reject = {"bad"}
+    replicas = Replicas([a])
+    replicas.add("ok", request("ok", 5))
+    replicas.step(wait=0)  # a steps
+    assert replicas.add("bad", request("bad", 5)) is None  # held
+    finished: list[Completion] = []
+    while len(finished) < 2:
+        finished += replicas.step(wait=1.0)
+    errors = [c for c in finished if c.error is not None]
+    assert [c.request_id for c in errors] == ["bad"] and not replicas.step(wait=0)
+
+
+def test_cpu_replicas_get_equal_shares_of_the_cores(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr("os.sched_getaffinity", lambda pid: {0, 1, 2, 3, 4}, raising=False)
+    assert replica_environments(2, 1, "cpu") == [
+        {"VLLM_CPU_OMP_THREADS_BIND": "0,1"},
+        {"VLLM_CPU_OMP_THREADS_BIND": "2,3"},
+    ]
+    with pytest.raises(ConfigError, match="needs at least 6 CPU cores, one per replica; this process may use 5"):
+        replica_environments(6, 1, "cpu")
+
+
+def test_gpu_replicas_get_tensor_parallel_size_devices_each(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "4,5,6,7")
+    assert replica_environments(2, 2, "cuda") == [{"CUDA_VISIBLE_DEVICES": "4,5"}, {"CUDA_VISIBLE_DEVICES": "6,7"}]
+    with pytest.raises(ConfigError, match="needs 6 GPUs; 4 visible"):
+        replica_environments(3, 2, "cuda")
+
+
+def test_a_run_through_replicas_writes_every_row_once_and_reports_each_replica(tmp_path: Path) -> None:
+    rows = [{"id": f"r{i}", "prompt": "word " * (1 + i % 7)} for i in range(40)]
+    src = tmp_path / "in.jsonl"
+    src.write_bytes(b"".join(orjson.dumps(r) + b"\n" for r in rows))
+    engines: list[Any] = []
+
+    def factory(model: str, settings: Any) -> Replicas:
+        engines.extend([FakeEngine(), FakeEngine()])
+        return Replicas(engines)
+
+    result = run(RunPaths.build(src, tmp_path / "out.jsonl"), load_settings(), engine_factory=factory)
+    ids = [orjson.loads(line)["id"] for line in (tmp_path / "out.jsonl").read_bytes().splitlines()]
+    assert sorted(ids) == sorted(r["id"] for r in rows)
+    replicas = result.report["engine"]["replicas"]
+    assert len(replicas) == 2 and all(r["rows"] > 0 for r in replicas)
+    assert sum(r["rows"] for r in replicas) == 40
+    assert result.report["engine"]["replica_balance"] >= 1.0
+
+
+def test_the_report_shows_each_replica(tmp_path: Path) -> None:
+    import io
+
+    from rich.console import Console
+
+    from bulkinfer.report.html import write_run_html
+    from bulkinfer.report.terminal import print_summary
+
+    src = tmp_path / "in.jsonl"
+    src.write_bytes(b"".join(orjson.dumps({"id": f"r{i}", "prompt": "hi " * (i + 1)}) + b"\n" for i in range(8)))
+    result = run(
+        RunPaths.build(src, tmp_path / "out.jsonl"),
+        load_settings(),
+        engine_factory=lambda m, s: Replicas([FakeEngine(), FakeEngine()]),
+    )
+    out = io.StringIO()
+    print_summary(result.report, Console(file=out, width=200))
+    assert "replicas (2)" in out.getvalue() and "rows 4/4" in out.getvalue()
+    write_run_html(result.report, tmp_path / "r.html")
+    page = (tmp_path / "r.html").read_text()
+    assert "<h2>Replicas</h2>" in page and "Balance (slowest / fastest busy time)" in page
