@@ -228,3 +228,12 @@ def test_faults_summary_and_page() -> None:
     assert "| sigterm_generation | 143 | 5.0 / 6.0 / 7.0 | 7.0 | 0 |" in page
     assert "| kill_engine_core | 5 (then --resume: 0) | 6.5 / 6.5 / 6.5 | 6.6 | 0 |" in page
     assert page.index("sigterm_generation") < page.index("kill_engine_core")  # scenario order, not run order
+
+
+def test_the_driver_ceiling_runs_every_row_through_the_instant_engine(tmp_path: Path) -> None:
+    from bench.driver_ceiling import measure
+
+    result = measure(rows=50, max_tokens=8)
+    assert (result["rows"], result["completion_tokens"]) == (50, 400)
+    assert result["completion_tokens_per_s"] > 0
+    assert result["replicas_kept_busy"]["1000"] == round(result["completion_tokens_per_s"] / 1000, 1)
