@@ -233,12 +233,19 @@ def test_existing_output_is_refused(mixed: dict[str, Any]) -> None:
 
 
 def test_kill_9_mid_run_then_resume_with_the_real_engine(tmp_path: Path) -> None:
+    kill_9_then_resume(tmp_path)
+
+
+def kill_9_then_resume(tmp_path: Path, *extra: str) -> dict[str, Any]:
+    """``kill -9`` of a real run once five rows are on disk (its engine
+    processes must go too), then ``--resume``: every id exactly once. The
+    resumed run's report."""
     import psutil
 
     src, out = tmp_path / "in.jsonl", tmp_path / "out.jsonl"
     write_jsonl(src, read_jsonl(SAMPLE / "sharegpt.jsonl")[:40])
     # four requests in flight: rows finish a few at a time, so the kill lands mid-run
-    flags = ["--max-tokens", "32", "--temperature", "0", "--plain-progress", "--max-in-flight", "4"]
+    flags = ["--max-tokens", "32", "--temperature", "0", "--plain-progress", "--max-in-flight", "4", *extra]
     first = subprocess.Popen(
         [sys.executable, "-m", "bulkinfer", "run", str(src), "-o", str(out), *flags],
         stdout=subprocess.DEVNULL,
@@ -265,9 +272,10 @@ def test_kill_9_mid_run_then_resume_with_the_real_engine(tmp_path: Path) -> None
     assert resumed.returncode == 0, resumed.stderr[-3000:]
     ids = [r["id"] for r in read_jsonl(out)]
     assert sorted(ids) == sorted(r["id"] for r in read_jsonl(src))
-    report = orjson.loads((tmp_path / "out.report.json").read_bytes())
+    report: dict[str, Any] = orjson.loads((tmp_path / "out.report.json").read_bytes())
     assert report["resumed"]["completed"] >= 5
     assert report["request_counts"]["completed"] == 40
+    return report
 
 
 def test_the_python_api_runs_in_a_thread(tmp_path: Path) -> None:

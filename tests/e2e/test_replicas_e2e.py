@@ -5,11 +5,12 @@ one-replica run's (batch composition may change a few)."""
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Any
 
 import pytest
 
-from tests.e2e.test_e2e import SAMPLE, bulkinfer, read_jsonl, write_jsonl
+from tests.e2e.test_e2e import SAMPLE, bulkinfer, kill_9_then_resume, read_jsonl, write_jsonl
 
 pytestmark = pytest.mark.e2e
 
@@ -45,3 +46,8 @@ def test_completions_match_one_replica_at_temperature_0(runs: dict[str, Any]) ->
     two = {row["id"]: row["completion"] for row in runs[2]["rows"]}
     same = sum(one[i] == two[i] for i in one)
     assert same >= 0.9 * ROWS, f"{same}/{ROWS} identical"
+
+
+def test_kill_9_of_the_driver_during_a_two_replica_run_then_resume(tmp_path: Path) -> None:
+    report = kill_9_then_resume(tmp_path, "--data-parallel-size", "2")
+    assert report["engine"]["data_parallel_size"] == 2
