@@ -5,6 +5,7 @@ one-replica run's (batch composition may change a few)."""
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 from typing import Any
 
@@ -28,7 +29,8 @@ def runs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
         args = ["run", str(src), "-o", str(path), "--temperature", "0", "--max-tokens", "24", "-dp", str(dp)]
         proc = bulkinfer(*args, "--plain-progress")
         assert proc.returncode == 0, proc.stderr[-3000:]
-        out[dp] = {"rows": read_jsonl(path), "report": read_jsonl(path.with_name(f"dp{dp}.report.json"))[0]}
+        report = json.loads(path.with_name(f"dp{dp}.report.json").read_text())
+        out[dp] = {"rows": read_jsonl(path), "report": report}
     return out
 
 
