@@ -105,13 +105,13 @@ class _Unclosed:
     """``engine`` with ``close()`` left to its :class:`KeptEngine`."""
 
     def __init__(self, engine: Engine):
-        self.max_model_len, self.max_num_seqs, self.settings = (
-            engine.max_model_len,
-            engine.max_num_seqs,
-            engine.settings,
-        )
+        self.max_model_len, self.max_num_seqs = engine.max_model_len, engine.max_num_seqs
         self.add, self.step, self.has_unfinished = engine.add, engine.step, engine.has_unfinished
         self._engine = engine
+
+    @property
+    def settings(self) -> dict[str, Any]:
+        return self._engine.settings  # read at report time: replicas' counts grow during the run
 
     @property
     def generated_tokens(self) -> int:
