@@ -200,7 +200,7 @@ def validate(settings: Settings, names: Mapping[str, str] | None = None) -> None
             must be and the value given, e.g. ``--seed must be an integer in
             [0, 2**32), got -1``.
     """
-    s, e, p = settings.sampling, settings.engine, settings.plan
+    s, e, p, r = settings.sampling, settings.engine, settings.plan, settings.ray
     # (setting, value given, valid?, what it must be)
     checks: list[tuple[str, Any, bool, str]] = [
         ("model", settings.model, settings.model is None or isinstance(settings.model, str), "a string"),
@@ -289,6 +289,24 @@ def validate(settings: Settings, names: Mapping[str, str] | None = None) -> None
         ),
         ("plan.padding_batch_size", p.padding_batch_size, _int_ge_1(p.padding_batch_size), "an integer >= 1"),
         ("plan.output_order", p.output_order, p.output_order in OUTPUT_ORDERS, f"one of {', '.join(OUTPUT_ORDERS)}"),
+        (
+            "ray.address",
+            r.address,
+            r.address is None or (isinstance(r.address, str) and bool(r.address.strip())),
+            'a Ray address: "local", "auto", "ray://HOST:PORT" or HOST:PORT',
+        ),
+        (
+            "ray.cpus_per_replica",
+            r.cpus_per_replica,
+            _int_ge_1(r.cpus_per_replica, optional=True),
+            "an integer >= 1",
+        ),
+        (
+            "ray.max_restarts",
+            r.max_restarts,
+            isinstance(r.max_restarts, int) and not isinstance(r.max_restarts, bool) and r.max_restarts >= -1,
+            "an integer >= -1 (-1: without limit)",
+        ),
     ]
     for name, value, ok, expected in checks:
         if not ok:

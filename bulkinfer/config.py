@@ -127,6 +127,28 @@ class PlanSettings:
 
 
 @dataclass(frozen=True, slots=True)
+class RaySettings:
+    """Where the replicas run when a Ray cluster runs them (``--ray``); they
+    do not shape results, so a resumed run may change them.
+
+    - ``address``: None (no Ray: replicas on this host), ``"local"`` (start a
+      Ray cluster on this machine for the run), ``"auto"`` (the cluster this
+      machine is part of), ``"ray://HOST:PORT"`` (Ray Client) or a GCS
+      ``HOST:PORT``; what ``ray.init(address=...)`` takes.
+    - ``cpus_per_replica``: Ray CPUs each replica's actor reserves on a
+      cluster without GPUs (its engine's threads); None: the cluster's CPUs
+      divided among the replicas, at most one node's.
+    - ``max_restarts``: how often Ray restarts a replica's actor that died
+      (Ray's ``max_restarts``; -1: without limit). Its unfinished requests go
+      to the other replicas at once, and it rejoins once restarted.
+    """
+
+    address: str | None = None
+    cpus_per_replica: int | None = None
+    max_restarts: int = 3
+
+
+@dataclass(frozen=True, slots=True)
 class Settings:
     """Everything one ``bulkinfer run`` needs besides its input and output paths."""
 
@@ -134,6 +156,7 @@ class Settings:
     sampling: SamplingDefaults = field(default_factory=SamplingDefaults)
     engine: EngineSettings = field(default_factory=EngineSettings)
     plan: PlanSettings = field(default_factory=PlanSettings)
+    ray: RaySettings = field(default_factory=RaySettings)
     passthrough: bool = True
     # Send each ``prompt`` as a one-message user chat through the model's chat
     # template (what instruct models expect): True, False, or "auto" = when the
@@ -167,6 +190,8 @@ def option_keys() -> dict[str, str]:
         **{f.name: f"sampling.{f.name}" for f in dataclasses.fields(SamplingDefaults) if f.name != "seed"},
         **{f.name: f"engine.{f.name}" for f in dataclasses.fields(EngineSettings) if f.name != "extra_args"},
         **{f.name: f"plan.{f.name}" for f in dataclasses.fields(PlanSettings)},
+        "ray": "ray.address",
+        **{f"ray_{f.name}": f"ray.{f.name}" for f in dataclasses.fields(RaySettings) if f.name != "address"},
     }
 
 
@@ -174,6 +199,7 @@ _SECTIONS: dict[str, type] = {
     "sampling": SamplingDefaults,
     "engine": EngineSettings,
     "plan": PlanSettings,
+    "ray": RaySettings,
 }
 _TOP_LEVEL = {"model", "passthrough", "apply_chat_template"}
 

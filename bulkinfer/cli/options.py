@@ -377,6 +377,40 @@ DataParallelSizeOption = Annotated[
 ]
 
 
+RayOption = Annotated[
+    str | None,
+    typer.Option(
+        "--ray",
+        metavar="ADDRESS",
+        help=described(
+            "Run the -dp replicas as Ray actors: local (a cluster on this machine), auto, ray://HOST:PORT.",
+            "no Ray",
+        ),
+        rich_help_panel=ENGINE,
+    ),
+]
+
+
+RayCpusPerReplicaOption = Annotated[
+    int | None,
+    typer.Option(
+        metavar="N",
+        help=described("With --ray on CPU: Ray CPUs (engine threads) per replica.", "cluster CPUs / replicas"),
+        rich_help_panel=ENGINE,
+    ),
+]
+
+
+RayMaxRestartsOption = Annotated[
+    int | None,
+    typer.Option(
+        metavar="N",
+        help=described("With --ray: Ray restarts of a replica that died; -1 without limit.", 3),
+        rich_help_panel=ENGINE,
+    ),
+]
+
+
 QuantizationOption = Annotated[
     str | None,
     typer.Option(

@@ -24,12 +24,18 @@ from dataclasses import dataclass
 from typing import Any
 
 from bulkinfer.engine.base import Engine
-from bulkinfer.errors import ConfigError
+from bulkinfer.errors import ConfigError, EngineError
 from bulkinfer.schema import Completion, Request
 
 # Without an event to wait on (engines that do not signal their steps), the
 # replicas are polled this often (seconds).
 POLL_S = 0.005
+
+
+class ReplicaLost(EngineError):
+    """A replica died in a way its runner survives (a Ray actor, which Ray
+    restarts): :class:`Replicas` hands its unfinished requests to the
+    others. A replica that will not come back says so with its ``dead``."""
 
 
 def replica_environments(replicas: int, tensor_parallel_size: int, device: str) -> list[dict[str, str]]:
@@ -84,6 +90,8 @@ class ReplicaStats:
     tokens, and its busy seconds (time with at least one request in it)."""
 
     rows: int = 0
+    requeued: int = 0  # its unfinished requests handed to the others when it died
+    deaths: int = 0
     prompt_tokens: int = 0
     completion_tokens: int = 0
     busy_s: float = 0.0
@@ -97,11 +105,19 @@ class ReplicaStats:
             "completion_tokens": self.completion_tokens,
             "busy_seconds": round(self.busy_s, 3),
             "completion_tokens_per_s": round(rate, 3),
+            "deaths": self.deaths,
+            "requeued": self.requeued,
         }
 
 
 class Replicas:
     """``engines`` (started, one per replica) as one engine.
+
+    A replica whose step raises :class:`ReplicaLost` (a Ray actor that died)
+    gives its unfinished requests back: they go to the replicas still up at
+    once (held until one is, while all are restarting), and the replica takes
+    new ones when its ``available`` says it is up again. Any other
+    :class:`EngineError` stops the run.
 
     Args:
         engines: the replicas; they share nothing.
@@ -122,9 +138,11 @@ class Replicas:
         self.max_num_seqs = sum(e.max_num_seqs for e in self.engines)
         self._step_done = step_done
         self._clock = clock
-        self._where: dict[str, tuple[int, int]] = {}  # request id -> (replica, tokens it holds)
+        # request id -> (replica or None while no replica is up, tokens it holds, the request)
+        self._where: dict[str, tuple[int | None, int, Request]] = {}
         self._load = [0] * len(self.engines)  # tokens in flight per replica
         self._pending: list[list[tuple[str, Request]]] = [[] for _ in self.engines]  # held while it steps
+        self._homeless: list[str] = []  # request ids waiting for a replica to be up
         self.stats = [ReplicaStats() for _ in self.engines]
 
     @property
@@ -153,14 +171,20 @@ class Replicas:
         return [n for e in self.engines for n in e.running_lengths()]
 
     def add(self, request_id: str, request: Request) -> Completion | None:
-        """Hand ``request`` to the replica with the fewest tokens in flight
-        (the first of equals). A replica whose step is running gets it when
-        that step returns (an engine takes no request mid-step, and the other
-        replicas must not wait for it): a rejection then comes back from
-        :meth:`step` as a completion with its ``error``; one now is returned."""
-        index = min(range(len(self.engines)), key=self._load.__getitem__)
+        """Hand ``request`` to the replica that is up with the fewest tokens
+        in flight (the first of equals). A replica whose step is running gets
+        it when that step returns (an engine takes no request mid-step, and
+        the other replicas must not wait for it): a rejection then comes back
+        from :meth:`step` as a completion with its ``error``; one now is
+        returned. With no replica up it waits for one (see :meth:`step`)."""
         tokens = len(request.prompt_token_ids or ()) + request.max_completion_tokens
-        self._where[request_id] = (index, tokens)
+        up = [i for i, engine in enumerate(self.engines) if getattr(engine, "available", True)]
+        if not up:
+            self._where[request_id] = (None, tokens, request)
+            self._homeless.append(request_id)
+            return None
+        index = min(up, key=self._load.__getitem__)
+        self._where[request_id] = (index, tokens, request)
         self._load[index] += tokens
         stats = self.stats[index]
         if stats.busy_since is None:
@@ -175,21 +199,27 @@ class Replicas:
 
     def step(self, wait: float | None = None) -> list[Completion]:
         """The requests any replica finished: every replica steps on its own
-        (in its own thread); this collects what the steps returned, hands a
-        replica the requests held for it and starts its next step, waiting
-        up to ``wait`` seconds (None: until something finishes).
+        (in its own thread or process); this collects what the steps
+        returned, hands a replica the requests held for it and starts its
+        next step, waiting up to ``wait`` seconds (None: until something
+        finishes).
 
         Raises:
-            EngineError: a replica died (the run stops; ``--resume`` continues).
+            EngineError: a replica died in a way that stops the run (a local
+                engine), or every replica is dead for good; finished rows are
+                kept (``--resume`` continues).
         """
         deadline = None if wait is None else self._clock() + wait
         while True:
             if self._step_done is not None:
                 self._step_done.clear()
-            done: list[Completion] = []
+            done = self._rehome()
             for index, engine in enumerate(self.engines):
                 if self._load[index] > 0:
-                    done += self._step_replica(index, engine)
+                    try:
+                        done += self._step_replica(index, engine)
+                    except ReplicaLost as lost:
+                        done += self._requeue(index, lost)
             if done or not self._where:
                 return done
             left = None if deadline is None else deadline - self._clock()
@@ -218,8 +248,50 @@ class Replicas:
             self._finished(index, completion)
         return done
 
+    def _requeue(self, index: int, lost: ReplicaLost) -> list[Completion]:
+        """Replica ``index`` died: its unfinished requests go to the replicas
+        that are up (or wait for one). Returns the rejections among them."""
+        from bulkinfer.engine.log import terminal
+
+        mine = [rid for rid, (where, _, _) in self._where.items() if where == index]
+        stats = self.stats[index]
+        stats.deaths += 1
+        stats.requeued += len(mine)
+        print(f"bulkinfer: warning: {lost}; its {len(mine)} unfinished request(s) go to the others", file=terminal())
+        self._pending[index] = []
+        self._load[index] = 0
+        if stats.busy_since is not None:
+            stats.busy_s += self._clock() - stats.busy_since
+            stats.busy_since = None
+        return self._add_again(mine)
+
+    def _rehome(self) -> list[Completion]:
+        """Requests waiting for a replica go to one that is up again; raises
+        EngineError when every replica is dead for good."""
+        if not self._homeless:
+            return []
+        if all(getattr(engine, "dead", False) for engine in self.engines):
+            raise EngineError(
+                f"every replica died and none will restart; {len(self._homeless)} request(s) unfinished; "
+                "finished rows are kept: continue with --resume"
+            )
+        if not any(getattr(engine, "available", True) for engine in self.engines):
+            return []
+        waiting, self._homeless = self._homeless, []
+        return self._add_again(waiting)
+
+    def _add_again(self, request_ids: list[str]) -> list[Completion]:
+        """Route these requests (added before) afresh; the rejections among them."""
+        done = []
+        for rid in request_ids:
+            _, _, request = self._where.pop(rid)
+            rejected = self.add(rid, request)
+            if rejected is not None:
+                done.append(rejected)
+        return done
+
     def _finished(self, index: int, completion: Completion) -> None:
-        _, tokens = self._where.pop(completion.request_id)
+        _, tokens, _ = self._where.pop(completion.request_id)
         self._load[index] -= tokens
         stats = self.stats[index]
         if completion.error is None:
@@ -231,7 +303,7 @@ class Replicas:
             stats.busy_since = None
 
     def has_unfinished(self) -> bool:
-        return any(e.has_unfinished() for e in self.engines)
+        return bool(self._homeless) or any(e.has_unfinished() for e in self.engines)
 
     def close(self) -> None:
         """Close every replica (each bounded, see its own ``close``)."""

@@ -20,9 +20,8 @@ from collections.abc import Callable, Iterator, Mapping
 from pathlib import Path
 from typing import Any
 
-from bulkinfer.config import EngineSettings, Settings
+from bulkinfer.config import EngineSettings
 from bulkinfer.engine.args import available_memory_bytes, configure_environment, detect_device, resolve_engine_args
-from bulkinfer.engine.base import Engine
 from bulkinfer.engine.sampling import StreamedOutputs, sampling_params
 from bulkinfer.errors import BulkinferError, ConfigError, EngineError
 from bulkinfer.schema import Completion, Request
@@ -379,35 +378,3 @@ def _cmdline(proc: Any) -> list[str]:
         return list(proc.cmdline())
     except Exception:
         return []
-
-
-def vllm_engine(model: str, settings: Settings) -> Engine:
-    """The real engine: vLLM's ``SamplingParams`` checks the ``[sampling]``
-    defaults first (ConfigError), then the engine starts; with
-    ``engine.data_parallel_size`` N > 1, N replicas
-    (:class:`~bulkinfer.engine.replicas.Replicas`), each an engine of its own
-    on its share of the devices (:func:`~bulkinfer.engine.replicas.replica_environments`),
-    started one after another.
-
-    Raises:
-        ConfigError: a default vLLM rejects; more replicas than devices.
-        EngineError: an engine fails to start (the ones started are closed).
-    """
-    from bulkinfer.engine.replicas import Replicas, replica_environments
-    from bulkinfer.engine.sampling import check_sampling_defaults
-
-    check_sampling_defaults(settings.sampling)
-    replicas = settings.engine.data_parallel_size
-    if replicas == 1:
-        return VllmEngine(model, settings.engine, stall_timeout_s=settings.plan.stall_timeout_s)
-    one = dataclasses.replace(settings.engine, data_parallel_size=1)
-    step_done = threading.Event()
-    engines: list[Engine] = []
-    try:
-        for environment in replica_environments(replicas, settings.engine.tensor_parallel_size, detect_device()):
-            engines.append(VllmEngine(model, one, settings.plan.stall_timeout_s, environment, step_done))
-    except BaseException:
-        for engine in engines:
-            engine.close()
-        raise
-    return Replicas(engines, step_done)

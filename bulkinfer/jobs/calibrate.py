@@ -14,8 +14,8 @@ import orjson
 from bulkinfer.config import Settings
 from bulkinfer.engine.args import this_machine
 from bulkinfer.engine.base import EngineFactory
+from bulkinfer.engine.factory import vllm_engine
 from bulkinfer.engine.log import EngineLog
-from bulkinfer.engine.vllm import vllm_engine
 from bulkinfer.errors import EngineError, ModelError
 from bulkinfer.jobs.output_files import RunPaths
 from bulkinfer.jobs.run import run

@@ -33,8 +33,8 @@ import orjson
 from bulkinfer.config import Settings
 from bulkinfer.default_model import DEFAULT_MODEL
 from bulkinfer.engine.base import EngineFactory, KeptEngine
+from bulkinfer.engine.factory import vllm_engine
 from bulkinfer.engine.log import EngineLog, terminal
-from bulkinfer.engine.vllm import vllm_engine
 from bulkinfer.errors import (
     EXIT_BELOW_BAR,
     EXIT_OK,

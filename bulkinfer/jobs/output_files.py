@@ -57,10 +57,11 @@ def input_identity(path: Path) -> dict[str, Any]:
 
 def results_settings(settings: Settings) -> dict[str, Any]:
     """The settings that shape results (model, sampling, engine, pass-through,
-    chat template) as JSON data; plan settings (order, windows) may change
-    between attempts."""
+    chat template) as JSON data; plan settings (order, windows) and where
+    the replicas run (``ray``) may change between attempts."""
     data = settings.to_dict()
     data.pop("plan")
+    data.pop("ray")
     loaded: dict[str, Any] = orjson.loads(orjson.dumps(data))  # tuples as lists, as a journal holds them
     return loaded
 

@@ -26,8 +26,8 @@ from bulkinfer.config import Settings
 from bulkinfer.default_model import DEFAULT_MODEL
 from bulkinfer.engine.args import this_machine
 from bulkinfer.engine.base import Engine, EngineFactory, NoEngine
+from bulkinfer.engine.factory import vllm_engine
 from bulkinfer.engine.log import EngineLog
-from bulkinfer.engine.vllm import vllm_engine
 from bulkinfer.errors import (
     EXIT_OK,
     EXIT_PARTIAL,

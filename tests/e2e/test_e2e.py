@@ -10,6 +10,7 @@ import os
 import subprocess
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -236,10 +237,19 @@ def test_kill_9_mid_run_then_resume_with_the_real_engine(tmp_path: Path) -> None
     kill_9_then_resume(tmp_path)
 
 
-def kill_9_then_resume(tmp_path: Path, *extra: str) -> dict[str, Any]:
+def engine_children(driver: int) -> list[Any]:
+    """The vLLM processes a bulkinfer run started (psutil processes)."""
+    import psutil
+
+    return [p for p in psutil.Process(driver).children(recursive=True) if "VLLM" in " ".join(p.cmdline())]
+
+
+def kill_9_then_resume(
+    tmp_path: Path, *extra: str, engines: Callable[[int], list[Any]] = engine_children
+) -> dict[str, Any]:
     """``kill -9`` of a real run once five rows are on disk (its engine
-    processes must go too), then ``--resume``: every id exactly once. The
-    resumed run's report."""
+    processes, ``engines(driver pid)``, must go too), then ``--resume``:
+    every id exactly once. The resumed run's report."""
     import psutil
 
     src, out = tmp_path / "in.jsonl", tmp_path / "out.jsonl"
@@ -261,11 +271,11 @@ def kill_9_then_resume(tmp_path: Path, *extra: str) -> dict[str, Any]:
     second = bulkinfer("run", str(src), "-o", str(out), "--resume", *flags)
     assert second.returncode == 7 and "another bulkinfer run" in second.stderr
 
-    engine = [p for p in psutil.Process(first.pid).children(recursive=True) if "VLLM" in " ".join(p.cmdline())]
+    engine = engines(first.pid)
     assert engine, "no engine processes found"
     first.kill()
     first.wait()
-    gone, alive = psutil.wait_procs(engine, timeout=30)
+    gone, alive = psutil.wait_procs(engine, timeout=60)
     assert not alive, f"engine processes outlived bulkinfer: {alive}"
 
     resumed = bulkinfer("run", str(src), "-o", str(out), "--resume", *flags)

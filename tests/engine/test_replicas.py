@@ -14,8 +14,8 @@ import pytest
 from fakes import FakeEngine
 
 from bulkinfer.config import load_settings
-from bulkinfer.engine.replicas import Replicas, replica_environments
-from bulkinfer.errors import ConfigError
+from bulkinfer.engine.replicas import ReplicaLost, Replicas, replica_environments
+from bulkinfer.errors import ConfigError, EngineError
 from bulkinfer.jobs.output_files import RunPaths
 from bulkinfer.jobs.run import run
 from bulkinfer.schema import Completion, Request
@@ -175,3 +175,75 @@ def test_the_report_shows_each_replica(tmp_path: Path) -> None:
     write_run_html(result.report, tmp_path / "r.html")
     page = (tmp_path / "r.html").read_text()
     assert "<h2>Replicas</h2>" in page and "Balance (slowest / fastest busy time)" in page
+
+
+class MortalEngine(FakeEngine):
+    """A fake replica whose runner survives its death (a Ray actor): its step
+    number ``die_at`` raises ReplicaLost and drops what it held; it is
+    unavailable for ``down_for`` availability checks, then up again, or
+    ``dead`` for good when ``restarts`` are used up."""
+
+    def __init__(self, die_at: int | None = None, down_for: int = 0, restarts: int = 1):
+        super().__init__()
+        self.die_at, self.down_for, self.restarts = die_at, down_for, restarts
+        self.down = 0
+        self.dead = False
+
+    @property
+    def available(self) -> bool:
+        if self.down > 0:
+            self.down -= 1
+            return False
+        return not self.dead
+
+    def step(self, wait: float | None = None) -> list[Completion]:
+        if self.steps + 1 == self.die_at:
+            self.steps += 1
+            self.queue.clear()
+            self.dead = self.restarts == 0
+            self.down = self.down_for
+            raise ReplicaLost("replica 0 on 10.0.0.1 died: SIGKILL")
+        return super().step(wait)
+
+
+def drain(replicas: Replicas, expected: int) -> list[Completion]:
+    finished: list[Completion] = []
+    for _ in range(10_000):
+        if len(finished) >= expected and not replicas.has_unfinished():
+            break
+        finished += replicas.step(wait=0.05)
+    return finished
+
+
+def test_a_lost_replicas_requests_go_to_the_others_and_each_ends_once(capsys: pytest.CaptureFixture[str]) -> None:
+    mortal, other = MortalEngine(die_at=2, down_for=1000), FakeEngine()
+    replicas = Replicas([mortal, other])
+    for i in range(10):
+        replicas.add(f"r{i}", request(f"r{i}", 10))
+    finished = drain(replicas, 10)
+    ids = sorted(c.request_id for c in finished)
+    assert ids == sorted(f"r{i}" for i in range(10))  # exactly once: no duplicate, none lost
+    stats = replicas.settings["replicas"]
+    # the mortal replica finished 2 in its first step, then died holding 3 (5 were its share)
+    assert (stats[0]["rows"], stats[0]["deaths"], stats[0]["requeued"]) == (2, 1, 3)
+    assert stats[1]["rows"] == 8
+    warning = "replica 0 on 10.0.0.1 died: SIGKILL; its 3 unfinished request(s) go to the others"
+    assert warning in capsys.readouterr().err
+
+
+def test_requests_wait_while_every_replica_restarts_then_go_to_the_first_back() -> None:
+    only = MortalEngine(die_at=1, down_for=5)
+    replicas = Replicas([only])
+    for i in range(3):
+        replicas.add(f"r{i}", request(f"r{i}", 10))
+    finished = drain(replicas, 3)
+    assert sorted(c.request_id for c in finished) == ["r0", "r1", "r2"]
+    assert replicas.settings["replicas"][0]["deaths"] == 1
+
+
+def test_every_replica_dead_for_good_stops_the_run() -> None:
+    replicas = Replicas([MortalEngine(die_at=1, restarts=0), MortalEngine(die_at=1, restarts=0)])
+    for i in range(4):
+        replicas.add(f"r{i}", request(f"r{i}", 10))
+    with pytest.raises(EngineError, match="every replica died and none will restart; 4 request"):
+        drain(replicas, 4)

@@ -1,0 +1,309 @@
+"""Replicas as Ray actors on a cluster (``--ray ADDRESS``): Ray places them,
+restarts them when they die, and this process keeps the reader, the plan,
+the journal and the writers, so resume, per-row errors, the report and the
+exit codes are those of a run on one host.
+
+Each replica is a :class:`ReplicaActor`: one :class:`~bulkinfer.engine.vllm.VllmEngine`
+in the actor's process (vLLM's engine core in-process there,
+``VLLM_ENABLE_V1_MULTIPROCESSING=0``: the actor is the engine, and when it
+dies its engine is gone with it). The replicas sit in one placement group
+(``SPREAD``: one per node where the nodes allow), each reserving
+``tensor_parallel_size`` GPUs, or on a cluster without GPUs
+``ray.cpus_per_replica`` CPUs (its engine's threads: ``OMP_NUM_THREADS``).
+
+A replica whose actor dies (a crash, its node lost) raises
+:class:`~bulkinfer.engine.replicas.ReplicaLost` from :meth:`RayReplica.step`;
+:class:`~bulkinfer.engine.replicas.Replicas` hands its unfinished requests
+to the others, and Ray restarts the actor (``ray.max_restarts``, Ray's own
+actor fault tolerance) which rejoins once its engine is up again. A request
+is recorded only when a replica returns it finished, so every row still
+ends exactly once.
+
+Ray is an optional dependency (``pip install 'bulkinfer[ray]'``); importing
+this module imports neither Ray nor vLLM.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import time
+from typing import Any
+
+from bulkinfer.config import EngineSettings, Settings
+from bulkinfer.engine.replicas import ReplicaLost, Replicas
+from bulkinfer.errors import ConfigError, EngineError
+from bulkinfer.schema import Completion, Request
+
+# One call to an actor runs engine steps until a request finishes or this
+# many seconds have passed (live progress; a Ray call costs ~1 ms).
+ACTOR_CALL_S = 0.25
+# How long the cluster may take to find room for every replica (seconds).
+PLACEMENT_TIMEOUT_S = 120.0
+# The actors' environment on a cluster without GPUs: the engine in the actor's
+# process, its threads unbound (Ray does not pin CPUs; OMP_NUM_THREADS is the
+# replica's CPUs).
+CPU_ACTOR_ENV = {"VLLM_ENABLE_V1_MULTIPROCESSING": "0", "VLLM_CPU_OMP_THREADS_BIND": "nobind"}
+
+
+class ReplicaActor:
+    """Runs in a Ray actor's process: one engine, stepped by the driver's calls.
+
+    Args:
+        model: a model directory readable on the actor's node.
+        settings: the engine arguments (``data_parallel_size`` 1).
+        stall_timeout_s: as :class:`~bulkinfer.engine.vllm.VllmEngine` takes it.
+
+    Raises:
+        EngineError: the engine fails to start (Ray hands it to the driver).
+    """
+
+    def __init__(self, model: str, settings: EngineSettings, stall_timeout_s: float | None):
+        from bulkinfer.engine.vllm import VllmEngine
+
+        self.engine = VllmEngine(model, settings, stall_timeout_s)
+        self._generated = self._prefilled = 0
+
+    def describe(self) -> dict[str, Any]:
+        """The engine's limits and settings, and where it runs (node IP, pid)."""
+        import ray
+
+        return {
+            "max_model_len": self.engine.max_model_len,
+            "max_num_seqs": self.engine.max_num_seqs,
+            "settings": dict(self.engine.settings),
+            "node": ray.util.get_node_ip_address(),
+            "pid": os.getpid(),
+        }
+
+    def step(self, adds: list[tuple[str, Request]], max_s: float) -> tuple[list[Completion], int, int, list[int]]:
+        """Add ``adds``, then run engine steps until a request finishes, none
+        is left, or ``max_s`` seconds have passed.
+
+        Returns:
+            (finished requests, completion tokens generated and prompt tokens
+            processed since the last call, the running requests' completion
+            tokens so far).
+        """
+        done = [rejected for rid, request in adds if (rejected := self.engine.add(rid, request)) is not None]
+        deadline = time.monotonic() + max_s
+        while not done and self.engine.has_unfinished() and time.monotonic() < deadline:
+            done += self.engine.step()
+        generated, prefilled = self.engine.generated_tokens, self.engine.prefilled_tokens
+        delta = (generated - self._generated, prefilled - self._prefilled)
+        self._generated, self._prefilled = generated, prefilled
+        return done, delta[0], delta[1], self.engine.running_lengths()
+
+
+class RayReplica:
+    """One :class:`ReplicaActor` behind the :class:`~bulkinfer.engine.base.Engine`
+    protocol, for :class:`~bulkinfer.engine.replicas.Replicas`.
+
+    :meth:`add` keeps requests here; the next actor call carries them. One call
+    is in flight at a time.
+    """
+
+    def __init__(self, actor: Any, described: dict[str, Any], index: int):
+        self._actor = actor
+        self.index = index
+        self.max_model_len: int = described["max_model_len"]
+        self.max_num_seqs: int = described["max_num_seqs"]
+        self._settings: dict[str, Any] = described["settings"]
+        self.node: str = described["node"]
+        self._adds: list[tuple[str, Request]] = []
+        self._unfinished: dict[str, Request] = {}
+        self._call: Any = None
+        self._restarting: Any = None  # a describe() call that returns once Ray restarted the actor
+        self.dead = False  # Ray will not restart it
+        self.generated_tokens = self.prefilled_tokens = 0
+        self._running: list[int] = []
+
+    @property
+    def settings(self) -> dict[str, Any]:
+        return self._settings
+
+    def running_lengths(self) -> list[int]:
+        return list(self._running)
+
+    @property
+    def available(self) -> bool:
+        """The actor is up (not restarting, not dead): it may take requests."""
+        if self._restarting is None:
+            return not self.dead
+        import ray
+
+        ready, _ = ray.wait([self._restarting], timeout=0)
+        if not ready:
+            return False
+        try:
+            self.node = ray.get(self._restarting)["node"]
+        except ray.exceptions.RayError:  # restarts used up, or its engine failed to start again
+            self.dead = True
+        self._restarting = None
+        return not self.dead
+
+    def add(self, request_id: str, request: Request) -> Completion | None:
+        self._adds.append((request_id, request))
+        self._unfinished[request_id] = request
+        return None
+
+    def step(self, wait: float | None = None) -> list[Completion]:
+        """What the actor finished: starts a call if none is running, then
+        waits for it up to ``wait`` seconds.
+
+        Raises:
+            ReplicaLost: the actor died (its unfinished requests in it).
+            EngineError: the engine in the actor failed (vLLM raised, stuck).
+        """
+        import ray
+
+        if self._call is None:
+            if not (self._adds or self._unfinished):
+                return []
+            adds, self._adds = self._adds, []
+            self._call = self._actor.step.remote(adds, ACTOR_CALL_S)
+        ready, _ = ray.wait([self._call], timeout=wait)
+        if not ready:
+            return []
+        call, self._call = self._call, None
+        try:
+            done, generated, prefilled, self._running = ray.get(call)
+        except (ray.exceptions.RayActorError, ray.exceptions.ActorUnavailableError) as exc:
+            self._unfinished.clear()
+            self._adds, self._running = [], []
+            if isinstance(exc, ray.exceptions.ActorUnavailableError):
+                # only unreachable: it may still hold the requests; restarted, it holds none
+                ray.kill(self._actor, no_restart=False)
+            self._restarting = self._actor.describe.remote()
+            reason = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+            raise ReplicaLost(f"replica {self.index} on {self.node} died: {reason}") from exc
+        except ray.exceptions.RayTaskError as exc:
+            cause = exc.cause if isinstance(exc.cause, BaseException) else exc
+            if isinstance(cause, EngineError):
+                raise EngineError(f"replica {self.index} on {self.node}: {cause}") from exc
+            raise EngineError(f"replica {self.index} on {self.node} failed: {type(cause).__name__}: {cause}") from exc
+        self.generated_tokens += generated
+        self.prefilled_tokens += prefilled
+        return [c for c in done if self._unfinished.pop(c.request_id, None) is not None]
+
+    def has_unfinished(self) -> bool:
+        return bool(self._unfinished)
+
+    def close(self) -> None:
+        """Kill the actor (no restart): its engine goes with its process."""
+        import ray
+
+        try:
+            ray.kill(self._actor, no_restart=True)
+        except Exception:  # already gone, or the cluster is
+            pass
+
+
+class RayReplicas(Replicas):
+    """:class:`~bulkinfer.engine.replicas.Replicas` of :class:`RayReplica`: it
+    also removes the placement group, and disconnects from the cluster (or
+    stops the one it started) when closed."""
+
+    def __init__(self, engines: list[RayReplica], placement_group: Any, address: str):
+        super().__init__(engines)
+        self._placement_group = placement_group
+        self._address = address
+
+    @property
+    def settings(self) -> dict[str, Any]:
+        settings = super().settings
+        for replica, engine in zip(settings["replicas"], self.engines, strict=True):
+            replica["node"] = getattr(engine, "node", None)
+        return {**settings, "ray_address": self._address}
+
+    def close(self) -> None:
+        import ray
+
+        super().close()
+        try:
+            ray.util.remove_placement_group(self._placement_group)
+        except Exception:  # the cluster is gone
+            pass
+        ray.shutdown()
+
+
+def ray_engine(model: str, settings: Settings) -> RayReplicas:
+    """``engine.data_parallel_size`` replicas as Ray actors on the cluster at
+    ``ray.address``, started in parallel.
+
+    Raises:
+        ConfigError: Ray is not installed; the cluster cannot be reached, or
+            has no room for the replicas within :data:`PLACEMENT_TIMEOUT_S`.
+        EngineError: a replica's engine fails to start (the others are killed).
+    """
+    try:
+        import ray
+        from ray.util.placement_group import placement_group
+        from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
+    except ImportError:
+        raise ConfigError("--ray needs Ray: pip install 'bulkinfer[ray]'") from None
+    address = settings.ray.address
+    assert address is not None
+    if not ray.is_initialized():
+        try:
+            # include_dashboard only for a cluster started here (Ray refuses it when joining one)
+            dashboard = False if address == "local" else None
+            ray.init(address=address, include_dashboard=dashboard, logging_level=logging.WARNING)
+        except Exception as exc:  # ConnectionError, ValueError, ...
+            raise ConfigError(f"cannot reach the Ray cluster at {address!r}: {exc}") from None
+    replicas = settings.engine.data_parallel_size
+    resources = ray.cluster_resources()
+    tp = settings.engine.tensor_parallel_size
+    environment: dict[str, str] = {}
+    if resources.get("GPU", 0) >= 1:
+        bundle = {"GPU": float(tp), "CPU": 1.0}
+    else:
+        cpus = settings.ray.cpus_per_replica or _cpus_per_replica(ray.nodes(), replicas)
+        bundle = {"CPU": float(cpus)}
+        environment = {**CPU_ACTOR_ENV, "OMP_NUM_THREADS": str(cpus)}
+        environment = {**environment, **{k: os.environ[k] for k in CPU_ACTOR_ENV if k in os.environ}}
+    group = placement_group([bundle] * replicas, strategy="SPREAD")
+    ready, _ = ray.wait([group.ready()], timeout=PLACEMENT_TIMEOUT_S)
+    if not ready:
+        ray.util.remove_placement_group(group)
+        raise ConfigError(
+            f"the Ray cluster at {address!r} has no room for {replicas} replica(s) of {bundle} "
+            f"within {PLACEMENT_TIMEOUT_S:g} s; it has {dict(resources)} (ray.cpus_per_replica, -dp)"
+        )
+    one = _one_replica(settings.engine)
+    actor_class: Any = ray.remote(ReplicaActor)
+    actors = [
+        actor_class.options(
+            num_cpus=bundle.get("CPU", 0),
+            num_gpus=bundle.get("GPU", 0),
+            max_restarts=settings.ray.max_restarts,
+            scheduling_strategy=PlacementGroupSchedulingStrategy(group, placement_group_bundle_index=i),
+            runtime_env={"env_vars": environment} if environment else None,
+        ).remote(model, one, settings.plan.stall_timeout_s)
+        for i in range(replicas)
+    ]
+    try:
+        described = ray.get([actor.describe.remote() for actor in actors])
+    except BaseException as exc:
+        for actor in actors:
+            ray.kill(actor, no_restart=True)
+        ray.util.remove_placement_group(group)
+        if isinstance(exc, ray.exceptions.RayError):
+            cause = getattr(exc, "cause", None) or exc
+            raise EngineError(f"a replica's engine failed to start on the Ray cluster: {cause}") from exc
+        raise
+    engines = [RayReplica(actor, info, i) for i, (actor, info) in enumerate(zip(actors, described, strict=True))]
+    return RayReplicas(engines, group, address)
+
+
+def _cpus_per_replica(nodes: list[dict[str, Any]], replicas: int) -> int:
+    """The cluster's CPUs divided among ``replicas``, at most one node's (a
+    replica runs on one node), at least 1. ``nodes``: ``ray.nodes()``."""
+    cpus = [int(node.get("Resources", {}).get("CPU", 0)) for node in nodes if node.get("Alive")]
+    return max(min(sum(cpus) // replicas, max(cpus, default=1)), 1)
+
+
+def _one_replica(settings: EngineSettings) -> EngineSettings:
+    import dataclasses
+
+    return dataclasses.replace(settings, data_parallel_size=1)
