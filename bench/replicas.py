@@ -12,7 +12,7 @@ once, and with two replicas each replica's rows, busy seconds and the
 balance.
 
 Usage: ``python -m bench.replicas [--rounds 2] [--rows N] [--systems
-dp1,dp2,ray2] [--out NAME]``; writes ``bench/results/NAME.{json,md}``
+dp1,dp2,ray1,ray2] [--out NAME]``; writes ``bench/results/NAME.{json,md}``
 (default ``replicas``). One run at a time (two cores: with two replicas each
 gets one core).
 """
@@ -35,7 +35,12 @@ SOURCE = ROOT / "sample_data" / "sharegpt.jsonl"
 
 
 # system -> its flags
-SYSTEMS = {"dp1": ["-dp", "1"], "dp2": ["-dp", "2"], "ray2": ["-dp", "2", "--ray", "local"]}
+SYSTEMS = {
+    "dp1": ["-dp", "1"],
+    "dp2": ["-dp", "2"],
+    "ray1": ["-dp", "1", "--ray", "local"],
+    "ray2": ["-dp", "2", "--ray", "local"],
+}
 
 
 def run_once(system: str, source: Path, out: Path) -> dict[str, Any]:

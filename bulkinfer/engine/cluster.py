@@ -112,7 +112,7 @@ class RayReplica:
         self.node: str = described["node"]
         self._adds: list[tuple[str, Request]] = []
         self._unfinished: dict[str, Request] = {}
-        self._call: Any = None
+        self.call: Any = None  # the actor call in flight (a Ray ObjectRef)
         self._restarting: Any = None  # a describe() call that returns once Ray restarted the actor
         self.dead = False  # Ray will not restart it
         self.generated_tokens = self.prefilled_tokens = 0
@@ -152,20 +152,23 @@ class RayReplica:
         waits for it up to ``wait`` seconds.
 
         Raises:
-            ReplicaLost: the actor died (its unfinished requests in it).
-            EngineError: the engine in the actor failed (vLLM raised, stuck).
+            ReplicaLost: the actor died; it holds no request from then on
+                (:class:`~bulkinfer.engine.replicas.Replicas` routes its
+                unfinished ones afresh) and Ray restarts it.
+            EngineError: the engine in the actor failed (vLLM raised, or it
+                is stuck): the run stops, as with a local engine.
         """
         import ray
 
-        if self._call is None:
+        if self.call is None:
             if not (self._adds or self._unfinished):
                 return []
             adds, self._adds = self._adds, []
-            self._call = self._actor.step.remote(adds, ACTOR_CALL_S)
-        ready, _ = ray.wait([self._call], timeout=wait)
+            self.call = self._actor.step.remote(adds, ACTOR_CALL_S)
+        ready, _ = ray.wait([self.call], timeout=wait)
         if not ready:
             return []
-        call, self._call = self._call, None
+        call, self.call = self.call, None
         try:
             done, generated, prefilled, self._running = ray.get(call)
         except (ray.exceptions.RayActorError, ray.exceptions.ActorUnavailableError) as exc:
@@ -208,6 +211,19 @@ class RayReplicas(Replicas):
         super().__init__(engines)
         self._placement_group = placement_group
         self._address = address
+
+    def _pause(self, left: float | None) -> None:
+        """Wait for any replica's call in flight to return (Ray's own wait, no
+        polling: the engines share the CPUs with this process), at most
+        ``left`` seconds and 0.2 s (replicas coming back are noticed)."""
+        import ray
+
+        calls = [engine.call for engine in self.engines if isinstance(engine, RayReplica) and engine.call is not None]
+        timeout = 0.2 if left is None else min(left, 0.2)
+        if calls:
+            ray.wait(calls, num_returns=1, timeout=timeout)
+        else:
+            time.sleep(timeout)
 
     @property
     def settings(self) -> dict[str, Any]:

@@ -225,13 +225,19 @@ class Replicas:
             left = None if deadline is None else deadline - self._clock()
             if left is not None and left <= 0:
                 return []
-            pause = POLL_S if self._step_done is None else 0.2  # 0.2 s: a dead replica is still noticed
-            if left is not None:
-                pause = min(pause, left)
-            if self._step_done is not None:
-                self._step_done.wait(pause)
-            else:
-                time.sleep(pause)
+            self._pause(None if left is None else max(left, 0.0))
+
+    def _pause(self, left: float | None) -> None:
+        """Wait until a replica's step may have returned (at most ``left``
+        seconds): on ``step_done``, at most 0.2 s so that a dead replica is
+        still noticed; without it, :data:`POLL_S`."""
+        pause = POLL_S if self._step_done is None else 0.2
+        if left is not None:
+            pause = min(pause, left)
+        if self._step_done is not None:
+            self._step_done.wait(pause)
+        else:
+            time.sleep(pause)
 
     def _step_replica(self, index: int, engine: Engine) -> list[Completion]:
         """One replica's finished requests, if its step returned; then the

@@ -339,8 +339,10 @@ def run_sections(report: dict[str, Any]) -> list[str]:
     engine = report.get("engine", {})
     replicas = engine.get("replicas")
     if replicas:
-        header = ["replica", "rows", "prompt tokens", "completion tokens", "busy s", "completion tokens/s"]
-        rows = [[i, *r.values()] for i, r in enumerate(replicas)]
+        keys = ["rows", "prompt_tokens", "completion_tokens", "busy_seconds", "completion_tokens_per_s"]
+        keys += [k for k in ("deaths", "requeued", "node") if k in replicas[0]]  # older reports lack them
+        header = ["replica", *(k.replace("_", " ").replace("seconds", "s").replace("per s", "/s") for k in keys)]
+        rows = [[i, *(r.get(k) for k in keys)] for i, r in enumerate(replicas)]
         balance = engine.get("replica_balance")
         note = f"Balance (slowest / fastest busy time): {balance:.2f}." if balance else ""
         parts += ["<h2>Replicas</h2>", _table(rows, header), f"<p>{html.escape(note)}</p>"]

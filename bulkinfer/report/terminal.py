@@ -63,9 +63,13 @@ def print_summary(report: dict[str, Any], console: Console) -> None:
         rows = "/".join(str(r["rows"]) for r in engine["replicas"])
         busy = "/".join(f"{r['busy_seconds']:.1f}" for r in engine["replicas"])
         balance = engine.get("replica_balance")
+        deaths = sum(r.get("deaths", 0) for r in engine["replicas"])
+        moved = sum(r.get("requeued", 0) for r in engine["replicas"])
         summary.add_row(
             f"replicas ({len(engine['replicas'])})",
-            f"rows {rows}, busy {busy} s" + (f", balance {balance:.2f}" if balance else ""),
+            f"rows {rows}, busy {busy} s"
+            + (f", balance {balance:.2f}" if balance else "")
+            + (f"; {deaths} died, {moved} requests moved" if deaths else ""),
         )
     rss = report.get("peak_rss_bytes") or {}
     if "bulkinfer" in rss:

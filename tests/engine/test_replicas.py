@@ -247,3 +247,33 @@ def test_every_replica_dead_for_good_stops_the_run() -> None:
         replicas.add(f"r{i}", request(f"r{i}", 10))
     with pytest.raises(EngineError, match="every replica died and none will restart; 4 request"):
         drain(replicas, 4)
+
+
+def test_a_run_with_a_replica_lost_writes_every_row_once_and_reports_the_death(tmp_path: Path) -> None:
+    import io
+
+    from rich.console import Console
+
+    from bulkinfer.report.html import write_run_html
+    from bulkinfer.report.terminal import print_summary
+
+    src = tmp_path / "in.jsonl"
+    src.write_bytes(b"".join(orjson.dumps({"id": f"r{i}", "prompt": "hi " * (i + 1)}) + b"\n" for i in range(20)))
+    result = run(
+        RunPaths.build(src, tmp_path / "out.jsonl"),
+        load_settings(),
+        engine_factory=lambda m, s: Replicas([MortalEngine(die_at=2, down_for=10**6), FakeEngine()]),
+    )
+    assert result.exit_code == 0
+    ids = [orjson.loads(line)["id"] for line in (tmp_path / "out.jsonl").read_bytes().splitlines()]
+    assert sorted(ids) == sorted(f"r{i}" for i in range(20))
+    replicas = result.report["engine"]["replicas"]
+    assert replicas[0]["deaths"] == 1 and replicas[0]["requeued"] > 0
+    assert replicas[0]["rows"] + replicas[1]["rows"] == 20
+    out = io.StringIO()
+    print_summary(result.report, Console(file=out, width=200))
+    assert f"1 died, {replicas[0]['requeued']} requests moved" in out.getvalue()
+    write_run_html(result.report, tmp_path / "r.html")
+    page = (tmp_path / "r.html").read_text()
+    assert "<th>deaths</th><th>requeued</th>" in page
+    assert f'<td class="n">{replicas[0]["requeued"]}</td>' in page
