@@ -130,7 +130,13 @@ class Store:
     def register_file(
         self, tenant: str, filename: str, purpose: str, path: Path, file_id: str | None = None
     ) -> dict[str, Any]:
-        """Register an existing file ``path`` (a batch's output) as ``tenant``'s; returns its row."""
+        """Register an existing file ``path`` (a batch's output) as ``tenant``'s;
+        returns its row (the row it has already, when ``path`` is registered:
+        a server killed while finalizing registers its outputs again)."""
+        with self._lock:
+            known = self._db.execute("SELECT * FROM files WHERE path = ?", (str(path),)).fetchone()
+        if known is not None:
+            return dict(known)
         row = {
             "id": file_id or f"file-{secrets.token_hex(12)}",
             "tenant": tenant,

@@ -62,6 +62,11 @@ def upload(client: openai.OpenAI, data: bytes, name: str = "in.jsonl") -> openai
     return client.files.create(file=(name, io.BytesIO(data)), purpose="batch")
 
 
+def create(client: openai.OpenAI, file_id: str, endpoint: str = "/v1/chat/completions") -> openai.types.Batch:
+    """``batches.create`` of ``file_id`` on ``endpoint``, window 24h."""
+    return client.batches.create(input_file_id=file_id, endpoint=endpoint, completion_window="24h")  # type: ignore[arg-type]
+
+
 def wait_done(client: openai.OpenAI, batch_id: str, statuses: tuple[str, ...] = DONE) -> openai.types.Batch:
     """Poll ``batches.retrieve`` until the batch is in one of ``statuses``."""
     found: list[openai.types.Batch] = []

@@ -12,7 +12,7 @@ import openai
 import orjson
 import pytest
 from fakes import FakeEngine, wait_for
-from serving import Server, batch_lines, records, upload, wait_done
+from serving import Server, batch_lines, create, records, upload, wait_done
 
 from bulkinfer.serve.api import Limits
 
@@ -52,10 +52,7 @@ def test_a_batch_runs_to_completed_and_every_custom_id_is_in_the_output_once(ser
 def test_completions_endpoint_and_batch_list_pages_newest_first(serve: Callable[..., Server]) -> None:
     client = serve().client()
     file = upload(client, batch_lines(["a", "b"], url="/v1/completions"))
-    made = [
-        client.batches.create(input_file_id=file.id, endpoint="/v1/completions", completion_window="24h").id
-        for _ in range(3)
-    ]
+    made = [create(client, file.id, "/v1/completions").id for _ in range(3)]
     first = client.batches.list(limit=2)
     assert [b.id for b in first.data] == made[::-1][:2] and first.has_more
     rest = client.batches.list(limit=2, after=first.data[-1].id)
@@ -71,7 +68,7 @@ def test_a_wrong_key_is_401_and_another_tenants_ids_are_404(serve: Callable[...,
     server = serve()
     alice, bob = server.client("key-a"), server.client("key-b")
     file = upload(alice, batch_lines(["x"]))
-    batch = alice.batches.create(input_file_id=file.id, endpoint="/v1/chat/completions", completion_window="24h")
+    batch = create(alice, file.id)
     with pytest.raises(openai.AuthenticationError) as caught:
         server.client("wrong").files.list()
     assert caught.value.status_code == 401 and caught.value.code == "invalid_api_key"
@@ -83,7 +80,7 @@ def test_a_wrong_key_is_401_and_another_tenants_ids_are_404(serve: Callable[...,
         lambda: bob.files.delete(file.id),
         lambda: bob.batches.retrieve(batch.id),
         lambda: bob.batches.cancel(batch.id),
-        lambda: bob.batches.create(input_file_id=file.id, endpoint="/v1/chat/completions", completion_window="24h"),
+        lambda: create(bob, file.id),
     ):
         with pytest.raises(openai.NotFoundError):
             call()
@@ -107,7 +104,7 @@ def test_a_malformed_file_fails_the_batch_with_the_bad_line_numbers(serve: Calla
     file = upload(client, "".join(lines).encode())
     batch = wait_done(
         client,
-        client.batches.create(input_file_id=file.id, endpoint="/v1/chat/completions", completion_window="24h").id,
+        create(client, file.id).id,
     )
     assert batch.status == "failed" and batch.failed_at is not None and batch.errors is not None
     found = [(e.line, e.code, e.param) for e in batch.errors.data or []]
@@ -138,10 +135,7 @@ def test_three_batches_submitted_at_once_complete_in_fifo_order(serve: Callable[
     server = serve(engine=lambda: FakeEngine(step_delay=0.01))
     client = server.client()
     files = [upload(client, batch_lines([f"{k}-{i}" for i in range(6)])) for k in "xyz"]
-    batches = [
-        client.batches.create(input_file_id=f.id, endpoint="/v1/chat/completions", completion_window="24h")
-        for f in files
-    ]
+    batches = [create(client, f.id) for f in files]
     done = [wait_done(client, b.id) for b in batches]
     assert [b.status for b in done] == ["completed"] * 3
     in_progress = [b.in_progress_at or 0 for b in done]
@@ -159,7 +153,7 @@ def test_cancel_mid_run_publishes_the_finished_rows(serve: Callable[..., Server]
     client = server.client()
     ids = [f"r{i}" for i in range(40)]
     file = upload(client, batch_lines(ids))
-    batch = client.batches.create(input_file_id=file.id, endpoint="/v1/chat/completions", completion_window="24h")
+    batch = create(client, file.id)
     wait_for(lambda: bool(server.engines) and server.engines[0].steps >= 2)
     cancelling = client.batches.cancel(batch.id)
     assert cancelling.status in ("cancelling", "cancelled")
@@ -171,20 +165,22 @@ def test_cancel_mid_run_publishes_the_finished_rows(serve: Callable[..., Server]
     with pytest.raises(openai.BadRequestError):
         completed = wait_done(
             client,
-            client.batches.create(input_file_id=file.id, endpoint="/v1/chat/completions", completion_window="24h").id,
+            create(client, file.id).id,
         )
         client.batches.cancel(completed.id)
 
 
-def test_a_queued_batch_cancels_without_running(serve: Callable[..., Server]) -> None:
+def test_a_queued_batch_cancels_without_running_or_expires_when_picked_up_late(serve: Callable[..., Server]) -> None:
     server = serve(engine=lambda: FakeEngine(step_delay=0.1))
     client = server.client()
     file = upload(client, batch_lines([f"r{i}" for i in range(20)]))
-    first = client.batches.create(input_file_id=file.id, endpoint="/v1/chat/completions", completion_window="24h")
-    queued = client.batches.create(input_file_id=file.id, endpoint="/v1/chat/completions", completion_window="24h")
+    first, queued, late = create(client, file.id), create(client, file.id), create(client, file.id)
+    server.store.update(late.id, expires_at=late.created_at - 1)
     assert client.batches.cancel(queued.id).status == "cancelled"
     done = client.batches.retrieve(queued.id)
     assert done.in_progress_at is None and done.output_file_id is None
+    expired = wait_done(client, late.id)
+    assert expired.status == "expired" and expired.expired_at is not None and expired.output_file_id is None
     assert wait_done(client, first.id).status == "completed"
 
 
@@ -194,9 +190,7 @@ def test_a_batch_left_in_progress_resumes_at_the_next_start_and_every_custom_id_
     server = serve(engine=lambda: FakeEngine(step_delay=0.1))
     client = server.client()
     ids = [f"r{i}" for i in range(30)]
-    batch = client.batches.create(
-        input_file_id=upload(client, batch_lines(ids)).id, endpoint="/v1/chat/completions", completion_window="24h"
-    )
+    batch = create(client, upload(client, batch_lines(ids)).id)
     wait_for(lambda: bool(server.engines) and server.engines[0].steps >= 3)
     server.close()  # the running batch is stopped with its finished rows in the spool, still in_progress
     again = serve()
