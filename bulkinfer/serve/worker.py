@@ -7,6 +7,7 @@ A batch's run writes ``DATA/batches/BATCH_ID/output.jsonl`` and its
 siblings (errors, report, spools, journal; see
 :mod:`bulkinfer.jobs.output_files`). Lifecycle: ``validating`` (the input
 is checked, :mod:`bulkinfer.serve.validate`) -> ``in_progress`` (the run)
+(``request_counts`` updated each second, :mod:`bulkinfer.serve.progress`)
 -> ``finalizing`` (output and errors registered as files) -> ``completed``;
 or ``failed`` (bad input, engine failure), ``expired`` (picked up after
 ``expires_at``), ``cancelling`` -> ``cancelled`` (the rows finished so far
@@ -30,6 +31,7 @@ from bulkinfer.errors import BulkinferError, Interrupted
 from bulkinfer.jobs.output_files import OutputFiles, RunPaths
 from bulkinfer.jobs.run import run
 from bulkinfer.models import TokenizerFactory, load_tokenizer
+from bulkinfer.serve.progress import LiveCounts
 from bulkinfer.serve.store import Store, now
 from bulkinfer.serve.validate import MAX_LINES, batch_error, validate_input
 from bulkinfer.stop import StopToken
@@ -135,6 +137,9 @@ class BatchWorker(threading.Thread):
         if not resume and not self._validated(batch):
             return
         paths = RunPaths.build(self._input_path(batch), self.store.batch_dir(batch_id) / "output.jsonl")
+        validated = self.store.batch(None, batch_id)
+        live = LiveCounts(self.store, batch_id, paths.output, validated["request_counts"]["total"] if validated else 0)
+        live.start()
         try:
             result = run(
                 paths,
@@ -153,6 +158,8 @@ class BatchWorker(threading.Thread):
                 batch_id, RESUMABLE + ("cancelling",), "failed", errors=[batch_error("run_failed", str(exc))]
             )
             return
+        finally:
+            live.finish()  # before the final counts: no live write comes after them
         counts = _counts(result.report)
         if self.store.move(batch_id, RESUMABLE, "finalizing", request_counts=counts):
             self._register_outputs(batch, paths, "completed", ("finalizing",))

@@ -148,13 +148,17 @@ def test_three_batches_submitted_at_once_complete_in_fifo_order(serve: Callable[
     assert len(server.engines) == 1  # one warm engine for every batch
 
 
-def test_cancel_mid_run_publishes_the_finished_rows(serve: Callable[..., Server]) -> None:
-    server = serve(engine=lambda: FakeEngine(step_delay=0.2))
+def test_counts_grow_while_a_batch_runs_and_cancel_publishes_the_finished_rows(serve: Callable[..., Server]) -> None:
+    server = serve(engine=lambda: FakeEngine(step_delay=0.25))
     client = server.client()
-    ids = [f"r{i}" for i in range(40)]
+    ids = [f"r{i}" for i in range(60)]
     file = upload(client, batch_lines(ids))
     batch = create(client, file.id)
-    wait_for(lambda: bool(server.engines) and server.engines[0].steps >= 2)
+    live = wait_done(client, batch.id, ("in_progress",))
+    assert live.request_counts is not None and live.request_counts.total == 60
+    running = []  # request_counts grow while the batch runs
+    wait_for(lambda: running.append(client.batches.retrieve(batch.id).request_counts) or running[-1].completed >= 2)
+    assert running[-1].failed == 0 and client.batches.retrieve(batch.id).status == "in_progress"
     cancelling = client.batches.cancel(batch.id)
     assert cancelling.status in ("cancelling", "cancelled")
     done = wait_done(client, batch.id)

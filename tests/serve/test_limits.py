@@ -13,6 +13,7 @@ from fastapi.testclient import TestClient
 from serving import Server, batch_lines, upload
 
 from bulkinfer.serve.api import Limits, create_app
+from bulkinfer.serve.progress import LineCounter
 from bulkinfer.serve.store import Store
 from bulkinfer.serve.validate import validate_input
 
@@ -79,3 +80,14 @@ def test_registering_a_batch_output_twice_gives_the_same_file(tmp_path: Path) ->
     assert store.register_file("alice", "b_output.jsonl", "batch_output", out) == first
     assert [f["id"] for f in store.files("alice")] == [first["id"]]
     store.close()
+
+
+def test_live_counts_read_only_whole_lines_and_only_what_was_added(tmp_path: Path) -> None:
+    spool = tmp_path / "s.jsonl"
+    counter = LineCounter(spool)
+    assert counter.count() == 0  # not there yet
+    spool.write_bytes(b'[1,{}]\n[2,{"a"')
+    assert counter.count() == 1  # the torn line is not a finished row
+    with open(spool, "ab") as f:
+        f.write(b":1}]\n[3,{}]\n")
+    assert counter.count() == 3 and counter.offset == spool.stat().st_size
