@@ -10,7 +10,7 @@ OpenAI's shape: ``{"error": {"message", "type", "param", "code"}}``.
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Mapping
+from collections.abc import AsyncGenerator, Iterator, Mapping
 from dataclasses import dataclass
 from typing import Annotated, Any, BinaryIO
 
@@ -19,7 +19,8 @@ from fastapi.concurrency import run_in_threadpool
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import FileResponse, JSONResponse
 from pydantic import BaseModel, ConfigDict
-from starlette.datastructures import UploadFile
+from starlette.datastructures import FormData, UploadFile
+from starlette.formparsers import MultiPartException, MultiPartParser
 
 from bulkinfer.schema import CHAT_URL, COMPLETIONS_URL
 from bulkinfer.serve.objects import batch_object, error_body, file_object, list_object
@@ -132,26 +133,20 @@ def create_app(
 
     @app.post("/v1/files")
     async def create_file(request: Request, who: Tenant) -> dict[str, Any]:
-        declared = int(request.headers.get("content-length") or 0)
-        if declared > limits.max_file_bytes + MULTIPART_SLACK_BYTES:
-            raise _too_large(limits)
-        form = await request.form(max_files=1, max_fields=4)
-        upload, purpose = form.get("file"), form.get("purpose")
-        if not isinstance(upload, UploadFile):
-            raise ApiError(400, "a multipart field 'file' is required", param="file")
-        if purpose != "batch":
-            raise ApiError(400, "purpose must be 'batch'", param="purpose")
+        form = await _upload_form(request, limits.max_file_bytes)
         try:
-            row = await run_in_threadpool(
-                store.save_file,
-                who,
-                upload.filename or "upload.jsonl",
-                purpose,
-                _chunks(upload.file),
-                limits.max_file_bytes,
-            )
+            upload, purpose = form.get("file"), form.get("purpose")
+            if not isinstance(upload, UploadFile):
+                raise ApiError(400, "a multipart field 'file' is required", param="file")
+            if purpose != "batch":
+                raise ApiError(400, "purpose must be 'batch'", param="purpose")
+            name = upload.filename or "upload.jsonl"
+            save = store.save_file
+            row = await run_in_threadpool(save, who, name, purpose, _chunks(upload.file), limits.max_file_bytes)
         except FileTooLarge:
-            raise _too_large(limits) from None
+            raise _too_large(limits.max_file_bytes) from None
+        finally:
+            await form.close()
         return file_object(row)
 
     @app.get("/v1/files")
@@ -218,12 +213,40 @@ def create_app(
     return app
 
 
+async def _upload_form(request: Request, max_bytes: int) -> FormData:
+    """The multipart form of an upload, parsed as its bytes arrive (a file
+    part goes to a temporary file: memory holds at most 1 MB of it).
+
+    Raises:
+        ApiError: 413 once the body passes ``max_bytes`` plus the multipart
+            framing (declared by ``Content-Length`` or counted while
+            streaming: the rest is not read); 400 when it is not multipart.
+    """
+    if int(request.headers.get("content-length") or 0) > max_bytes + MULTIPART_SLACK_BYTES:
+        raise _too_large(max_bytes)
+    if not request.headers.get("content-type", "").startswith("multipart/form-data"):
+        raise ApiError(400, "the upload must be multipart/form-data with a 'file' and a 'purpose'", param="file")
+
+    async def counted() -> AsyncGenerator[bytes, None]:
+        seen = 0
+        async for chunk in request.stream():
+            seen += len(chunk)
+            if seen > max_bytes + MULTIPART_SLACK_BYTES:
+                raise FileTooLarge(f"the upload passed {max_bytes} bytes")
+            yield chunk
+
+    try:
+        return await MultiPartParser(request.headers, counted(), max_files=1, max_fields=4).parse()
+    except FileTooLarge:
+        raise _too_large(max_bytes) from None
+    except MultiPartException as exc:
+        raise ApiError(400, exc.message, param="file") from None
+
+
 def _chunks(f: BinaryIO) -> Iterator[bytes]:
     while chunk := f.read(CHUNK_BYTES):
         yield chunk
 
 
-def _too_large(limits: Limits) -> ApiError:
-    return ApiError(
-        413, f"the file is larger than the limit of {limits.max_file_bytes} bytes", code="file_too_large", param="file"
-    )
+def _too_large(max_bytes: int) -> ApiError:
+    return ApiError(413, f"the file is larger than the limit of {max_bytes} bytes", code="file_too_large", param="file")

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import subprocess
 import sys
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 from fastapi.testclient import TestClient
@@ -91,3 +91,23 @@ def test_live_counts_read_only_whole_lines_and_only_what_was_added(tmp_path: Pat
     with open(spool, "ab") as f:
         f.write(b":1}]\n[3,{}]\n")
     assert counter.count() == 3 and counter.offset == spool.stat().st_size
+
+
+def test_a_streamed_upload_without_a_declared_size_is_cut_off_at_the_limit(serve: Callable[..., Server]) -> None:
+    server = serve(limits=Limits(max_file_bytes=1000))
+
+    def body() -> Iterator[bytes]:  # chunked: no Content-Length
+        yield b'--b\\r\\nContent-Disposition: form-data; name="purpose"\\r\\n\\r\\nbatch\\r\\n'
+        yield b'--b\\r\\nContent-Disposition: form-data; name="file"; filename="a.jsonl"\\r\\n\\r\\n'
+        for _ in range(64):  # 4 MB
+            yield b"x" * 65536
+        yield b"\\r\\n--b--\\r\\n"
+
+    response = server.http.post(
+        "/v1/files",
+        headers={"Authorization": "Bearer key-a", "Content-Type": "multipart/form-data; boundary=b"},
+        content=body(),
+    )
+    assert response.status_code == 413 and response.json()["error"]["code"] == "file_too_large"
+    assert "content-length" not in response.request.headers  # found by counting, not declared
+    assert list(server.store.files_dir.iterdir()) == []
