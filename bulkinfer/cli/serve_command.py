@@ -9,10 +9,10 @@ from typing import Annotated
 
 import typer
 
-from bulkinfer.cli.app import Command, app, epilog, exit_codes
+from bulkinfer.cli.app import Command, app, epilog
 from bulkinfer.cli.options import ConfigOption, ModelOption, described
 from bulkinfer.cli.signals import fail
-from bulkinfer.errors import BulkinferError, ConfigError
+from bulkinfer.errors import BulkinferError, ConfigError, write_error
 
 LOCALHOST = "127.0.0.1"
 KEYS_ENV = "BULKINFER_API_KEYS"
@@ -23,8 +23,15 @@ EXAMPLES = (
     "bulkinfer serve --model ./my-model",
 )
 
+SERVE_EXIT_CODES = (
+    ("0", "stopped by SIGINT or SIGTERM (a running batch resumes at start)"),
+    ("1", "the address cannot be bound (uvicorn's message says why)"),
+    ("2", "usage or config error; or a --host beyond 127.0.0.1 without a key"),
+    ("9", "the data directory cannot be written"),
+)
 
-@app.command(cls=Command, epilog=epilog(EXAMPLES, exit_codes()))
+
+@app.command(cls=Command, epilog=epilog(EXAMPLES, SERVE_EXIT_CODES))
 def serve(
     host: Annotated[str, typer.Option(metavar="HOST", help=described("Address to listen on.", LOCALHOST))] = LOCALHOST,
     port: Annotated[int, typer.Option(metavar="PORT", help=described("Port to listen on.", 8000))] = 8000,
@@ -55,7 +62,10 @@ def serve(
             raise ConfigError(
                 f"--host {host} without an API key: give --api-key KEY or {KEYS_ENV}, or serve {LOCALHOST}"
             )
-        _serve(host, port, data_dir, keys, model, config)
+        try:
+            _serve(host, port, data_dir, keys, model, config)
+        except OSError as exc:
+            raise write_error(exc) from exc
     except BulkinferError as exc:
         fail(exc)
 
