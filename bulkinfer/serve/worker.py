@@ -71,6 +71,7 @@ class BatchWorker(threading.Thread):
         self._wake = threading.Condition()
         self._closing = False
         self._running: tuple[str, StopToken] | None = None
+        self._publishing = threading.Lock()  # the API's cancel and the worker may both publish one batch
 
     # Runner
 
@@ -190,9 +191,15 @@ class BatchWorker(threading.Thread):
     def _publish_cancelled(self, batch_id: str) -> None:
         """A ``cancelling`` batch that is not running -> ``cancelled``, with
         the rows its runs finished (if any) published as its output and errors."""
-        batch = self.store.batch(None, batch_id)
-        if batch is None or batch["status"] != "cancelling":
-            return
+        with self._publishing:
+            batch = self.store.batch(None, batch_id)
+            if batch is not None and batch["status"] == "cancelling":
+                self._publish_partial(batch)
+
+    def _publish_partial(self, batch: dict[str, Any]) -> None:
+        """Publish the spools of ``batch``'s run (under the output's lock), count
+        its lines, register the files, move it to ``cancelled``."""
+        batch_id = batch["id"]
         out = self.store.batch_dir(batch_id) / "output.jsonl"
         files = OutputFiles(out)
         if out.parent.exists():
