@@ -17,6 +17,7 @@ from bulkinfer.cli.app import app
 # The @app.command decorators register the commands; `bulkinfer --help` lists them in this order.
 from bulkinfer.cli.run_command import run
 from bulkinfer.cli import commands  # noqa: F401
+from bulkinfer.cli import serve_command  # noqa: F401
 
 # isort: on
 from bulkinfer.cli.options import NEGATIONS, OVERRIDES, _overrides

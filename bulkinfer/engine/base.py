@@ -95,6 +95,12 @@ class KeptEngine:
             self.engine = self.factory(model_path, settings)
         return self.engine
 
+    def reused(self, model_path: str, settings: Settings) -> Engine:
+        """An engine factory for many runs (a server's batches): the kept
+        engine (made by the first call) behind a no-op ``close()``. Later
+        calls ignore their ``settings``: the engine keeps the first run's."""
+        return _Unclosed(self.get(model_path, settings))
+
     def close(self) -> None:
         if self.engine is not None:
             self.engine.close()

@@ -1,0 +1,101 @@
+"""`bulkinfer serve`: OpenAI's Files and Batch API on this machine (see :mod:`bulkinfer.serve`)."""
+
+from __future__ import annotations
+
+import hashlib
+import os
+from pathlib import Path
+from typing import Annotated
+
+import typer
+
+from bulkinfer.cli.app import Command, app, epilog
+from bulkinfer.cli.options import ConfigOption, ModelOption, described
+from bulkinfer.cli.signals import fail
+from bulkinfer.errors import BulkinferError, ConfigError, write_error
+
+LOCALHOST = "127.0.0.1"
+KEYS_ENV = "BULKINFER_API_KEYS"
+
+EXAMPLES = (
+    "bulkinfer serve --api-key sk-team-a --api-key sk-team-b --data-dir /srv/bulkinfer",
+    f"{KEYS_ENV}=sk-a,sk-b bulkinfer serve --host 0.0.0.0 --port 8000",
+    "bulkinfer serve --model ./my-model",
+)
+
+SERVE_EXIT_CODES = (
+    ("0", "stopped by SIGINT or SIGTERM (a running batch resumes at start)"),
+    ("1", "the address cannot be bound (uvicorn's message says why)"),
+    ("2", "usage or config error; or a --host beyond 127.0.0.1 without a key"),
+    ("9", "the data directory cannot be written"),
+)
+
+
+@app.command(cls=Command, epilog=epilog(EXAMPLES, SERVE_EXIT_CODES))
+def serve(
+    host: Annotated[str, typer.Option(metavar="HOST", help=described("Address to listen on.", LOCALHOST))] = LOCALHOST,
+    port: Annotated[int, typer.Option(metavar="PORT", help=described("Port to listen on.", 8000))] = 8000,
+    data_dir: Annotated[
+        Path,
+        typer.Option(
+            metavar="DIR", help=described("Where files, batches and state.sqlite3 are kept.", "bulkinfer-data")
+        ),
+    ] = Path("bulkinfer-data"),
+    api_key: Annotated[
+        list[str] | None,
+        typer.Option(
+            metavar="KEY",
+            help=described(
+                f"An API key (repeat for more; also {KEYS_ENV}, comma-separated); each key is a tenant. "
+                f"Without any, only {LOCALHOST} is served and any bearer is the tenant 'default'.",
+                "none",
+            ),
+        ),
+    ] = None,
+    model: ModelOption = None,
+    config: ConfigOption = None,
+) -> None:
+    """Serve OpenAI's Files and Batch API: batches run one after another on one warm engine."""
+    keys = [*(api_key or ()), *(k.strip() for k in os.environ.get(KEYS_ENV, "").split(",") if k.strip())]
+    try:
+        if not keys and host != LOCALHOST:
+            raise ConfigError(
+                f"--host {host} without an API key: give --api-key KEY or {KEYS_ENV}, or serve {LOCALHOST}"
+            )
+        try:
+            _serve(host, port, data_dir, keys, model, config)
+        except OSError as exc:
+            raise write_error(exc) from exc
+    except BulkinferError as exc:
+        fail(exc)
+
+
+def _serve(host: str, port: int, data_dir: Path, keys: list[str], model: str | None, config: Path | None) -> None:
+    """Build the store, worker and app; run uvicorn until SIGINT/SIGTERM; then stop the worker
+    (a running batch stays ``in_progress`` and resumes at the next start)."""
+    import uvicorn
+
+    from bulkinfer.config import load_settings
+    from bulkinfer.default_model import DEFAULT_MODEL
+    from bulkinfer.engine.factory import vllm_engine
+    from bulkinfer.serve.api import create_app
+    from bulkinfer.serve.store import Store
+    from bulkinfer.serve.worker import BatchWorker
+
+    settings = load_settings(config, {"model": model})
+    store = Store(data_dir)
+    worker = BatchWorker(store, settings, vllm_engine)
+    tenants = {key: tenant_of(key) for key in keys}
+    app = create_app(store, tenants, worker, model=settings.model or DEFAULT_MODEL)
+    worker.start()
+    try:
+        uvicorn.run(app, host=host, port=port)
+    finally:
+        worker.close()
+        store.close()
+
+
+def tenant_of(key: str) -> str:
+    """A key's tenant: a stable name from the key's SHA-256 (the same across
+    restarts and key order, and not the key itself)."""
+    return "tenant-" + hashlib.sha256(key.encode()).hexdigest()[:16]

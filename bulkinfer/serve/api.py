@@ -1,0 +1,252 @@
+"""OpenAI's Files and Batch API as a FastAPI app over a :class:`Store` and
+a :class:`Runner` (the worker).
+
+Every ``/v1`` route wants ``Authorization: Bearer KEY``; the key names the
+tenant, who sees only its own files and batches (another tenant's id is a
+404, as an unknown one). With no keys configured, any bearer is the tenant
+``"default"`` (``bulkinfer serve`` allows that on 127.0.0.1 only). Errors are
+OpenAI's shape: ``{"error": {"message", "type", "param", "code"}}``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import AsyncGenerator, Iterator, Mapping
+from dataclasses import dataclass
+from typing import Annotated, Any, BinaryIO
+
+from fastapi import Depends, FastAPI, Request
+from fastapi.concurrency import run_in_threadpool
+from fastapi.exceptions import RequestValidationError
+from fastapi.responses import FileResponse, JSONResponse
+from pydantic import BaseModel, ConfigDict
+from starlette.datastructures import FormData, UploadFile
+from starlette.formparsers import MultiPartException, MultiPartParser
+
+from bulkinfer.schema import CHAT_URL, COMPLETIONS_URL
+from bulkinfer.serve.objects import batch_object, error_body, file_object, list_object
+from bulkinfer.serve.store import WINDOWS_S, FileTooLarge, Store
+from bulkinfer.serve.worker import Runner
+
+DEFAULT_TENANT = "default"
+ENDPOINTS = (CHAT_URL, COMPLETIONS_URL)
+CHUNK_BYTES = 1 << 20
+MULTIPART_SLACK_BYTES = 64 * 1024  # boundaries and part headers around the file in a multipart body
+
+
+@dataclass(frozen=True, slots=True)
+class Limits:
+    """``max_file_bytes``: the largest upload (OpenAI's 200 MB for batch input)."""
+
+    max_file_bytes: int = 200 * 1024 * 1024
+
+
+class ApiError(Exception):
+    """An error response: HTTP ``status`` and OpenAI's error fields."""
+
+    def __init__(
+        self,
+        status: int,
+        message: str,
+        type_: str = "invalid_request_error",
+        code: str | None = None,
+        param: str | None = None,
+    ):
+        super().__init__(message)
+        self.status, self.body = status, error_body(message, type_, code, param)
+
+
+def not_found(what: str, id_: str) -> ApiError:
+    return ApiError(404, f"No such {what}: '{id_}'", code="not_found")
+
+
+def found(row: dict[str, Any] | None, what: str, id_: str) -> dict[str, Any]:
+    """``row``, the tenant's ``what`` (file, batch) ``id_``.
+
+    Raises:
+        ApiError: 404 when it is None (no such id, or another tenant's).
+    """
+    if row is None:
+        raise not_found(what, id_)
+    return row
+
+
+class BatchCreate(BaseModel):
+    """The body of ``POST /v1/batches``."""
+
+    model_config = ConfigDict(extra="forbid")
+    input_file_id: str
+    endpoint: str
+    completion_window: str
+    metadata: dict[str, str] | None = None
+
+
+def tenant(request: Request) -> str:
+    """The tenant of the request's bearer key (``app.state.keys``: key -> tenant).
+
+    Raises:
+        ApiError: 401, no bearer key or an unknown one.
+    """
+    scheme, _, key = request.headers.get("authorization", "").partition(" ")
+    if scheme.lower() != "bearer" or not key:
+        raise ApiError(401, "Missing bearer authentication in header", code="invalid_api_key")
+    keys: dict[str, str] = request.app.state.keys
+    if not keys:
+        return DEFAULT_TENANT
+    if key not in keys:
+        raise ApiError(401, "Incorrect API key provided", code="invalid_api_key")
+    return keys[key]
+
+
+Tenant = Annotated[str, Depends(tenant)]
+
+
+def create_app(
+    store: Store, keys: Mapping[str, str], runner: Runner, limits: Limits | None = None, model: str = ""
+) -> FastAPI:
+    """The app. ``keys``: API key -> tenant (empty: any bearer is
+    ``"default"``); ``runner`` gets each new batch and each cancel;
+    ``model``: the id ``GET /v1/models`` lists."""
+    app = FastAPI(title="bulkinfer serve", docs_url=None, redoc_url=None)
+    app.state.keys = dict(keys)
+    limits = limits or Limits()
+
+    @app.exception_handler(ApiError)
+    async def _api_error(request: Request, exc: ApiError) -> JSONResponse:
+        return JSONResponse(exc.body, status_code=exc.status)
+
+    @app.exception_handler(RequestValidationError)
+    async def _invalid(request: Request, exc: RequestValidationError) -> JSONResponse:
+        first = exc.errors()[0] if exc.errors() else {}
+        param = ".".join(str(p) for p in first.get("loc", ())[1:]) or None
+        return JSONResponse(
+            error_body(f"{param}: {first.get('msg', 'invalid request')}", "invalid_request_error", None, param),
+            status_code=400,
+        )
+
+    @app.get("/health")
+    def health() -> dict[str, str]:
+        return {"status": "ok"}
+
+    @app.get("/v1/models")
+    def models(who: Tenant) -> dict[str, Any]:
+        return {"object": "list", "data": [{"id": model, "object": "model", "created": 0, "owned_by": "bulkinfer"}]}
+
+    @app.post("/v1/files")
+    async def create_file(request: Request, who: Tenant) -> dict[str, Any]:
+        form = await _upload_form(request, limits.max_file_bytes)
+        try:
+            upload, purpose = form.get("file"), form.get("purpose")
+            if not isinstance(upload, UploadFile):
+                raise ApiError(400, "a multipart field 'file' is required", param="file")
+            if purpose != "batch":
+                raise ApiError(400, "purpose must be 'batch'", param="purpose")
+            name = upload.filename or "upload.jsonl"
+            save = store.save_file
+            row = await run_in_threadpool(save, who, name, purpose, _chunks(upload.file), limits.max_file_bytes)
+        except FileTooLarge:
+            raise _too_large(limits.max_file_bytes) from None
+        finally:
+            await form.close()
+        return file_object(row)
+
+    @app.get("/v1/files")
+    def list_files(who: Tenant, purpose: str | None = None) -> dict[str, Any]:
+        return list_object([file_object(r) for r in store.files(who, purpose)], False)
+
+    def own_file(who: str, file_id: str) -> dict[str, Any]:
+        return found(store.file(who, file_id), "file", file_id)
+
+    @app.get("/v1/files/{file_id}")
+    def get_file(file_id: str, who: Tenant) -> dict[str, Any]:
+        return file_object(own_file(who, file_id))
+
+    @app.get("/v1/files/{file_id}/content")
+    def file_content(file_id: str, who: Tenant) -> FileResponse:
+        return FileResponse(own_file(who, file_id)["path"], media_type="application/octet-stream")
+
+    @app.delete("/v1/files/{file_id}")
+    def delete_file(file_id: str, who: Tenant) -> dict[str, Any]:
+        if not store.delete_file(who, file_id):
+            raise not_found("file", file_id)
+        return {"id": file_id, "object": "file", "deleted": True}
+
+    @app.post("/v1/batches")
+    def create_batch(body: BatchCreate, who: Tenant) -> dict[str, Any]:
+        if body.endpoint not in ENDPOINTS:
+            raise ApiError(400, f"endpoint must be one of {', '.join(ENDPOINTS)}", param="endpoint")
+        if body.completion_window not in WINDOWS_S:
+            raise ApiError(400, "completion_window must be '24h'", param="completion_window")
+        if body.metadata is not None and len(body.metadata) > 16:
+            raise ApiError(400, "metadata holds at most 16 pairs", param="metadata")
+        file = store.file(who, body.input_file_id)
+        if file is None:
+            raise ApiError(404, f"No such file: '{body.input_file_id}'", code="not_found", param="input_file_id")
+        if file["purpose"] != "batch":
+            raise ApiError(400, "the input file's purpose must be 'batch'", param="input_file_id")
+        row = store.add_batch(who, body.input_file_id, body.endpoint, body.completion_window, body.metadata)
+        runner.submit(row["id"])
+        return batch_object(row)
+
+    def own_batch(who: str, batch_id: str) -> dict[str, Any]:
+        return found(store.batch(who, batch_id), "batch", batch_id)
+
+    @app.get("/v1/batches/{batch_id}")
+    def get_batch(batch_id: str, who: Tenant) -> dict[str, Any]:
+        return batch_object(own_batch(who, batch_id))
+
+    @app.get("/v1/batches")
+    def list_batches(who: Tenant, after: str | None = None, limit: int = 20) -> dict[str, Any]:
+        if not 1 <= limit <= 100:
+            raise ApiError(400, "limit must be between 1 and 100", param="limit")
+        rows, has_more = store.batches(who, after, limit)
+        return list_object([batch_object(r) for r in rows], has_more)
+
+    @app.post("/v1/batches/{batch_id}/cancel")
+    def cancel_batch(batch_id: str, who: Tenant) -> dict[str, Any]:
+        row = own_batch(who, batch_id)
+        if row["status"] not in ("cancelling", "cancelled"):
+            if not store.move(batch_id, ("validating", "in_progress"), "cancelling"):
+                raise ApiError(400, f"Cannot cancel a batch with status '{row['status']}'", param="batch_id")
+            runner.cancel(batch_id)
+        return batch_object(own_batch(who, batch_id))
+
+    return app
+
+
+async def _upload_form(request: Request, max_bytes: int) -> FormData:
+    """The multipart form of an upload, parsed as its bytes arrive (a file
+    part goes to a temporary file: memory holds at most 1 MB of it).
+
+    Raises:
+        ApiError: 413 once the body passes ``max_bytes`` plus the multipart
+            framing (declared by ``Content-Length`` or counted while
+            streaming: the rest is not read); 400 when it is not multipart.
+    """
+    if int(request.headers.get("content-length") or 0) > max_bytes + MULTIPART_SLACK_BYTES:
+        raise _too_large(max_bytes)
+    if not request.headers.get("content-type", "").startswith("multipart/form-data"):
+        raise ApiError(400, "the upload must be multipart/form-data with a 'file' and a 'purpose'", param="file")
+
+    async def counted() -> AsyncGenerator[bytes, None]:
+        seen = 0
+        async for chunk in request.stream():
+            seen += len(chunk)
+            if seen > max_bytes + MULTIPART_SLACK_BYTES:
+                raise FileTooLarge(f"the upload passed {max_bytes} bytes")
+            yield chunk
+
+    try:
+        return await MultiPartParser(request.headers, counted(), max_files=1, max_fields=4).parse()
+    except FileTooLarge:
+        raise _too_large(max_bytes) from None
+    except MultiPartException as exc:
+        raise ApiError(400, exc.message, param="file") from None
+
+
+def _chunks(f: BinaryIO) -> Iterator[bytes]:
+    while chunk := f.read(CHUNK_BYTES):
+        yield chunk
+
+
+def _too_large(max_bytes: int) -> ApiError:
+    return ApiError(413, f"the file is larger than the limit of {max_bytes} bytes", code="file_too_large", param="file")

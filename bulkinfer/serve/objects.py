@@ -1,0 +1,56 @@
+"""The OpenAI objects the API returns, built from the store's rows: field
+names exactly as OpenAI's (``openai.types.FileObject``, ``openai.types.Batch``)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from bulkinfer.serve.store import TIMESTAMPS
+
+
+def file_object(row: dict[str, Any]) -> dict[str, Any]:
+    """OpenAI's ``File`` object of a ``files`` row."""
+    return {
+        "id": row["id"],
+        "object": "file",
+        "bytes": row["bytes"],
+        "created_at": row["created_at"],
+        "filename": row["filename"],
+        "purpose": row["purpose"],
+        "status": "processed",
+    }
+
+
+def batch_object(row: dict[str, Any]) -> dict[str, Any]:
+    """OpenAI's ``Batch`` object of a ``batches`` row (``errors`` as a list object or null)."""
+    errors = row["errors"]
+    return {
+        "id": row["id"],
+        "object": "batch",
+        "endpoint": row["endpoint"],
+        "errors": {"object": "list", "data": errors} if errors else None,
+        "input_file_id": row["input_file_id"],
+        "completion_window": row["completion_window"],
+        "status": row["status"],
+        "output_file_id": row["output_file_id"],
+        "error_file_id": row["error_file_id"],
+        **{key: row[key] for key in TIMESTAMPS},
+        "request_counts": row["request_counts"],
+        "metadata": row["metadata"],
+    }
+
+
+def list_object(data: list[dict[str, Any]], has_more: bool) -> dict[str, Any]:
+    """OpenAI's cursor page: ``data``, ``first_id``, ``last_id``, ``has_more``."""
+    return {
+        "object": "list",
+        "data": data,
+        "first_id": data[0]["id"] if data else None,
+        "last_id": data[-1]["id"] if data else None,
+        "has_more": has_more,
+    }
+
+
+def error_body(message: str, type_: str, code: str | None = None, param: str | None = None) -> dict[str, Any]:
+    """OpenAI's error response body."""
+    return {"error": {"message": message, "type": type_, "param": param, "code": code}}

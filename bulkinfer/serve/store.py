@@ -1,0 +1,264 @@
+"""The server's state: files and batches in one SQLite database (WAL mode),
+the bytes of files under ``DATA/files/``, each batch's run under
+``DATA/batches/BATCH_ID/``.
+
+Layout of ``DATA`` (the ``--data-dir``)::
+
+    state.sqlite3            tables ``files`` and ``batches`` (below)
+    files/FILE_ID.jsonl      an uploaded file, written atomically
+    batches/BATCH_ID/        the run's output, errors, report, spools, journal
+
+One connection, guarded by a lock, serves the API's threads and the worker
+thread. Every status change is a conditional update (:meth:`Store.move`), so
+a cancel and the worker never both win.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import secrets
+import sqlite3
+import threading
+import time
+from collections.abc import Iterable, Iterator
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any
+
+SCHEMA = """
+CREATE TABLE IF NOT EXISTS files (
+    id TEXT PRIMARY KEY, tenant TEXT NOT NULL, bytes INTEGER NOT NULL, created_at INTEGER NOT NULL,
+    filename TEXT NOT NULL, purpose TEXT NOT NULL, path TEXT NOT NULL
+);
+CREATE TABLE IF NOT EXISTS batches (
+    seq INTEGER PRIMARY KEY AUTOINCREMENT,
+    id TEXT UNIQUE NOT NULL, tenant TEXT NOT NULL, input_file_id TEXT NOT NULL, endpoint TEXT NOT NULL,
+    completion_window TEXT NOT NULL, metadata TEXT, status TEXT NOT NULL, errors TEXT,
+    output_file_id TEXT, error_file_id TEXT, request_counts TEXT NOT NULL,
+    created_at INTEGER NOT NULL, expires_at INTEGER, in_progress_at INTEGER, finalizing_at INTEGER,
+    completed_at INTEGER, failed_at INTEGER, expired_at INTEGER, cancelling_at INTEGER, cancelled_at INTEGER
+);
+"""
+
+# Columns of ``batches`` holding JSON text.
+JSON_COLUMNS = ("metadata", "errors", "request_counts")
+TIMESTAMPS = (
+    "created_at",
+    "expires_at",
+    "in_progress_at",
+    "finalizing_at",
+    "completed_at",
+    "failed_at",
+    "expired_at",
+    "cancelling_at",
+    "cancelled_at",
+)
+WINDOWS_S = {"24h": 24 * 3600}  # completion_window -> seconds (OpenAI accepts only "24h")
+
+
+class FileTooLarge(Exception):
+    """An upload passed ``max_bytes``; nothing was kept."""
+
+
+def now() -> int:
+    """Unix time, whole seconds (OpenAI's ``*_at`` fields)."""
+    return int(time.time())
+
+
+class Store:
+    """Files and batches of every tenant under ``data_dir`` (created)."""
+
+    def __init__(self, data_dir: Path):
+        self.data_dir = data_dir
+        self.files_dir = data_dir / "files"
+        self.batches_dir = data_dir / "batches"
+        for path in (self.files_dir, self.batches_dir):
+            path.mkdir(parents=True, exist_ok=True)
+        self._lock = threading.Lock()
+        self._db = sqlite3.connect(data_dir / "state.sqlite3", check_same_thread=False, isolation_level=None)
+        self._db.row_factory = sqlite3.Row
+        self._db.execute("PRAGMA journal_mode=WAL")
+        self._db.execute("PRAGMA synchronous=FULL")
+        self._db.executescript(SCHEMA)
+
+    @contextmanager
+    def _tx(self) -> Iterator[sqlite3.Connection]:
+        with self._lock:
+            self._db.execute("BEGIN IMMEDIATE")
+            try:
+                yield self._db
+            except BaseException:
+                self._db.execute("ROLLBACK")
+                raise
+            self._db.execute("COMMIT")
+
+    def close(self) -> None:
+        with self._lock:
+            self._db.close()
+
+    # files
+
+    def save_file(
+        self, tenant: str, filename: str, purpose: str, chunks: Iterable[bytes], max_bytes: int
+    ) -> dict[str, Any]:
+        """Write ``chunks`` to a new file (a temporary beside it, then
+        ``os.replace``) and register it; returns its row.
+
+        Raises:
+            FileTooLarge: more than ``max_bytes`` bytes came (the temporary is removed).
+        """
+        file_id = f"file-{secrets.token_hex(12)}"
+        path = self.files_dir / f"{file_id}.jsonl"
+        tmp = path.with_name(f".{path.name}.tmp")
+        size = 0
+        try:
+            with open(tmp, "wb") as f:
+                for chunk in chunks:
+                    size += len(chunk)
+                    if size > max_bytes:
+                        raise FileTooLarge(f"the file is over the limit of {max_bytes} bytes")
+                    f.write(chunk)
+                f.flush()
+                os.fsync(f.fileno())
+            os.replace(tmp, path)
+        except BaseException:
+            tmp.unlink(missing_ok=True)
+            raise
+        return self.register_file(tenant, filename, purpose, path, file_id)
+
+    def register_file(
+        self, tenant: str, filename: str, purpose: str, path: Path, file_id: str | None = None
+    ) -> dict[str, Any]:
+        """Register an existing file ``path`` (a batch's output) as ``tenant``'s;
+        returns its row (the row it has already, when ``path`` is registered:
+        a server killed while finalizing registers its outputs again)."""
+        with self._lock:
+            known = self._db.execute("SELECT * FROM files WHERE path = ?", (str(path),)).fetchone()
+        if known is not None:
+            return dict(known)
+        row = {
+            "id": file_id or f"file-{secrets.token_hex(12)}",
+            "tenant": tenant,
+            "bytes": path.stat().st_size,
+            "created_at": now(),
+            "filename": filename,
+            "purpose": purpose,
+            "path": str(path),
+        }
+        with self._tx() as db:
+            db.execute("INSERT INTO files VALUES (:id, :tenant, :bytes, :created_at, :filename, :purpose, :path)", row)
+        return row
+
+    def file(self, tenant: str, file_id: str) -> dict[str, Any] | None:
+        """``tenant``'s file ``file_id``, or None (another tenant's too)."""
+        with self._lock:
+            found = self._db.execute("SELECT * FROM files WHERE id = ? AND tenant = ?", (file_id, tenant)).fetchone()
+        return dict(found) if found else None
+
+    def files(self, tenant: str, purpose: str | None = None) -> list[dict[str, Any]]:
+        """``tenant``'s files, newest first."""
+        sql, args = "SELECT * FROM files WHERE tenant = ?", [tenant]
+        if purpose is not None:
+            sql, args = sql + " AND purpose = ?", [*args, purpose]
+        with self._lock:
+            return [dict(r) for r in self._db.execute(sql + " ORDER BY created_at DESC, rowid DESC", args)]
+
+    def delete_file(self, tenant: str, file_id: str) -> bool:
+        """Remove ``tenant``'s file (row and bytes); False when it has none by that id."""
+        found = self.file(tenant, file_id)
+        if found is None:
+            return False
+        with self._tx() as db:
+            db.execute("DELETE FROM files WHERE id = ?", (file_id,))
+        Path(found["path"]).unlink(missing_ok=True)
+        return True
+
+    # batches
+
+    def add_batch(
+        self, tenant: str, input_file_id: str, endpoint: str, window: str, metadata: dict[str, str] | None
+    ) -> dict[str, Any]:
+        """A new batch, ``validating``; returns its row."""
+        created = now()
+        row: dict[str, Any] = {
+            "id": f"batch_{secrets.token_hex(12)}",
+            "tenant": tenant,
+            "input_file_id": input_file_id,
+            "endpoint": endpoint,
+            "completion_window": window,
+            "metadata": json.dumps(metadata) if metadata is not None else None,
+            "status": "validating",
+            "request_counts": json.dumps({"total": 0, "completed": 0, "failed": 0}),
+            "created_at": created,
+            "expires_at": created + WINDOWS_S[window],
+        }
+        columns = ", ".join(row)
+        with self._tx() as db:
+            db.execute(f"INSERT INTO batches ({columns}) VALUES ({', '.join(':' + c for c in row)})", row)
+        found = self.batch(tenant, row["id"])
+        assert found is not None
+        return found
+
+    def batch(self, tenant: str | None, batch_id: str) -> dict[str, Any] | None:
+        """The batch ``batch_id`` of ``tenant`` (any tenant's for None), JSON columns decoded."""
+        sql, args = "SELECT * FROM batches WHERE id = ?", [batch_id]
+        if tenant is not None:
+            sql, args = sql + " AND tenant = ?", [*args, tenant]
+        with self._lock:
+            found = self._db.execute(sql, args).fetchone()
+        return _decoded(found) if found else None
+
+    def batches(self, tenant: str, after: str | None, limit: int) -> tuple[list[dict[str, Any]], bool]:
+        """Up to ``limit`` of ``tenant``'s batches, newest first, those
+        created before ``after`` (a batch id) when given; and whether more follow."""
+        sql, args = "SELECT * FROM batches WHERE tenant = ?", [tenant]
+        if after is not None:
+            sql, args = sql + " AND seq < (SELECT seq FROM batches WHERE id = ?)", [*args, after]
+        with self._lock:
+            rows = self._db.execute(sql + " ORDER BY seq DESC LIMIT ?", [*args, limit + 1]).fetchall()
+        return [_decoded(r) for r in rows[:limit]], len(rows) > limit
+
+    def by_status(self, *statuses: str) -> list[dict[str, Any]]:
+        """Every tenant's batches in one of ``statuses``, oldest first (FIFO)."""
+        marks = ", ".join("?" for _ in statuses)
+        with self._lock:
+            rows = self._db.execute(f"SELECT * FROM batches WHERE status IN ({marks}) ORDER BY seq", statuses)
+            return [_decoded(r) for r in rows]
+
+    def move(self, batch_id: str, from_statuses: tuple[str, ...], status: str, **fields: Any) -> bool:
+        """Set ``status`` (and its ``STATUS_at`` timestamp, and ``fields``:
+        JSON columns given as data) when the batch is in one of
+        ``from_statuses``; False when it is not (someone else moved it)."""
+        stamp = {f"{status}_at": now()} if f"{status}_at" in TIMESTAMPS else {}
+        return self._set(batch_id, from_statuses, {"status": status, **stamp, **fields})
+
+    def _set(self, batch_id: str, from_statuses: tuple[str, ...], fields: dict[str, Any]) -> bool:
+        values = {k: json.dumps(v) if k in JSON_COLUMNS else v for k, v in fields.items()}
+        sets = ", ".join(f"{k} = ?" for k in values)
+        marks = ", ".join("?" for _ in from_statuses)
+        with self._tx() as db:
+            cursor = db.execute(
+                f"UPDATE batches SET {sets} WHERE id = ? AND status IN ({marks})",
+                [*values.values(), batch_id, *from_statuses],
+            )
+        return cursor.rowcount == 1
+
+    def update(self, batch_id: str, **fields: Any) -> None:
+        """Set ``fields`` whatever the status (live ``request_counts``)."""
+        self._set(batch_id, STATUSES, fields)
+
+    def batch_dir(self, batch_id: str) -> Path:
+        """Where the run of ``batch_id`` writes."""
+        return self.batches_dir / batch_id
+
+
+STATUSES = ("validating", "failed", "in_progress", "finalizing", "completed", "expired", "cancelling", "cancelled")
+
+
+def _decoded(row: sqlite3.Row) -> dict[str, Any]:
+    data = dict(row)
+    for key in JSON_COLUMNS:
+        if data[key] is not None:
+            data[key] = json.loads(data[key])
+    return data

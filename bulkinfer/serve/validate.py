@@ -1,0 +1,69 @@
+"""Validation of a batch's input file, in the batch's ``validating`` state:
+the checks OpenAI's Batch API makes before it runs a line.
+
+Each line must be a JSON object with a string ``custom_id`` unique in the
+file, ``method`` ``"POST"``, ``url`` equal to the batch's ``endpoint`` and a
+``body`` object; the file holds at most ``max_lines`` requests (OpenAI's
+50,000). Problems come back as OpenAI's ``BatchError`` objects (``code``,
+``message``, ``param``, ``line``: 1-based) — never as an exception.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import orjson
+
+MAX_LINES = 50_000  # OpenAI's requests per batch
+MAX_ERRORS = 100  # errors listed in a failed batch's ``errors.data``
+
+
+def batch_error(code: str, message: str, line: int | None = None, param: str | None = None) -> dict[str, Any]:
+    """OpenAI's ``BatchError``."""
+    return {"code": code, "message": message, "param": param, "line": line}
+
+
+def validate_input(path: Path, endpoint: str, max_lines: int = MAX_LINES) -> tuple[int, list[dict[str, Any]]]:
+    """The number of requests in ``path`` (non-blank lines) and the
+    ``BatchError`` of each bad line (at most :data:`MAX_ERRORS`); an empty
+    error list means the file may run. Streams the file: memory is one line."""
+    errors: list[dict[str, Any]] = []
+    seen: set[str] = set()
+    count = 0
+    with open(path, "rb") as f:
+        for number, raw in enumerate(f, start=1):
+            if not raw.strip():
+                continue
+            count += 1
+            if count > max_lines:
+                return count, [batch_error("too_many_requests", f"the file has more than {max_lines} requests")]
+            problem = _line_problem(raw, endpoint, seen)
+            if problem is not None and len(errors) < MAX_ERRORS:
+                errors.append(batch_error(problem[0], problem[1], number, problem[2]))
+    if count == 0:
+        errors.append(batch_error("empty_file", "the input file has no requests"))
+    return count, errors
+
+
+def _line_problem(raw: bytes, endpoint: str, seen: set[str]) -> tuple[str, str, str | None] | None:
+    """``(code, message, param)`` of what is wrong with one line, or None."""
+    try:
+        line = orjson.loads(raw)
+    except orjson.JSONDecodeError as exc:
+        return "invalid_json_line", f"not valid JSON: {exc}", None
+    if not isinstance(line, dict):
+        return "invalid_json_line", "not a JSON object", None
+    custom_id = line.get("custom_id")
+    if not isinstance(custom_id, str) or not custom_id:
+        return "missing_required_parameter", "custom_id must be a non-empty string", "custom_id"
+    if custom_id in seen:
+        return "duplicate_custom_id", f"custom_id {custom_id!r} is used by an earlier line", "custom_id"
+    seen.add(custom_id)
+    if line.get("method") != "POST":
+        return "invalid_request", "method must be POST", "method"
+    if line.get("url") != endpoint:
+        return "mismatched_endpoint", f"url must be the batch's endpoint {endpoint}", "url"
+    if not isinstance(line.get("body"), dict):
+        return "invalid_request", "body must be a JSON object", "body"
+    return None

@@ -1,0 +1,239 @@
+"""The worker: one thread that runs queued batches one after another (FIFO
+by creation) through :func:`bulkinfer.jobs.run.run`, the same core as
+``bulkinfer run``, on one warm engine (:class:`~bulkinfer.engine.base.KeptEngine`:
+the model loads once per server).
+
+A batch's run writes ``DATA/batches/BATCH_ID/output.jsonl`` and its
+siblings (errors, report, spools, journal; see
+:mod:`bulkinfer.jobs.output_files`). Lifecycle: ``validating`` (the input
+is checked, :mod:`bulkinfer.serve.validate`) -> ``in_progress`` (the run)
+(``request_counts`` updated each second, :mod:`bulkinfer.serve.progress`)
+-> ``finalizing`` (output and errors registered as files) -> ``completed``;
+or ``failed`` (bad input, engine failure), ``expired`` (picked up after
+``expires_at``), ``cancelling`` -> ``cancelled`` (the rows finished so far
+are published as the output and errors files).
+
+At start, batches left ``in_progress`` or ``finalizing`` by a killed server
+run again first with ``resume=True`` (the journal and spools keep what
+finished: every ``custom_id`` ends exactly once); ``cancelling`` ones are
+cancelled with what they finished.
+"""
+
+from __future__ import annotations
+
+import threading
+from pathlib import Path
+from typing import Any, Protocol
+
+from bulkinfer.config import Settings
+from bulkinfer.engine.base import EngineFactory, KeptEngine
+from bulkinfer.errors import BulkinferError, Interrupted
+from bulkinfer.jobs.output_files import OutputFiles, RunPaths
+from bulkinfer.jobs.run import run
+from bulkinfer.models import TokenizerFactory, load_tokenizer
+from bulkinfer.serve.progress import LiveCounts
+from bulkinfer.serve.store import Store, now
+from bulkinfer.serve.validate import MAX_LINES, batch_error, validate_input
+from bulkinfer.stop import StopToken
+
+RESUMABLE = ("in_progress", "finalizing")
+
+
+class Runner(Protocol):
+    """What the API asks of whoever runs batches."""
+
+    def submit(self, batch_id: str) -> None:
+        """A new ``validating`` batch is queued."""
+
+    def cancel(self, batch_id: str) -> None:
+        """The batch was moved to ``cancelling``: stop it, or cancel it if it is not running."""
+
+
+class BatchWorker(threading.Thread):
+    """Runs the store's queued batches, one at a time, in a daemon thread.
+
+    ``engine_factory`` and ``tokenizer_factory`` as for :func:`run` (tests
+    give fakes); the engine is made once and kept until :meth:`close`.
+    """
+
+    def __init__(
+        self,
+        store: Store,
+        settings: Settings,
+        engine_factory: EngineFactory,
+        tokenizer_factory: TokenizerFactory = load_tokenizer,
+        max_lines: int = MAX_LINES,
+    ):
+        super().__init__(name="bulkinfer-batch-worker", daemon=True)
+        self.store, self.settings, self.max_lines = store, settings, max_lines
+        self.engine = KeptEngine(engine_factory)
+        self.tokenizer_factory = tokenizer_factory
+        self._wake = threading.Condition()
+        self._closing = False
+        self._running: tuple[str, StopToken] | None = None
+        self._publishing = threading.Lock()  # the API's cancel and the worker may both publish one batch
+
+    # Runner
+
+    def submit(self, batch_id: str) -> None:
+        with self._wake:
+            self._wake.notify()
+
+    def cancel(self, batch_id: str) -> None:
+        with self._wake:
+            if self._running is not None and self._running[0] == batch_id:
+                self._running[1].stop("cancelled")
+                return
+        self._publish_cancelled(batch_id)  # not running: nothing can move it but us
+
+    # the thread
+
+    def close(self, timeout: float | None = None) -> None:
+        """Stop the running batch (it stays ``in_progress``: resumed at the
+        next start), end the thread, close the engine."""
+        with self._wake:
+            self._closing = True
+            if self._running is not None:
+                self._running[1].stop("server shutting down")
+            self._wake.notify()
+        if self.is_alive():
+            self.join(timeout)
+        self.engine.close()
+
+    def run(self) -> None:
+        for left in self.store.by_status("cancelling"):
+            self._publish_cancelled(left["id"])
+        while True:
+            with self._wake:
+                batch = self._next()
+                while batch is None and not self._closing:
+                    self._wake.wait()
+                    batch = self._next()
+                if self._closing:
+                    return
+                assert batch is not None
+                token = StopToken()
+                self._running = (batch["id"], token)
+            try:
+                self._run_batch(batch, token)
+            except Exception as exc:  # a bug or an OSError must not end the worker: the batch fails
+                error = batch_error("server_error", f"{type(exc).__name__}: {exc}")
+                self.store.move(batch["id"], ("validating", *RESUMABLE), "failed", errors=[error])
+            finally:
+                with self._wake:
+                    self._running = None
+            self._publish_cancelled(batch["id"])  # cancelled while it ran (or before it started)
+
+    def _next(self) -> dict[str, Any] | None:
+        """The oldest resumable batch, else the oldest ``validating`` one."""
+        for statuses in (RESUMABLE, ("validating",)):
+            found = self.store.by_status(*statuses)
+            if found:
+                return found[0]
+        return None
+
+    def _run_batch(self, batch: dict[str, Any], token: StopToken) -> None:
+        batch_id = batch["id"]
+        resume = batch["status"] in RESUMABLE
+        if not resume and not self._validated(batch):
+            return
+        paths = RunPaths.build(self._input_path(batch), self.store.batch_dir(batch_id) / "output.jsonl")
+        validated = self.store.batch(None, batch_id)
+        live = LiveCounts(self.store, batch_id, paths.output, validated["request_counts"]["total"] if validated else 0)
+        live.start()
+        try:
+            result = run(
+                paths,
+                self.settings,
+                resume=resume,
+                engine_factory=self.engine.reused,
+                tokenizer_factory=self.tokenizer_factory,
+                progress_plain=True,
+                verbose=True,  # the engine's output stays on the server's stdout/stderr: no fd capture in a thread
+                stop=token,
+            )
+        except Interrupted:
+            return  # cancelled (the caller publishes it), or shutting down (stays in_progress: resumed at start)
+        except BulkinferError as exc:
+            self.store.move(
+                batch_id, RESUMABLE + ("cancelling",), "failed", errors=[batch_error("run_failed", str(exc))]
+            )
+            return
+        finally:
+            live.finish()  # before the final counts: no live write comes after them
+        counts = _counts(result.report)
+        if self.store.move(batch_id, RESUMABLE, "finalizing", request_counts=counts):
+            self._register_outputs(batch, paths, "completed", ("finalizing",))
+
+    def _validated(self, batch: dict[str, Any]) -> bool:
+        """Check the input of a ``validating`` batch; move it to ``in_progress``,
+        or ``failed`` (with ``errors``), ``expired`` or (its file gone) ``failed``."""
+        batch_id = batch["id"]
+        if now() > batch["expires_at"]:
+            self.store.move(batch_id, ("validating",), "expired")
+            return False
+        path = self._input_path(batch)
+        if not path.exists():
+            error = batch_error("file_not_found", f"the input file {batch['input_file_id']} was deleted")
+            self.store.move(batch_id, ("validating",), "failed", errors=[error])
+            return False
+        total, errors = validate_input(path, batch["endpoint"], self.max_lines)
+        if errors:
+            self.store.move(batch_id, ("validating",), "failed", errors=errors)
+            return False
+        counts = {"total": total, "completed": 0, "failed": 0}
+        return self.store.move(batch_id, ("validating",), "in_progress", request_counts=counts)
+
+    def _input_path(self, batch: dict[str, Any]) -> Path:
+        row = self.store.file(batch["tenant"], batch["input_file_id"])
+        return Path(row["path"]) if row is not None else self.store.files_dir / f"{batch['input_file_id']}.missing"
+
+    def _publish_cancelled(self, batch_id: str) -> None:
+        """A ``cancelling`` batch that is not running -> ``cancelled``, with
+        the rows its runs finished (if any) published as its output and errors."""
+        with self._publishing:
+            batch = self.store.batch(None, batch_id)
+            if batch is not None and batch["status"] == "cancelling":
+                self._publish_partial(batch)
+
+    def _publish_partial(self, batch: dict[str, Any]) -> None:
+        """Publish the spools of ``batch``'s run (under the output's lock), count
+        its lines, register the files, move it to ``cancelled``."""
+        batch_id = batch["id"]
+        out = self.store.batch_dir(batch_id) / "output.jsonl"
+        files = OutputFiles(out)
+        if out.parent.exists():
+            with files.locked():
+                if not files.is_complete():
+                    for spool in (files.spool, files.errors_spool):
+                        spool.touch()
+                    files.finish(self.settings.plan.output_order)
+            counts = {"total": batch["request_counts"]["total"], **_count_lines(files)}
+            self.store.update(batch_id, request_counts=counts)
+            self._register_outputs(batch, RunPaths(out, out), "cancelled", ("cancelling",))
+        else:
+            self.store.move(batch_id, ("cancelling",), "cancelled")
+
+    def _register_outputs(self, batch: dict[str, Any], paths: RunPaths, status: str, from_: tuple[str, ...]) -> None:
+        """Register the output and errors files (purpose ``batch_output``) as
+        the batch's tenant's files, then move it to ``status``."""
+        ids: dict[str, Any] = {}
+        for key, path in (("output_file_id", paths.output), ("error_file_id", paths.errors)):
+            if path.exists() and path.stat().st_size > 0:
+                name = f"{batch['id']}_{'output' if key == 'output_file_id' else 'error'}.jsonl"
+                ids[key] = self.store.register_file(batch["tenant"], name, "batch_output", path)["id"]
+        self.store.move(batch["id"], from_, status, **ids)
+
+
+def _counts(report: dict[str, Any]) -> dict[str, int]:
+    """OpenAI's ``request_counts`` from a run's report."""
+    counts = report.get("request_counts", {})
+    return {key: int(counts.get(key, 0)) for key in ("total", "completed", "failed")}
+
+
+def _count_lines(files: OutputFiles) -> dict[str, int]:
+    def lines(path: Path) -> int:
+        with open(path, "rb") as f:
+            return sum(1 for line in f if line.strip())
+
+    return {"completed": lines(files.out), "failed": lines(files.errors)}

@@ -1,0 +1,41 @@
+"""Runs the server (uvicorn, 127.0.0.1) with a slow fake engine in its own
+process, so a test can SIGKILL it mid-batch and start it again.
+
+Usage: python tests/serve/server_driver.py DATA_DIR PORT [--step-delay S]
+(tests/ must be on PYTHONPATH for ``fakes``; the keys are serving.KEYS.)
+"""
+
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+from typing import Any
+
+import uvicorn
+from fakes import FakeEngine
+from serving import KEYS
+
+from bulkinfer.config import load_settings
+from bulkinfer.serve.api import create_app
+from bulkinfer.serve.store import Store
+from bulkinfer.serve.worker import BatchWorker
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("data_dir", type=Path)
+    parser.add_argument("port", type=int)
+    parser.add_argument("--step-delay", type=float, default=0.1)
+    args = parser.parse_args()
+
+    def factory(model: str, settings: Any) -> FakeEngine:
+        return FakeEngine(step_delay=args.step_delay)
+
+    store = Store(args.data_dir)
+    worker = BatchWorker(store, load_settings(None, {"plan.max_in_flight": 4}), factory)
+    worker.start()
+    uvicorn.run(create_app(store, KEYS, worker, model="tiny"), host="127.0.0.1", port=args.port, log_level="warning")
+
+
+if __name__ == "__main__":
+    main()

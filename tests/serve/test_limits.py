@@ -1,0 +1,113 @@
+"""Limits and corners of the server: the lines-per-batch limit, the
+declared-size check of an upload, and the keyless mode
+(any bearer is the tenant ``default``)."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from collections.abc import Callable, Iterator
+from pathlib import Path
+
+from fastapi.testclient import TestClient
+from serving import Server, batch_lines, upload
+
+from bulkinfer.serve.api import Limits, create_app
+from bulkinfer.serve.progress import LineCounter
+from bulkinfer.serve.store import Store
+from bulkinfer.serve.validate import validate_input
+
+
+def test_a_file_over_the_lines_limit_is_refused_at_validation(tmp_path: Path) -> None:
+    path = tmp_path / "in.jsonl"
+    path.write_bytes(batch_lines(["a", "b", "c", "d"]))
+    assert validate_input(path, "/v1/chat/completions", max_lines=4) == (4, [])
+    count, errors = validate_input(path, "/v1/chat/completions", max_lines=3)
+    assert errors == [
+        {"code": "too_many_requests", "message": "the file has more than 3 requests", "param": None, "line": None}
+    ]
+    empty = tmp_path / "empty.jsonl"
+    empty.write_bytes(b"\n")
+    assert [e["code"] for e in validate_input(empty, "/v1/completions")[1]] == ["empty_file"]
+
+
+def test_an_upload_declared_over_the_limit_is_413_before_its_body_is_read(serve: Callable[..., Server]) -> None:
+    server = serve(limits=Limits(max_file_bytes=1000))
+    big = b"x" * (200 * 1024)
+    response = server.http.post(
+        "/v1/files",
+        headers={"Authorization": "Bearer key-a"},
+        files={"file": ("a.jsonl", big)},
+        data={"purpose": "batch"},
+    )
+    assert response.status_code == 413 and response.json()["error"]["code"] == "file_too_large"
+
+
+def test_without_keys_any_bearer_is_the_default_tenant(tmp_path: Path) -> None:
+    store = Store(tmp_path)
+    server = Server.__new__(Server)  # only its client(): no worker needed
+    server.http = TestClient(create_app(store, {}, _NoRunner(), model="tiny"))
+    one, two = server.client("anything"), server.client("something-else")
+    file = upload(one, batch_lines(["a"]))
+    assert two.files.retrieve(file.id).id == file.id
+    assert server.http.get("/v1/files").status_code == 401  # still a bearer is needed
+    store.close()
+
+
+class _NoRunner:
+    def submit(self, batch_id: str) -> None:
+        pass
+
+    def cancel(self, batch_id: str) -> None:
+        pass
+
+
+def test_the_cli_imports_no_web_server_until_serve_runs() -> None:
+    code = (
+        "import sys\n"
+        "import bulkinfer.cli\n"
+        "print(sorted(m for m in ('fastapi', 'uvicorn', 'bulkinfer.serve') if m in sys.modules))\n"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
+    assert out.strip() == "[]"
+
+
+def test_registering_a_batch_output_twice_gives_the_same_file(tmp_path: Path) -> None:
+    store = Store(tmp_path)
+    out = tmp_path / "out.jsonl"
+    out.write_bytes(b"{}\n")
+    first = store.register_file("alice", "b_output.jsonl", "batch_output", out)
+    assert store.register_file("alice", "b_output.jsonl", "batch_output", out) == first
+    assert [f["id"] for f in store.files("alice")] == [first["id"]]
+    store.close()
+
+
+def test_live_counts_read_only_whole_lines_and_only_what_was_added(tmp_path: Path) -> None:
+    spool = tmp_path / "s.jsonl"
+    counter = LineCounter(spool)
+    assert counter.count() == 0  # not there yet
+    spool.write_bytes(b'[1,{}]\n[2,{"a"')
+    assert counter.count() == 1  # the torn line is not a finished row
+    with open(spool, "ab") as f:
+        f.write(b":1}]\n[3,{}]\n")
+    assert counter.count() == 3 and counter.offset == spool.stat().st_size
+
+
+def test_a_streamed_upload_without_a_declared_size_is_cut_off_at_the_limit(serve: Callable[..., Server]) -> None:
+    server = serve(limits=Limits(max_file_bytes=1000))
+
+    def body() -> Iterator[bytes]:  # chunked: no Content-Length
+        yield b'--b\\r\\nContent-Disposition: form-data; name="purpose"\\r\\n\\r\\nbatch\\r\\n'
+        yield b'--b\\r\\nContent-Disposition: form-data; name="file"; filename="a.jsonl"\\r\\n\\r\\n'
+        for _ in range(64):  # 4 MB
+            yield b"x" * 65536
+        yield b"\\r\\n--b--\\r\\n"
+
+    response = server.http.post(
+        "/v1/files",
+        headers={"Authorization": "Bearer key-a", "Content-Type": "multipart/form-data; boundary=b"},
+        content=body(),
+    )
+    assert response.status_code == 413 and response.json()["error"]["code"] == "file_too_large"
+    assert "content-length" not in response.request.headers  # found by counting, not declared
+    assert list(server.store.files_dir.iterdir()) == []

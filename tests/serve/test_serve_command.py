@@ -1,0 +1,54 @@
+"""``bulkinfer serve``: its help, and its refusal to serve beyond 127.0.0.1 without a key."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import typer
+from typer.testing import CliRunner
+
+from bulkinfer.cli import app
+from bulkinfer.cli.serve_command import tenant_of
+
+runner = CliRunner()
+
+
+def test_help_lists_the_options_with_their_defaults() -> None:
+    result = runner.invoke(app, ["serve", "--help"], env={"COLUMNS": "400"})
+    assert result.exit_code == 0, result.output
+    for word in (
+        "--host",
+        "--port",
+        "--data-dir",
+        "--api-key",
+        "--model",
+        "BULKINFER_API_KEYS",
+        "[default: 127.0.0.1]",
+    ):
+        assert word in result.output
+    assert "serve" in typer.main.get_group(app).commands
+
+
+def test_help_fits_80_columns_without_cutting_a_word() -> None:
+    result = runner.invoke(app, ["serve", "--help"], env={"COLUMNS": "80"})
+    assert result.exit_code == 0 and "…" not in result.output, result.output
+    assert "Exit codes" in result.output and "resumes at start" in result.output
+
+
+def test_an_unwritable_data_dir_is_exit_9(tmp_path: Path) -> None:
+    blocker = tmp_path / "file"
+    blocker.write_text("")
+    result = runner.invoke(app, ["serve", "--data-dir", str(blocker / "data")], env={"BULKINFER_API_KEYS": ""})
+    assert result.exit_code == 9, result.output
+    assert "cannot write" in result.output
+
+
+def test_without_a_key_it_refuses_any_host_but_localhost() -> None:
+    result = runner.invoke(app, ["serve", "--host", "0.0.0.0"], env={"BULKINFER_API_KEYS": ""})
+    assert result.exit_code == 2
+    assert "without an API key" in result.output
+
+
+def test_a_keys_tenant_is_stable_and_not_the_key() -> None:
+    assert tenant_of("sk-a") == tenant_of("sk-a") != tenant_of("sk-b")
+    assert "sk-a" not in tenant_of("sk-a")
