@@ -4,12 +4,11 @@ the journal and the writers, so resume, per-row errors, the report and the
 exit codes are those of a run on one host.
 
 Each replica is a :class:`ReplicaActor`: one :class:`~bulkinfer.engine.vllm.VllmEngine`
-in the actor's process (vLLM's engine core in-process there,
-``VLLM_ENABLE_V1_MULTIPROCESSING=0``: the actor is the engine, and when it
-dies its engine is gone with it). The replicas sit in one placement group
-(``SPREAD``: one per node where the nodes allow), each reserving
-``tensor_parallel_size`` GPUs, or on a cluster without GPUs
-``ray.cpus_per_replica`` CPUs (its engine's threads: ``OMP_NUM_THREADS``).
+in the actor's process, its engine core a child process as on one host
+(its watchdog ends the engine when the actor dies). The replicas sit in
+one placement group (``SPREAD``: one per node where the nodes allow), each
+reserving ``tensor_parallel_size`` GPUs, or on a cluster without GPUs
+``ray.cpus_per_replica`` CPUs: see :func:`cpu_environment`.
 
 A replica whose actor dies (a crash, its node lost) raises
 :class:`~bulkinfer.engine.replicas.ReplicaLost` from :meth:`RayReplica.step`;
@@ -40,10 +39,28 @@ from bulkinfer.schema import Completion, Request
 ACTOR_CALL_S = 0.25
 # How long the cluster may take to find room for every replica (seconds).
 PLACEMENT_TIMEOUT_S = 120.0
-# The actors' environment on a cluster without GPUs: the engine in the actor's
-# process, its threads unbound (Ray does not pin CPUs; OMP_NUM_THREADS is the
-# replica's CPUs).
-CPU_ACTOR_ENV = {"VLLM_ENABLE_V1_MULTIPROCESSING": "0", "VLLM_CPU_OMP_THREADS_BIND": "nobind"}
+
+
+def cpu_environment(cpus: int, node_cpus: int) -> dict[str, str]:
+    """The environment of a replica's actor that reserves ``cpus`` Ray CPUs
+    on a cluster whose largest node has ``node_cpus``: ``OMP_NUM_THREADS``
+    is ``cpus``; a replica with a node to itself lets vLLM bind its threads
+    to the cores (``VLLM_CPU_OMP_THREADS_BIND=auto``, as on one host), one
+    that shares a node leaves them unbound (``nobind``: Ray does not pin
+    CPUs, so bulkinfer cannot know which cores are its). A user's own
+    ``VLLM_CPU_OMP_THREADS_BIND`` wins.
+
+    Measured (``python -m bench.replicas --systems dp1,ray1``,
+    ``bench/results/replicas-ray*.md``; AMD EPYC Zen 3, 2 cores): the engine
+    core inside the actor's process with unbound threads ran at 0.69x and
+    0.73x one local engine; in its own process with vLLM's binding at 1.05x
+    and 0.99x.
+    """
+    bind = "auto" if cpus >= node_cpus else "nobind"
+    return {
+        "OMP_NUM_THREADS": str(cpus),
+        "VLLM_CPU_OMP_THREADS_BIND": os.environ.get("VLLM_CPU_OMP_THREADS_BIND", bind),
+    }
 
 
 class ReplicaActor:
@@ -274,10 +291,10 @@ def ray_engine(model: str, settings: Settings) -> RayReplicas:
     if resources.get("GPU", 0) >= 1:
         bundle = {"GPU": float(tp), "CPU": 1.0}
     else:
-        cpus = settings.ray.cpus_per_replica or _cpus_per_replica(ray.nodes(), replicas)
+        nodes = ray.nodes()
+        cpus = settings.ray.cpus_per_replica or _cpus_per_replica(nodes, replicas)
         bundle = {"CPU": float(cpus)}
-        environment = {**CPU_ACTOR_ENV, "OMP_NUM_THREADS": str(cpus)}
-        environment = {**environment, **{k: os.environ[k] for k in CPU_ACTOR_ENV if k in os.environ}}
+        environment = cpu_environment(cpus, max(_node_cpus(nodes), default=1))
     group = placement_group([bundle] * replicas, strategy="SPREAD")
     ready, _ = ray.wait([group.ready()], timeout=PLACEMENT_TIMEOUT_S)
     if not ready:
@@ -315,8 +332,13 @@ def ray_engine(model: str, settings: Settings) -> RayReplicas:
 def _cpus_per_replica(nodes: list[dict[str, Any]], replicas: int) -> int:
     """The cluster's CPUs divided among ``replicas``, at most one node's (a
     replica runs on one node), at least 1. ``nodes``: ``ray.nodes()``."""
-    cpus = [int(node.get("Resources", {}).get("CPU", 0)) for node in nodes if node.get("Alive")]
+    cpus = _node_cpus(nodes)
     return max(min(sum(cpus) // replicas, max(cpus, default=1)), 1)
+
+
+def _node_cpus(nodes: list[dict[str, Any]]) -> list[int]:
+    """The CPUs of each node that is alive (``ray.nodes()``)."""
+    return [int(node.get("Resources", {}).get("CPU", 0)) for node in nodes if node.get("Alive")]
 
 
 def _one_replica(settings: EngineSettings) -> EngineSettings:

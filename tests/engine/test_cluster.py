@@ -8,7 +8,7 @@ import sys
 import pytest
 
 from bulkinfer.config import load_settings
-from bulkinfer.engine.cluster import _cpus_per_replica, ray_engine
+from bulkinfer.engine.cluster import _cpus_per_replica, cpu_environment, ray_engine
 from bulkinfer.errors import ConfigError
 from bulkinfer.jobs.output_files import results_settings, settings_changes
 
@@ -55,3 +55,11 @@ def test_without_ray_installed_the_error_says_how_to_get_it(monkeypatch: pytest.
     monkeypatch.setitem(sys.modules, "ray", None)  # import ray -> ImportError
     with pytest.raises(ConfigError, match=r"--ray needs Ray: pip install 'bulkinfer\[ray\]'"):
         ray_engine("model", load_settings(None, {"ray.address": "local"}))
+
+
+def test_a_replica_with_a_node_to_itself_lets_vllm_bind_its_threads(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delenv("VLLM_CPU_OMP_THREADS_BIND", raising=False)
+    assert cpu_environment(32, 32) == {"OMP_NUM_THREADS": "32", "VLLM_CPU_OMP_THREADS_BIND": "auto"}
+    assert cpu_environment(8, 32) == {"OMP_NUM_THREADS": "8", "VLLM_CPU_OMP_THREADS_BIND": "nobind"}
+    monkeypatch.setenv("VLLM_CPU_OMP_THREADS_BIND", "0-7")
+    assert cpu_environment(8, 32)["VLLM_CPU_OMP_THREADS_BIND"] == "0-7"
