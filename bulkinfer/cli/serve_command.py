@@ -33,12 +33,18 @@ SERVE_EXIT_CODES = (
 
 @app.command(cls=Command, epilog=epilog(EXAMPLES, SERVE_EXIT_CODES))
 def serve(
-    host: Annotated[str, typer.Option(metavar="HOST", help=described("Address to listen on.", LOCALHOST))] = LOCALHOST,
-    port: Annotated[int, typer.Option(metavar="PORT", help=described("Port to listen on.", 8000))] = 8000,
+    host: Annotated[
+        str, typer.Option(metavar="HOST", help=described("Address to listen on.", LOCALHOST), show_default=False)
+    ] = LOCALHOST,
+    port: Annotated[
+        int, typer.Option(metavar="PORT", help=described("Port to listen on.", 8000), show_default=False)
+    ] = 8000,
     data_dir: Annotated[
         Path,
         typer.Option(
-            metavar="DIR", help=described("Where files, batches and state.sqlite3 are kept.", "bulkinfer-data")
+            metavar="DIR",
+            help=described("Where files, batches and state.sqlite3 are kept.", "bulkinfer-data"),
+            show_default=False,
         ),
     ] = Path("bulkinfer-data"),
     api_key: Annotated[

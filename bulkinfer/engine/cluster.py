@@ -229,6 +229,19 @@ class RayReplicas(Replicas):
         self._placement_group = placement_group
         self._address = address
 
+    def step(self, wait: float | None = None) -> list[Completion]:
+        """As :meth:`Replicas.step`; a failure of the cluster itself (its GCS
+        unreachable, ...) is an :class:`EngineError` (exit 5, ``--resume``)."""
+        import ray
+
+        try:
+            return super().step(wait)
+        except ray.exceptions.RayError as exc:
+            raise EngineError(
+                f"the Ray cluster at {self._address!r} failed: {type(exc).__name__}: {exc}; "
+                "finished rows are kept: continue with --resume"
+            ) from exc
+
     def _pause(self, left: float | None) -> None:
         """Wait for any replica's call in flight to return (Ray's own wait, no
         polling: the engines share the CPUs with this process), at most
@@ -257,7 +270,10 @@ class RayReplicas(Replicas):
             ray.util.remove_placement_group(self._placement_group)
         except Exception:  # the cluster is gone
             pass
-        ray.shutdown()
+        try:
+            ray.shutdown()
+        except Exception:  # nothing left to disconnect from
+            pass
 
 
 def ray_engine(model: str, settings: Settings) -> RayReplicas:
@@ -267,12 +283,11 @@ def ray_engine(model: str, settings: Settings) -> RayReplicas:
     Raises:
         ConfigError: Ray is not installed; the cluster cannot be reached, or
             has no room for the replicas within :data:`PLACEMENT_TIMEOUT_S`.
-        EngineError: a replica's engine fails to start (the others are killed).
+        EngineError: a replica's engine fails to start (the others are
+            killed), or the cluster fails while they start.
     """
     try:
         import ray
-        from ray.util.placement_group import placement_group
-        from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
     except ImportError:
         raise ConfigError("--ray needs Ray: pip install 'bulkinfer[ray]'") from None
     address = settings.ray.address
@@ -284,6 +299,18 @@ def ray_engine(model: str, settings: Settings) -> RayReplicas:
             ray.init(address=address, include_dashboard=dashboard, logging_level=logging.WARNING)
         except Exception as exc:  # ConnectionError, ValueError, ...
             raise ConfigError(f"cannot reach the Ray cluster at {address!r}: {exc}") from None
+    try:
+        return _start_replicas(model, settings, address)
+    except ray.exceptions.RayError as exc:  # the cluster itself (its GCS unreachable, ...)
+        raise EngineError(f"the Ray cluster at {address!r} failed: {type(exc).__name__}: {exc}") from exc
+
+
+def _start_replicas(model: str, settings: Settings, address: str) -> RayReplicas:
+    """The replicas' placement group and actors, once connected (see :func:`ray_engine`)."""
+    import ray
+    from ray.util.placement_group import placement_group
+    from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
+
     replicas = settings.engine.data_parallel_size
     resources = ray.cluster_resources()
     tp = settings.engine.tensor_parallel_size

@@ -63,3 +63,36 @@ def test_a_replica_with_a_node_to_itself_lets_vllm_bind_its_threads(monkeypatch:
     assert cpu_environment(8, 32) == {"OMP_NUM_THREADS": "8", "VLLM_CPU_OMP_THREADS_BIND": "nobind"}
     monkeypatch.setenv("VLLM_CPU_OMP_THREADS_BIND", "0-7")
     assert cpu_environment(8, 32)["VLLM_CPU_OMP_THREADS_BIND"] == "0-7"
+
+
+def test_a_failure_of_the_cluster_itself_is_an_engine_error_naming_it() -> None:
+    """The GCS unreachable mid-run (seen here under load) is exit 5 with a
+    message, not a traceback."""
+    import ray
+
+    from bulkinfer.engine.cluster import RayReplicas
+    from bulkinfer.errors import EngineError
+    from bulkinfer.schema import Completion
+
+    class Unreachable:
+        max_model_len, max_num_seqs, settings = 2048, 4, {"fake": True}
+        generated_tokens = prefilled_tokens = 0
+
+        def running_lengths(self) -> list[int]:
+            return []
+
+        def add(self, request_id: str, request: object) -> Completion | None:
+            return None
+
+        def step(self, wait: float | None = None) -> list[Completion]:
+            raise ray.exceptions.RpcError("Timed out while waiting for GCS to become available.")
+
+        def has_unfinished(self) -> bool:
+            return True
+
+    from tests.engine.test_replicas import request
+
+    replicas = RayReplicas([Unreachable()], None, "10.0.0.1:6379")  # type: ignore[list-item]
+    replicas.add("r0", request("r0", 10))
+    with pytest.raises(EngineError, match=r"the Ray cluster at '10.0.0.1:6379' failed: RpcError: Timed out .*--resume"):
+        replicas.step(wait=0.01)
