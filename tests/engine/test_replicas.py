@@ -6,6 +6,7 @@ devices. Fake engines: the orchestration, not inference (tests/e2e runs
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -154,7 +155,9 @@ def test_a_run_through_replicas_writes_every_row_once_and_reports_each_replica(t
     assert result.report["engine"]["replica_balance"] >= 1.0
 
 
-def test_the_report_shows_each_replica(tmp_path: Path) -> None:
+def run_through(replicas: Callable[[], Replicas], tmp_path: Path, rows: int) -> tuple[Any, str, str]:
+    """A run of ``rows`` prompt rows through ``replicas()``: its result, the
+    terminal summary and the HTML report."""
     import io
 
     from rich.console import Console
@@ -163,17 +166,17 @@ def test_the_report_shows_each_replica(tmp_path: Path) -> None:
     from bulkinfer.report.terminal import print_summary
 
     src = tmp_path / "in.jsonl"
-    src.write_bytes(b"".join(orjson.dumps({"id": f"r{i}", "prompt": "hi " * (i + 1)}) + b"\n" for i in range(8)))
-    result = run(
-        RunPaths.build(src, tmp_path / "out.jsonl"),
-        load_settings(),
-        engine_factory=lambda m, s: Replicas([FakeEngine(), FakeEngine()]),
-    )
+    src.write_bytes(b"".join(orjson.dumps({"id": f"r{i}", "prompt": "hi " * (i + 1)}) + b"\n" for i in range(rows)))
+    result = run(RunPaths.build(src, tmp_path / "out.jsonl"), load_settings(), engine_factory=lambda m, s: replicas())
     out = io.StringIO()
     print_summary(result.report, Console(file=out, width=200))
-    assert "replicas (2)" in out.getvalue() and "rows 4/4" in out.getvalue()
     write_run_html(result.report, tmp_path / "r.html")
-    page = (tmp_path / "r.html").read_text()
+    return result, out.getvalue(), (tmp_path / "r.html").read_text()
+
+
+def test_the_report_shows_each_replica(tmp_path: Path) -> None:
+    _, terminal, page = run_through(lambda: Replicas([FakeEngine(), FakeEngine()]), tmp_path, 8)
+    assert "replicas (2)" in terminal and "rows 4/4" in terminal
     assert "<h2>Replicas</h2>" in page and "Balance (slowest / fastest busy time)" in page
 
 
@@ -250,19 +253,8 @@ def test_every_replica_dead_for_good_stops_the_run() -> None:
 
 
 def test_a_run_with_a_replica_lost_writes_every_row_once_and_reports_the_death(tmp_path: Path) -> None:
-    import io
-
-    from rich.console import Console
-
-    from bulkinfer.report.html import write_run_html
-    from bulkinfer.report.terminal import print_summary
-
-    src = tmp_path / "in.jsonl"
-    src.write_bytes(b"".join(orjson.dumps({"id": f"r{i}", "prompt": "hi " * (i + 1)}) + b"\n" for i in range(20)))
-    result = run(
-        RunPaths.build(src, tmp_path / "out.jsonl"),
-        load_settings(),
-        engine_factory=lambda m, s: Replicas([MortalEngine(die_at=2, down_for=10**6), FakeEngine()]),
+    result, terminal, page = run_through(
+        lambda: Replicas([MortalEngine(die_at=2, down_for=10**6), FakeEngine()]), tmp_path, 20
     )
     assert result.exit_code == 0
     ids = [orjson.loads(line)["id"] for line in (tmp_path / "out.jsonl").read_bytes().splitlines()]
@@ -270,10 +262,6 @@ def test_a_run_with_a_replica_lost_writes_every_row_once_and_reports_the_death(t
     replicas = result.report["engine"]["replicas"]
     assert replicas[0]["deaths"] == 1 and replicas[0]["requeued"] > 0
     assert replicas[0]["rows"] + replicas[1]["rows"] == 20
-    out = io.StringIO()
-    print_summary(result.report, Console(file=out, width=200))
-    assert f"1 died, {replicas[0]['requeued']} requests moved" in out.getvalue()
-    write_run_html(result.report, tmp_path / "r.html")
-    page = (tmp_path / "r.html").read_text()
+    assert f"1 died, {replicas[0]['requeued']} requests moved" in terminal
     assert "<th>deaths</th><th>requeued</th>" in page
     assert f'<td class="n">{replicas[0]["requeued"]}</td>' in page
