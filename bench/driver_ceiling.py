@@ -74,6 +74,9 @@ class InstantEngine:
     def has_unfinished(self) -> bool:
         return bool(self.queue)
 
+    def abort_unfinished(self) -> None:
+        self.queue.clear()
+
     def close(self) -> None:
         pass
 

@@ -77,6 +77,10 @@ class FakeEngine:
     def has_unfinished(self) -> bool:
         return bool(self.queue)
 
+    def abort_unfinished(self) -> None:
+        self.aborted = [rid for rid, _ in self.queue]
+        self.queue.clear()
+
     def running_lengths(self) -> list[int]:
         return []
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import hashlib
 import os
+import signal
 from pathlib import Path
 from typing import Annotated
 
@@ -11,7 +12,7 @@ import typer
 
 from bulkinfer.cli.app import Command, app, epilog
 from bulkinfer.cli.options import ConfigOption, ModelOption, described
-from bulkinfer.cli.signals import fail
+from bulkinfer.cli.signals import exit_at_once, fail
 from bulkinfer.errors import BulkinferError, ConfigError, write_error
 
 LOCALHOST = "127.0.0.1"
@@ -94,11 +95,26 @@ def _serve(host: str, port: int, data_dir: Path, keys: list[str], model: str | N
     tenants = {key: tenant_of(key) for key in keys}
     app = create_app(store, tenants, worker, model=settings.model or DEFAULT_MODEL)
     worker.start()
+    stops = (signal.SIGINT, signal.SIGTERM)
+    # uvicorn stops serving on SIGINT/SIGTERM, then raises the signal again (a
+    # bare process would die of it before the worker closes): that one is
+    # swallowed; one that comes while the worker closes ends the process at once.
+    previous = {sig: signal.signal(sig, _swallow) for sig in stops}
     try:
         uvicorn.run(app, host=host, port=port)
     finally:
-        worker.close()
-        store.close()
+        for sig in stops:
+            signal.signal(sig, exit_at_once)
+        try:
+            worker.close()
+            store.close()
+        finally:
+            for sig in stops:
+                signal.signal(sig, previous[sig])
+
+
+def _swallow(signum: int, frame: object) -> None:
+    """A stop signal uvicorn has already acted on."""
 
 
 def tenant_of(key: str) -> str:

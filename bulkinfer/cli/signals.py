@@ -20,12 +20,13 @@ def fail(exc: BulkinferError) -> NoReturn:
         # The spools are closed and the engine is shut down: a further signal
         # while the process winds down ends it at once, with 128 + N.
         for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):
-            signal.signal(sig, _exit_at_once)
+            signal.signal(sig, exit_at_once)
         _stopped_by_signal.append(exc.exit_code)
     raise typer.Exit(code=exc.exit_code)
 
 
-def _exit_at_once(signum: int, frame: object) -> None:
+def exit_at_once(signum: int, frame: object) -> None:
+    """A signal handler: end the process now, with exit code 128 + ``signum``."""
     os._exit(128 + signum)
 
 

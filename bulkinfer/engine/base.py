@@ -9,6 +9,7 @@ from collections.abc import Callable
 from typing import Any, Protocol
 
 from bulkinfer.config import Settings
+from bulkinfer.errors import EngineError
 from bulkinfer.schema import Completion, Request
 
 
@@ -27,6 +28,10 @@ class Engine(Protocol):
     completion tokens so far of each unfinished request that has some (live
     progress; an engine that cannot see unfinished requests counts them when
     they finish and returns ``[]``).
+
+    ``abort_unfinished()`` drops every request the engine still holds (a
+    stopped run's) and any finished one not yet returned: nothing of them
+    comes from a later ``step``, so another run can use the engine.
     """
 
     max_model_len: int
@@ -43,6 +48,7 @@ class Engine(Protocol):
     def add(self, request_id: str, request: Request) -> Completion | None: ...
     def step(self, wait: float | None = None) -> list[Completion]: ...
     def has_unfinished(self) -> bool: ...
+    def abort_unfinished(self) -> None: ...
     def close(self) -> None: ...
 
 
@@ -69,6 +75,9 @@ class NoEngine:
 
     def has_unfinished(self) -> bool:
         return False
+
+    def abort_unfinished(self) -> None:
+        pass
 
     def close(self) -> None:
         pass
@@ -130,5 +139,14 @@ class _Unclosed:
     def running_lengths(self) -> list[int]:
         return self._engine.running_lengths()
 
+    def abort_unfinished(self) -> None:
+        self._engine.abort_unfinished()
+
     def close(self) -> None:
-        pass
+        """The run is over: the requests it left (a stopped run's) are aborted,
+        so the next run on the kept engine starts clean; the engine stays open.
+        A dead engine's requests are gone with it: its error is the run's."""
+        try:
+            self._engine.abort_unfinished()
+        except EngineError:
+            pass

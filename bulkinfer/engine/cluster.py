@@ -111,6 +111,9 @@ class ReplicaActor:
         self._generated, self._prefilled = generated, prefilled
         return done, delta[0], delta[1], self.engine.running_lengths()
 
+    def abort_unfinished(self) -> None:
+        self.engine.abort_unfinished()
+
 
 class RayReplica:
     """One :class:`ReplicaActor` behind the :class:`~bulkinfer.engine.base.Engine`
@@ -208,6 +211,28 @@ class RayReplica:
 
     def has_unfinished(self) -> bool:
         return bool(self._unfinished)
+
+    def abort_unfinished(self) -> None:
+        """Abort what the actor's engine holds, after the call in flight (its
+        results dropped); a dead or restarting actor holds nothing.
+
+        Raises:
+            EngineError: the actor's engine failed to abort.
+        """
+        import ray
+
+        self._adds, self._running = [], []
+        self._unfinished.clear()
+        try:
+            if self.call is not None:
+                ray.wait([self.call])
+                self.call = None
+            if self.available:
+                ray.get(self._actor.abort_unfinished.remote())
+        except ray.exceptions.RayTaskError as exc:
+            raise EngineError(f"replica {self.index} on {self.node}: {exc.cause or exc}") from exc
+        except ray.exceptions.RayError:  # the actor died: Ray restarts it empty
+            self.call = None
 
     def close(self) -> None:
         """Kill the actor (no restart): its engine goes with its process."""

@@ -311,6 +311,19 @@ class Replicas:
     def has_unfinished(self) -> bool:
         return bool(self._homeless) or any(e.has_unfinished() for e in self.engines)
 
+    def abort_unfinished(self) -> None:
+        """Abort what every replica holds; forget every request routed."""
+        for index, engine in enumerate(self.engines):
+            engine.abort_unfinished()
+            self._pending[index] = []
+            self._load[index] = 0
+            stats = self.stats[index]
+            if stats.busy_since is not None:
+                stats.busy_s += self._clock() - stats.busy_since
+                stats.busy_since = None
+        self._where.clear()
+        self._homeless.clear()
+
     def close(self) -> None:
         """Close every replica (each bounded, see its own ``close``)."""
         for engine in self.engines:

@@ -175,6 +175,12 @@ class StreamedOutputs:
                 done.append(self._finished(out, self._choices.pop(request_id)))
         return done
 
+    def forget(self, request_ids: list[str]) -> None:
+        """Drop what is kept of unfinished requests (aborted: no more output comes)."""
+        for request_id in request_ids:
+            for kept in (self.score_from, self.top_logprobs, self._choices, self.token_counts):
+                kept.pop(request_id, None)
+
     def _finished(self, out: Any, choices: dict[int, _Choice]) -> Completion:
         request_id = out.request_id
         self.top_logprobs.pop(request_id, None)

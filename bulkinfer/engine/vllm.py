@@ -172,6 +172,7 @@ class VllmEngine:
         self._core_processes = {proc.pid: proc for proc in manager_processes if getattr(proc, "pid", None)}
         self._stepper = _Stepper(self._engine.step, step_done)
         self._buffered: list[Completion] = []
+        self._unfinished: set[str] = set()  # request ids added and not yet returned finished
         self._closed = False
         vllm_config = self._engine.vllm_config
         self.max_model_len: int = vllm_config.model_config.max_model_len
@@ -223,6 +224,7 @@ class VllmEngine:
                     f"the vLLM engine died: {exc}; finished rows are kept: continue with --resume"
                 ) from exc
             return Completion(request_id, "", "error", len(request.prompt_token_ids), 0, f"{type(exc).__name__}: {exc}")
+        self._unfinished.add(request_id)
         if request.score_from is not None:
             self._outputs.score_from[request_id] = request.score_from
         elif params.logprobs is not None:
@@ -287,7 +289,9 @@ class VllmEngine:
             if isinstance(error, BulkinferError | KeyboardInterrupt):
                 raise error
             raise EngineError(f"the vLLM engine failed: {type(error).__name__}: {error}") from error
-        return self._outputs.completions(outputs)
+        done = self._outputs.completions(outputs)
+        self._unfinished.difference_update(c.request_id for c in done)
+        return done
 
     def _check_alive(self) -> None:
         """Raises EngineError when an engine process is gone or vLLM marked its
@@ -324,6 +328,29 @@ class VllmEngine:
 
     def has_unfinished(self) -> bool:
         return bool(self._engine.has_unfinished_requests())
+
+    def abort_unfinished(self) -> None:
+        """Abort every request still in the engine (vLLM's ``abort_request``),
+        after the step in flight, if any; its results and any buffered ones
+        are dropped.
+
+        Raises:
+            EngineError: the engine died.
+        """
+        if self._closed:
+            return
+        if self._stepper.running_since is not None:
+            self._wait_step(None)
+        self._buffered = []
+        aborted = sorted(self._unfinished)
+        self._unfinished.clear()
+        if aborted:
+            try:
+                self._engine.abort_request(aborted)
+            except Exception as exc:
+                self._check_alive()
+                raise EngineError(f"the vLLM engine failed to abort requests: {type(exc).__name__}: {exc}") from exc
+        self._outputs.forget(aborted)
 
     def close(self) -> None:
         """Shut the engine's processes down: vLLM's own shutdown, bounded by

@@ -89,6 +89,22 @@ class SteppingEngine(FakeEngine):
         return super().step(wait)
 
 
+def test_abort_unfinished_empties_every_replica_and_the_next_requests_run_clean() -> None:
+    a, b = FakeEngine(), FakeEngine()
+    replicas = Replicas([a, b])
+    for i in range(6):
+        replicas.add(f"old{i}", request(f"old{i}", 10))
+    replicas.abort_unfinished()
+    assert sorted(a.aborted + b.aborted) == [f"old{i}" for i in range(6)]
+    assert not replicas.has_unfinished() and replicas.step(wait=0.01) == []
+    replicas.add("new", request("new", 10))  # a later run's request: routed and finished alone
+    finished: list[Completion] = []
+    while replicas.has_unfinished():
+        finished += replicas.step(wait=0.01)
+    assert [c.request_id for c in finished] == ["new"]
+    assert sum(s.rows for s in replicas.stats) == 1
+
+
 def test_a_replica_busy_stepping_gets_its_requests_when_its_step_returns() -> None:
     a, b = SteppingEngine(), SteppingEngine()
     replicas = Replicas([a, b])

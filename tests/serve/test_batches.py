@@ -166,11 +166,12 @@ def test_counts_grow_while_a_batch_runs_and_cancel_publishes_the_finished_rows(s
     finished = [r["custom_id"] for r in records(client, done.output_file_id)]
     assert 0 < len(finished) < len(ids) and len(set(finished)) == len(finished) and set(finished) <= set(ids)
     assert done.request_counts is not None and done.request_counts.completed == len(finished)
+    # the next batch runs on the same engine, clean: the cancelled run's requests were aborted
+    assert server.engines[0].aborted
+    completed = wait_done(client, create(client, file.id).id)
+    assert completed.status == "completed", completed.errors
+    assert sorted(r["custom_id"] for r in records(client, completed.output_file_id)) == sorted(ids)
     with pytest.raises(openai.BadRequestError):
-        completed = wait_done(
-            client,
-            create(client, file.id).id,
-        )
         client.batches.cancel(completed.id)
 
 

@@ -1,0 +1,295 @@
+"""End to end: ``bulkinfer serve`` as a real uvicorn process on a free port
+of 127.0.0.1, the real engine and default model, driven over HTTP by the
+official ``openai`` client (files, batches, content).
+
+One server (one engine start) serves the module's batches; the stop test
+starts three on its own data directory (SIGTERM, then SIGKILL, mid-batch).
+"""
+
+from __future__ import annotations
+
+import io
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import httpx
+import openai
+import orjson
+import pytest
+from reference_types import check_openai_line
+
+from tests.e2e.test_e2e import CAPITALS, ROOT, SAMPLE, engine_children, read_jsonl
+
+KEYS = ("key-alice", "key-bob")
+DONE = ("completed", "failed", "cancelled", "expired")
+START_S = 600.0  # a server's first batch waits for the engine to load (~40 s here)
+
+
+class ServeProcess:
+    """``bulkinfer serve`` on ``port`` over ``data``; its output (vLLM's log
+    included) goes to ``data``'s sibling ``serve-N.log``."""
+
+    def __init__(self, data: Path, port: int, *extra: str):
+        self.port = port
+        self.log = data.parent / f"serve-{len(list(data.parent.glob('serve-*.log')))}.log"
+        args = ["serve", "--port", str(port), "--data-dir", str(data), *(f"--api-key={k}" for k in KEYS), *extra]
+        with open(self.log, "wb") as log:
+            self.proc = subprocess.Popen(
+                [sys.executable, "-m", "bulkinfer", *args],
+                stdout=log,
+                stderr=subprocess.STDOUT,
+                cwd=ROOT,
+                env={**os.environ, "PYTHONUNBUFFERED": "1"},
+            )
+        deadline = time.monotonic() + 120
+        while not self.up():
+            assert self.proc.poll() is None, f"the server exited: {self.tail()}"
+            assert time.monotonic() < deadline, f"the server did not answer /health: {self.tail()}"
+            time.sleep(0.2)
+
+    def up(self) -> bool:
+        try:
+            return httpx.get(f"http://127.0.0.1:{self.port}/health", timeout=1).status_code == 200
+        except httpx.HTTPError:
+            return False
+
+    def tail(self) -> str:
+        return self.log.read_text(errors="replace")[-3000:]
+
+    def client(self, key: str = KEYS[0]) -> openai.OpenAI:
+        return openai.OpenAI(base_url=f"http://127.0.0.1:{self.port}/v1", api_key=key, max_retries=0)
+
+    def stop(self) -> None:
+        if self.proc.poll() is None:
+            self.proc.kill()
+            self.proc.wait()
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+def chat_lines(rows: list[dict[str, Any]], max_tokens: int = 24, **body: Any) -> list[dict[str, Any]]:
+    """OpenAI batch lines (``/v1/chat/completions``, temperature 0) of
+    bulkinfer rows with a ``prompt`` or ``messages``."""
+    return [
+        {
+            "custom_id": row["id"],
+            "method": "POST",
+            "url": "/v1/chat/completions",
+            "body": {
+                "model": "default",
+                "messages": row.get("messages") or [{"role": "user", "content": row["prompt"]}],
+                "max_tokens": max_tokens,
+                "temperature": 0,
+                **body,
+            },
+        }
+        for row in rows
+    ]
+
+
+def submit(client: openai.OpenAI, lines: list[dict[str, Any]], endpoint: str = "/v1/chat/completions") -> Any:
+    data = b"".join(orjson.dumps(line) + b"\n" for line in lines)
+    file = client.files.create(file=("in.jsonl", io.BytesIO(data)), purpose="batch")
+    return client.batches.create(input_file_id=file.id, endpoint=endpoint, completion_window="24h")  # type: ignore[arg-type]
+
+
+def poll(client: openai.OpenAI, batch_id: str, until: Callable[[Any], bool], timeout: float = START_S) -> Any:
+    """``batches.retrieve`` every 0.5 s until ``until(batch)``; that batch."""
+    deadline = time.monotonic() + timeout
+    while not until(batch := client.batches.retrieve(batch_id)):
+        assert time.monotonic() < deadline, f"timed out: {batch}"
+        time.sleep(0.5)
+    return batch
+
+
+def finished(client: openai.OpenAI, batch_id: str, timeout: float = START_S) -> Any:
+    return poll(client, batch_id, lambda b: b.status in DONE, timeout)
+
+
+def completed_at_least(n: int) -> Callable[[Any], bool]:
+    return lambda b: b.status in DONE or (b.request_counts is not None and b.request_counts.completed >= n)
+
+
+def lines_of(client: openai.OpenAI, file_id: str | None) -> list[dict[str, Any]]:
+    if file_id is None:
+        return []
+    return [orjson.loads(line) for line in client.files.content(file_id).content.splitlines() if line.strip()]
+
+
+def answer(record: dict[str, Any]) -> str:
+    choice = record["response"]["body"]["choices"][0]
+    return str(choice["message"]["content"] if "message" in choice else choice["text"])
+
+
+@pytest.fixture(scope="module")
+def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServeProcess]:
+    process = ServeProcess(tmp_path_factory.mktemp("serve") / "data", free_port())
+    yield process
+    process.stop()
+
+
+def test_a_batch_through_the_openai_client(server: ServeProcess) -> None:
+    """files.create -> batches.create -> poll -> files.content: every line is
+    valid by the reference types, every ``custom_id`` exactly once, the
+    answers are real."""
+    client = server.client()
+    rows = read_jsonl(SAMPLE / "sharegpt.jsonl")[:12] + read_jsonl(SAMPLE / "chat.jsonl")[:4]
+    rows += [{"id": f"ask-capital-{c}", "prompt": f"What is the capital of {c.title()}?"} for c in CAPITALS]
+    lines = chat_lines(rows)
+    lines.insert(5, {**chat_lines(rows[:1])[0], "custom_id": "bad-tools", "body": {**lines[0]["body"], "tools": []}})
+    batch = submit(client, lines)
+    assert batch.status == "validating"
+    done = finished(client, batch.id)
+    assert done.status == "completed", (done.errors, server.tail())
+    outputs, errors = lines_of(client, done.output_file_id), lines_of(client, done.error_file_id)
+    ids = [r["custom_id"] for r in outputs + errors]
+    assert sorted(ids) == sorted(line["custom_id"] for line in lines)  # each exactly once
+    assert [r["custom_id"] for r in errors] == ["bad-tools"]
+    assert errors[0]["error"]["code"] == "unsupported_field"
+    assert done.request_counts is not None
+    assert (done.request_counts.total, done.request_counts.completed, done.request_counts.failed) == (20, 19, 1)
+    for record in outputs + errors:
+        check_openai_line(record)
+    by_id = {r["custom_id"]: r for r in outputs}
+    for country, capital in CAPITALS.items():
+        assert capital in answer(by_id[f"ask-capital-{country}"])
+    assert all(r["response"]["body"]["usage"]["completion_tokens"] >= 1 for r in outputs)
+    assert done.created_at <= done.in_progress_at <= done.finalizing_at <= done.completed_at  # type: ignore[operator]
+
+
+def test_a_completions_batch(server: ServeProcess) -> None:
+    client = server.client()
+    lines = [
+        {
+            "custom_id": f"count-{i}",
+            "method": "POST",
+            "url": "/v1/completions",
+            "body": {"model": "default", "prompt": f"{i}, {i + 1}, {i + 2},", "max_tokens": 6, "temperature": 0},
+        }
+        for i in range(1, 5)
+    ]
+    done = finished(client, submit(client, lines, "/v1/completions").id)
+    assert done.status == "completed", done.errors
+    outputs = lines_of(client, done.output_file_id)
+    assert sorted(r["custom_id"] for r in outputs) == [f"count-{i}" for i in range(1, 5)]
+    for record in outputs:
+        assert check_openai_line(record).response.status_code == 200
+        assert record["response"]["body"]["object"] == "text_completion"
+
+
+def test_three_batches_at_once_run_in_order_and_all_complete(server: ServeProcess) -> None:
+    client = server.client()
+    rows = read_jsonl(SAMPLE / "sharegpt.jsonl")[20:44]
+    batches = [submit(client, chat_lines(rows[i * 8 : (i + 1) * 8], max_tokens=12)) for i in range(3)]
+    done = [finished(client, b.id) for b in batches]
+    assert [b.status for b in done] == ["completed"] * 3, [b.errors for b in done]
+    for first, second in zip(done, done[1:], strict=False):  # FIFO: one starts after the previous one finished
+        assert first.completed_at <= second.in_progress_at
+    for batch, submitted in zip(done, batches, strict=True):
+        assert len(lines_of(client, batch.output_file_id)) == 8
+        assert batch.id == submitted.id
+
+
+def test_cancel_mid_run_publishes_the_finished_rows(server: ServeProcess) -> None:
+    client = server.client()
+    rows = read_jsonl(SAMPLE / "sharegpt.jsonl")[:100]
+    lines = chat_lines(rows, max_tokens=64)
+    batch = submit(client, lines)
+    running = poll(client, batch.id, completed_at_least(3))
+    assert running.status == "in_progress", running.status
+    assert client.batches.cancel(batch.id).status in ("cancelling", "cancelled")
+    done = finished(client, batch.id, timeout=120)
+    assert done.status == "cancelled"
+    assert done.cancelling_at is not None and done.cancelled_at is not None
+    outputs = lines_of(client, done.output_file_id)
+    ids = [r["custom_id"] for r in outputs]
+    assert 3 <= len(ids) < 100
+    assert len(set(ids)) == len(ids) and set(ids) <= {line["custom_id"] for line in lines}
+    assert done.request_counts is not None and done.request_counts.completed == len(ids)
+    for record in outputs:
+        check_openai_line(record)
+
+
+def test_keys_tenants_and_a_malformed_file(server: ServeProcess) -> None:
+    alice, bob = server.client(KEYS[0]), server.client(KEYS[1])
+    with pytest.raises(openai.AuthenticationError) as wrong:
+        server.client("key-mallory").batches.list()
+    assert wrong.value.status_code == 401
+    batch = submit(alice, chat_lines([{"id": "only", "prompt": "Hi"}], max_tokens=2))
+    with pytest.raises(openai.NotFoundError):
+        bob.batches.retrieve(batch.id)
+    with pytest.raises(openai.NotFoundError):
+        bob.batches.cancel(batch.id)
+    only = finished(alice, batch.id)
+    assert only.status == "completed", only.errors
+    good = orjson.dumps(chat_lines([{"id": "a", "prompt": "Hi"}])[0])
+    data = b"\n".join([good, b"{not json", orjson.dumps({"method": "POST"}), good.replace(b'"a"', b'"b"')]) + b"\n"
+    file = alice.files.create(file=("bad.jsonl", io.BytesIO(data)), purpose="batch")
+    bad = alice.batches.create(input_file_id=file.id, endpoint="/v1/chat/completions", completion_window="24h")
+    failed = finished(alice, bad.id, timeout=60)
+    assert failed.status == "failed" and failed.errors is not None and failed.errors.data is not None
+    assert [(e.line, e.code) for e in failed.errors.data] == [
+        (2, "invalid_json_line"),
+        (3, "missing_required_parameter"),
+    ]
+
+
+def test_sigterm_then_sigkill_mid_batch_and_the_batch_completes(tmp_path: Path) -> None:
+    """Stopped twice mid-batch, each time started again on the same data
+    directory: SIGTERM (exits 0 promptly; the batch stays ``in_progress``),
+    then SIGKILL (its engine processes go too). The third server finishes
+    the batch: every ``custom_id`` exactly once, the rows finished before
+    each stop kept, not run again."""
+    import psutil
+
+    data, port = tmp_path / "data", free_port()
+    rows = read_jsonl(SAMPLE / "sharegpt.jsonl")[:60]
+    lines = chat_lines(rows, max_tokens=48)
+    # four requests in flight: rows finish a few at a time, so each stop lands mid-batch
+    config = tmp_path / "serve.toml"
+    config.write_text("[plan]\nmax_in_flight = 4\n")
+    first = ServeProcess(data, port, "--config", str(config))
+    try:
+        batch = submit(first.client(), lines)
+        seen = poll(first.client(), batch.id, completed_at_least(5))
+        assert seen.status == "in_progress", seen.status
+        first.proc.send_signal(signal.SIGTERM)
+        assert first.proc.wait(timeout=60) == 0, first.tail()
+    finally:
+        first.stop()
+
+    second = ServeProcess(data, port, "--config", str(config))
+    try:
+        assert second.client().batches.retrieve(batch.id).status == "in_progress"
+        seen = poll(second.client(), batch.id, completed_at_least(seen.request_counts.completed + 5))
+        assert seen.status == "in_progress", seen.status
+        engines = engine_children(second.proc.pid)
+        assert engines, "no engine process under the server"
+        second.proc.send_signal(signal.SIGKILL)
+        second.proc.wait()
+        psutil.wait_procs(engines, timeout=60)
+        assert not [p for p in engines if p.is_running() and p.status() != psutil.STATUS_ZOMBIE]
+    finally:
+        second.stop()
+
+    third = ServeProcess(data, port, "--config", str(config))
+    try:
+        done = finished(third.client(), batch.id)
+        assert done.status == "completed", (done.errors, third.tail())
+        outputs = lines_of(third.client(), done.output_file_id)
+        assert sorted(r["custom_id"] for r in outputs) == sorted(line["custom_id"] for line in lines)
+        report = orjson.loads((data / "batches" / batch.id / "output.report.json").read_bytes())
+        assert report["resumed"]["completed"] >= 10  # kept across both stops
+    finally:
+        third.stop()
