@@ -23,6 +23,7 @@ from starlette.datastructures import FormData, UploadFile
 from starlette.formparsers import MultiPartException, MultiPartParser
 
 from bulkinfer.schema import CHAT_URL, COMPLETIONS_URL
+from bulkinfer.serve.auth import key_tenant
 from bulkinfer.serve.objects import batch_object, error_body, file_object, list_object
 from bulkinfer.serve.store import WINDOWS_S, FileTooLarge, Store
 from bulkinfer.serve.worker import Runner
@@ -81,7 +82,8 @@ class BatchCreate(BaseModel):
 
 
 def tenant(request: Request) -> str:
-    """The tenant of the request's bearer key (``app.state.keys``: key -> tenant).
+    """The tenant of the request's bearer key (``app.state.keys``: key -> tenant;
+    compared in constant time, see :mod:`bulkinfer.serve.auth`).
 
     Raises:
         ApiError: 401, no bearer key or an unknown one.
@@ -92,9 +94,10 @@ def tenant(request: Request) -> str:
     keys: dict[str, str] = request.app.state.keys
     if not keys:
         return DEFAULT_TENANT
-    if key not in keys:
+    found = key_tenant(keys, key)
+    if found is None:
         raise ApiError(401, "Incorrect API key provided", code="invalid_api_key")
-    return keys[key]
+    return found
 
 
 Tenant = Annotated[str, Depends(tenant)]
