@@ -186,7 +186,7 @@ def create_app(
             raise ApiError(404, f"No such file: '{body.input_file_id}'", code="not_found", param="input_file_id")
         if file["purpose"] != "batch":
             raise ApiError(400, "the input file's purpose must be 'batch'", param="input_file_id")
-        row = store.add_batch(who, body.input_file_id, body.endpoint, body.completion_window, body.metadata)
+        row = store.add_batch(who, body.input_file_id, body.endpoint, body.completion_window, body.metadata, model)
         runner.submit(row["id"])
         return batch_object(row)
 

@@ -1,6 +1,7 @@
 """Live ``request_counts`` of a running batch: a thread that counts the
 finished lines of the run's spools (see :mod:`bulkinfer.jobs.output_files`)
-every ``interval`` seconds and writes them to the store.
+every ``interval`` seconds and writes them to the store; and
+:class:`RowTally`, which counts them (and their tokens).
 
 Spools only grow while a run holds them (one complete line per finished
 row), so each file is read from where the last count stopped: the cost is
@@ -12,27 +13,49 @@ from __future__ import annotations
 import threading
 from pathlib import Path
 
+import orjson
+
+from bulkinfer.io.records import parse_output
+from bulkinfer.io.spool import spool_line
 from bulkinfer.jobs.output_files import OutputFiles
 from bulkinfer.serve.store import Store
 
 
-class LineCounter:
-    """Complete lines (ending in a newline) in a file that only grows; 0 while it is missing."""
+class RowTally:
+    """The finished rows of a JSONL file that only grows (a spool, or a
+    published output or errors file): its complete lines (ending in a
+    newline), and the prompt and completion tokens of the completed rows
+    among them (an error record has none). Each :meth:`read` starts where
+    the last one stopped; all 0 while the file is missing."""
 
     def __init__(self, path: Path):
-        self.path, self.offset, self.lines = path, 0, 0
+        self.path, self.offset = path, 0
+        self.rows = self.prompt_tokens = self.completion_tokens = 0
 
-    def count(self) -> int:
+    def read(self) -> RowTally:
+        """Count what was added since the last read; returns ``self``."""
         try:
             with open(self.path, "rb") as f:
                 f.seek(self.offset)
                 data = f.read()
         except FileNotFoundError:
-            return self.lines
+            return self
         end = data.rfind(b"\n") + 1  # a torn last line counts once it is whole
-        self.lines += data.count(b"\n", 0, end)
+        for raw in data[:end].splitlines():
+            if text := raw.strip():
+                self.rows += 1
+                self._add_tokens(text)
         self.offset += end
-        return self.lines
+        return self
+
+    def _add_tokens(self, text: bytes) -> None:
+        try:
+            row = parse_output(orjson.loads(spool_line(text)[1]))
+        except (ValueError, TypeError, AttributeError):  # not JSON, or not an object: a row whose tokens are unknown
+            return
+        if row is not None:
+            self.prompt_tokens += row.prompt_tokens
+            self.completion_tokens += row.completion_tokens
 
 
 class LiveCounts(threading.Thread):
@@ -44,12 +67,12 @@ class LiveCounts(threading.Thread):
         super().__init__(name=f"bulkinfer-counts-{batch_id}", daemon=True)
         files = OutputFiles(out)
         self.store, self.batch_id, self.total, self.interval = store, batch_id, total, interval
-        self.completed, self.failed = LineCounter(files.spool), LineCounter(files.errors_spool)
+        self.completed, self.failed = RowTally(files.spool), RowTally(files.errors_spool)
         self._done = threading.Event()
 
     def run(self) -> None:
         while not self._done.wait(self.interval):
-            counts = {"total": self.total, "completed": self.completed.count(), "failed": self.failed.count()}
+            counts = {"total": self.total, "completed": self.completed.read().rows, "failed": self.failed.read().rows}
             self.store.update(self.batch_id, request_counts=counts)
 
     def finish(self) -> None:

@@ -4,7 +4,8 @@ the bytes of files under ``DATA/files/``, each batch's run under
 
 Layout of ``DATA`` (the ``--data-dir``)::
 
-    state.sqlite3            tables ``files`` and ``batches`` (below)
+    state.sqlite3            tables ``files`` and ``batches`` (below; columns that
+                             came later are added to an older database at open)
     files/FILE_ID.jsonl      an uploaded file, written atomically
     batches/BATCH_ID/        the run's output, errors, report, spools, journal
 
@@ -26,6 +27,7 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
+# The tables as the first release created them; columns added since are ADDED_COLUMNS.
 SCHEMA = """
 CREATE TABLE IF NOT EXISTS files (
     id TEXT PRIMARY KEY, tenant TEXT NOT NULL, bytes INTEGER NOT NULL, created_at INTEGER NOT NULL,
@@ -41,8 +43,11 @@ CREATE TABLE IF NOT EXISTS batches (
 );
 """
 
+# Columns of ``batches`` that came after the first release, with their types: the
+# store adds each one a database lacks (one an earlier bulkinfer wrote) when it opens.
+ADDED_COLUMNS = {"model": "TEXT", "usage": "TEXT"}
 # Columns of ``batches`` holding JSON text.
-JSON_COLUMNS = ("metadata", "errors", "request_counts")
+JSON_COLUMNS = ("metadata", "errors", "request_counts", "usage")
 TIMESTAMPS = (
     "created_at",
     "expires_at",
@@ -81,6 +86,7 @@ class Store:
         self._db.execute("PRAGMA journal_mode=WAL")
         self._db.execute("PRAGMA synchronous=FULL")
         self._db.executescript(SCHEMA)
+        self._add_columns()
 
     @contextmanager
     def _tx(self) -> Iterator[sqlite3.Connection]:
@@ -92,6 +98,14 @@ class Store:
                 self._db.execute("ROLLBACK")
                 raise
             self._db.execute("COMMIT")
+
+    def _add_columns(self) -> None:
+        """``ALTER TABLE batches ADD COLUMN`` each of :data:`ADDED_COLUMNS` it lacks (NULL in existing rows)."""
+        with self._tx() as db:
+            have = {row["name"] for row in db.execute("PRAGMA table_info(batches)")}
+            for column, type_ in ADDED_COLUMNS.items():
+                if column not in have:
+                    db.execute(f"ALTER TABLE batches ADD COLUMN {column} {type_}")
 
     def close(self) -> None:
         with self._lock:
@@ -177,9 +191,15 @@ class Store:
     # batches
 
     def add_batch(
-        self, tenant: str, input_file_id: str, endpoint: str, window: str, metadata: dict[str, str] | None
+        self,
+        tenant: str,
+        input_file_id: str,
+        endpoint: str,
+        window: str,
+        metadata: dict[str, str] | None,
+        model: str | None = None,
     ) -> dict[str, Any]:
-        """A new batch, ``validating``; returns its row."""
+        """A new batch, ``validating``, to run on ``model`` (the served model's id); returns its row."""
         created = now()
         row: dict[str, Any] = {
             "id": f"batch_{secrets.token_hex(12)}",
@@ -192,6 +212,7 @@ class Store:
             "request_counts": json.dumps({"total": 0, "completed": 0, "failed": 0}),
             "created_at": created,
             "expires_at": created + WINDOWS_S[window],
+            "model": model or None,
         }
         columns = ", ".join(row)
         with self._tx() as db:

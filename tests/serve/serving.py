@@ -78,3 +78,9 @@ def records(client: openai.OpenAI, file_id: str | None) -> list[dict[str, Any]]:
     if file_id is None:
         return []
     return [orjson.loads(line) for line in client.files.content(file_id).content.splitlines() if line.strip()]
+
+
+def usage_of(lines: list[dict[str, Any]]) -> tuple[int, int]:
+    """(prompt, completion) tokens summed over the ``usage`` of output ``lines``."""
+    usages = [line["response"]["body"]["usage"] for line in lines]
+    return sum(u["prompt_tokens"] for u in usages), sum(u["completion_tokens"] for u in usages)
