@@ -45,9 +45,10 @@ CREATE TABLE IF NOT EXISTS batches (
 
 # Columns of ``batches`` that came after the first release, with their types: the
 # store adds each one a database lacks (one an earlier bulkinfer wrote) when it opens.
-ADDED_COLUMNS = {"model": "TEXT", "usage": "TEXT"}
+ADDED_COLUMNS = {"model": "TEXT", "usage": "TEXT", "throughput": "TEXT"}
 # Columns of ``batches`` holding JSON text.
-JSON_COLUMNS = ("metadata", "errors", "request_counts", "usage")
+# ``throughput``: {"completion_tokens_per_s", "measured": "live" | "report"} (see serve.progress).
+JSON_COLUMNS = ("metadata", "errors", "request_counts", "usage", "throughput")
 TIMESTAMPS = (
     "created_at",
     "expires_at",

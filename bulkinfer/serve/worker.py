@@ -33,7 +33,7 @@ from bulkinfer.jobs.output_files import OutputFiles, RunPaths
 from bulkinfer.jobs.run import run
 from bulkinfer.models import TokenizerFactory, load_tokenizer
 from bulkinfer.serve.objects import usage_object
-from bulkinfer.serve.progress import LiveCounts, RowTally
+from bulkinfer.serve.progress import LiveCounts, RowTally, report_throughput
 from bulkinfer.serve.store import Store, now
 from bulkinfer.serve.validate import MAX_LINES, batch_error, validate_input
 from bulkinfer.stop import StopToken
@@ -163,8 +163,7 @@ class BatchWorker(threading.Thread):
             return
         finally:
             live.finish()  # before the final counts: no live write comes after them
-        counts, usage = _counts(result.report), _usage(result.report)
-        if self.store.move(batch_id, RESUMABLE, "finalizing", request_counts=counts, usage=usage):
+        if self.store.move(batch_id, RESUMABLE, "finalizing", **_finished(result.report)):
             self._register_outputs(batch, paths, "completed", ("finalizing",))
 
     def _validated(self, batch: dict[str, Any]) -> bool:
@@ -226,16 +225,16 @@ class BatchWorker(threading.Thread):
         self.store.move(batch["id"], from_, status, **ids)
 
 
-def _counts(report: dict[str, Any]) -> dict[str, int]:
-    """OpenAI's ``request_counts`` from a run's report."""
-    counts = report.get("request_counts", {})
-    return {key: int(counts.get(key, 0)) for key in ("total", "completed", "failed")}
-
-
-def _usage(report: dict[str, Any]) -> dict[str, Any]:
-    """OpenAI's ``usage`` from a run's report (its ``tokens``: the completed rows', resumed ones included)."""
-    tokens = report.get("tokens", {})
-    return usage_object(int(tokens.get("prompt", 0)), int(tokens.get("completion", 0)))
+def _finished(report: dict[str, Any]) -> dict[str, Any]:
+    """The columns a finished run's report gives its batch: OpenAI's
+    ``request_counts`` and ``usage`` (the report's ``tokens``: the completed
+    rows', resumed ones included), and ``throughput``."""
+    counts, tokens = report.get("request_counts", {}), report.get("tokens", {})
+    return {
+        "request_counts": {key: int(counts.get(key, 0)) for key in ("total", "completed", "failed")},
+        "usage": usage_object(int(tokens.get("prompt", 0)), int(tokens.get("completion", 0))),
+        "throughput": report_throughput(report),
+    }
 
 
 def _published(files: OutputFiles, total: int) -> dict[str, Any]:

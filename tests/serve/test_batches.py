@@ -39,7 +39,12 @@ def test_a_batch_runs_to_completed_and_every_custom_id_is_in_the_output_once(ser
     assert (done.request_counts.total, done.request_counts.completed, done.request_counts.failed) == (7, 7, 0)
     assert done.in_progress_at is not None and done.finalizing_at is not None and done.completed_at is not None
     assert done.error_file_id is None
-    tokens = orjson.loads((server.store.batch_dir(batch.id) / "output.report.json").read_bytes())["tokens"]
+    report = orjson.loads((server.store.batch_dir(batch.id) / "output.report.json").read_bytes())
+    tokens, row = report["tokens"], server.store.batch("alice", batch.id)
+    assert row is not None and row["throughput"] == {
+        "completion_tokens_per_s": report["throughput"]["completion_tokens_per_s"],
+        "measured": "report",
+    }
     assert batch.model == done.model == "tiny" and batch.usage is None and done.usage is not None
     assert (
         (done.usage.input_tokens, done.usage.output_tokens)

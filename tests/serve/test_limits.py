@@ -9,12 +9,10 @@ import sys
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
-import orjson
 from fastapi.testclient import TestClient
 from serving import Server, batch_lines, upload
 
 from bulkinfer.serve.api import Limits, create_app
-from bulkinfer.serve.progress import RowTally
 from bulkinfer.serve.store import Store
 from bulkinfer.serve.validate import validate_input
 
@@ -81,20 +79,6 @@ def test_registering_a_batch_output_twice_gives_the_same_file(tmp_path: Path) ->
     assert store.register_file("alice", "b_output.jsonl", "batch_output", out) == first
     assert [f["id"] for f in store.files("alice")] == [first["id"]]
     store.close()
-
-
-def test_a_row_tally_reads_only_whole_lines_and_only_what_was_added(tmp_path: Path) -> None:
-    spool = tmp_path / "s.jsonl"
-    tally = RowTally(spool)
-    assert tally.read().rows == 0  # not there yet
-    usage = {"prompt_tokens": 5, "completion_tokens": 2}
-    row = {"custom_id": "a", "response": {"body": {"choices": [{"message": {"content": "x"}}], "usage": usage}}}
-    spool.write_bytes(b"[1,{}]\n" + orjson.dumps([2, row]) + b'\n[3,{"a"')
-    assert (tally.read().rows, tally.prompt_tokens, tally.completion_tokens) == (2, 5, 2)  # the torn line waits
-    with open(spool, "ab") as f:
-        f.write(b":1}]\n" + orjson.dumps(row) + b"\nnot json\n")  # a published (bare) record; a damaged line
-    assert (tally.read().rows, tally.prompt_tokens, tally.completion_tokens) == (5, 10, 4)
-    assert tally.offset == spool.stat().st_size
 
 
 def test_a_streamed_upload_without_a_declared_size_is_cut_off_at_the_limit(serve: Callable[..., Server]) -> None:
