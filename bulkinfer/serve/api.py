@@ -6,6 +6,9 @@ tenant, who sees only its own files and batches (another tenant's id is a
 404, as an unknown one). With no keys configured, any bearer is the tenant
 ``"default"`` (``bulkinfer serve`` allows that on 127.0.0.1 only). Errors are
 OpenAI's shape: ``{"error": {"message", "type", "param", "code"}}``.
+
+Outside ``/v1``, without a key: ``GET /health``, and ``GET /metrics``
+(Prometheus, :mod:`bulkinfer.serve.prometheus`: no tenant or id in it).
 """
 
 from __future__ import annotations
@@ -17,7 +20,8 @@ from typing import Annotated, Any, BinaryIO
 from fastapi import Depends, FastAPI, Request
 from fastapi.concurrency import run_in_threadpool
 from fastapi.exceptions import RequestValidationError
-from fastapi.responses import FileResponse, JSONResponse
+from fastapi.responses import FileResponse, JSONResponse, Response
+from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 from pydantic import BaseModel, ConfigDict
 from starlette.datastructures import FormData, UploadFile
 from starlette.formparsers import MultiPartException, MultiPartParser
@@ -25,6 +29,7 @@ from starlette.formparsers import MultiPartException, MultiPartParser
 from bulkinfer.schema import CHAT_URL, COMPLETIONS_URL
 from bulkinfer.serve.auth import key_tenant
 from bulkinfer.serve.objects import batch_object, error_body, file_object, list_object
+from bulkinfer.serve.prometheus import metrics_registry
 from bulkinfer.serve.store import WINDOWS_S, FileTooLarge, Store
 from bulkinfer.serve.worker import Runner
 
@@ -129,6 +134,12 @@ def create_app(
     @app.get("/health")
     def health() -> dict[str, str]:
         return {"status": "ok"}
+
+    registry = metrics_registry(store)
+
+    @app.get("/metrics")
+    def metrics() -> Response:
+        return Response(generate_latest(registry), media_type=CONTENT_TYPE_LATEST)
 
     @app.get("/v1/models")
     def models(who: Tenant) -> dict[str, Any]:

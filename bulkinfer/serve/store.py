@@ -24,6 +24,7 @@ import threading
 import time
 from collections.abc import Iterable, Iterator
 from contextlib import contextmanager
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -60,7 +61,37 @@ TIMESTAMPS = (
     "cancelling_at",
     "cancelled_at",
 )
+TOTALS_SQL = """
+SELECT COALESCE(SUM(json_extract(request_counts, '$.completed')), 0),
+       COALESCE(SUM(json_extract(request_counts, '$.failed')), 0),
+       COALESCE(SUM(json_extract(usage, '$.input_tokens')), 0),
+       COALESCE(SUM(json_extract(usage, '$.output_tokens')), 0)
+FROM batches
+"""
+# The running batch's throughput, else the last completed batch's.
+LATEST_THROUGHPUT_SQL = """
+SELECT throughput FROM batches
+WHERE throughput IS NOT NULL AND status IN ('in_progress', 'completed')
+ORDER BY status = 'in_progress' DESC, completed_at DESC, seq DESC LIMIT 1
+"""
 WINDOWS_S = {"24h": 24 * 3600}  # completion_window -> seconds (OpenAI accepts only "24h")
+
+
+@dataclass(frozen=True, slots=True)
+class Totals:
+    """Every tenant's batches summed (see :meth:`Store.totals`): ``batches``:
+    status -> how many; requests (rows) ``completed`` and ``failed`` (running
+    batches' live counts included); ``prompt_tokens`` and
+    ``completion_tokens`` of the batches with a ``usage`` (completed or
+    cancelled); ``completion_tokens_per_s``: the running batch's (live), else
+    the last completed one's (its report), else 0."""
+
+    batches: dict[str, int]
+    completed: int
+    failed: int
+    prompt_tokens: int
+    completion_tokens: int
+    completion_tokens_per_s: float
 
 
 class FileTooLarge(Exception):
@@ -269,6 +300,16 @@ class Store:
     def update(self, batch_id: str, **fields: Any) -> None:
         """Set ``fields`` whatever the status (live ``request_counts``)."""
         self._set(batch_id, STATUSES, fields)
+
+    def totals(self) -> Totals:
+        """Every tenant's batches summed in SQL (one scan of ``batches``)."""
+        with self._lock:
+            batches = dict(self._db.execute("SELECT status, COUNT(*) FROM batches GROUP BY status").fetchall())
+            sums = self._db.execute(TOTALS_SQL).fetchone()
+            latest = self._db.execute(LATEST_THROUGHPUT_SQL).fetchone()
+        completed, failed, prompt_tokens, completion_tokens = (int(n) for n in sums)
+        rate = float(json.loads(latest[0])["completion_tokens_per_s"]) if latest else 0.0
+        return Totals(batches, completed, failed, prompt_tokens, completion_tokens, rate)
 
     def batch_dir(self, batch_id: str) -> Path:
         """Where the run of ``batch_id`` writes."""

@@ -37,3 +37,20 @@ def test_a_database_of_the_first_release_gains_model_and_usage_and_keeps_its_bat
     again = Store(tmp_path)  # opening again adds nothing twice
     assert again.batch("alice", new["id"]) == found
     again.close()
+
+
+def test_totals_sum_every_tenants_batches_and_prefer_the_running_batchs_throughput(tmp_path: Path) -> None:
+    store = Store(tmp_path)
+    ids = [store.add_batch(t, "file-x", "/v1/completions", "24h", None, "tiny")["id"] for t in ("a", "b", "a", "b")]
+    for batch_id, rate, at in ((ids[0], 10.0, 200), (ids[1], 20.0, 100)):
+        store.move(batch_id, ("validating",), "completed", completed_at=at, usage=usage_object(5, 7))
+        store.update(batch_id, request_counts={"total": 3, "completed": 2, "failed": 1})
+        store.update(batch_id, throughput={"completion_tokens_per_s": rate, "measured": "report"})
+    assert store.totals().completion_tokens_per_s == 10.0  # the last completed (completed_at 200)
+    store.move(ids[2], ("validating",), "in_progress", request_counts={"total": 9, "completed": 4, "failed": 0})
+    store.update(ids[2], throughput={"completion_tokens_per_s": 3.5, "measured": "live"})
+    totals = store.totals()
+    assert totals.batches == {"completed": 2, "in_progress": 1, "validating": 1}
+    assert (totals.completed, totals.failed, totals.prompt_tokens, totals.completion_tokens) == (8, 2, 10, 14)
+    assert totals.completion_tokens_per_s == 3.5
+    store.close()
