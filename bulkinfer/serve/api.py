@@ -9,6 +9,7 @@ OpenAI's shape: ``{"error": {"message", "type", "param", "code"}}``.
 
 Outside ``/v1``, without a key: ``GET /health``, and ``GET /metrics``
 (Prometheus, :mod:`bulkinfer.serve.prometheus`: no tenant or id in it).
+Each request is logged as a JSON line (:mod:`bulkinfer.serve.access`).
 """
 
 from __future__ import annotations
@@ -27,6 +28,7 @@ from starlette.datastructures import FormData, UploadFile
 from starlette.formparsers import MultiPartException, MultiPartParser
 
 from bulkinfer.schema import CHAT_URL, COMPLETIONS_URL
+from bulkinfer.serve.access import AccessLog, noted
 from bulkinfer.serve.auth import key_tenant
 from bulkinfer.serve.objects import batch_object, error_body, file_object, list_object
 from bulkinfer.serve.prometheus import metrics_registry
@@ -98,11 +100,11 @@ def tenant(request: Request) -> str:
         raise ApiError(401, "Missing bearer authentication in header", code="invalid_api_key")
     keys: dict[str, str] = request.app.state.keys
     if not keys:
-        return DEFAULT_TENANT
+        return noted(request, DEFAULT_TENANT)
     found = key_tenant(keys, key)
     if found is None:
         raise ApiError(401, "Incorrect API key provided", code="invalid_api_key")
-    return found
+    return noted(request, found)
 
 
 Tenant = Annotated[str, Depends(tenant)]
@@ -116,6 +118,7 @@ def create_app(
     ``model``: the id ``GET /v1/models`` lists."""
     app = FastAPI(title="bulkinfer serve", docs_url=None, redoc_url=None)
     app.state.keys = dict(keys)
+    app.add_middleware(AccessLog)
     limits = limits or Limits()
 
     @app.exception_handler(ApiError)
