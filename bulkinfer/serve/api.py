@@ -9,7 +9,9 @@ OpenAI's shape: ``{"error": {"message", "type", "param", "code"}}``.
 
 Outside ``/v1``, without a key: ``GET /health``, and ``GET /metrics``
 (Prometheus, :mod:`bulkinfer.serve.prometheus`: no tenant or id in it).
-Each request is logged as a JSON line (:mod:`bulkinfer.serve.access`).
+The status page for people, ``GET /``, and the files it links to take a
+key by HTTP Basic too (:mod:`bulkinfer.serve.pages`). Each request is
+logged as a JSON line (:mod:`bulkinfer.serve.access`).
 """
 
 from __future__ import annotations
@@ -29,13 +31,13 @@ from starlette.formparsers import MultiPartException, MultiPartParser
 
 from bulkinfer.schema import CHAT_URL, COMPLETIONS_URL
 from bulkinfer.serve.access import AccessLog, noted
-from bulkinfer.serve.auth import key_tenant
+from bulkinfer.serve.auth import DEFAULT_TENANT, header_key, key_tenant
 from bulkinfer.serve.objects import batch_object, error_body, file_object, list_object
+from bulkinfer.serve.pages import pages_router
 from bulkinfer.serve.prometheus import metrics_registry
 from bulkinfer.serve.store import WINDOWS_S, FileTooLarge, Store
 from bulkinfer.serve.worker import Runner
 
-DEFAULT_TENANT = "default"
 ENDPOINTS = (CHAT_URL, COMPLETIONS_URL)
 CHUNK_BYTES = 1 << 20
 MULTIPART_SLACK_BYTES = 64 * 1024  # boundaries and part headers around the file in a multipart body
@@ -95,8 +97,8 @@ def tenant(request: Request) -> str:
     Raises:
         ApiError: 401, no bearer key or an unknown one.
     """
-    scheme, _, key = request.headers.get("authorization", "").partition(" ")
-    if scheme.lower() != "bearer" or not key:
+    key = header_key(request.headers.get("authorization", ""))
+    if key is None:
         raise ApiError(401, "Missing bearer authentication in header", code="invalid_api_key")
     keys: dict[str, str] = request.app.state.keys
     if not keys:
@@ -139,6 +141,7 @@ def create_app(
         return {"status": "ok"}
 
     registry = metrics_registry(store)
+    app.include_router(pages_router(store, model))
 
     @app.get("/metrics")
     def metrics() -> Response:

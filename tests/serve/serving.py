@@ -48,6 +48,16 @@ class Server:
         self.store.close()
 
 
+class NoRunner:
+    """A runner that runs nothing: for an app whose batches never run."""
+
+    def submit(self, batch_id: str) -> None:
+        pass
+
+    def cancel(self, batch_id: str) -> None:
+        pass
+
+
 def batch_lines(ids: list[str], url: str = "/v1/chat/completions") -> bytes:
     """An OpenAI batch input file: one chat (or completions) request per id."""
     body = (

@@ -2,13 +2,14 @@
 
 from __future__ import annotations
 
+import base64
 import hmac
 from typing import Any
 
 import pytest
 
 from bulkinfer.serve import auth
-from bulkinfer.serve.auth import key_tenant
+from bulkinfer.serve.auth import header_key, key_tenant
 
 KEYS = {"sk-first": "alice", "sk-second-longer": "bob", "sk-third": "carol"}
 
@@ -33,3 +34,17 @@ def test_every_configured_key_is_compared_in_constant_time_whichever_matches(
     monkeypatch.setattr(auth.hmac, "compare_digest", counting)
     key_tenant(KEYS, key)
     assert compared == [(32, 32)] * len(KEYS)  # no early exit; equal lengths (SHA-256 digests) whatever the key
+
+
+def basic(user: str, password: str) -> str:
+    return "Basic " + base64.b64encode(f"{user}:{password}".encode()).decode()
+
+
+def test_the_key_of_a_bearer_or_basic_header_and_none_of_anything_else() -> None:
+    both = ("bearer", "basic")
+    assert header_key("Bearer sk-a") == header_key("bearer  sk-a ", both) == "sk-a"
+    assert header_key(basic("anyone", "sk-a:with-colon"), both) == "sk-a:with-colon"  # the user name is ignored
+    assert header_key(basic("", "sk-a"), both) == "sk-a"
+    assert header_key(basic("anyone", "sk-a")) is None  # Basic only where asked for
+    for bad in ("", "Bearer", "Bearer  ", "Token sk-a", "Basic !!!notbase64", basic("user-only", ""), "Basic /w=="):
+        assert header_key(bad, both) is None, bad

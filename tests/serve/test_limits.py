@@ -10,7 +10,7 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 
 from fastapi.testclient import TestClient
-from serving import Server, batch_lines, upload
+from serving import NoRunner, Server, batch_lines, upload
 
 from bulkinfer.serve.api import Limits, create_app
 from bulkinfer.serve.store import Store
@@ -45,20 +45,12 @@ def test_an_upload_declared_over_the_limit_is_413_before_its_body_is_read(serve:
 def test_without_keys_any_bearer_is_the_default_tenant(tmp_path: Path) -> None:
     store = Store(tmp_path)
     server = Server.__new__(Server)  # only its client(): no worker needed
-    server.http = TestClient(create_app(store, {}, _NoRunner(), model="tiny"))
+    server.http = TestClient(create_app(store, {}, NoRunner(), model="tiny"))
     one, two = server.client("anything"), server.client("something-else")
     file = upload(one, batch_lines(["a"]))
     assert two.files.retrieve(file.id).id == file.id
     assert server.http.get("/v1/files").status_code == 401  # still a bearer is needed
     store.close()
-
-
-class _NoRunner:
-    def submit(self, batch_id: str) -> None:
-        pass
-
-    def cancel(self, batch_id: str) -> None:
-        pass
 
 
 def test_the_cli_imports_no_web_server_until_serve_runs() -> None:
