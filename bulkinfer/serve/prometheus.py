@@ -39,7 +39,9 @@ class StoreCollector:
             batches.add_metric([status], totals.batches.get(status, 0))
         yield batches
         requests = CounterMetricFamily(
-            "bulkinfer_requests", "Requests (rows) of batches that ended, by outcome.", labels=["outcome"]
+            "bulkinfer_requests",
+            "Requests (rows) that ended, by outcome; running batches' so far included.",
+            labels=["outcome"],
         )
         requests.add_metric(["completed"], totals.completed)
         requests.add_metric(["failed"], totals.failed)
