@@ -3,10 +3,12 @@
 from __future__ import annotations
 
 import hashlib
+import logging
 import os
 import signal
+import sys
 from pathlib import Path
-from typing import Annotated
+from typing import Annotated, TextIO
 
 import typer
 
@@ -78,8 +80,9 @@ def serve(
 
 
 def _serve(host: str, port: int, data_dir: Path, keys: list[str], model: str | None, config: Path | None) -> None:
-    """Build the store, worker and app; run uvicorn until SIGINT/SIGTERM; then stop the worker
-    (a running batch stays ``in_progress`` and resumes at the next start)."""
+    """Build the store, worker and app; run uvicorn until SIGINT/SIGTERM (one JSON access
+    log line a request on stderr); then stop the worker (a running batch stays
+    ``in_progress`` and resumes at the next start)."""
     import uvicorn
 
     from bulkinfer.config import load_settings
@@ -89,6 +92,7 @@ def _serve(host: str, port: int, data_dir: Path, keys: list[str], model: str | N
     from bulkinfer.serve.store import Store
     from bulkinfer.serve.worker import BatchWorker
 
+    log_access_to(sys.stderr)
     settings = load_settings(config, {"model": model})
     store = Store(data_dir)
     worker = BatchWorker(store, settings, vllm_engine)
@@ -101,7 +105,7 @@ def _serve(host: str, port: int, data_dir: Path, keys: list[str], model: str | N
     # swallowed; one that comes while the worker closes ends the process at once.
     previous = {sig: signal.signal(sig, _swallow) for sig in stops}
     try:
-        uvicorn.run(app, host=host, port=port)
+        uvicorn.run(app, host=host, port=port, access_log=False)  # ours is bulkinfer.serve.access
     finally:
         for sig in stops:
             signal.signal(sig, exit_at_once)
@@ -115,6 +119,21 @@ def _serve(host: str, port: int, data_dir: Path, keys: list[str], model: str | N
 
 def _swallow(signum: int, frame: object) -> None:
     """A stop signal uvicorn has already acted on."""
+
+
+def log_access_to(stream: TextIO) -> logging.Handler:
+    """Write the server's access log (the logger ``bulkinfer.serve.access``: one
+    JSON line a request, see :mod:`bulkinfer.serve.access`) to ``stream``, and
+    only there; returns the handler added."""
+    from bulkinfer.serve.access import ACCESS_LOGGER
+
+    handler = logging.StreamHandler(stream)
+    handler.setFormatter(logging.Formatter("%(message)s"))
+    logger = logging.getLogger(ACCESS_LOGGER)
+    logger.addHandler(handler)
+    logger.setLevel(logging.INFO)
+    logger.propagate = False
+    return handler
 
 
 def tenant_of(key: str) -> str:

@@ -61,14 +61,22 @@ def read_spool(path: Path) -> Generator[Keyed, None, None]:
     with open(path, "rb") as f:
         for raw in f:
             text = raw.strip()
-            if not text:
-                continue
-            if text.startswith(b"["):  # [LINE,{...}]: orjson writes no spaces
-                comma = text.index(b",")
-                yield int(text[1:comma]), text[comma + 1 : -1]
-            else:
-                line = orjson.loads(text).get("line")
-                yield (line if isinstance(line, int) and not isinstance(line, bool) else 0), text
+            if text:
+                yield spool_line(text)
+
+
+def spool_line(text: bytes) -> Keyed:
+    """One stripped, non-blank line of a spool as (input line, record's JSON
+    bytes); a bare record is keyed as :func:`read_spool` says.
+
+    Raises:
+        orjson.JSONDecodeError: a bare record that is not JSON.
+    """
+    if text.startswith(b"["):  # [LINE,{...}]: orjson writes no spaces
+        comma = text.index(b",")
+        return int(text[1:comma]), text[comma + 1 : -1]
+    line = orjson.loads(text).get("line")
+    return (line if isinstance(line, int) and not isinstance(line, bool) else 0), text
 
 
 def spool_records(path: Path) -> Iterator[tuple[int, dict[str, Any]]]:

@@ -6,6 +6,12 @@ tenant, who sees only its own files and batches (another tenant's id is a
 404, as an unknown one). With no keys configured, any bearer is the tenant
 ``"default"`` (``bulkinfer serve`` allows that on 127.0.0.1 only). Errors are
 OpenAI's shape: ``{"error": {"message", "type", "param", "code"}}``.
+
+Outside ``/v1``, without a key: ``GET /health``, and ``GET /metrics``
+(Prometheus, :mod:`bulkinfer.serve.prometheus`: no tenant or id in it).
+The status page for people, ``GET /``, and the files it links to take a
+key by HTTP Basic too (:mod:`bulkinfer.serve.pages`). Each request is
+logged as a JSON line (:mod:`bulkinfer.serve.access`).
 """
 
 from __future__ import annotations
@@ -17,17 +23,21 @@ from typing import Annotated, Any, BinaryIO
 from fastapi import Depends, FastAPI, Request
 from fastapi.concurrency import run_in_threadpool
 from fastapi.exceptions import RequestValidationError
-from fastapi.responses import FileResponse, JSONResponse
+from fastapi.responses import FileResponse, JSONResponse, Response
+from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 from pydantic import BaseModel, ConfigDict
 from starlette.datastructures import FormData, UploadFile
 from starlette.formparsers import MultiPartException, MultiPartParser
 
 from bulkinfer.schema import CHAT_URL, COMPLETIONS_URL
+from bulkinfer.serve.access import AccessLog, noted
+from bulkinfer.serve.auth import DEFAULT_TENANT, header_key, key_tenant
 from bulkinfer.serve.objects import batch_object, error_body, file_object, list_object
+from bulkinfer.serve.pages import pages_router
+from bulkinfer.serve.prometheus import metrics_registry
 from bulkinfer.serve.store import WINDOWS_S, FileTooLarge, Store
 from bulkinfer.serve.worker import Runner
 
-DEFAULT_TENANT = "default"
 ENDPOINTS = (CHAT_URL, COMPLETIONS_URL)
 CHUNK_BYTES = 1 << 20
 MULTIPART_SLACK_BYTES = 64 * 1024  # boundaries and part headers around the file in a multipart body
@@ -81,20 +91,22 @@ class BatchCreate(BaseModel):
 
 
 def tenant(request: Request) -> str:
-    """The tenant of the request's bearer key (``app.state.keys``: key -> tenant).
+    """The tenant of the request's bearer key (``app.state.keys``: key -> tenant;
+    compared in constant time, see :mod:`bulkinfer.serve.auth`).
 
     Raises:
         ApiError: 401, no bearer key or an unknown one.
     """
-    scheme, _, key = request.headers.get("authorization", "").partition(" ")
-    if scheme.lower() != "bearer" or not key:
+    key = header_key(request.headers.get("authorization", ""))
+    if key is None:
         raise ApiError(401, "Missing bearer authentication in header", code="invalid_api_key")
     keys: dict[str, str] = request.app.state.keys
     if not keys:
-        return DEFAULT_TENANT
-    if key not in keys:
+        return noted(request, DEFAULT_TENANT)
+    found = key_tenant(keys, key)
+    if found is None:
         raise ApiError(401, "Incorrect API key provided", code="invalid_api_key")
-    return keys[key]
+    return noted(request, found)
 
 
 Tenant = Annotated[str, Depends(tenant)]
@@ -108,6 +120,7 @@ def create_app(
     ``model``: the id ``GET /v1/models`` lists."""
     app = FastAPI(title="bulkinfer serve", docs_url=None, redoc_url=None)
     app.state.keys = dict(keys)
+    app.add_middleware(AccessLog)
     limits = limits or Limits()
 
     @app.exception_handler(ApiError)
@@ -126,6 +139,13 @@ def create_app(
     @app.get("/health")
     def health() -> dict[str, str]:
         return {"status": "ok"}
+
+    registry = metrics_registry(store)
+    app.include_router(pages_router(store, model))
+
+    @app.get("/metrics")
+    def metrics() -> Response:
+        return Response(generate_latest(registry), media_type=CONTENT_TYPE_LATEST)
 
     @app.get("/v1/models")
     def models(who: Tenant) -> dict[str, Any]:
@@ -183,7 +203,7 @@ def create_app(
             raise ApiError(404, f"No such file: '{body.input_file_id}'", code="not_found", param="input_file_id")
         if file["purpose"] != "batch":
             raise ApiError(400, "the input file's purpose must be 'batch'", param="input_file_id")
-        row = store.add_batch(who, body.input_file_id, body.endpoint, body.completion_window, body.metadata)
+        row = store.add_batch(who, body.input_file_id, body.endpoint, body.completion_window, body.metadata, model)
         runner.submit(row["id"])
         return batch_object(row)
 

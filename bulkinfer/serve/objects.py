@@ -22,7 +22,9 @@ def file_object(row: dict[str, Any]) -> dict[str, Any]:
 
 
 def batch_object(row: dict[str, Any]) -> dict[str, Any]:
-    """OpenAI's ``Batch`` object of a ``batches`` row (``errors`` as a list object or null)."""
+    """OpenAI's ``Batch`` object of a ``batches`` row (``errors`` as a list object or null;
+    ``usage`` null until the batch is completed or cancelled, ``model`` null for
+    a batch an earlier bulkinfer created)."""
     errors = row["errors"]
     return {
         "id": row["id"],
@@ -37,6 +39,21 @@ def batch_object(row: dict[str, Any]) -> dict[str, Any]:
         **{key: row[key] for key in TIMESTAMPS},
         "request_counts": row["request_counts"],
         "metadata": row["metadata"],
+        "model": row["model"],
+        "usage": row["usage"],
+    }
+
+
+def usage_object(prompt_tokens: int, completion_tokens: int) -> dict[str, Any]:
+    """OpenAI's ``BatchUsage`` of a batch whose completed requests took
+    ``prompt_tokens`` (input) and ``completion_tokens`` (output). Cached
+    prompt tokens and reasoning tokens are not counted by bulkinfer's runs: 0."""
+    return {
+        "input_tokens": prompt_tokens,
+        "input_tokens_details": {"cached_tokens": 0},
+        "output_tokens": completion_tokens,
+        "output_tokens_details": {"reasoning_tokens": 0},
+        "total_tokens": prompt_tokens + completion_tokens,
     }
 
 

@@ -4,7 +4,8 @@ the bytes of files under ``DATA/files/``, each batch's run under
 
 Layout of ``DATA`` (the ``--data-dir``)::
 
-    state.sqlite3            tables ``files`` and ``batches`` (below)
+    state.sqlite3            tables ``files`` and ``batches`` (below; columns that
+                             came later are added to an older database at open)
     files/FILE_ID.jsonl      an uploaded file, written atomically
     batches/BATCH_ID/        the run's output, errors, report, spools, journal
 
@@ -23,9 +24,11 @@ import threading
 import time
 from collections.abc import Iterable, Iterator
 from contextlib import contextmanager
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+# The tables as the first release created them; columns added since are ADDED_COLUMNS.
 SCHEMA = """
 CREATE TABLE IF NOT EXISTS files (
     id TEXT PRIMARY KEY, tenant TEXT NOT NULL, bytes INTEGER NOT NULL, created_at INTEGER NOT NULL,
@@ -41,8 +44,12 @@ CREATE TABLE IF NOT EXISTS batches (
 );
 """
 
+# Columns of ``batches`` that came after the first release, with their types: the
+# store adds each one a database lacks (one an earlier bulkinfer wrote) when it opens.
+ADDED_COLUMNS = {"model": "TEXT", "usage": "TEXT", "throughput": "TEXT"}
 # Columns of ``batches`` holding JSON text.
-JSON_COLUMNS = ("metadata", "errors", "request_counts")
+# ``throughput``: {"completion_tokens_per_s", "measured": "live" | "report"} (see serve.progress).
+JSON_COLUMNS = ("metadata", "errors", "request_counts", "usage", "throughput")
 TIMESTAMPS = (
     "created_at",
     "expires_at",
@@ -54,7 +61,37 @@ TIMESTAMPS = (
     "cancelling_at",
     "cancelled_at",
 )
+TOTALS_SQL = """
+SELECT COALESCE(SUM(json_extract(request_counts, '$.completed')), 0),
+       COALESCE(SUM(json_extract(request_counts, '$.failed')), 0),
+       COALESCE(SUM(json_extract(usage, '$.input_tokens')), 0),
+       COALESCE(SUM(json_extract(usage, '$.output_tokens')), 0)
+FROM batches
+"""
+# The running batch's throughput, else the last completed batch's.
+LATEST_THROUGHPUT_SQL = """
+SELECT throughput FROM batches
+WHERE throughput IS NOT NULL AND status IN ('in_progress', 'completed')
+ORDER BY status = 'in_progress' DESC, completed_at DESC, seq DESC LIMIT 1
+"""
 WINDOWS_S = {"24h": 24 * 3600}  # completion_window -> seconds (OpenAI accepts only "24h")
+
+
+@dataclass(frozen=True, slots=True)
+class Totals:
+    """Every tenant's batches summed (see :meth:`Store.totals`): ``batches``:
+    status -> how many; requests (rows) ``completed`` and ``failed`` (running
+    batches' live counts included); ``prompt_tokens`` and
+    ``completion_tokens`` of the batches with a ``usage`` (completed or
+    cancelled); ``completion_tokens_per_s``: the running batch's (live), else
+    the last completed one's (its report), else 0."""
+
+    batches: dict[str, int]
+    completed: int
+    failed: int
+    prompt_tokens: int
+    completion_tokens: int
+    completion_tokens_per_s: float
 
 
 class FileTooLarge(Exception):
@@ -81,6 +118,7 @@ class Store:
         self._db.execute("PRAGMA journal_mode=WAL")
         self._db.execute("PRAGMA synchronous=FULL")
         self._db.executescript(SCHEMA)
+        self._add_columns()
 
     @contextmanager
     def _tx(self) -> Iterator[sqlite3.Connection]:
@@ -92,6 +130,14 @@ class Store:
                 self._db.execute("ROLLBACK")
                 raise
             self._db.execute("COMMIT")
+
+    def _add_columns(self) -> None:
+        """``ALTER TABLE batches ADD COLUMN`` each of :data:`ADDED_COLUMNS` it lacks (NULL in existing rows)."""
+        with self._tx() as db:
+            have = {row["name"] for row in db.execute("PRAGMA table_info(batches)")}
+            for column, type_ in ADDED_COLUMNS.items():
+                if column not in have:
+                    db.execute(f"ALTER TABLE batches ADD COLUMN {column} {type_}")
 
     def close(self) -> None:
         with self._lock:
@@ -177,9 +223,15 @@ class Store:
     # batches
 
     def add_batch(
-        self, tenant: str, input_file_id: str, endpoint: str, window: str, metadata: dict[str, str] | None
+        self,
+        tenant: str,
+        input_file_id: str,
+        endpoint: str,
+        window: str,
+        metadata: dict[str, str] | None,
+        model: str | None = None,
     ) -> dict[str, Any]:
-        """A new batch, ``validating``; returns its row."""
+        """A new batch, ``validating``, to run on ``model`` (the served model's id); returns its row."""
         created = now()
         row: dict[str, Any] = {
             "id": f"batch_{secrets.token_hex(12)}",
@@ -192,6 +244,7 @@ class Store:
             "request_counts": json.dumps({"total": 0, "completed": 0, "failed": 0}),
             "created_at": created,
             "expires_at": created + WINDOWS_S[window],
+            "model": model or None,
         }
         columns = ", ".join(row)
         with self._tx() as db:
@@ -247,6 +300,16 @@ class Store:
     def update(self, batch_id: str, **fields: Any) -> None:
         """Set ``fields`` whatever the status (live ``request_counts``)."""
         self._set(batch_id, STATUSES, fields)
+
+    def totals(self) -> Totals:
+        """Every tenant's batches summed in SQL (one scan of ``batches``)."""
+        with self._lock:
+            batches = dict(self._db.execute("SELECT status, COUNT(*) FROM batches GROUP BY status").fetchall())
+            sums = self._db.execute(TOTALS_SQL).fetchone()
+            latest = self._db.execute(LATEST_THROUGHPUT_SQL).fetchone()
+        completed, failed, prompt_tokens, completion_tokens = (int(n) for n in sums)
+        rate = float(json.loads(latest[0])["completion_tokens_per_s"]) if latest else 0.0
+        return Totals(batches, completed, failed, prompt_tokens, completion_tokens, rate)
 
     def batch_dir(self, batch_id: str) -> Path:
         """Where the run of ``batch_id`` writes."""

@@ -8,10 +8,11 @@ siblings (errors, report, spools, journal; see
 :mod:`bulkinfer.jobs.output_files`). Lifecycle: ``validating`` (the input
 is checked, :mod:`bulkinfer.serve.validate`) -> ``in_progress`` (the run)
 (``request_counts`` updated each second, :mod:`bulkinfer.serve.progress`)
--> ``finalizing`` (output and errors registered as files) -> ``completed``;
+-> ``finalizing`` (output and errors registered as files; ``usage``: the
+report's tokens) -> ``completed``;
 or ``failed`` (bad input, engine failure), ``expired`` (picked up after
 ``expires_at``), ``cancelling`` -> ``cancelled`` (the rows finished so far
-are published as the output and errors files).
+are published as the output and errors files, ``usage`` counted from them).
 
 At start, batches left ``in_progress`` or ``finalizing`` by a killed server
 run again first with ``resume=True`` (the journal and spools keep what
@@ -31,7 +32,8 @@ from bulkinfer.errors import BulkinferError, Interrupted
 from bulkinfer.jobs.output_files import OutputFiles, RunPaths
 from bulkinfer.jobs.run import run
 from bulkinfer.models import TokenizerFactory, load_tokenizer
-from bulkinfer.serve.progress import LiveCounts
+from bulkinfer.serve.objects import usage_object
+from bulkinfer.serve.progress import LiveCounts, RowTally, report_throughput
 from bulkinfer.serve.store import Store, now
 from bulkinfer.serve.validate import MAX_LINES, batch_error, validate_input
 from bulkinfer.stop import StopToken
@@ -161,8 +163,7 @@ class BatchWorker(threading.Thread):
             return
         finally:
             live.finish()  # before the final counts: no live write comes after them
-        counts = _counts(result.report)
-        if self.store.move(batch_id, RESUMABLE, "finalizing", request_counts=counts):
+        if self.store.move(batch_id, RESUMABLE, "finalizing", **_finished(result.report)):
             self._register_outputs(batch, paths, "completed", ("finalizing",))
 
     def _validated(self, batch: dict[str, Any]) -> bool:
@@ -198,7 +199,7 @@ class BatchWorker(threading.Thread):
 
     def _publish_partial(self, batch: dict[str, Any]) -> None:
         """Publish the spools of ``batch``'s run (under the output's lock), count
-        its lines, register the files, move it to ``cancelled``."""
+        its lines and tokens, register the files, move it to ``cancelled``."""
         batch_id = batch["id"]
         out = self.store.batch_dir(batch_id) / "output.jsonl"
         files = OutputFiles(out)
@@ -208,8 +209,7 @@ class BatchWorker(threading.Thread):
                     for spool in (files.spool, files.errors_spool):
                         spool.touch()
                     files.finish(self.settings.plan.output_order)
-            counts = {"total": batch["request_counts"]["total"], **_count_lines(files)}
-            self.store.update(batch_id, request_counts=counts)
+            self.store.update(batch_id, **_published(files, batch["request_counts"]["total"]))
             self._register_outputs(batch, RunPaths(out, out), "cancelled", ("cancelling",))
         else:
             self.store.move(batch_id, ("cancelling",), "cancelled")
@@ -225,15 +225,23 @@ class BatchWorker(threading.Thread):
         self.store.move(batch["id"], from_, status, **ids)
 
 
-def _counts(report: dict[str, Any]) -> dict[str, int]:
-    """OpenAI's ``request_counts`` from a run's report."""
-    counts = report.get("request_counts", {})
-    return {key: int(counts.get(key, 0)) for key in ("total", "completed", "failed")}
+def _finished(report: dict[str, Any]) -> dict[str, Any]:
+    """The columns a finished run's report gives its batch: OpenAI's
+    ``request_counts`` and ``usage`` (the report's ``tokens``: the completed
+    rows', resumed ones included), and ``throughput``."""
+    counts, tokens = report.get("request_counts", {}), report.get("tokens", {})
+    return {
+        "request_counts": {key: int(counts.get(key, 0)) for key in ("total", "completed", "failed")},
+        "usage": usage_object(int(tokens.get("prompt", 0)), int(tokens.get("completion", 0))),
+        "throughput": report_throughput(report),
+    }
 
 
-def _count_lines(files: OutputFiles) -> dict[str, int]:
-    def lines(path: Path) -> int:
-        with open(path, "rb") as f:
-            return sum(1 for line in f if line.strip())
-
-    return {"completed": lines(files.out), "failed": lines(files.errors)}
+def _published(files: OutputFiles, total: int) -> dict[str, Any]:
+    """``request_counts`` and ``usage`` of a published output and errors
+    (a cancelled batch's: its run wrote no report)."""
+    out, errors = RowTally(files.out).read(), RowTally(files.errors).read()
+    return {
+        "request_counts": {"total": total, "completed": out.rows, "failed": errors.rows},
+        "usage": usage_object(out.prompt_tokens, out.completion_tokens),
+    }

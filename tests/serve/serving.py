@@ -48,6 +48,16 @@ class Server:
         self.store.close()
 
 
+class NoRunner:
+    """A runner that runs nothing: for an app whose batches never run."""
+
+    def submit(self, batch_id: str) -> None:
+        pass
+
+    def cancel(self, batch_id: str) -> None:
+        pass
+
+
 def batch_lines(ids: list[str], url: str = "/v1/chat/completions") -> bytes:
     """An OpenAI batch input file: one chat (or completions) request per id."""
     body = (
@@ -78,3 +88,9 @@ def records(client: openai.OpenAI, file_id: str | None) -> list[dict[str, Any]]:
     if file_id is None:
         return []
     return [orjson.loads(line) for line in client.files.content(file_id).content.splitlines() if line.strip()]
+
+
+def usage_of(lines: list[dict[str, Any]]) -> tuple[int, int]:
+    """(prompt, completion) tokens summed over the ``usage`` of output ``lines``."""
+    usages = [line["response"]["body"]["usage"] for line in lines]
+    return sum(u["prompt_tokens"] for u in usages), sum(u["completion_tokens"] for u in usages)

@@ -12,13 +12,14 @@ import openai
 import orjson
 import pytest
 from fakes import FakeEngine, wait_for
-from serving import Server, batch_lines, create, records, upload, wait_done
+from serving import Server, batch_lines, create, records, upload, usage_of, wait_done
 
 from bulkinfer.serve.api import Limits
 
 
 def test_a_batch_runs_to_completed_and_every_custom_id_is_in_the_output_once(serve: Callable[..., Server]) -> None:
-    client = serve().client()
+    server = serve()
+    client = server.client()
     ids = [f"r{i}" for i in range(7)]
     file = upload(client, batch_lines(ids))
     assert (file.purpose, file.bytes, file.filename) == ("batch", len(batch_lines(ids)), "in.jsonl")
@@ -38,6 +39,20 @@ def test_a_batch_runs_to_completed_and_every_custom_id_is_in_the_output_once(ser
     assert (done.request_counts.total, done.request_counts.completed, done.request_counts.failed) == (7, 7, 0)
     assert done.in_progress_at is not None and done.finalizing_at is not None and done.completed_at is not None
     assert done.error_file_id is None
+    report = orjson.loads((server.store.batch_dir(batch.id) / "output.report.json").read_bytes())
+    tokens, row = report["tokens"], server.store.batch("alice", batch.id)
+    assert row is not None and row["throughput"] == {
+        "completion_tokens_per_s": report["throughput"]["completion_tokens_per_s"],
+        "measured": "report",
+    }
+    assert batch.model == done.model == "tiny" and batch.usage is None and done.usage is not None
+    assert (
+        (done.usage.input_tokens, done.usage.output_tokens)
+        == (tokens["prompt"], tokens["completion"])
+        == (usage_of(records(client, done.output_file_id)))
+    )
+    assert done.usage.total_tokens == tokens["prompt"] + tokens["completion"] and tokens["completion"] == 7
+    assert done.usage.input_tokens_details.cached_tokens == done.usage.output_tokens_details.reasoning_tokens == 0
     lines = records(client, done.output_file_id)
     assert sorted(r["custom_id"] for r in lines) == sorted(ids)
     for line in lines:
@@ -166,6 +181,10 @@ def test_counts_grow_while_a_batch_runs_and_cancel_publishes_the_finished_rows(s
     finished = [r["custom_id"] for r in records(client, done.output_file_id)]
     assert 0 < len(finished) < len(ids) and len(set(finished)) == len(finished) and set(finished) <= set(ids)
     assert done.request_counts is not None and done.request_counts.completed == len(finished)
+    assert done.usage is not None and (done.usage.input_tokens, done.usage.output_tokens) == usage_of(
+        records(client, done.output_file_id)
+    )
+    assert done.usage.output_tokens == len(finished)  # the fake engine: one completion token a row
     # the next batch runs on the same engine, clean: the cancelled run's requests were aborted
     assert server.engines[0].aborted
     completed = wait_done(client, create(client, file.id).id)

@@ -10,10 +10,9 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 
 from fastapi.testclient import TestClient
-from serving import Server, batch_lines, upload
+from serving import NoRunner, Server, batch_lines, upload
 
 from bulkinfer.serve.api import Limits, create_app
-from bulkinfer.serve.progress import LineCounter
 from bulkinfer.serve.store import Store
 from bulkinfer.serve.validate import validate_input
 
@@ -46,20 +45,12 @@ def test_an_upload_declared_over_the_limit_is_413_before_its_body_is_read(serve:
 def test_without_keys_any_bearer_is_the_default_tenant(tmp_path: Path) -> None:
     store = Store(tmp_path)
     server = Server.__new__(Server)  # only its client(): no worker needed
-    server.http = TestClient(create_app(store, {}, _NoRunner(), model="tiny"))
+    server.http = TestClient(create_app(store, {}, NoRunner(), model="tiny"))
     one, two = server.client("anything"), server.client("something-else")
     file = upload(one, batch_lines(["a"]))
     assert two.files.retrieve(file.id).id == file.id
     assert server.http.get("/v1/files").status_code == 401  # still a bearer is needed
     store.close()
-
-
-class _NoRunner:
-    def submit(self, batch_id: str) -> None:
-        pass
-
-    def cancel(self, batch_id: str) -> None:
-        pass
 
 
 def test_the_cli_imports_no_web_server_until_serve_runs() -> None:
@@ -80,17 +71,6 @@ def test_registering_a_batch_output_twice_gives_the_same_file(tmp_path: Path) ->
     assert store.register_file("alice", "b_output.jsonl", "batch_output", out) == first
     assert [f["id"] for f in store.files("alice")] == [first["id"]]
     store.close()
-
-
-def test_live_counts_read_only_whole_lines_and_only_what_was_added(tmp_path: Path) -> None:
-    spool = tmp_path / "s.jsonl"
-    counter = LineCounter(spool)
-    assert counter.count() == 0  # not there yet
-    spool.write_bytes(b'[1,{}]\n[2,{"a"')
-    assert counter.count() == 1  # the torn line is not a finished row
-    with open(spool, "ab") as f:
-        f.write(b":1}]\n[3,{}]\n")
-    assert counter.count() == 3 and counter.offset == spool.stat().st_size
 
 
 def test_a_streamed_upload_without_a_declared_size_is_cut_off_at_the_limit(serve: Callable[..., Server]) -> None:
