@@ -37,7 +37,7 @@ REALM = "bulkinfer"
 TEXT = "text/plain; charset=utf-8"
 # How a batch's completion tokens/s was measured (see bulkinfer.serve.progress), as the page says it.
 MEASURED = {
-    "running": "live: completion tokens of the rows finished since the run started, over the seconds since",
+    "running": "live: completion tokens of the rows finished since the engine was ready, over the seconds since",
     "report": "the run's report: completion tokens over the generation seconds",
     "ran": "measured live while it ran",
 }

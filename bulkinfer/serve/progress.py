@@ -1,7 +1,7 @@
 """Live ``request_counts`` of a running batch: a thread that counts the
 finished lines of the run's spools (see :mod:`bulkinfer.jobs.output_files`)
 every ``interval`` seconds and writes them, and the completion tokens/s
-since the run started, to the store; and :class:`RowTally`, which counts
+since the engine was ready, to the store; and :class:`RowTally`, which counts
 them (and their tokens).
 
 Spools only grow while a run holds them (one complete line per finished
@@ -67,9 +67,9 @@ class LiveCounts(threading.Thread):
     ``throughput`` of batch ``batch_id`` (run into ``out``) to ``store`` every
     ``interval`` seconds until :meth:`finish`. ``total`` is the validated
     number of requests; ``throughput`` is :func:`live_throughput` of the
-    completion tokens of the rows finished since this thread was made (a
-    resumed run's earlier rows are not counted) over the seconds since then
-    (``clock``: seconds)."""
+    completion tokens of the rows finished since this thread was made, or
+    since :meth:`engine_ready` (a resumed run's earlier rows are not counted),
+    over the seconds since then (``clock``: seconds)."""
 
     def __init__(
         self,
@@ -97,6 +97,11 @@ class LiveCounts(threading.Thread):
         started, tokens = self._since
         rate = (self.completed.completion_tokens - tokens) / max(self.clock() - started, 1e-9)
         self.store.update(self.batch_id, request_counts=counts, throughput=live_throughput(rate))
+
+    def engine_ready(self) -> None:
+        """The run's engine is up (the server's first batch waits for the
+        model to load): the rate counts from now."""
+        self._since = (self.clock(), self.completed.completion_tokens)
 
     def finish(self) -> None:
         """Stop counting; returns once no further write can come."""

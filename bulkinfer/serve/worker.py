@@ -27,7 +27,7 @@ from pathlib import Path
 from typing import Any, Protocol
 
 from bulkinfer.config import Settings
-from bulkinfer.engine.base import EngineFactory, KeptEngine
+from bulkinfer.engine.base import Engine, EngineFactory, KeptEngine
 from bulkinfer.errors import BulkinferError, Interrupted
 from bulkinfer.jobs.output_files import OutputFiles, RunPaths
 from bulkinfer.jobs.run import run
@@ -143,12 +143,18 @@ class BatchWorker(threading.Thread):
         validated = self.store.batch(None, batch_id)
         live = LiveCounts(self.store, batch_id, paths.output, validated["request_counts"]["total"] if validated else 0)
         live.start()
+
+        def engine(model: str, settings: Settings) -> Engine:
+            kept = self.engine.reused(model, settings)
+            live.engine_ready()
+            return kept
+
         try:
             result = run(
                 paths,
                 self.settings,
                 resume=resume,
-                engine_factory=self.engine.reused,
+                engine_factory=engine,
                 tokenizer_factory=self.tokenizer_factory,
                 progress_plain=True,
                 verbose=True,  # the engine's output stays on the server's stdout/stderr: no fd capture in a thread

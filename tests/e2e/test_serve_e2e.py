@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import io
 import os
+import re
 import signal
 import socket
 import subprocess
@@ -23,6 +24,7 @@ import httpx
 import openai
 import orjson
 import pytest
+from browser import CHROMIUM, FLAGS, NO_CHROMIUM
 from reference_types import check_openai_line
 
 from tests.e2e.test_e2e import CAPITALS, ROOT, SAMPLE, engine_children, read_jsonl
@@ -219,6 +221,33 @@ def test_cancel_mid_run_publishes_the_finished_rows(server: ServeProcess) -> Non
     assert done.request_counts is not None and done.request_counts.completed == len(ids)
     for record in outputs:
         check_openai_line(record)
+
+
+@pytest.mark.skipif(CHROMIUM is None, reason=NO_CHROMIUM)
+def test_the_status_page_shows_a_running_batch_in_chromium(server: ServeProcess, tmp_path: Path) -> None:
+    """Headless Chromium logs in with the key (HTTP Basic, in the URL) and
+    renders ``/`` while a batch runs: its row, status and progress bar. The
+    screenshot goes to ``$BULKINFER_STATUS_SCREENSHOT`` when set (the README's)."""
+    assert CHROMIUM is not None
+    client = server.client()
+    batch = submit(client, chat_lines(read_jsonl(SAMPLE / "sharegpt.jsonl")[:100], max_tokens=64))
+    running = poll(client, batch.id, completed_at_least(3))
+    assert running.status == "in_progress", running.status
+    url = f"http://user:{KEYS[0]}@127.0.0.1:{server.port}/"
+    flags = [*FLAGS, f"--user-data-dir={tmp_path / 'profile'}", "--virtual-time-budget=3000"]
+    dom = subprocess.run([CHROMIUM, *flags, "--dump-dom", url], capture_output=True, text=True, timeout=120)
+    row = re.search(rf'<tr id="{batch.id}">(.*?)</tr>', dom.stdout, re.S)
+    assert row, dom.stdout[-2000:] + dom.stderr[-2000:]
+    assert "in_progress" in row.group(1)
+    bar = re.search(r'<progress value="(\d+)" max="(\d+)"', row.group(1))
+    assert bar and 3 <= int(bar.group(1)) < 100 and bar.group(2) == "100", row.group(1)
+    shot = Path(os.environ.get("BULKINFER_STATUS_SCREENSHOT") or tmp_path / "status.png").resolve()
+    subprocess.run(
+        [CHROMIUM, *flags, "--window-size=1700,520", f"--screenshot={shot}", url], capture_output=True, timeout=120
+    )
+    assert shot.exists() and shot.stat().st_size > 5_000
+    client.batches.cancel(batch.id)
+    assert finished(client, batch.id, timeout=120).status == "cancelled"
 
 
 def test_keys_tenants_and_a_malformed_file(server: ServeProcess) -> None:

@@ -5,12 +5,12 @@ from __future__ import annotations
 
 import base64
 import re
-import shutil
 import subprocess
 from pathlib import Path
 
 import orjson
 import pytest
+from browser import CHROMIUM, FLAGS, NO_CHROMIUM
 from fakes import FakeEngine
 
 from bulkinfer.config import load_settings
@@ -39,12 +39,7 @@ def test_every_run_writes_a_self_contained_html_report(report_html: Path) -> Non
         assert f"<h2>{heading}</h2>" in page
 
 
-CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser")
-FLAGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-background-networking", "--disable-sync",
-         "--disable-component-update", "--no-first-run"]  # fmt: skip
-
-
-@pytest.mark.skipif(CHROMIUM is None, reason="Chromium is not installed (make test installs it with apt where it can)")
+@pytest.mark.skipif(CHROMIUM is None, reason=NO_CHROMIUM)
 def test_chromium_renders_the_charts(report_html: Path, tmp_path: Path) -> None:
     assert CHROMIUM is not None
     url = report_html.resolve().as_uri()

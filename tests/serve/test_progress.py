@@ -38,8 +38,10 @@ def test_live_counts_write_counts_and_the_completion_tokens_per_s_of_this_attemp
     files = OutputFiles(store.batch_dir(batch["id"]) / "output.jsonl")
     files.out.parent.mkdir(parents=True)
     files.spool.write_bytes(orjson.dumps([1, output_row("resumed", 9, 50)]) + b"\n")  # an earlier attempt's row
-    now = [100.0]
+    now = [90.0]
     live = LiveCounts(store, batch["id"], files.out, total=4, clock=lambda: now[0])
+    now[0] = 100.0
+    live.engine_ready()  # the 10 s of model load are not counted
     with open(files.spool, "ab") as f:
         f.write(orjson.dumps([2, output_row("b", 3, 6)]) + b"\n" + orjson.dumps([3, output_row("c", 3, 4)]) + b"\n")
     files.errors_spool.write_bytes(orjson.dumps([4, {"custom_id": "d", "error": {}}]) + b"\n")
