@@ -13,10 +13,11 @@ engine's live counts after a step; ``running``: each running request's
 completion tokens so far), to ``bench/results/eta-trace-WORKLOAD.json``
 with the machine and the run's report.
 
-Replay (``python -m bench.eta_trace replay FILE``): feeds a recording into
-:class:`bulkinfer.report.eta.WorkEstimate` and prints the ETA error (ETA /
-real time left - 1) at 10%, 25%, 50% and 75% of the time from the first
-planned row to the last event. One engine at a time (two cores).
+Replay (``python -m bench.eta_trace replay FILE [--prior-from FILE2]``):
+feeds a recording into :class:`bulkinfer.report.eta.WorkEstimate` and prints
+the ETA error (ETA / real time left - 1) at 10%, 25%, 50% and 75% of the
+time from the first planned row to the last event; with ``--prior-from``,
+FILE2's completion lengths are given as an earlier run's. One engine at a time (two cores).
 """
 
 from __future__ import annotations
@@ -77,14 +78,25 @@ def record(workload: str, out: Path) -> None:
     print(f"bench.eta_trace: {len(events)} events to {out}", file=sys.stderr)
 
 
-def replay(path: Path) -> list[float | None]:
-    """The shipped estimator's ETA error at each of :data:`FRACTIONS` on a recording."""
+def replay(path: Path, prior_from: Path | None = None) -> list[float | None]:
+    """The shipped estimator's ETA error at each of :data:`FRACTIONS` on a
+    recording; with ``prior_from``, given the completion lengths of that
+    recording's run as an earlier run's (a job run again, as from cron)."""
     from bulkinfer.report.eta import WorkEstimate
 
-    events = orjson.loads(path.read_bytes())["events"]
+    recording = orjson.loads(path.read_bytes())
+    events = recording["events"]
     total = sum(1 for e in events if e[0] == "p")
     start, end = events[0][1], events[-1][1]
-    work, etas, last = WorkEstimate(start), [], -1.0
+    prior: list[int] = []
+    if prior_from is not None:
+        earlier = WorkEstimate()
+        for e in orjson.loads(prior_from.read_bytes())["events"]:
+            if e[0] == "u" and e[2] == 1 and not e[3]:
+                earlier.finish(e[4])
+        prior = earlier.length_quantiles()
+    max_running = recording["report"]["engine"].get("max_num_seqs")
+    work, etas, last = WorkEstimate(start, prior, max_running), [], -1.0
     for event in events:
         kind, now = event[0], event[1]
         if kind == "p":
@@ -116,11 +128,12 @@ def main() -> None:
     rec.add_argument("workload", choices=["short", "sharegpt"])
     rep = sub.add_parser("replay")
     rep.add_argument("path", type=Path)
+    rep.add_argument("--prior-from", type=Path, help="a recording whose completion lengths are the earlier run's")
     args = parser.parse_args()
     if args.action == "record":
         record(args.workload, ROOT / "bench" / "results" / f"eta-trace-{args.workload}.json")
     else:
-        errors = replay(args.path)
+        errors = replay(args.path, args.prior_from)
         print(
             " ".join(
                 f"{round(f * 100)}%: " + ("-" if e is None else f"{e:+.0%}")

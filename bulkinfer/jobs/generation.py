@@ -31,7 +31,9 @@ class Generation:
     """One run's rows through the feed loop (:func:`bulkinfer.engine.feed.feed`):
     windows planned as the loop pulls requests, each result appended to the
     spools, progress and :class:`~bulkinfer.report.stats.RunStats` updated.
-    Rows an earlier attempt finished (``done``) are skipped.
+    Rows an earlier attempt finished (``done``) are skipped. ``length_prior``:
+    an earlier run's completion lengths, for the progress line's ETA (see
+    :class:`~bulkinfer.report.eta.WorkEstimate`).
     """
 
     def __init__(
@@ -44,6 +46,7 @@ class Generation:
         planner: Planner,
         progress_plain: bool = False,
         input_rows: int | None = None,
+        length_prior: list[int] | None = None,
     ):
         self.paths, self.files, self.done, self.settings = paths, files, done, settings
         self.engine, self.planner = engine, planner
@@ -55,7 +58,9 @@ class Generation:
         total = input_rows if input_rows is not None else count_rows(paths.input)
         if total is not None:  # rows left for this attempt (blank lines included: an estimate)
             total = max(total - done.completed - done.failed, 0)
-        self.progress = Progress(total, force_plain=progress_plain)
+        self.progress = Progress(
+            total, force_plain=progress_plain, prior=length_prior or (), max_running=engine.max_num_seqs
+        )
         self.stats = RunStats()
         # the engine's live counts when this run started (an engine may be reused)
         self._engine_base = (engine.generated_tokens, engine.prefilled_tokens)

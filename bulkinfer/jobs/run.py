@@ -44,7 +44,7 @@ from bulkinfer.jobs.generation import Generation
 from bulkinfer.jobs.output_files import OutputFiles, RunPaths, input_identity, results_settings, same_file
 from bulkinfer.models import TokenizerFactory, load_tokenizer, resolve_model
 from bulkinfer.prep.planner import Planner
-from bulkinfer.report.calibration import record_calibration
+from bulkinfer.report.calibration import length_prior, record_calibration
 from bulkinfer.report.html import write_run_html
 from bulkinfer.report.stats import peak_rss_bytes, write_report
 from bulkinfer.schema import Done
@@ -247,7 +247,8 @@ def _run_locked(
     load_s = time.monotonic() - started
     try:
         planner = Planner(tokenizer, settings.plan, engine.max_model_len)
-        generation = Generation(paths, files, done, settings, engine, planner, progress_plain, scan.rows)
+        prior = length_prior(model, str(paths.output))
+        generation = Generation(paths, files, done, settings, engine, planner, progress_plain, scan.rows, prior)
         generation.run(itertools.chain([first], rows) if first is not None else (), stop)
     finally:
         engine.close()
@@ -255,5 +256,5 @@ def _run_locked(
     report["peak_rss_bytes"] = peak_rss_bytes()
     write_report(report, paths.report)
     write_run_html(report, paths.html)
-    record_calibration(report, this_machine())
+    record_calibration(report, this_machine(), completion_lengths=generation.progress.work.length_quantiles())
     return report

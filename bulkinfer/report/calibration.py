@@ -69,10 +69,17 @@ def adequate(entry: dict[str, Any]) -> bool:
     return entry.get("rows", 0) >= MIN_ROWS and entry.get("completion_tokens", 0) >= MIN_COMPLETION_TOKENS
 
 
-def record_calibration(report: dict[str, Any], machine: dict[str, Any], source: str = "run") -> dict[str, Any] | None:
+def record_calibration(
+    report: dict[str, Any],
+    machine: dict[str, Any],
+    source: str = "run",
+    completion_lengths: list[int] | None = None,
+) -> dict[str, Any] | None:
     """Store a finished run's throughput for its model on ``machine``
     (``{"cpu": model name, "cores": n}``) and return the entry; ``source`` is
-    ``"run"`` or ``"calibrate"``. A run below the minimum size is not stored
+    ``"run"`` or ``"calibrate"``; ``completion_lengths``: the run's
+    completion lengths as quantiles (tokens), the ETA's prior for a later
+    run (:func:`length_prior`). A run below the minimum size is not stored
     (returns None). An entry measured on the same output file is replaced
     (``calibrate`` replaces the entry its own run stored); only the
     newest :data:`KEEP_PER_MODEL_AND_MACHINE` per model and machine are kept.
@@ -93,6 +100,7 @@ def record_calibration(report: dict[str, Any], machine: dict[str, Any], source: 
         "device": report.get("engine", {}).get("device"),
         "dtype": report.get("engine", {}).get("dtype"),
         "output": report.get("output") if source == "run" else None,
+        "completion_lengths": completion_lengths or [],
     }
     if not adequate(entry):
         return None
@@ -105,6 +113,15 @@ def record_calibration(report: dict[str, Any], machine: dict[str, Any], source: 
     path.parent.mkdir(parents=True, exist_ok=True)
     atomic_write(path, orjson.dumps({"entries": entries}, option=orjson.OPT_INDENT_2))
     return entry
+
+
+def length_prior(model_path: str, output: str) -> list[int]:
+    """The completion lengths (quantiles, tokens) stored with the newest run
+    that wrote ``output`` (the same job run again), else with the newest run
+    of ``model_path`` on any machine; [] when there is none."""
+    runs = [e for e in load_calibrations() if e.get("completion_lengths")]
+    same = [e for e in runs if e.get("output") == output] or [e for e in runs if e.get("model_path") == model_path]
+    return [int(n) for n in same[-1]["completion_lengths"]] if same else []
 
 
 def load_calibrations() -> list[dict[str, Any]]:

@@ -1,71 +1,97 @@
-"""The ETA of a generation run: the tokens left (prompt and completion) and
-the time they take at the rate measured. Under continuous batching hundreds
-of rows run at once and few finish early on, so rows left over rows done
-would mislead; the work left does not."""
+"""The ETA of a generation run: the completion tokens left, and the engine
+steps they take. Under continuous batching hundreds of rows run at once and
+few finish early on, so rows left over rows done would mislead; the work
+left does not.
+
+Two parts, both measured during the run:
+
+- **Lengths**: the Kaplan-Meier estimate of the completion lengths (rows
+  still running are censored at the tokens they have), joined with the
+  lengths of an earlier run of the same job (or, failing that, of the same
+  model) where bulkinfer has one: ``PRIOR_ROWS`` rows' worth, which the
+  run's own rows soon outweigh. Without one, rows are assumed to run to
+  ``max_tokens`` past the lengths seen: the ETA errs long, never short.
+- **Steps**: an engine step decodes one token for each running request,
+  prefills some prompt tokens, and costs ``rate * (decoded + OVERHEAD_TOKENS
+  + PREFILL_WEIGHT * prefilled)`` seconds, ``rate`` the median over the
+  recent steps. While rows wait, the engine runs full; once none waits, the
+  running rows drain: the steps cost less but only the longest rows are
+  left, so the tail is simulated row by row.
+
+Measured on a recording of a real run (``python -m bench.eta_trace``,
+1,000 short questions, AMD EPYC 2 cores, SmolLM2-135M): a step costs
+~0.065 s plus ~4 ms per decoded token and ~2 ms per prompt token, hence
+``OVERHEAD_TOKENS`` = 16 and ``PREFILL_WEIGHT`` = 0.5.
+"""
 
 from __future__ import annotations
 
-from collections import Counter
+import bisect
+import statistics
+from collections import Counter, deque
+from collections.abc import Sequence
 
-# The time model (WorkEstimate): intervals of at least SAMPLE_S seconds, weighed
-# down by half every HALF_LIFE_S seconds; before prompt and completion tokens were
-# timed apart, a completion token costs PRIOR_RATIO prompt tokens (fitted on the runs of
-# bench/results/eta.json, CPU, SmolLM2-135M: 2.0 to 2.7), a pull as strong as PRIOR_WEIGHT
-# of the data.
-SAMPLE_S = 1.0
-
-
-HALF_LIFE_S = 30.0
+# A step's fixed cost in decoded-token equivalents (see the module docstring).
+OVERHEAD_TOKENS = 16.0
 
 
-PRIOR_RATIO = 2.5
+# A prompt token's cost, in decoded tokens (see the module docstring).
+PREFILL_WEIGHT = 0.5
 
 
-PRIOR_WEIGHT = 0.3
+# Steps whose rate the median is taken over.
+RECENT_STEPS = 32
 
 
-# Completion lengths are estimated where at least this many rows are known to reach them.
+# An earlier run's lengths weigh as much as this many rows of this run.
+PRIOR_ROWS = 50
+
+
+# Completion lengths kept of a run for later runs: the quantiles 0, 1, ..., 100 %.
+LENGTH_QUANTILES = 101
+
+
+# Without a prior, completion lengths are estimated only where at least this
+# many rows are known to reach them.
 MIN_AT_RISK = 20
 
 
+# Low-discrepancy spread of quantiles over the running rows (the golden ratio's fraction).
+SPREAD = 0.6180339887498949
+
+
 class WorkEstimate:
-    """Work done and left in a generation run, in prompt and completion tokens,
-    and the time it takes.
+    """Work done and left in a generation run and the time it takes (see
+    the module docstring for the model).
 
-    Time: every interval of at least :data:`SAMPLE_S` seconds between two
-    observations gives ``dt = a * prompt_tokens + b * completion_tokens``
-    (the tokens processed in it); ``a`` and ``b`` (seconds per token) are the
-    least-squares fit over the intervals so far, each weighted down with age
-    (half-life :data:`HALF_LIFE_S` s, so a slower tail is seen), with a pull
-    towards ``b = PRIOR_RATIO * a`` that matters while the two kinds of
-    token have not been seen apart. A completion token costs more than a prompt token:
-    it is decoded alone and goes through the LM head and the sampler.
+    Completion length: ``S(k)``, the share of rows longer than ``k`` tokens
+    (:meth:`survival`). A row that has ``g`` tokens is expected to add
+    ``sum(S(k) for k >= g) / S(g)`` more. Rows not yet planned (the input is
+    planned window by window) are assumed like the planned ones on average.
 
-    Completion length: the Kaplan-Meier estimate of the distribution of
-    completion lengths (each capped at its ``max_tokens``): finished rows are
-    observed lengths, rows still running are censored at the tokens they
-    have. Past the longest length observed, or where fewer than
-    :data:`MIN_AT_RISK` rows are known to reach a length, the rows left are
-    assumed to run to ``max_tokens``: before rows end, the ETA errs long. A row that has ``g`` tokens is expected to add
-    ``sum(S(k) for k >= g) / S(g)`` more, ``S(k)`` being the share of rows
-    longer than ``k`` tokens. Rows not yet planned (the input is planned window
-    by window) are assumed like the planned ones on average.
+    Args:
+        start: when generation started (seconds, the clock of :meth:`observe`).
+        prior: completion lengths (tokens) of an earlier run, e.g. its
+            :meth:`length_quantiles`; empty for none.
+        max_running: the most requests the engine runs at once (vLLM's
+            ``max_num_seqs``); None: the most seen running so far.
     """
 
-    def __init__(self, start: float = 0.0) -> None:
-        """``start``: when generation started (seconds, the clock of :meth:`observe`)."""
+    def __init__(self, start: float = 0.0, prior: Sequence[int] = (), max_running: int | None = None) -> None:
         self.planned_rows = 0
         self.planned_prompt_tokens = 0
         self.planned_max_tokens = 0
         self.longest_max_tokens = 0
         self.finished_rows = 0  # planned rows that ended, with or without error
         self.lengths: Counter[int] = Counter()  # completion lengths of the rows that ended with one
+        self.prior = Counter(prior)
         self.generated_tokens = 0
         self.prefilled_tokens = 0
         self.running: list[int] = []  # the tokens so far of each row the engine is generating
-        self._last = (start, 0, 0)  # time, prefilled, generated at the last sample
-        # decayed sums of the normal equations: [PP, PG, GG, Pt, Gt]
-        self._sums = [0.0] * 5
+        self.max_running = max_running
+        self.concurrency = 0  # the most rows seen generating at once
+        self._last_step = (start, 0, 0)  # time, prefilled, generated when the counts last moved
+        self._rates: deque[float] = deque(maxlen=RECENT_STEPS)  # seconds per unit of a step's work
 
     def plan(self, prompt_tokens: int, max_tokens: int) -> None:
         """A row was planned: ``prompt_tokens`` long, at most ``max_tokens`` to generate."""
@@ -83,60 +109,62 @@ class WorkEstimate:
     def observe(self, now: float, generated_tokens: int, prefilled_tokens: int, running: list[int]) -> None:
         """The engine's totals at ``now`` (seconds): completion tokens
         generated, prompt tokens processed, and the completion tokens so far
-        of each request it is generating."""
+        of each request it is generating. Counts that moved since the last
+        call end an engine step: its seconds per unit of work (see the
+        module docstring) join the recent rates."""
         self.generated_tokens, self.prefilled_tokens, self.running = generated_tokens, prefilled_tokens, running
-        then, prompt_then, completion_then = self._last
-        dt = now - then
-        p, g = prefilled_tokens - prompt_then, generated_tokens - completion_then
-        if dt < SAMPLE_S or not (p or g):  # an engine step still running: its time goes with its tokens
-            return
-        self._last = (now, prefilled_tokens, generated_tokens)
-        keep = 0.5 ** (dt / HALF_LIFE_S)
-        for i, value in enumerate((p * p, p * g, g * g, p * dt, g * dt)):
-            self._sums[i] = self._sums[i] * keep + value
+        self.concurrency = max(self.concurrency, len(running))
+        then, prompt_then, completion_then = self._last_step
+        if (prefilled_tokens, generated_tokens) == (prompt_then, completion_then):
+            return  # a step still running
+        self._last_step = (now, prefilled_tokens, generated_tokens)
+        work = generated_tokens - completion_then + OVERHEAD_TOKENS + PREFILL_WEIGHT * (prefilled_tokens - prompt_then)
+        if now > then:
+            self._rates.append((now - then) / work)
 
     @property
     def done(self) -> int:
         """Tokens processed so far, prompt and completion."""
         return self.prefilled_tokens + self.generated_tokens
 
-    def seconds_per_token(self) -> tuple[float, float] | None:
-        """``(a, b)``: seconds per prompt token and per completion token; None
-        before any tokens were timed."""
-        pp, pg, gg, pt, gt = self._sums
-        if pp + gg <= 0:
+    def step_seconds(self, running: int, prefilled: float = 0.0) -> float | None:
+        """Seconds of one engine step with ``running`` rows generating and
+        ``prefilled`` prompt tokens; None before a step was timed."""
+        if not self._rates:
             return None
-        # minimise sum (dt - a p - b g)^2 + mu (b - R a)^2
-        mu, r = PRIOR_WEIGHT * (pp + gg), PRIOR_RATIO
-        m11, m12, m22 = pp + mu * r * r, pg - mu * r, gg + mu
-        det = m11 * m22 - m12 * m12
-        if det > 0:
-            a, b = (m22 * pt - m12 * gt) / det, (m11 * gt - m12 * pt) / det
-            if a >= 0 and b >= 0:
-                return a, b
-        # no fit with both costs positive: one rate, b = R a
-        a = (pt + r * gt) / (pp + 2 * r * pg + r * r * gg)
-        return a, r * a
+        return statistics.median(self._rates) * (running + OVERHEAD_TOKENS + PREFILL_WEIGHT * prefilled)
 
     def survival(self) -> list[float]:
         """``S[k]`` for k = 0 .. the longest ``max_tokens``: the Kaplan-Meier
-        estimate of the share of completions longer than ``k`` tokens."""
+        estimate of the share of completions longer than ``k`` tokens, the
+        prior's lengths counted as :data:`PRIOR_ROWS` rows that ended."""
         top = self.longest_max_tokens
         censored = Counter(min(g, top) for g in self.running)  # running with g tokens: longer than g
-        at_risk = sum(self.lengths.values()) + len(self.running)
+        prior_weight = PRIOR_ROWS / self.prior.total() if self.prior else 0.0
+        ended = {k: float(n) for k, n in self.lengths.items()}
+        for length, n in self.prior.items():
+            ended[min(length, top)] = ended.get(min(length, top), 0.0) + n * prior_weight
+        at_risk: float = self.lengths.total() + len(self.running) + (PRIOR_ROWS if self.prior else 0)
         last_seen = max(max(self.lengths, default=0), max(self.running, default=0))
-        s = 1.0 - self.lengths.get(0, 0) / at_risk if at_risk else 1.0
-        at_risk -= self.lengths.get(0, 0)
-        out = [s]
-        for k in range(1, top + 1):
-            if k > last_seen or at_risk < MIN_AT_RISK:  # past what was seen well: the rows left run to max_tokens
-                out.append(s if k < top else 0.0)
+        s, out = 1.0, []
+        for k in range(top + 1):
+            if not self.prior and (k > last_seen or at_risk < MIN_AT_RISK):
+                out.append(s if k < top else 0.0)  # past what was seen well: the rows left run to max_tokens
                 continue
-            ended = self.lengths.get(k, 0)
-            s *= 1 - ended / at_risk  # at_risk >= MIN_AT_RISK >= 1 here
-            out.append(s)
-            at_risk -= ended + censored.get(k, 0)
+            s *= 1 - ended.get(k, 0.0) / at_risk if at_risk > 0 else 1.0
+            out.append(max(s, 0.0) if k < top else 0.0)
+            at_risk -= ended.get(k, 0.0) + censored.get(k, 0)
         return out
+
+    def length_quantiles(self) -> list[int]:
+        """The completion lengths of the rows that ended, as
+        :data:`LENGTH_QUANTILES` quantiles (tokens; [] when none ended): a
+        later run's ``prior``."""
+        lengths = sorted(self.lengths.elements())
+        if not lengths:
+            return []
+        last = len(lengths) - 1
+        return [lengths[round(i * last / (LENGTH_QUANTILES - 1))] for i in range(LENGTH_QUANTILES)]
 
     def remaining_tokens(self, total_rows: int | None, failed_rows: int = 0) -> tuple[float, float]:
         """(prompt, completion) tokens left for ``total_rows`` rows in all
@@ -144,27 +172,86 @@ class WorkEstimate:
         they were planned."""
         if not self.planned_rows:
             return 0.0, 0.0
+        survival = self.survival()
+        tail = _tail_sums(survival)
+        completion = self._rows_left(total_rows, failed_rows) * tail[0]
+        for g in self.running:
+            completion += _expected_left(tail, survival, g)
         mean_prompt = self.planned_prompt_tokens / self.planned_rows
         unplanned = max((total_rows or 0) - self.planned_rows - failed_rows, 0)
-        survival = self.survival()
-        top = len(survival) - 1
-        # tail[g]: the expected tokens past g of a row, times S(g) (sum of S(k) for g <= k < top)
-        tail = [0.0] * (top + 1)
-        for k in range(top - 1, -1, -1):
-            tail[k] = tail[k + 1] + survival[k]
-        cap = min(round(self.planned_max_tokens / self.planned_rows), top)
-        waiting = max(self.planned_rows - self.finished_rows - len(self.running), 0)
-        completion = (waiting + unplanned) * (tail[0] - tail[cap])
-        for g in self.running:
-            g = min(g, top)
-            completion += tail[g] / survival[g] if survival[g] > 0 else 0.0
         prompt = max(self.planned_prompt_tokens - self.prefilled_tokens, 0) + unplanned * mean_prompt
         return prompt, completion
 
     def eta_s(self, total_rows: int | None, failed_rows: int = 0) -> float | None:
-        """Seconds left; None before any tokens were timed."""
-        costs = self.seconds_per_token()
-        if costs is None:
+        """Seconds left for ``total_rows`` rows in all (see
+        :meth:`remaining_tokens`); None before a step was timed."""
+        if self.step_seconds(1) is None or not self.planned_rows:
             return None
-        prompt, completion = self.remaining_tokens(total_rows, failed_rows)
-        return costs[0] * prompt + costs[1] * completion
+        survival = self.survival()
+        waiting = self._rows_left(total_rows, failed_rows)
+        if waiting <= 0:  # draining: the rows running are all that is left
+            return self._drain_s(_residuals(survival, self.running))
+        full = max(self.max_running or self.concurrency, 1)
+        tail = _tail_sums(survival)
+        tokens = waiting * tail[0] + sum(_expected_left(tail, survival, g) for g in self.running)
+        # the engine runs full until the last row waiting starts; then the full
+        # batch drains, its rows part-way through (a renewal process's residual lengths)
+        drain = _equilibrium_residuals(survival, full)
+        steps = max(tokens - sum(drain), 0.0) / full
+        prompt_left, _ = self.remaining_tokens(total_rows, failed_rows)
+        prefill_s = (self.step_seconds(0, prompt_left) or 0.0) - (self.step_seconds(0) or 0.0)
+        return steps * (self.step_seconds(full) or 0.0) + prefill_s + self._drain_s(drain)
+
+    def _rows_left(self, total_rows: int | None, failed_rows: int) -> int:
+        """Rows not started: planned and waiting, or not yet planned."""
+        unplanned = max((total_rows or 0) - self.planned_rows - failed_rows, 0)
+        return max(self.planned_rows - self.finished_rows - len(self.running), 0) + unplanned
+
+    def _drain_s(self, residuals: list[int]) -> float:
+        """Seconds until rows with these tokens left all finish, one token per step each."""
+        seconds, done, left = 0.0, 0, len(residuals)
+        for r in sorted(residuals):
+            seconds += (r - done) * (self.step_seconds(left) or 0.0)
+            done, left = r, left - 1
+        return seconds
+
+
+def _tail_sums(survival: list[float]) -> list[float]:
+    """``tail[g] = sum(S(k) for g <= k < top)``: a row's expected tokens past ``g``, times ``S(g)``."""
+    top = len(survival) - 1
+    tail = [0.0] * (top + 1)
+    for k in range(top - 1, -1, -1):
+        tail[k] = tail[k + 1] + survival[k]
+    return tail
+
+
+def _expected_left(tail: list[float], survival: list[float], g: int) -> float:
+    g = min(g, len(survival) - 1)
+    return tail[g] / survival[g] if survival[g] > 0 else 0.0
+
+
+def _residuals(survival: list[float], running: list[int]) -> list[int]:
+    """Tokens left of each running row: a quantile of its length given that
+    it passed ``g`` tokens, the quantiles spread over the rows."""
+    top = len(survival) - 1
+    falling = [-s for s in survival]  # non-decreasing: bisect finds where S drops below a level
+    out, q = [], 0.5
+    for g in sorted(min(g, top) for g in running):
+        q = (q + SPREAD) % 1.0
+        level = (1.0 - q) * survival[g]
+        k = bisect.bisect_left(falling, -level, lo=min(g + 1, top))
+        out.append(max(min(k, top) - g, 1))
+    return out
+
+
+def _equilibrium_residuals(survival: list[float], rows: int) -> list[int]:
+    """Tokens left of ``rows`` rows caught part-way through at a random step
+    (the residual lengths of a renewal process: ``P(R = r)`` proportional to
+    ``S(r - 1)``), as ``rows`` evenly spaced quantiles."""
+    cumulative, total = [], 0.0
+    for s in survival[:-1]:
+        total += s
+        cumulative.append(total)
+    if total <= 0:
+        return [1] * rows
+    return [bisect.bisect_left(cumulative, (i + 0.5) / rows * total) + 1 for i in range(rows)]

@@ -19,7 +19,7 @@ from __future__ import annotations
 import datetime as dt
 import os
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import IO, Any
 
 from bulkinfer.engine.log import terminal
@@ -43,6 +43,7 @@ class Progress:
         tokens: which tokens the tokens/s counts (``completion``, or
             ``reference`` for the perplexity pass).
         clock: seconds, monotonic (tests pass a fake one).
+        prior, max_running: for the ETA, see :class:`WorkEstimate`.
     """
 
     def __init__(
@@ -53,6 +54,8 @@ class Progress:
         task: str = "generating",
         tokens: str = "completion",
         clock: Callable[[], float] = time.monotonic,
+        prior: Sequence[int] = (),
+        max_running: int | None = None,
     ):
         self.total = total
         self.task, self.tokens = task, tokens
@@ -63,7 +66,7 @@ class Progress:
         self.completion_tokens = 0
         self._failed_unplanned = 0
         self._start = clock()
-        self.work = WorkEstimate(self._start)
+        self.work = WorkEstimate(self._start, prior, max_running)
         self._last_line = self._start
         self._interval = _plain_interval()
         self._eta: tuple[float, float | None] = (-1.0, None)  # (when, value): computed at most once a second

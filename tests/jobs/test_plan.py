@@ -19,7 +19,7 @@ from bulkinfer.engine.args import this_machine
 from bulkinfer.errors import EngineError
 from bulkinfer.jobs.plan import plan_file
 from bulkinfer.models import load_tokenizer, resolve_model
-from bulkinfer.report.calibration import calibration_path, load_calibrations, record_calibration
+from bulkinfer.report.calibration import calibration_path, length_prior, load_calibrations, record_calibration
 from bulkinfer.schema import Completion
 
 runner = CliRunner()
@@ -198,6 +198,20 @@ def test_record_calibration_stores_adequate_runs_with_their_source(
         record_calibration(_report(f"b{i}.jsonl", 300, 100.0 + i, 50.0), machine)
     kept = load_calibrations()
     assert [e["output"] for e in kept] == [f"b{i}.jsonl" for i in range(2, 12)]  # the newest 10
+
+
+def test_the_eta_prior_is_the_same_jobs_lengths_else_the_same_models(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("BULKINFER_HOME", str(tmp_path))
+    machine = {"cpu": "Test CPU", "cores": 2}
+    assert length_prior("/models/tiny", "a.jsonl") == []
+    record_calibration(_report("a.jsonl", 300, 100.0, 50.0), machine, completion_lengths=[5] * 101)
+    record_calibration(_report("b.jsonl", 300, 100.0, 50.0), machine, completion_lengths=[9] * 101)
+    record_calibration(_report("c.jsonl", 300, 100.0, 50.0), machine)  # no lengths: not a prior
+    assert length_prior("/models/tiny", "a.jsonl") == [5] * 101  # the same job, run again
+    assert length_prior("/models/tiny", "new.jsonl") == [9] * 101  # a new job: the model's newest
+    assert length_prior("/models/other", "new.jsonl") == []
 
 
 def test_an_old_calibration_store_is_not_used(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:

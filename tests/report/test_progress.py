@@ -10,7 +10,7 @@ from dataclasses import dataclass, field
 
 import pytest
 
-from bulkinfer.report.eta import WorkEstimate
+from bulkinfer.report.eta import OVERHEAD_TOKENS, PREFILL_WEIGHT, WorkEstimate
 from bulkinfer.report.progress import Progress
 
 PROMPT_S, COMPLETION_S, STEP_S = 0.001, 0.0025, 0.005  # the simulated engine's costs (ratio as measured on CPU)
@@ -187,3 +187,44 @@ def test_lengths_too_few_rows_reach_count_as_max_tokens() -> None:
     assert survival[5] == pytest.approx(10 / 40)
     assert survival[6:100] == [survival[5]] * 94  # 10 rows reach past 5: below MIN_AT_RISK (20)
     assert survival[100] == 0.0
+
+
+def test_with_an_earlier_runs_lengths_the_eta_is_close_from_10_percent_on() -> None:
+    """The all-at-once case above, run again as from cron: the first run's
+    completion lengths (its quantiles) are the second run's prior, and the
+    ETA is within 35% from the start instead of erring long."""
+    rows = mixed_rows(300, 128, seed=1)
+    first = Simulation(rows, 256, 128)
+    earlier = Progress(len(rows), stream=io.StringIO(), force_plain=True, clock=first.clock)
+    first.run(earlier)
+    prior = earlier.work.length_quantiles()
+    assert len(prior) == 101 and prior[0] == min(n for _, n in rows) and prior[-1] == max(n for _, n in rows)
+    again = Simulation(rows, 256, 128)
+    progress = Progress(len(rows), stream=io.StringIO(), force_plain=True, clock=again.clock, prior=prior)
+    again.run(progress)
+    errors = again.errors_at((0.10, 0.25, 0.50, 0.75))
+    assert all(abs(e) <= 0.35 for e in errors), errors
+
+
+def test_the_full_batch_is_the_engines_max_num_seqs_not_the_most_seen_yet() -> None:
+    """Long prompts fill the engine a few rows per step (ShareGPT: 11 rows
+    running 30 s in); the rows waiting will run max_num_seqs at a time, each
+    step's overhead shared by all of them, not by as few as run so far."""
+
+    def eta(max_running: int | None) -> float:
+        work = WorkEstimate(0.0, prior=[50] * 101, max_running=max_running)
+        for _ in range(300):
+            work.plan(100, 50)
+        work.observe(1.0, 11, 1100, [1] * 11)  # one step: 11 tokens decoded, 1,100 prefilled
+        result = work.eta_s(300)
+        assert result is not None
+        return result
+
+    told, blind = eta(256), eta(None)
+    rate = 1.0 / (11 + OVERHEAD_TOKENS + PREFILL_WEIGHT * 1100)  # seconds per unit of a step's work
+    # the work left: 289 waiting rows x 50 tokens and 11 x 49, a step's overhead per step (256 rows
+    # a step, then a drain of 50 steps), the prompts of the waiting rows
+    tokens = 289 * 50 + 11 * 49
+    steps = tokens / 256 + 50
+    assert told == pytest.approx(rate * (tokens + OVERHEAD_TOKENS * steps + PREFILL_WEIGHT * 289 * 100), rel=0.1)
+    assert blind > 1.5 * told  # 16 overhead tokens a step shared by 11 rows, not 256
