@@ -38,6 +38,7 @@ def stand_in_engine(step: Any, process: subprocess.Popen[bytes], stall_timeout_s
     engine._core_processes = {}
     engine._stall_timeout_s = stall_timeout_s
     engine._buffered = []
+    engine._unfinished = set()
     engine._outputs = StreamedOutputs()
     return engine
 
