@@ -127,13 +127,6 @@ class WorkEstimate:
         """Tokens processed so far, prompt and completion."""
         return self.prefilled_tokens + self.generated_tokens
 
-    def step_seconds(self, running: int, prefilled: float = 0.0) -> float | None:
-        """Seconds of one engine step with ``running`` rows generating and
-        ``prefilled`` prompt tokens; None before a step was timed."""
-        if not self._rates:
-            return None
-        return statistics.median(self._rates) * (running + OVERHEAD_TOKENS + PREFILL_WEIGHT * prefilled)
-
     def survival(self) -> list[float]:
         """``S[k]`` for k = 0 .. the longest ``max_tokens``: the Kaplan-Meier
         estimate of the share of completions longer than ``k`` tokens, the
@@ -172,48 +165,53 @@ class WorkEstimate:
         they were planned."""
         if not self.planned_rows:
             return 0.0, 0.0
-        survival = self.survival()
-        tail = _tail_sums(survival)
-        completion = self._rows_left(total_rows, failed_rows) * tail[0]
-        for g in self.running:
-            completion += _expected_left(tail, survival, g)
-        mean_prompt = self.planned_prompt_tokens / self.planned_rows
-        unplanned = max((total_rows or 0) - self.planned_rows - failed_rows, 0)
-        prompt = max(self.planned_prompt_tokens - self.prefilled_tokens, 0) + unplanned * mean_prompt
-        return prompt, completion
+        completion = self._completion_left(self.survival(), self._rows_left(total_rows, failed_rows))
+        return self._prompt_left(total_rows, failed_rows), completion
 
     def eta_s(self, total_rows: int | None, failed_rows: int = 0) -> float | None:
         """Seconds left for ``total_rows`` rows in all (see
         :meth:`remaining_tokens`); None before a step was timed."""
-        if self.step_seconds(1) is None or not self.planned_rows:
+        if not self._rates or not self.planned_rows:
             return None
+        rate = statistics.median(self._rates)
         survival = self.survival()
         waiting = self._rows_left(total_rows, failed_rows)
         if waiting <= 0:  # draining: the rows running are all that is left
-            return self._drain_s(_residuals(survival, self.running))
+            return _drain_s(rate, _residuals(survival, self.running))
         full = max(self.max_running or self.concurrency, 1)
-        tail = _tail_sums(survival)
-        tokens = waiting * tail[0] + sum(_expected_left(tail, survival, g) for g in self.running)
+        tokens = self._completion_left(survival, waiting)
         # the engine runs full until the last row waiting starts; then the full
         # batch drains, its rows part-way through (a renewal process's residual lengths)
         drain = _equilibrium_residuals(survival, full)
         steps = max(tokens - sum(drain), 0.0) / full
-        prompt_left, _ = self.remaining_tokens(total_rows, failed_rows)
-        prefill_s = (self.step_seconds(0, prompt_left) or 0.0) - (self.step_seconds(0) or 0.0)
-        return steps * (self.step_seconds(full) or 0.0) + prefill_s + self._drain_s(drain)
+        prefill_s = rate * PREFILL_WEIGHT * self._prompt_left(total_rows, failed_rows)
+        return steps * rate * (full + OVERHEAD_TOKENS) + prefill_s + _drain_s(rate, drain)
+
+    def _completion_left(self, survival: list[float], waiting: int) -> float:
+        """Completion tokens expected of the ``waiting`` rows and of the running ones."""
+        tail = _tail_sums(survival)
+        return waiting * tail[0] + sum(_expected_left(tail, survival, g) for g in self.running)
+
+    def _prompt_left(self, total_rows: int | None, failed_rows: int) -> float:
+        """Prompt tokens not yet processed, the unplanned rows' at the planned rows' mean."""
+        mean_prompt = self.planned_prompt_tokens / self.planned_rows
+        unplanned = max((total_rows or 0) - self.planned_rows - failed_rows, 0)
+        return max(self.planned_prompt_tokens - self.prefilled_tokens, 0) + unplanned * mean_prompt
 
     def _rows_left(self, total_rows: int | None, failed_rows: int) -> int:
         """Rows not started: planned and waiting, or not yet planned."""
         unplanned = max((total_rows or 0) - self.planned_rows - failed_rows, 0)
         return max(self.planned_rows - self.finished_rows - len(self.running), 0) + unplanned
 
-    def _drain_s(self, residuals: list[int]) -> float:
-        """Seconds until rows with these tokens left all finish, one token per step each."""
-        seconds, done, left = 0.0, 0, len(residuals)
-        for r in sorted(residuals):
-            seconds += (r - done) * (self.step_seconds(left) or 0.0)
-            done, left = r, left - 1
-        return seconds
+
+def _drain_s(rate: float, residuals: list[int]) -> float:
+    """Seconds until rows with these tokens left all finish, one token per
+    step each, a step with ``n`` rows costing ``rate * (n + OVERHEAD_TOKENS)``."""
+    seconds, done, left = 0.0, 0, len(residuals)
+    for r in sorted(residuals):
+        seconds += (r - done) * rate * (left + OVERHEAD_TOKENS)
+        done, left = r, left - 1
+    return seconds
 
 
 def _tail_sums(survival: list[float]) -> list[float]:
