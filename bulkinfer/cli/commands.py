@@ -209,18 +209,40 @@ def calibrate(
     config: ConfigOption = None,
     model: ModelOption = None,
     verbose: VerboseOption = False,
+    tune: Annotated[
+        bool,
+        typer.Option("--tune", help=described("Also tune max_num_seqs, max_num_batched_tokens (minutes).", "off")),
+    ] = False,
 ) -> None:
-    """Measure this machine with a short fixed workload; `bulkinfer plan` estimates from it."""
+    """Measure this machine: the dtype, optionally the scheduler limits, and throughput (for `plan`)."""
     from bulkinfer.config import load_settings
     from bulkinfer.jobs.calibrate import calibrate as run_calibration
 
     try:
         with StopSignals() as stop_token:
-            entry = run_calibration(
-                load_settings(config, {"model": model}, {"model": "--model"}), verbose=verbose, stop=stop_token
+            result = run_calibration(
+                load_settings(config, {"model": model}, {"model": "--model"}),
+                verbose=verbose,
+                stop=stop_token,
+                tune_scheduler=tune,
             )
     except BulkinferError as exc:
         fail(exc)
+    if result["dtype_probe"]:
+        probe = result["dtype_probe"]
+        trials = ", ".join(
+            f"{t['dtype']} perplexity {t['perplexity']:.3f} at {t['completion_tokens_per_s']:.1f} tok/s"
+            for t in probe["trials"]
+        )
+        typer.echo(f"dtype: {probe['dtype']} ({trials}; {probe['why']})")
+    if result["tuned"]:
+        tried = ", ".join(
+            f"{'/'.join(str(v) for v in t['settings'].values())}: {t['completion_tokens_per_s']:.1f}"
+            for t in result["tuned"]["trials"]
+        )
+        chosen = ", ".join(f"{k}={v}" for k, v in result["tuned"]["settings"].items())
+        typer.echo(f"scheduler: {chosen} (max_num_seqs/max_num_batched_tokens: completion tok/s {tried})")
+    entry = result["calibration"]
     typer.echo(
         f"calibrated: {entry['completion_tokens_per_s']:.1f} completion tokens/s, "
         f"{entry['prompt_tokens_per_s']:.1f} prompt tokens/s, load {entry['load_seconds']:.1f} s"

@@ -343,7 +343,7 @@ DtypeOption = Annotated[
         metavar="DTYPE",
         help=described(
             "Weights and activations: auto, float32, bfloat16 or float16 (vLLM's float and half too).",
-            "auto: float32 on CPU, the model's on GPU",
+            "auto: on CPU measured (float32 or bfloat16), the model's on GPU",
         ),
         rich_help_panel=ENGINE,
     ),

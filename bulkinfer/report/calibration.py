@@ -90,7 +90,7 @@ def record_calibration(
         "model": str(report.get("model") or report["model_path"]),
         "model_path": str(report["model_path"]),
         "machine": machine,
-        "measured_at": time.strftime("%Y-%m-%dT%H:%M:%S"),
+        "measured_at": _now(),
         "rows": rows,
         "completion_tokens": completion_tokens,
         "completion_tokens_per_s": report["throughput"]["completion_tokens_per_s"],
@@ -108,11 +108,62 @@ def record_calibration(
     kept = [e for e in load_calibrations() if output is None or e.get("output") != output]
     same = [e for e in kept if _matches(e, entry["model_path"], machine)]
     drop = {id(e) for e in same[: max(0, len(same) + 1 - KEEP_PER_MODEL_AND_MACHINE)]}
-    entries = [*(e for e in kept if id(e) not in drop), entry]
+    _save(entries=[*(e for e in kept if id(e) not in drop), entry])
+    return entry
+
+
+def record_choice(kind: str, model_path: str, machine: dict[str, Any], result: dict[str, Any]) -> dict[str, Any]:
+    """Store an engine setting chosen by measurement (``kind``: ``"dtype"``
+    from the dtype probe, ``"scheduler"`` from ``calibrate --tune``) for
+    ``model_path`` on ``machine`` (any dict naming what the choice depends
+    on: CPU, cores, its bfloat16 support, the vLLM version), replacing an
+    earlier one of the same kind, model and machine; returns the entry
+    (``result`` plus those keys and ``measured_at``). The write is atomic."""
+    entry = {"kind": kind, "model_path": model_path, "machine": machine, "measured_at": _now(), **result}
+    others = [c for c in _load().get("choices", []) if not _same_choice(c, kind, model_path, machine)]
+    _save(choices=[*others, entry])
+    return entry
+
+
+def stored_choice(kind: str, model_path: str, machine: dict[str, Any]) -> dict[str, Any] | None:
+    """The entry :func:`record_choice` stored for ``kind``, ``model_path`` and
+    exactly this ``machine``; None when there is none."""
+    found = [c for c in _load().get("choices", []) if _same_choice(c, kind, model_path, machine)]
+    return found[-1] if found else None
+
+
+def _same_choice(entry: Any, kind: str, model_path: str, machine: dict[str, Any]) -> bool:
+    return (
+        isinstance(entry, dict)
+        and entry.get("kind") == kind
+        and entry.get("model_path") == model_path
+        and entry.get("machine") == machine
+    )
+
+
+def _now() -> str:
+    return time.strftime("%Y-%m-%dT%H:%M:%S")
+
+
+def _load() -> dict[str, Any]:
+    """The store's contents ({} when there is none or it is unreadable)."""
+    try:
+        data = orjson.loads(calibration_path().read_bytes())
+    except (OSError, orjson.JSONDecodeError):
+        return {}
+    return data if isinstance(data, dict) else {}
+
+
+def _save(entries: list[dict[str, Any]] | None = None, choices: list[dict[str, Any]] | None = None) -> None:
+    """Write the store atomically, replacing ``entries`` and/or ``choices`` and keeping the other."""
+    data = _load()
+    store = {
+        "entries": entries if entries is not None else load_calibrations(),
+        "choices": choices if choices is not None else [c for c in data.get("choices", []) if isinstance(c, dict)],
+    }
     path = calibration_path()
     path.parent.mkdir(parents=True, exist_ok=True)
-    atomic_write(path, orjson.dumps({"entries": entries}, option=orjson.OPT_INDENT_2))
-    return entry
+    atomic_write(path, orjson.dumps(store, option=orjson.OPT_INDENT_2))
 
 
 def length_prior(model_path: str, output: str) -> list[int]:
@@ -128,11 +179,7 @@ def load_calibrations() -> list[dict[str, Any]]:
     """Every stored measurement, oldest first ([] when there is no store, it
     is unreadable, or it is the older one-entry-per-model format, which did
     not record the machine)."""
-    try:
-        data = orjson.loads(calibration_path().read_bytes())
-    except (OSError, orjson.JSONDecodeError):
-        return []
-    entries = data.get("entries") if isinstance(data, dict) else None
+    entries = _load().get("entries")
     return [e for e in entries if isinstance(e, dict)] if isinstance(entries, list) else []
 
 

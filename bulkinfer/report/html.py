@@ -348,6 +348,13 @@ def run_sections(report: dict[str, Any]) -> list[str]:
         parts += ["<h2>Replicas</h2>", _table(rows, header), f"<p>{html.escape(note)}</p>"]
     shown = [[k, _setting(k, v)] for k, v in engine.items() if k not in ("replicas", "replica_balance")]
     parts.append("<h2>Engine settings</h2>" + _table(shown))
+    chosen = report.get("engine_choice") or {}
+    if chosen.get("dtype"):
+        why = f"dtype {chosen['dtype']['dtype']}: {chosen['dtype']['why']}"
+        parts.append(f'<p class="note">{html.escape(why)}</p>')
+    if chosen.get("scheduler"):
+        tuned = ", ".join(f"{k} = {v}" for k, v in chosen["scheduler"]["settings"].items())
+        parts.append(f'<p class="note">{html.escape(f"measured by bulkinfer calibrate --tune: {tuned}")}</p>')
     return parts
 
 

@@ -71,6 +71,9 @@ def print_summary(report: dict[str, Any], console: Console) -> None:
             + (f", balance {balance:.2f}" if balance else "")
             + (f"; {deaths} died, {moved} requests moved" if deaths else ""),
         )
+    chosen = (report.get("engine_choice") or {}).get("dtype")
+    if chosen:
+        summary.add_row("dtype", f"{chosen['dtype']}: {chosen['why']}")
     rss = report.get("peak_rss_bytes") or {}
     if "bulkinfer" in rss:
         engine = f", engine {format_bytes(rss['children'])}" if rss.get("children") else ""

@@ -234,8 +234,12 @@ def test_calibrate_records_what_plan_estimates_from(tmp_path: Path, monkeypatch:
 
     model = resolve_model(None)
     monkeypatch.setenv("BULKINFER_HOME", str(tmp_path))
-    entry = calibrate(load_settings(None, {"model": model}), engine_factory=lambda m, s: FullLengthEngine())
+    result = calibrate(load_settings(None, {"model": model}), engine_factory=lambda m, s: FullLengthEngine())
+    entry = result["calibration"]
     assert load_calibrations() == [entry]  # the entry its own run stored is replaced
+    # the dtype probe ran (on the fake engine: equal perplexities) and was stored; no tuning was asked for
+    assert [t["dtype"] for t in result["dtype_probe"]["trials"]] == ["float32", "bfloat16"]
+    assert result["tuned"] is None
     assert (entry["source"], entry["rows"], entry["completion_tokens"]) == ("calibrate", 64, 64 * 64)
     assert entry["machine"] == this_machine() and entry["output"] is None
     src = tmp_path / "in.jsonl"

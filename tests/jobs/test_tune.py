@@ -1,0 +1,130 @@
+"""The dtype probe's decision and the measured settings a run applies (fake
+probe results and fake engines: the real probe is tests/e2e/test_tune_e2e.py)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+
+import bulkinfer.jobs.tune as tune
+from bulkinfer.config import EngineSettings, Settings
+from bulkinfer.report.calibration import record_choice, stored_choice
+
+
+def trial(dtype: str, perplexity: float, rate: float) -> dict[str, Any]:
+    return {"dtype": dtype, "perplexity": perplexity, "completion_tokens_per_s": rate}
+
+
+def test_a_dtype_failing_the_probe_is_refused_however_fast() -> None:
+    dtype, why = tune.choose_dtype([trial("float32", 10.0, 300.0), trial("bfloat16", 10.25, 700.0)])
+    assert dtype == "float32"  # 2.5% off float32's perplexity: more than the 2% tolerance
+    assert "bfloat16 refused: perplexity 10.250 vs float32's 10.000 (2.5%, more than 2%)" in why
+
+
+def test_a_faster_dtype_within_the_tolerance_is_chosen_and_a_slower_one_is_not() -> None:
+    assert tune.choose_dtype([trial("float32", 10.0, 300.0), trial("bfloat16", 9.85, 510.0)]) == (
+        "bfloat16",
+        "bfloat16 passed the probe (1.5% from float32's perplexity) at 1.70x",
+    )
+    dtype, why = tune.choose_dtype([trial("float32", 10.0, 300.0), trial("bfloat16", 10.1, 100.0)])
+    assert dtype == "float32" and "at 0.33x" in why
+
+
+@pytest.fixture
+def home(tmp_path: Any, monkeypatch: pytest.MonkeyPatch) -> Any:
+    monkeypatch.setenv("BULKINFER_HOME", str(tmp_path))
+    return tmp_path
+
+
+def no_engine(model: str, settings: Settings) -> Any:
+    raise AssertionError("no engine may start")
+
+
+def test_without_native_bfloat16_a_run_uses_float32_and_starts_no_probe(home: Any) -> None:
+    settings, choice = tune.measured_settings("m", Settings(), "cpu", no_engine)
+    assert settings.engine.dtype == "float32"
+    assert "no native bfloat16" in choice["dtype"]["why"]
+    assert stored_choice("dtype", "m", tune.dtype_machine()) is None  # nothing measured, nothing stored
+
+
+def test_with_native_bfloat16_the_first_run_probes_once_and_later_runs_use_the_stored_answer(
+    home: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(tune, "cpu_flags", lambda: {"avx512f", "avx512_bf16"})
+    probes: list[str] = []
+
+    def fake_probe(model: str, settings: Settings, engine_factory: Any, say: Any = None) -> dict[str, Any]:
+        probes.append(model)
+        trials = [trial("float32", 10.0, 300.0), trial("bfloat16", 13.0, 0.0)]
+        return {"dtype": "float32", "why": tune.choose_dtype(trials)[1], "trials": trials}
+
+    monkeypatch.setattr(tune, "probe_dtype", fake_probe)
+    for _ in range(2):
+        settings, choice = tune.measured_settings("m", Settings(), "cpu", no_engine)
+        assert settings.engine.dtype == "float32"
+        assert choice["dtype"]["why"].startswith("bfloat16 refused: perplexity 13.000")
+    assert probes == ["m"]
+    assert stored_choice("dtype", "m", tune.dtype_machine())["machine"]["bfloat16"] == "avx512_bf16"
+    # another vLLM version is another machine: measured again
+    monkeypatch.setattr(tune, "vllm_version", lambda: "9.9.9")
+    tune.measured_settings("m", Settings(), "cpu", no_engine)
+    assert probes == ["m", "m"]
+
+
+def test_a_dtype_or_scheduler_limit_the_user_set_wins_and_a_gpu_is_left_to_vllm(home: Any) -> None:
+    record_choice("dtype", "m", tune.dtype_machine(), {"dtype": "bfloat16", "why": "measured"})
+    record_choice(
+        "scheduler",
+        "m",
+        tune._tune_machine(),
+        {"settings": {"max_num_seqs": 512, "max_num_batched_tokens": 8192}, "trials": []},
+    )
+    settings, choice = tune.measured_settings("m", Settings(), "cpu", no_engine)
+    assert (settings.engine.dtype, settings.engine.max_num_seqs, settings.engine.max_num_batched_tokens) == (
+        "bfloat16",
+        512,
+        8192,
+    )
+    mine = Settings(engine=EngineSettings(dtype="float32", max_num_seqs=64))
+    settings, choice = tune.measured_settings("m", mine, "cpu", no_engine)
+    assert (settings.engine.dtype, settings.engine.max_num_seqs, settings.engine.max_num_batched_tokens) == (
+        "float32",
+        64,
+        8192,
+    )
+    assert choice["dtype"]["why"] == "set by the user" and choice["scheduler"]["settings"] == {
+        "max_num_batched_tokens": 8192
+    }
+    assert tune.measured_settings("m", Settings(), "cuda", no_engine) == (Settings(), {})
+
+
+class Measured:
+    """Stands in for an engine in :func:`tune.tune`: its rate is looked up by its settings."""
+
+    def __init__(self, settings: Settings) -> None:
+        self.key = (settings.engine.max_num_seqs, settings.engine.max_num_batched_tokens)
+        self.closed = False
+
+    def close(self) -> None:
+        self.closed = True
+
+
+def test_tuning_keeps_vllms_defaults_unless_another_setting_is_clearly_faster(
+    home: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    rates = {(256, 4096): 200.0, (128, 4096): 190.0, (512, 4096): 204.0, (256, 2048): 180.0, (256, 8192): 220.0}
+    engines: list[Measured] = []
+
+    def factory(model: str, settings: Settings) -> Measured:
+        engines.append(Measured(settings))
+        return engines[-1]
+
+    monkeypatch.setattr(tune, "load_tokenizer", lambda model, trust: None)
+    monkeypatch.setattr(tune, "_speed", lambda engine, tokenizer, rows, tokens: rates[engine.key])
+    entry = tune.tune("m", Settings(), factory)  # type: ignore[arg-type]
+    # 512 sequences: 2% faster, within the spread, not taken; 8192 batched tokens: 10% faster, taken
+    assert entry["settings"] == {"max_num_seqs": 256, "max_num_batched_tokens": 8192}
+    assert [tuple(t["settings"].values()) for t in entry["trials"]] == list(rates)
+    assert all(engine.closed for engine in engines)
+    assert stored_choice("scheduler", "m", tune._tune_machine())["settings"] == entry["settings"]
