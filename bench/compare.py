@@ -91,15 +91,35 @@ def parse_orders(text: str) -> list[str]:
     return orders
 
 
+def parse_prefix_aware(text: str) -> list[bool | None]:
+    values = {"on": True, "off": False, "default": None}
+    items = [v.strip() for v in text.split(",") if v.strip()]
+    for v in items:
+        if v not in values:
+            raise argparse.ArgumentTypeError(f"--prefix-aware takes on, off or default, got {v!r}")
+    return [values[v] for v in items]
+
+
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(
         prog="python -m bench.compare", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
-    p.add_argument("--workload", choices=("sharegpt", "fixed"), default="sharegpt")
-    p.add_argument("--n", type=int, default=200, help="rows (sharegpt: the first N of sample_data/sharegpt.jsonl)")
+    p.add_argument("--workload", choices=("sharegpt", "fixed", "shared-prefix"), default="sharegpt")
+    p.add_argument(
+        "--n",
+        type=int,
+        default=200,
+        help="rows (sharegpt: the first N of sample_data/sharegpt.jsonl; shared-prefix: of sharegpt_multiturn.jsonl)",
+    )
     p.add_argument("--systems", type=parse_systems, default=["a", "b", "c", "d"], help="e.g. a,b,c,d (default)")
     p.add_argument(
         "--orders", type=parse_orders, default=[PlanSettings().order], help="bulkinfer --order values to run"
+    )
+    p.add_argument(
+        "--prefix-aware",
+        type=parse_prefix_aware,
+        default=[None],
+        help="bulkinfer's prefix-aware feeding: on, off or on,off (each order runs with each); default: bulkinfer's",
     )
     p.add_argument("--repeats", type=int, default=1, help="runs of each bulkinfer order, interleaved")
     p.add_argument("--hf-subset", type=int, default=32, help="rows for the static baseline: the first K (0: all)")
@@ -134,6 +154,13 @@ def describe_workload(
             f"the first {len(rows)} rows of sample_data/sharegpt.jsonl (ShareGPT first turns through vLLM's filter: "
             "prompt 4..1024 tokens, prompt + reply <= 2048; shuffled with seed 0); max_tokens = the reply's "
             f"length in tokens, capped so prompt + output <= 2048{cap}"
+        )
+    elif args.workload == "shared-prefix":
+        text = (
+            f"the first {len(rows)} rows of sample_data/sharegpt_multiturn.jsonl (real ShareGPT conversations "
+            "replayed turn by turn: row k of a conversation = its messages up to the k-th user turn, rendered with "
+            f"the model's chat template; whole conversations, then shuffled with seed {args.seed}); max_tokens = "
+            f"the reference reply's length in tokens, capped so prompt + output <= 2048{cap}"
         )
     else:
         text = (
@@ -187,7 +214,7 @@ def summarize_orders(results: list[dict[str, Any]]) -> dict[str, Any] | None:
     runs: dict[str, list[float]] = {}
     for r in results:
         if r["key"].startswith("a-") and "error" not in r and r["throughput_generate"]:
-            runs.setdefault(r["order"], []).append(r["throughput_generate"]["completion_tokens_per_s"])
+            runs.setdefault(r.get("feed", r["order"]), []).append(r["throughput_generate"]["completion_tokens_per_s"])
     if not runs:
         return None
     means = {order: sum(xs) / len(xs) for order, xs in runs.items()}
@@ -209,8 +236,11 @@ def plan_jobs(
     if "a" in args.systems:
         for i in range(1, args.repeats + 1):
             for o in args.orders:
-                key = f"a-{o}" if args.repeats == 1 else f"a-{o}-{i}"
-                jobs.append((key, lambda o=o, key=key: systems.run_bulkinfer(rows, o, settings, key)))
+                for pa in args.prefix_aware:
+                    name = o if pa is None else f"{o}-{'prefix' if pa else 'plain'}"
+                    key = f"a-{name}" if args.repeats == 1 else f"a-{name}-{i}"
+                    job = lambda o=o, key=key, pa=pa: systems.run_bulkinfer(rows, o, settings, key, prefix_aware=pa)  # noqa: E731
+                    jobs.append((key, job))
     if "c" in args.systems:
         jobs.append(("c", lambda: systems.run_vllm_run_batch(rows, settings)))
     if "d" in args.systems:
@@ -254,6 +284,7 @@ def run(args: argparse.Namespace, workdir: Path, save: Any) -> tuple[dict[str, A
             "ignore_eos": True,
             "hf_batch_size": args.hf_batch_size,
             "bulkinfer_default_order": PlanSettings().order,
+            "bulkinfer_default_prefix_aware": PlanSettings().prefix_aware,
             "env": {"VLLM_CPU_NUM_OF_RESERVED_CPU": "0", "TOKENIZERS_PARALLELISM": "false"},
         },
         "workload": describe_workload(args, rows, subset),

@@ -41,6 +41,8 @@ from bench.workload import (
 
 ROOT = Path(__file__).resolve().parents[1]
 REFERENCE = "b"
+# bulkinfer's prefix-aware feeding: its default (None), on, off
+FEED_FLAGS = {None: "", True: " --prefix-aware", False: " --no-prefix-aware"}
 
 
 class SystemFailed(RuntimeError):
@@ -119,9 +121,12 @@ def result(
     extra: dict[str, Any] | None = None,
 ) -> dict[str, Any]:
     """One system's record. ``counts``: ``rows``, ``prompt_tokens``,
-    ``completion_tokens`` (what came back) and ``rows_full_length``."""
+    ``completion_tokens`` (what came back), ``rows_full_length`` and, where
+    the system tells, ``cached_tokens`` (prompt tokens vLLM's prefix cache
+    served: ``prefix_cache``)."""
     wall = measured.wall_s if measured else None
     rows, prompt, completion = counts["rows"], counts["prompt_tokens"], counts["completion_tokens"]
+    cached = counts.get("cached_tokens")
     return {
         "key": key,
         "system": system,
@@ -135,6 +140,7 @@ def result(
             "completion_tokens": sum(r.max_tokens for r in rows_expected),
         },
         "rows_full_length": counts.get("rows_full_length"),
+        "prefix_cache": None if cached is None else {"cached_tokens": cached, "hit_rate": cached / max(prompt, 1)},
         "seconds": {"load": load_s, "generate": generate_s, "end_to_end": wall},
         "throughput_generate": rates(rows, prompt, completion, generate_s),
         "throughput_end_to_end": rates(rows, prompt, completion, wall),
@@ -163,8 +169,11 @@ def _bulkinfer_exe() -> list[str]:
     return [str(found)] if found else [sys.executable, "-m", "bulkinfer"]
 
 
-def run_bulkinfer(rows: Sequence[Row], order: str, settings: BenchSettings, key: str | None = None) -> dict[str, Any]:
-    """(a) ``bulkinfer run`` with ``--order``; generation from its report.
+def run_bulkinfer(
+    rows: Sequence[Row], order: str, settings: BenchSettings, key: str | None = None, prefix_aware: bool | None = None
+) -> dict[str, Any]:
+    """(a) ``bulkinfer run`` with ``--order`` and, unless None (bulkinfer's
+    default), ``--prefix-aware`` or ``--no-prefix-aware``; generation from its report.
     ``key`` names the result and its files (default ``a-<order>``; repeats add a suffix)."""
     key = key or f"a-{order}"
     src = settings.workdir / "bulkinfer.jsonl"
@@ -188,6 +197,7 @@ def run_bulkinfer(rows: Sequence[Row], order: str, settings: BenchSettings, key:
         str(settings.top_p),
         "--order",
         order,
+        *FEED_FLAGS[prefix_aware].split(),
         *settings.engine_flags(),
     ]
     measured = _run(cmd, key, settings)
@@ -199,11 +209,13 @@ def run_bulkinfer(rows: Sequence[Row], order: str, settings: BenchSettings, key:
         "prompt_tokens": report["tokens"]["prompt"],
         "completion_tokens": report["tokens"]["completion"],
         "rows_full_length": sum(o["completion_tokens"] == wanted.get(o["id"]) for o in outputs),
+        "cached_tokens": (report.get("prefix_cache") or {}).get("cached_tokens"),
     }
     pad = report["padding_efficiency"]
+    feed = order + ("+prefix" if report["plan"].get("prefix_aware") else "")
     return result(
         key,
-        f"bulkinfer run --order {order}",
+        f"bulkinfer run --order {order}" + FEED_FLAGS[prefix_aware],
         counts,
         report["seconds"]["generate"],
         measured,
@@ -211,7 +223,7 @@ def run_bulkinfer(rows: Sequence[Row], order: str, settings: BenchSettings, key:
         rows,
         load_s=report["seconds"]["load"],
         padding={"arrival": pad["arrival"], "sorted": pad["sorted"], "batch_size": pad["batch_size"], "static": False},
-        extra={"order": order, "bulkinfer_seconds": report["seconds"], "engine": report.get("engine")},
+        extra={"order": order, "feed": feed, "bulkinfer_seconds": report["seconds"], "engine": report.get("engine")},
     )
 
 

@@ -27,6 +27,11 @@ def _padding(p: dict[str, Any] | None) -> str:
     return f"plan B={p['batch_size']}: arrival {_pct(p['arrival'])}, sorted {_pct(p['sorted'])}"
 
 
+def _hits(cache: dict[str, Any] | None) -> str:
+    """Prompt tokens served from vLLM's prefix cache: share and count (— where not known)."""
+    return "—" if not cache else f"{_pct(cache['hit_rate'])} ({cache['cached_tokens']})"
+
+
 def _ratio(r: dict[str, Any]) -> str:
     ratio = r.get("ratio")
     if not ratio:
@@ -122,12 +127,13 @@ def render(doc: dict[str, Any]) -> str:
         "",
         "| system | rows | completion tokens | generate s | gen. completion tok/s | gen. total tok/s | gen. req/s "
         "| end-to-end s (incl. load) | e2e completion tok/s | e2e total tok/s | e2e req/s "
-        "| peak RSS GiB (tree / largest process) | padding efficiency | ratio to reference, gen. / e2e |",
-        "|---|--:|--:|--:|--:|--:|--:|--:|--:|--:|--:|--:|---|---|",
+        "| peak RSS GiB (tree / largest process) | padding efficiency | prefix cache hits "
+        "| ratio to reference, gen. / e2e |",
+        "|---|--:|--:|--:|--:|--:|--:|--:|--:|--:|--:|--:|---|--:|---|",
     ]
     for r in doc["results"]:
         if "error" in r:
-            lines.append(f"| `{r['key']}` failed: {r['error'].splitlines()[0]} |" + " |" * 13)
+            lines.append(f"| `{r['key']}` failed: {r['error'].splitlines()[0]} |" + " |" * 14)
             continue
         gen, e2e = r["throughput_generate"], r["throughput_end_to_end"]
         full = "" if r["rows_full_length"] == r["rows"] else f" ({r['rows_full_length']} full length)"
@@ -137,7 +143,7 @@ def render(doc: dict[str, Any]) -> str:
             f"| {_rate(gen, 'total_tokens_per_s')} | {_rate(gen, 'requests_per_s')} "
             f"| {_num(r['seconds']['end_to_end'])} | {_rate(e2e, 'completion_tokens_per_s')} "
             f"| {_rate(e2e, 'total_tokens_per_s')} | {_rate(e2e, 'requests_per_s')} "
-            f"| {_rss(r)} | {_padding(r['padding_efficiency'])} | {_ratio(r)} |"
+            f"| {_rss(r)} | {_padding(r['padding_efficiency'])} | {_hits(r.get('prefix_cache'))} | {_ratio(r)} |"
         )
     lines += _headline(doc["results"])
     if doc.get("recomputed"):

@@ -52,6 +52,8 @@ def _vllm_generate_once(llm: Any, rows: Sequence[Row], temperature: float, top_p
         "generate_s": elapsed,
         "prompt_tokens": prompt_tokens,
         "completion_tokens": sum(completion),
+        # prompt tokens vLLM served from its prefix cache
+        "cached_tokens": sum(out.num_cached_tokens or 0 for out in outputs),
         "rows_full_length": sum(c == r.max_tokens for c, r in zip(completion, rows, strict=True)),
     }
 

@@ -13,6 +13,13 @@ with ``ignore_eos``).
   so that prompt + output <= 2048.
 - ``fixed``: N prompts of exactly 128 tokens (random common words, seeded),
   64 completion tokens each: a control where feed order should not matter.
+- ``shared-prefix``: the first N rows of ``sample_data/sharegpt_multiturn.jsonl``
+  (real ShareGPT conversations replayed turn by turn: row k of a
+  conversation is its messages up to the k-th user turn, so it starts with
+  row k - 1's prompt; see ``bench/multiturn_data.py``), each rendered with
+  the model's chat template (generation prompt appended) into the prompt
+  text, then shuffled with ``random.Random(seed)``. ``max_tokens`` = the
+  reference reply's length, capped as ``sharegpt``'s.
 
 ``max_output`` caps every row's ``max_tokens`` (tiny test runs).
 """
@@ -20,7 +27,7 @@ with ``ignore_eos``).
 from __future__ import annotations
 
 import random
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -29,6 +36,7 @@ import orjson
 
 ROOT = Path(__file__).resolve().parents[1]
 SHAREGPT = ROOT / "sample_data" / "sharegpt.jsonl"
+SHAREGPT_MULTITURN = ROOT / "sample_data" / "sharegpt_multiturn.jsonl"
 MAX_TOTAL_TOKENS = 2048  # vLLM's ShareGPT filter: prompt + output <= 2048
 FIXED_PROMPT_TOKENS = 128
 FIXED_OUTPUT_TOKENS = 64
@@ -58,20 +66,47 @@ def load_tokenizer(model: str) -> Any:
 
 def sharegpt_rows(tokenizer: Any, n: int, max_output: int | None = None, path: Path = SHAREGPT) -> list[Row]:
     """The first ``n`` rows of ``path``; raises ValueError when it holds fewer."""
+    return _reference_rows(tokenizer, n, max_output, path, lambda record: record["prompt"])
+
+
+def shared_prefix_rows(
+    tokenizer: Any, n: int, max_output: int | None = None, seed: int = 0, path: Path = SHAREGPT_MULTITURN
+) -> list[Row]:
+    """The first ``n`` rows of ``path`` (whole conversations first: the file
+    holds them one after another), chat-templated, shuffled with ``seed``;
+    raises ValueError when it holds fewer."""
+
+    def render(record: dict[str, Any]) -> str:
+        return str(tokenizer.apply_chat_template(record["messages"], tokenize=False, add_generation_prompt=True))
+
+    rows = _reference_rows(tokenizer, n, max_output, path, render)
+    random.Random(seed).shuffle(rows)
+    return rows
+
+
+def _reference_rows(
+    tokenizer: Any, n: int, max_output: int | None, path: Path, prompt_of: Callable[[dict[str, Any]], str]
+) -> list[Row]:
+    """The first ``n`` records of ``path`` as rows: ``prompt_of(record)``
+    tokenized, ``max_tokens`` from its ``reference_tokens`` (:func:`_max_tokens`)."""
     rows: list[Row] = []
     with open(path, "rb") as f:
         for line in f:
             if len(rows) == n:
                 break
             record = orjson.loads(line)
-            ids = list(tokenizer(record["prompt"]).input_ids)
-            max_tokens = min(int(record["reference_tokens"]), MAX_TOTAL_TOKENS - len(ids))
-            if max_output is not None:
-                max_tokens = min(max_tokens, max_output)
-            rows.append(Row(str(record["id"]), record["prompt"], ids, max_tokens))
+            prompt = prompt_of(record)
+            ids = list(tokenizer(prompt).input_ids)
+            rows.append(Row(str(record["id"]), prompt, ids, _max_tokens(record, len(ids), max_output)))
     if len(rows) < n:
         raise ValueError(f"{path} holds {len(rows)} rows, fewer than --n {n}")
     return rows
+
+
+def _max_tokens(record: dict[str, Any], prompt_tokens: int, max_output: int | None) -> int:
+    """The reference reply's length, so that prompt + output <= 2048, and at most ``max_output``."""
+    max_tokens = min(int(record["reference_tokens"]), MAX_TOTAL_TOKENS - prompt_tokens)
+    return max_tokens if max_output is None else min(max_tokens, max_output)
 
 
 def fixed_rows(tokenizer: Any, n: int, max_output: int | None = None, seed: int = 0) -> list[Row]:
@@ -93,6 +128,8 @@ def build(name: str, tokenizer: Any, n: int, max_output: int | None = None, seed
         return sharegpt_rows(tokenizer, n, max_output)
     if name == "fixed":
         return fixed_rows(tokenizer, n, max_output, seed)
+    if name == "shared-prefix":
+        return shared_prefix_rows(tokenizer, n, max_output, seed)
     raise ValueError(f"unknown workload {name!r}")
 
 

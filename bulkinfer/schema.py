@@ -121,7 +121,9 @@ class Completion:
     ``completion_tokens`` counts every choice's tokens (OpenAI's
     ``usage.completion_tokens``). ``choices`` holds all ``n`` of them (with
     their log-probabilities) when the engine returned them; empty means one
-    choice, the fields above.
+    choice, the fields above. ``cached_tokens``: prompt tokens the engine
+    served from its prefix cache (vLLM's ``RequestOutput.num_cached_tokens``;
+    OpenAI's ``usage.prompt_tokens_details.cached_tokens``).
     """
 
     request_id: str
@@ -135,6 +137,7 @@ class Completion:
     # ``score_from`` on, and how many tokens that is.
     nll: float | None = None
     scored_tokens: int = 0
+    cached_tokens: int = 0
 
 
 @dataclass(slots=True)

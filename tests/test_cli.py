@@ -315,6 +315,7 @@ def test_every_override_option_reaches_its_setting() -> None:
         "trust_remote_code": True,
         "quantization": "fp8",
         "order": "ascending",
+        "prefix_aware": False,
         "buckets": "64,128",
         "window_rows": 100,
         "max_in_flight": 16,
@@ -342,7 +343,7 @@ def test_every_override_option_reaches_its_setting() -> None:
     assert (s.plan.order, s.plan.buckets, s.plan.window_rows) == ("ascending", (64, 128), 100)
     assert (s.plan.max_in_flight, s.plan.padding_batch_size, s.plan.stall_timeout_s) == (16, 4, 30.0)
     assert (s.ray.address, s.ray.cpus_per_replica, s.ray.max_restarts) == ("auto", 4, -1)
-    assert s.plan.output_order == "completion"
+    assert (s.plan.output_order, s.plan.prefix_aware) == ("completion", False)
     # Options not given (None) keep the defaults.
     assert load_settings(None, _overrides(dict.fromkeys(OVERRIDES))) == load_settings()
 

@@ -539,6 +539,29 @@ OrderOption = Annotated[
 ]
 
 
+PrefixAwareOption = Annotated[
+    bool | None,
+    typer.Option(
+        "--prefix-aware",
+        help=described(
+            "Feed rows sharing a prompt prefix of one KV-cache block or more together, the longest first.",
+            "on" if _PLAN.prefix_aware else "off",
+        ),
+        rich_help_panel=PLAN,
+    ),
+]
+
+
+NoPrefixAwareOption = Annotated[
+    bool,
+    typer.Option(
+        "--no-prefix-aware",
+        help=described("Feed rows in the plain --order only.", "off" if _PLAN.prefix_aware else "on"),
+        rich_help_panel=PLAN,
+    ),
+]
+
+
 BucketsOption = Annotated[
     str | None,
     typer.Option(
@@ -619,7 +642,11 @@ OVERRIDES = {
 
 
 # Flag that sets a setting to False -> the option (in OVERRIDES) that sets it to True.
-NEGATIONS = {"raw_prompts": "apply_chat_template", "no_enforce_eager": "enforce_eager"}
+NEGATIONS = {
+    "raw_prompts": "apply_chat_template",
+    "no_enforce_eager": "enforce_eager",
+    "no_prefix_aware": "prefix_aware",
+}
 
 
 def _engine_arg(item: str) -> tuple[str, Any]:

@@ -203,6 +203,7 @@ class StreamedOutputs:
             prompt_tokens=len(out.prompt_token_ids or ()),
             completion_tokens=self.token_counts.pop(request_id),
             choices=all_choices if many else (),
+            cached_tokens=int(getattr(out, "num_cached_tokens", None) or 0),
         )
 
     @staticmethod

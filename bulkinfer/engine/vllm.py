@@ -184,6 +184,7 @@ class VllmEngine:
             "max_num_seqs": self.max_num_seqs,
             "max_num_batched_tokens": vllm_config.scheduler_config.max_num_batched_tokens,
             "enable_prefix_caching": vllm_config.cache_config.enable_prefix_caching,
+            "block_size": vllm_config.cache_config.block_size,
             # vLLM's setting ("auto") until a structured request shows the backend it chose
             "structured_outputs_backend": vllm_config.structured_outputs_config.backend,
             "device": device,

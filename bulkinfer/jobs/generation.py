@@ -168,8 +168,10 @@ class Generation:
             load_s=load_s,
             total_s=total_s,
             padding=self.planner.padding.to_report(),
+            prefix=self.planner.prefix.to_report() if self.planner.prefix is not None else None,
             plan={
                 "order": self.settings.plan.order,
+                "prefix_aware": self.settings.plan.prefix_aware and self.planner.prefix is not None,
                 "output_order": self.settings.plan.output_order,
                 "window_rows": self.settings.plan.window_rows,
                 "max_in_flight": self.max_in_flight,

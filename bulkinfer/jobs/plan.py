@@ -21,10 +21,11 @@ from typing import Any
 
 from bulkinfer.config import Settings
 from bulkinfer.default_model import DEFAULT_MODEL
-from bulkinfer.engine.args import this_machine
+from bulkinfer.engine.args import detect_device, this_machine
 from bulkinfer.io.readers import open_reader
 from bulkinfer.models import load_tokenizer, resolve_model
 from bulkinfer.prep.planner import Planner, efficiency, static_batch_tokens
+from bulkinfer.prep.prefix import CPU_BLOCK_TOKENS, GPU_BLOCK_TOKENS
 from bulkinfer.prep.rows import passthrough_fields
 from bulkinfer.prep.windows import iter_windows
 from bulkinfer.report.calibration import estimate, load_calibrations
@@ -46,6 +47,19 @@ def context_length(model_path: str, settings: Settings) -> int:
         return DEFAULT_CONTEXT
 
 
+def block_tokens(settings: Settings) -> int | None:
+    """The KV-cache block size a run would use, in tokens, or None when its
+    prefix cache is off (``[engine] enable_prefix_caching = false``):
+    ``[engine] block_size``, else vLLM's default for this device (128 on
+    CPU, 16 on GPU; see :mod:`bulkinfer.prep.prefix`)."""
+    extra = settings.engine.extra_args
+    if extra.get("enable_prefix_caching") is False:
+        return None
+    if extra.get("block_size"):
+        return int(extra["block_size"])
+    return GPU_BLOCK_TOKENS if detect_device() == "cuda" else CPU_BLOCK_TOKENS
+
+
 def percentile(sorted_values: Any, q: float) -> int:
     """Nearest-rank percentile (q in 0..100) of an ascending sequence."""
     if not len(sorted_values):
@@ -62,7 +76,10 @@ def plan_file(input_path: Path, settings: Settings) -> dict[str, Any]:
     {``min``, ``median``, ``p90``, ``p99``, ``max``, ``total``}, ``buckets``
     (as in the run report), ``padding_efficiency`` {``arrival``,
     ``bucketed``, ``sorted``} for static batches of ``batch_size``,
-    ``max_completion_tokens`` (sum of the rows' ``max_tokens`` times their ``n``), ``estimate``
+    ``max_completion_tokens`` (sum of the rows' ``max_tokens`` times their ``n``),
+    ``prefix`` (the prompt tokens rows share in whole KV-cache blocks within a
+    window, see :class:`~bulkinfer.prep.prefix.PrefixStats`; None when the
+    prefix cache is off), ``estimate``
     (``generate_seconds`` and ``load_seconds`` as ``{"low", "high"}``, the
     ``calibrations`` it comes from, ``derivation``, ``assumes``; or None),
     ``estimate_source`` (where the estimate comes from, or why there is
@@ -76,7 +93,7 @@ def plan_file(input_path: Path, settings: Settings) -> dict[str, Any]:
     model = resolve_model(settings.model)
     tokenizer = load_tokenizer(model, settings.engine.trust_remote_code)
     settings = settings.resolve_chat_template(tokenizer)
-    planner = Planner(tokenizer, settings.plan, context_length(model, settings))
+    planner = Planner(tokenizer, settings.plan, context_length(model, settings), block_tokens(settings))
     errors: Counter[str] = Counter()
     examples: list[dict[str, Any]] = []
 
@@ -130,6 +147,7 @@ def plan_file(input_path: Path, settings: Settings) -> dict[str, Any]:
             "sorted": efficiency(real, padded),
         },
         "max_completion_tokens": max_completion,
+        "prefix": planner.prefix.to_report() if planner.prefix is not None else None,
         "estimate": None,
     }
     plan["estimate"], plan["estimate_source"] = estimate(

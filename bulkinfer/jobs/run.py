@@ -45,6 +45,7 @@ from bulkinfer.jobs.output_files import OutputFiles, RunPaths, input_identity, r
 from bulkinfer.jobs.tune import measured_settings, print_to_stderr
 from bulkinfer.models import TokenizerFactory, load_tokenizer, resolve_model
 from bulkinfer.prep.planner import Planner
+from bulkinfer.prep.prefix import prefix_block_tokens
 from bulkinfer.report.calibration import length_prior, record_calibration
 from bulkinfer.report.html import write_run_html
 from bulkinfer.report.stats import peak_rss_bytes, write_report
@@ -249,7 +250,7 @@ def _run_locked(
     settings = settings.resolve_chat_template(tokenizer)
     load_s = time.monotonic() - started
     try:
-        planner = Planner(tokenizer, settings.plan, engine.max_model_len)
+        planner = Planner(tokenizer, settings.plan, engine.max_model_len, prefix_block_tokens(engine.settings))
         prior = length_prior(model, str(paths.output))
         generation = Generation(paths, files, done, settings, engine, planner, progress_plain, scan.rows, prior)
         generation.run(itertools.chain([first], rows) if first is not None else (), stop)

@@ -19,6 +19,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from bulkinfer.config import PlanSettings
+from bulkinfer.prep.prefix import PrefixStats, prefix_groups
 from bulkinfer.schema import Request, RowError
 
 
@@ -132,13 +133,18 @@ class Planner:
         settings: bucket bounds, feed order and padding batch size.
         max_model_len: the engine's context length in tokens; a request whose
             ``prompt_tokens + max_tokens`` exceeds it becomes a row error.
+        block_tokens: the engine's KV-cache block size in tokens when its
+            prefix cache is on, else None: rows sharing a first block are
+            counted (:attr:`prefix`) and, with ``settings.prefix_aware``, fed
+            together (:mod:`bulkinfer.prep.prefix`).
     """
 
-    def __init__(self, tokenizer: Any, settings: PlanSettings, max_model_len: int):
+    def __init__(self, tokenizer: Any, settings: PlanSettings, max_model_len: int, block_tokens: int | None = None):
         self.tokenizer = tokenizer
         self.settings = settings
         self.max_model_len = max_model_len
         self.padding = PaddingStats(tuple(settings.buckets), settings.padding_batch_size)
+        self.prefix = PrefixStats(block_tokens) if block_tokens else None
         # pass-through field name -> bulkinfer rows planned that carry it
         self.passthrough: Counter[str] = Counter()
 
@@ -222,7 +228,21 @@ class Planner:
                 planned.append(request)
         planned.sort(key=lambda r: r.seq)
         self.padding.add_window([len(r.prompt_token_ids or ()) for r in planned])
-        return order_for_feed(planned, self.settings.order), errors
+        return self.order(planned), errors
+
+    def order(self, planned: Sequence[Request]) -> list[Request]:
+        """One window's tokenized requests (arrival order) in feed order: by
+        ``settings.order``, and, with ``settings.prefix_aware`` and a block
+        size, each group of rows sharing a first block together, its longest
+        first (:func:`order_groups_for_feed`). Counts the shared prefixes
+        (:attr:`prefix`) whatever the order."""
+        if self.prefix is None:
+            return order_for_feed(planned, self.settings.order)
+        groups = prefix_groups(planned, self.prefix.block_tokens)
+        self.prefix.add_groups(groups)
+        if self.settings.prefix_aware:
+            return order_groups_for_feed(groups, self.settings.order)
+        return order_for_feed(planned, self.settings.order)
 
 
 def order_for_feed(requests: Iterable[Request], order: str) -> list[Request]:
@@ -233,3 +253,15 @@ def order_for_feed(requests: Iterable[Request], order: str) -> list[Request]:
     if order == "arrival":
         return items
     return sorted(items, key=lambda r: len(r.prompt_token_ids or ()), reverse=order == "descending")
+
+
+def order_groups_for_feed(groups: Iterable[list[Request]], order: str) -> list[Request]:
+    """The rows of prefix groups (see :func:`bulkinfer.prep.prefix.prefix_groups`)
+    in feed order: each group's rows one after another, its leader first;
+    the groups ordered by their leader's prompt length as
+    :func:`order_for_feed` orders rows (``arrival``: in the order of their
+    first row), so groups of one keep exactly the plain order."""
+    items = list(groups)
+    if order != "arrival":
+        items.sort(key=lambda g: len(g[0].prompt_token_ids or ()), reverse=order == "descending")
+    return [request for group in items for request in group]

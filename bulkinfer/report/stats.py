@@ -114,6 +114,22 @@ class TokenSeries:
         }
 
 
+def prefix_cache(cached_tokens: int, prompt_tokens: int, estimate: dict[str, Any] | None) -> dict[str, Any]:
+    """The report's ``prefix_cache``: ``cached_tokens``, the prompt tokens
+    vLLM served from its prefix cache (``RequestOutput.num_cached_tokens``
+    summed over the finished rows), of ``prompt_tokens``; ``hit_rate`` =
+    cached / prompt tokens (0.0 for none); ``estimate``: what the plan
+    counted as shareable in whole blocks (see
+    :class:`~bulkinfer.prep.prefix.PrefixStats`), or None when the engine's
+    prefix cache is off."""
+    return {
+        "cached_tokens": cached_tokens,
+        "prompt_tokens": prompt_tokens,
+        "hit_rate": rate(cached_tokens, prompt_tokens),
+        "estimate": estimate,
+    }
+
+
 class RunStats:
     """Counters that observe one run's feed loop: seconds by phase (``plan``,
     ``generate``, ``write``), prompt and completion tokens of the rows this
@@ -124,7 +140,7 @@ class RunStats:
     def __init__(self, clock: Callable[[], float] = time.monotonic) -> None:
         self.clock = clock
         self.seconds = {"plan": 0.0, "generate": 0.0, "write": 0.0}
-        self.prompt_tokens = self.completion_tokens = 0
+        self.prompt_tokens = self.completion_tokens = self.cached_tokens = 0
         self.completion_lengths: Counter[int] = Counter()
         self.finish_reasons: Counter[str] = Counter()
         self.structured = StructuredStats()
@@ -152,6 +168,7 @@ class RunStats:
         ``StructuredOutputsParams`` arguments), when it had one."""
         self.prompt_tokens += completion.prompt_tokens
         self.completion_tokens += completion.completion_tokens
+        self.cached_tokens += completion.cached_tokens
         self.completion_lengths[bucket_index(completion.completion_tokens, LENGTH_BINS)] += 1
         choices = [(c.text, c.finish_reason) for c in completion.choices]
         for text, reason in choices or [(completion.text, completion.finish_reason)]:
@@ -180,14 +197,17 @@ class RunStats:
         total_s: float,
         padding: dict[str, Any],
         plan: dict[str, Any],
+        prefix: dict[str, Any] | None,
         engine: dict[str, Any],
         sampling: dict[str, Any],
         chat_template_applied: bool | str,
     ) -> dict[str, Any]:
         """The run report. ``counts``: (completed, failed, skipped blank
         lines) of the whole output, resumed rows included, as are ``tokens``
-        and ``request_counts``; ``throughput``, ``buckets`` and
-        ``padding_efficiency`` cover the rows this attempt ran."""
+        and ``request_counts``; ``throughput``, ``buckets``,
+        ``padding_efficiency`` and ``prefix_cache`` cover the rows this
+        attempt ran. ``prefix``: the planner's estimate of shareable prefix
+        tokens (:class:`~bulkinfer.prep.prefix.PrefixStats`), or None."""
         completed, failed, skipped = counts
         ran = completed - done.completed
         seconds = {"load": load_s, **self.seconds, "total": total_s}
@@ -211,6 +231,7 @@ class RunStats:
             "throughput": throughput(ran, self.prompt_tokens, self.completion_tokens, seconds["generate"]),
             "throughput_end_to_end": throughput(ran, self.prompt_tokens, self.completion_tokens, total_s),
             **padding,
+            "prefix_cache": prefix_cache(self.cached_tokens, self.prompt_tokens, prefix),
             "plan": plan,
             "engine": engine,
             "sampling": sampling,

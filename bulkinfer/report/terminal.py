@@ -78,6 +78,13 @@ def print_summary(report: dict[str, Any], console: Console) -> None:
     if "bulkinfer" in rss:
         engine = f", engine {format_bytes(rss['children'])}" if rss.get("children") else ""
         summary.add_row("peak memory (RSS)", f"bulkinfer {format_bytes(rss['bulkinfer'])}{engine}")
+    cache = report.get("prefix_cache")
+    if cache and cache["prompt_tokens"]:
+        fed = "prefix-aware feed" if (report.get("plan") or {}).get("prefix_aware") else "plain feed"
+        summary.add_row(
+            "prefix cache hits",
+            f"{_pct(cache['hit_rate'])} of prompt tokens ({cache['cached_tokens']}; {fed})",
+        )
     pad = report["padding_efficiency"]
     summary.add_row(
         f"padding if batched statically (B={pad['batch_size']})",
@@ -138,6 +145,13 @@ def print_plan(plan: dict[str, Any], console: Any) -> None:
         f"sorted {100 * pad['sorted']:.1f}%",
     )
     summary.add_row("completion tokens", f"at most {plan['max_completion_tokens']}")
+    prefix = plan.get("prefix")
+    if prefix:
+        summary.add_row(
+            f"shared prefixes ({prefix['block_tokens']}-token blocks)",
+            f"{prefix['shareable_tokens']} prompt tokens ({_pct(prefix['shareable_share'])}) in "
+            f"{prefix['groups']} groups of {prefix['rows_in_groups']} rows",
+        )
     estimate = plan["estimate"]
     if estimate:
         gen, load = estimate["generate_seconds"], estimate["load_seconds"]
