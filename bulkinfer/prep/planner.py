@@ -136,6 +136,14 @@ class Planner:
 
     def __init__(self, tokenizer: Any, settings: PlanSettings, max_model_len: int):
         self.tokenizer = tokenizer
+        backend = getattr(tokenizer, "backend_tokenizer", None)
+        if backend is not None:
+            # A tokenizer.json may carry its own padding and truncation
+            # (sentence-transformers' all-MiniLM-L6-v2: pad and cut to 128):
+            # the transformers wrapper turns them off per call, as vLLM's
+            # tokenization does; encode_batch calls the backend directly.
+            backend.no_padding()
+            backend.no_truncation()
         self.settings = settings
         self.max_model_len = max_model_len
         self.padding = PaddingStats(tuple(settings.buckets), settings.padding_batch_size)
@@ -221,7 +229,7 @@ class Planner:
                     continue
                 planned.append(request)
         planned.sort(key=lambda r: r.seq)
-        self.padding.add_window([len(r.prompt_token_ids or ()) for r in planned])
+        self.padding.add_window([r.prompt_length for r in planned])
         return order_for_feed(planned, self.settings.order), errors
 
 
@@ -232,4 +240,4 @@ def order_for_feed(requests: Iterable[Request], order: str) -> list[Request]:
     items = list(requests)
     if order == "arrival":
         return items
-    return sorted(items, key=lambda r: len(r.prompt_token_ids or ()), reverse=order == "descending")
+    return sorted(items, key=lambda r: r.prompt_length, reverse=order == "descending")
