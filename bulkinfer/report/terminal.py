@@ -51,7 +51,12 @@ def print_summary(report: dict[str, Any], console: Console) -> None:
             f"{tput['total_tokens_per_s']:.1f} total tok/s",
         )
     e2e = report.get("throughput_end_to_end")
-    if e2e:
+    if e2e and embedding:
+        summary.add_row(
+            "end to end (load included)",
+            f"{e2e['requests_per_s']:.2f} rows/s, {e2e['prompt_tokens_per_s']:.1f} prompt tok/s",
+        )
+    elif e2e:
         summary.add_row(
             "end to end (load included)",
             f"{e2e['requests_per_s']:.2f} req/s, {e2e['completion_tokens_per_s']:.1f} completion tok/s",
