@@ -140,6 +140,9 @@ class StreamedOutputs:
     log-probabilities new since the last one; the pieces are joined per
     choice when the request finishes. A scoring request (its ``score_from``
     in :attr:`score_from`) comes once, finished, with its ``prompt_logprobs``.
+    An embedding request's inputs (vLLM ``PoolingRequestOutput``, one engine
+    request each: :meth:`expect_embeddings`) come back as one Completion
+    with their vectors once all have finished.
     ``generated_tokens`` counts every completion token seen;
     ``prefilled_tokens`` the prompt tokens of every request that produced
     its first output. :attr:`top_logprobs` holds, for each request that asked
