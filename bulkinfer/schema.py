@@ -15,6 +15,9 @@ CHAT_URL = "/v1/chat/completions"
 COMPLETIONS_URL = "/v1/completions"
 
 
+EMBEDDINGS_URL = "/v1/embeddings"
+
+
 @dataclass(slots=True)
 class Request:
     """One valid input row, ready to be tokenized and sent to the engine.
@@ -51,6 +54,21 @@ class Request:
     # Set for a scoring request (perplexity): the position in prompt_token_ids
     # where the scored continuation starts; the engine then generates nothing.
     score_from: int | None = None
+    # An embedding request (bulkinfer embed): its texts (one per vector; an
+    # OpenAI line's ``input`` may list several), then their token ids once
+    # planned, and vLLM's PoolingParams arguments (``dimensions``,
+    # ``use_activation``: normalize as the model's sentence-transformers
+    # config says) with the output's ``encoding_format``.
+    inputs: list[str] | None = None
+    input_token_ids: list[list[int]] | None = None
+    pooling: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def prompt_length(self) -> int:
+        """Prompt tokens of the request (of all its inputs for an embedding request)."""
+        if self.input_token_ids is not None:
+            return sum(len(ids) for ids in self.input_token_ids)
+        return len(self.prompt_token_ids or ())
 
     @property
     def max_completion_tokens(self) -> int:
@@ -138,6 +156,8 @@ class Completion:
     nll: float | None = None
     scored_tokens: int = 0
     cached_tokens: int = 0
+    # Embedding requests only: one vector (float32 values) per input, in input order.
+    embeddings: tuple[list[float], ...] | None = None
 
 
 @dataclass(slots=True)

@@ -26,3 +26,38 @@ def check_openai_line(record: dict[str, Any]) -> Any:
     elif response is not None:
         ChatCompletion.model_validate(response["body"])
     return run_batch.BatchRequestOutput.model_validate(record)
+
+
+def check_embeddings_line(record: dict[str, Any]) -> Any:
+    """Validate one output or error line of an OpenAI ``/v1/embeddings``
+    batch: the line against vLLM's ``BatchRequestOutput`` (whose body union
+    holds vLLM's ``EmbeddingResponse``), its body against the ``openai``
+    SDK's ``CreateEmbeddingResponse`` (a base64 embedding decoded first, as
+    the SDK's client does). Returns the parsed line; raises
+    pydantic's ValidationError on a bad one."""
+    run_batch = pytest.importorskip("vllm.entrypoints.launchers.run_batch")
+    from openai.types import CreateEmbeddingResponse
+    from vllm.entrypoints.pooling.embed.protocol import EmbeddingResponse
+
+    parsed = run_batch.BatchRequestOutput.model_validate(record)
+    response = record.get("response")
+    if response is not None:
+        # The SDK's model holds floats: its client decodes a base64 embedding
+        # (little-endian float32) before building it, and so does this check.
+        body = response["body"]
+        data = [
+            {**d, "embedding": decode_base64(d["embedding"])} if isinstance(d["embedding"], str) else d
+            for d in body["data"]
+        ]
+        CreateEmbeddingResponse.model_validate({**body, "data": data})
+        assert isinstance(parsed.response.body, EmbeddingResponse), type(parsed.response.body)
+    return parsed
+
+
+def decode_base64(text: str) -> list[float]:
+    """An OpenAI ``encoding_format: base64`` embedding: little-endian float32 values."""
+    import base64
+
+    import numpy as np
+
+    return [float(x) for x in np.frombuffer(base64.b64decode(text), dtype="<f4")]

@@ -654,3 +654,20 @@ def test_a_bad_request_flag_names_the_flag(
     assert result.exit_code == code, result.output
     assert says in " ".join(result.output.replace("│", " ").split()), result.output
     assert "Traceback" not in result.output and built == []
+
+
+def test_models_lists_the_default_encoder_as_an_embedding_model(tmp_path: Path, monkeypatch) -> None:  # type: ignore[no-untyped-def]
+    from bulkinfer.default_model import prepare_default_encoder
+
+    monkeypatch.setenv("BULKINFER_HOME", str(tmp_path))
+    prepare_default_encoder()
+    result = runner.invoke(app, ["models"])
+    assert result.exit_code == 0
+    name, task, _, path = result.output.strip().split("\t")
+    assert (name, task, path) == ("all-minilm-l6-v2", "embed", str(tmp_path / "models" / "all-minilm-l6-v2"))
+
+
+def test_embed_help_names_its_output_and_truncate() -> None:
+    result = runner.invoke(app, ["embed", "--help"])
+    assert result.exit_code == 0
+    assert "--truncate" in result.output and "embeddings.parquet" in result.output

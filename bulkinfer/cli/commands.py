@@ -296,14 +296,17 @@ def report(
 
 @app.command(cls=Command, epilog=epilog(("bulkinfer models",), ()))
 def models() -> None:
-    """List the models prepared under $BULKINFER_HOME (default ~/.cache/bulkinfer)."""
+    """List the models prepared under $BULKINFER_HOME (default ~/.cache/bulkinfer): name, task, size, path."""
     from bulkinfer.default_model import bulkinfer_home
     from bulkinfer.models import list_models
     from bulkinfer.report.units import format_bytes
 
     found = list_models()
     if not found:
-        typer.echo(f"no models prepared under {bulkinfer_home()}; `bulkinfer run` prepares the default one")
+        typer.echo(
+            f"no models prepared under {bulkinfer_home()}; `bulkinfer run` prepares the default LLM, "
+            "`bulkinfer embed` the default encoder"
+        )
         return
     for info in found:
-        typer.echo(f"{info.name}\t{format_bytes(info.size_bytes)}\t{info.path}")
+        typer.echo(f"{info.name}\t{info.task}\t{format_bytes(info.size_bytes)}\t{info.path}")

@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+from typing import TYPE_CHECKING, NoReturn
+
 import typer
 
 from bulkinfer.cli.app import Command, app, epilog
@@ -66,6 +69,9 @@ from bulkinfer.cli.options import (
 )
 from bulkinfer.cli.signals import StopSignals, fail
 from bulkinfer.errors import BulkinferError
+
+if TYPE_CHECKING:
+    from bulkinfer.jobs.run import RunReport
 
 EXAMPLES = (
     "bulkinfer run prompts.jsonl",
@@ -138,12 +144,9 @@ def run(
 ) -> None:
     """Generate a completion for every row of INPUT; write OUT, OUT.errors.jsonl and OUT.report.json."""
     options = dict(locals())  # first: only the options are local yet
-    from rich.console import Console
-
     from bulkinfer.config import load_settings
     from bulkinfer.jobs.output_files import RunPaths
     from bulkinfer.jobs.run import run as run_job
-    from bulkinfer.report.terminal import print_summary
 
     try:
         settings = load_settings(config, _overrides(options), _origins(options))
@@ -160,8 +163,18 @@ def run(
             )
     except BulkinferError as exc:
         fail(exc)
+    summarize(result, paths.output)
+
+
+def summarize(result: RunReport, output: Path) -> NoReturn:
+    """Print the run's summary (or that ``output`` was already complete) and
+    exit with the run's exit code (``run`` and ``embed``)."""
+    from rich.console import Console
+
+    from bulkinfer.report.terminal import print_summary
+
     if result.report.get("already_complete"):
-        typer.echo(f"bulkinfer: {paths.output} is already complete; nothing to do")
+        typer.echo(f"bulkinfer: {output} is already complete; nothing to do")
     else:
         print_summary(result.report, Console())
     raise typer.Exit(code=result.exit_code)

@@ -177,7 +177,7 @@ class Replicas:
         the other replicas must not wait for it): a rejection then comes back
         from :meth:`step` as a completion with its ``error``; one now is
         returned. With no replica up it waits for one (see :meth:`step`)."""
-        tokens = len(request.prompt_token_ids or ()) + request.max_completion_tokens
+        tokens = request.prompt_length + request.max_completion_tokens
         up = [i for i, engine in enumerate(self.engines) if getattr(engine, "available", True)]
         if not up:
             self._where[request_id] = (None, tokens, request)

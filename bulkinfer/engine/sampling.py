@@ -39,6 +39,21 @@ def sampling_params(request: Request, sampling_params_cls: Any, output_kind: Any
     )
 
 
+def pooling_params(request: Request, pooling_params_cls: Any) -> Any:
+    """vLLM ``PoolingParams`` for one embedding request: ``task="embed"``,
+    its ``dimensions`` (Matryoshka models only) and ``use_activation``
+    (normalisation; None: vLLM's default from the model's pooler config).
+
+    Raises:
+        whatever vLLM raises for values it rejects (when the request is added).
+    """
+    return pooling_params_cls(
+        task="embed",
+        dimensions=request.pooling.get("dimensions"),
+        use_activation=request.pooling.get("use_activation"),
+    )
+
+
 def check_sampling_defaults(defaults: SamplingDefaults) -> None:
     """Build vLLM's ``SamplingParams`` from the run's ``[sampling]`` defaults
     once, before any model loads, so a default vLLM rejects (``stop = [""]``)
@@ -125,6 +140,9 @@ class StreamedOutputs:
     log-probabilities new since the last one; the pieces are joined per
     choice when the request finishes. A scoring request (its ``score_from``
     in :attr:`score_from`) comes once, finished, with its ``prompt_logprobs``.
+    An embedding request's inputs (vLLM ``PoolingRequestOutput``, one engine
+    request each: :meth:`expect_embeddings`) come back as one Completion
+    with their vectors once all have finished.
     ``generated_tokens`` counts every completion token seen;
     ``prefilled_tokens`` the prompt tokens of every request that produced
     its first output. :attr:`top_logprobs` holds, for each request that asked
@@ -132,6 +150,10 @@ class StreamedOutputs:
     """
 
     def __init__(self) -> None:
+        # embedding requests: engine request id of each input -> (request id, input index);
+        # request id -> one slot per input, filled as they finish
+        self.part_of: dict[str, tuple[str, int]] = {}
+        self._pooled: dict[str, list[tuple[list[float], int] | str | None]] = {}
         self.score_from: dict[str, int] = {}
         self.top_logprobs: dict[str, int] = {}
         self._choices: dict[str, dict[int, _Choice]] = {}
@@ -143,6 +165,10 @@ class StreamedOutputs:
         """The finished requests among one step's outputs."""
         done = []
         for out in outputs:
+            if out.request_id in self.part_of:
+                if out.finished:
+                    done.extend(self._pooled_part(out))
+                continue
             if not isinstance(out.outputs, list):
                 continue
             request_id = out.request_id
@@ -175,11 +201,53 @@ class StreamedOutputs:
                 done.append(self._finished(out, self._choices.pop(request_id)))
         return done
 
+    def expect_embeddings(self, request_id: str, parts: list[str]) -> None:
+        """``request_id`` was added as the engine requests ``parts``, one per input."""
+        self._pooled[request_id] = [None] * len(parts)
+        for index, part in enumerate(parts):
+            self.part_of[part] = (request_id, index)
+
+    def engine_ids(self, request_ids: list[str]) -> list[str]:
+        """The engine's request ids of ``request_ids`` (an embedding request's inputs, one each)."""
+        parts: dict[str, list[str]] = {request_id: [] for request_id in self._pooled}
+        for part, (request_id, _) in self.part_of.items():
+            parts[request_id].append(part)
+        return [part for request_id in request_ids for part in parts.get(request_id, [request_id])]
+
+    def _pooled_part(self, out: Any) -> list[Completion]:
+        """One finished input of an embedding request (vLLM's
+        ``PoolingRequestOutput``: ``outputs.data`` the float32 vector);
+        the request's :class:`Completion` once all its inputs finished."""
+        request_id, index = self.part_of.pop(out.request_id)
+        tokens = len(out.prompt_token_ids or ())
+        self.prefilled_tokens += tokens
+        slots = self._pooled[request_id]
+        error = getattr(out, "error", None)
+        slots[index] = f"{error}" if error is not None else (out.outputs.data.tolist(), tokens)
+        if any(slot is None for slot in slots):
+            return []
+        del self._pooled[request_id]
+        failed = next((slot for slot in slots if isinstance(slot, str)), None)
+        if failed is not None:
+            return [Completion(request_id, "", "error", 0, 0, error=failed)]
+        pooled = [slot for slot in slots if isinstance(slot, tuple)]
+        return [
+            Completion(
+                request_id,
+                "",
+                "stop",
+                prompt_tokens=sum(t for _, t in pooled),
+                completion_tokens=0,
+                embeddings=tuple(vector for vector, _ in pooled),
+            )
+        ]
+
     def forget(self, request_ids: list[str]) -> None:
         """Drop what is kept of unfinished requests (aborted: no more output comes)."""
         for request_id in request_ids:
-            for kept in (self.score_from, self.top_logprobs, self._choices, self.token_counts):
+            for kept in (self.score_from, self.top_logprobs, self._choices, self.token_counts, self._pooled):
                 kept.pop(request_id, None)
+        self.part_of = {part: owner for part, owner in self.part_of.items() if owner[0] in self._pooled}
 
     def _finished(self, out: Any, choices: dict[int, _Choice]) -> Completion:
         request_id = out.request_id

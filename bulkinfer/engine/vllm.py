@@ -22,7 +22,7 @@ from typing import Any
 
 from bulkinfer.config import EngineSettings
 from bulkinfer.engine.args import available_memory_bytes, configure_environment, detect_device, resolve_engine_args
-from bulkinfer.engine.sampling import StreamedOutputs, sampling_params
+from bulkinfer.engine.sampling import StreamedOutputs, pooling_params, sampling_params
 from bulkinfer.errors import BulkinferError, ConfigError, EngineError
 from bulkinfer.schema import Completion, Request
 
@@ -121,12 +121,13 @@ class VllmEngine:
         configure_environment()
         try:
             import vllm
-            from vllm import EngineArgs, LLMEngine, SamplingParams
+            from vllm import EngineArgs, LLMEngine, PoolingParams, SamplingParams
             from vllm.sampling_params import RequestOutputKind
             from vllm.usage.usage_lib import UsageContext
         except ImportError as exc:
             raise EngineError(f"vLLM is not installed ({exc}); run `make install`") from None
         self._sampling_params = SamplingParams
+        self._pooling_params = PoolingParams
         self._final_only = RequestOutputKind.FINAL_ONLY
         self._delta = RequestOutputKind.DELTA
         self.stream_tokens = True
@@ -208,9 +209,11 @@ class VllmEngine:
         Raises:
             EngineError: the engine died.
         """
-        assert request.prompt_token_ids is not None
         if self._stepper.running_since is not None:  # never send while a step is in flight
             self._buffered.extend(self._wait_step(None))
+        if request.input_token_ids is not None:
+            return self._add_embedding(request_id, request)
+        assert request.prompt_token_ids is not None
         try:
             streamed = self.stream_tokens and request.score_from is None
             kind = self._delta if streamed else self._final_only
@@ -233,6 +236,35 @@ class VllmEngine:
         if params.structured_outputs is not None:  # vLLM's input processor resolved "auto" to a backend
             backend = getattr(params.structured_outputs, "_backend", None)
             self.settings["structured_outputs_backend"] = backend or self.settings["structured_outputs_backend"]
+        return None
+
+    def _add_embedding(self, request_id: str, request: Request) -> Completion | None:
+        """Queue an embedding request: one vLLM pooling request (``PoolingParams``,
+        task ``embed``) per input, ``REQUEST_ID#K``; their vectors come back as
+        one :class:`Completion`. A rejected input aborts the others and fails the request.
+
+        Raises:
+            EngineError: the engine died.
+        """
+        assert request.input_token_ids is not None
+        parts = [f"{request_id}#{k}" for k in range(len(request.input_token_ids))]
+        added: list[str] = []
+        try:
+            params = pooling_params(request, self._pooling_params)
+            for part, ids in zip(parts, request.input_token_ids, strict=True):
+                self._engine.add_request(part, self._tokens_input(ids), params.clone(), priority=request.priority)
+                added.append(part)
+        except Exception as exc:
+            self._check_alive()
+            if type(exc).__name__ == "EngineDeadError":
+                raise EngineError(
+                    f"the vLLM engine died: {exc}; finished rows are kept: continue with --resume"
+                ) from exc
+            if added:
+                self._engine.abort_request(added)
+            return Completion(request_id, "", "error", request.prompt_length, 0, f"{type(exc).__name__}: {exc}")
+        self._unfinished.add(request_id)
+        self._outputs.expect_embeddings(request_id, parts)
         return None
 
     @property
@@ -347,7 +379,7 @@ class VllmEngine:
         self._unfinished.clear()
         if aborted:
             try:
-                self._engine.abort_request(aborted)
+                self._engine.abort_request(self._outputs.engine_ids(aborted))
             except Exception as exc:
                 self._check_alive()
                 raise EngineError(f"the vLLM engine failed to abort requests: {type(exc).__name__}: {exc}") from exc

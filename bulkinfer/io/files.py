@@ -19,7 +19,7 @@ import errno
 import os
 import signal
 import time
-from collections.abc import Iterable, Iterator
+from collections.abc import Collection, Iterable, Iterator
 from pathlib import Path
 from typing import IO, Any
 
@@ -164,14 +164,15 @@ def fsync_path(path: Path) -> None:
         os.close(fd)
 
 
-def publish(spool: Path, out: Path) -> None:
+def publish(spool: Path, out: Path, vectors: Collection[str] = ()) -> None:
     """Make ``spool`` (complete JSONL, fsync'd) the final ``out`` atomically:
     a rename for JSONL output, a conversion to a temporary Parquet file
-    (fsync'd) then a rename for Parquet. The spool is gone afterwards."""
+    (fsync'd; ``vectors`` as :func:`jsonl_to_parquet` takes them) then a
+    rename for Parquet. The spool is gone afterwards."""
     if output_format(out) == PARQUET:
         tmp = out.with_name(f".{out.name}.tmp")
         try:
-            jsonl_to_parquet(spool, tmp)
+            jsonl_to_parquet(spool, tmp, vectors)
             publish_path(tmp, out)
         except BaseException:
             tmp.unlink(missing_ok=True)
@@ -213,18 +214,24 @@ def iter_jsonl_chunks(path: Path, rows: int | None = None) -> Iterator[list[dict
         yield chunk
 
 
-def jsonl_to_parquet(src: Path, dst: Path) -> None:
+def jsonl_to_parquet(src: Path, dst: Path, vectors: Collection[str] = ()) -> None:
     """Write the records of the JSONL file ``src`` to the Parquet file ``dst`` (fsync'd) in
     two streaming passes over ``src``: infer one Arrow type per column over
     all rows, then write. A column whose values have no common Arrow type (a
     pass-through field that is a number in one row and text in another) is
-    written as JSON text, so no row is lost."""
+    written as JSON text, so no row is lost. A column named in ``vectors``
+    (an embedding) whose values are lists of numbers of one length ``dim``
+    is written as ``fixed_size_list<float32>[dim]`` (``list<float32>`` when
+    the lengths differ)."""
     import pyarrow as pa
     import pyarrow.parquet as pq
 
     seen: dict[str, list[pa.DataType]] = {}
     as_json: set[str] = set()
+    lengths: dict[str, set[int]] = {name: set() for name in vectors}
     for chunk in iter_jsonl_chunks(src):
+        for name, found in lengths.items():
+            found.update(len(r[name]) for r in chunk if isinstance(r.get(name), list))
         for name in dict.fromkeys(key for record in chunk for key in record):
             try:
                 seen.setdefault(name, []).append(pa.array([r.get(name) for r in chunk]).type)
@@ -236,7 +243,13 @@ def jsonl_to_parquet(src: Path, dst: Path) -> None:
             unified = pa.unify_schemas([pa.schema([(name, t)]) for t in types], promote_options="permissive")
         except (pa.ArrowInvalid, pa.ArrowTypeError):
             as_json.add(name)
-        fields.append(pa.field(name, pa.string()) if name in as_json else unified.field(name))
+        if name in as_json:
+            fields.append(pa.field(name, pa.string()))
+        elif name in lengths and pa.types.is_list(unified.field(name).type):
+            size = lengths[name].pop() if len(lengths[name]) == 1 else -1
+            fields.append(pa.field(name, pa.list_(pa.float32(), size)))
+        else:
+            fields.append(unified.field(name))
     schema = pa.schema(fields)
 
     def encoded(record: dict[str, Any]) -> dict[str, Any]:

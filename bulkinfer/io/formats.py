@@ -64,11 +64,11 @@ def output_format(path: Path) -> str:
     return SUFFIXES[suffix]
 
 
-def default_output(input_path: Path) -> Path:
-    """``<input stem>.out.jsonl`` beside the input (``x.jsonl.gz`` -> ``x.out.jsonl``)."""
-    name, suffix = input_path.name, format_suffix(input_path)
-    stem = name[: name.lower().rindex(suffix)] if suffix else input_path.stem
-    return input_path.with_name(stem + ".out.jsonl")
+def default_output(input_path: Path, suffix: str = ".out.jsonl") -> Path:
+    """``<input stem><suffix>`` beside the input (``x.jsonl.gz`` -> ``x.out.jsonl``)."""
+    name, found = input_path.name, format_suffix(input_path)
+    stem = name[: name.lower().rindex(found)] if found else input_path.stem
+    return input_path.with_name(stem + suffix)
 
 
 def sibling(out: Path, suffix: str) -> Path:

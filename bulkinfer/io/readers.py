@@ -35,6 +35,8 @@ from bulkinfer.schema import RowInvalid
 # this much of it is held in memory.
 MAX_LINE_BYTES = 64 * 1024 * 1024
 PARQUET_BATCH_ROWS = 1024
+# The columns of a Parquet input that hold a row's text (bulkinfer run's).
+PROMPT_COLUMNS = ("prompt", "messages")
 _BOM = b"\xef\xbb\xbf"
 _DECOMPRESS_COMMAND = {"gzip": "gunzip -k", "zstd": "zstd -d"}
 # What a decompressing stream raises on a corrupt or truncated input: gzip
@@ -233,13 +235,14 @@ class ParquetReader:
         InputFileError: at construction, as :func:`inspect_input`; when the
             file is wrapped in gzip or zstd (Parquet compresses its own
             pages: decompress it first), is not Parquet, is truncated, or has
-            neither a ``prompt``/``messages`` column nor the OpenAI batch
+            neither a text column (``prompt``/``messages``, or the given
+            ``text_columns``) nor the OpenAI batch
             ``custom_id`` + ``body`` columns, or ``prompt`` is not a text
             column. A row group that fails to decode later yields one
             ``invalid_row`` error per row it holds, and reading goes on.
     """
 
-    def __init__(self, path: Path, passthrough: bool = True):
+    def __init__(self, path: Path, passthrough: bool = True, text_columns: tuple[str, ...] = PROMPT_COLUMNS):
         import pyarrow as pa
         import pyarrow.parquet as pq
 
@@ -257,16 +260,16 @@ class ParquetReader:
             raise InputFileError(f"{path}: not a readable Parquet file: {exc}") from None
         schema = self._file.schema_arrow
         names = schema.names
-        if not ({"prompt", "messages"} & set(names) or {"custom_id", "body"} <= set(names)):
-            raise InputFileError(
-                f"{path}: no 'prompt' or 'messages' column; columns found: {', '.join(names) or '(none)'}"
-            )
+        if not (set(text_columns) & set(names) or {"custom_id", "body"} <= set(names)):
+            wanted = " or ".join(f"'{name}'" for name in text_columns)
+            raise InputFileError(f"{path}: no {wanted} column; columns found: {', '.join(names) or '(none)'}")
         if "prompt" in names and not _is_text(schema.field("prompt").type):
             raise InputFileError(
                 f"{path}: column 'prompt' has type {schema.field('prompt').type}, expected string "
                 "(string, large_string, string_view or dictionary-encoded string)"
             )
         needed = {
+            *text_columns,
             "id",
             "prompt",
             "messages",
@@ -305,11 +308,13 @@ class ParquetReader:
                     )
 
 
-def open_reader(path: Path, passthrough: bool = True) -> Reader:
+def open_reader(path: Path, passthrough: bool = True, text_columns: tuple[str, ...] = PROMPT_COLUMNS) -> Reader:
     """A reader for ``path`` chosen by its name without a compression suffix:
     ``.jsonl``/``.ndjson`` (plain, gzip or zstd, found by the first bytes) or
     ``.parquet``/``.pq``. ``passthrough=False`` reads only the Parquet
-    columns bulkinfer uses.
+    columns bulkinfer uses. A Parquet input needs one of ``text_columns``
+    (``prompt``/``messages``; ``bulkinfer embed``: ``text``/``input``) or
+    the OpenAI batch columns.
 
     Raises:
         InputFileError: as :func:`inspect_input` (missing, unreadable, not a
@@ -319,4 +324,4 @@ def open_reader(path: Path, passthrough: bool = True) -> Reader:
     inspect_input(path)
     if input_format(path) == JSONL:
         return JsonlReader(path)
-    return ParquetReader(path, passthrough=passthrough)
+    return ParquetReader(path, passthrough=passthrough, text_columns=text_columns)

@@ -5,7 +5,10 @@
 - OpenAI batch lines (https://platform.openai.com/docs/api-reference/batch/request-output,
   checked against vLLM's ``BatchRequestOutput`` in the tests): ``id``,
   ``custom_id``, ``response`` {``status_code``, ``request_id``, ``body`` (a
-  ``chat.completion`` or ``text_completion``)}, ``error``;
+  ``chat.completion``, ``text_completion`` or an embedding ``list``)}, ``error``;
+- embedding rows (``bulkinfer embed``): ``id``, ``embedding`` (a list of
+  float32 values; in Parquet a ``fixed_size_list<float32>[dim]`` column),
+  ``prompt_tokens`` and the pass-through fields;
 - errors (``OUT.errors.jsonl``): ``id``, ``line``, ``error`` {``type``,
   ``message``}; OpenAI lines: ``custom_id``, ``response: null``, ``error``
   {``code``, ``message``} and ``line``.
@@ -46,6 +49,8 @@ def output_record(request: Request, completion: Completion, model: str) -> dict[
     (characters into the completion)) or null; ``usage.completion_tokens``
     sums all choices.
     """
+    if completion.embeddings is not None:
+        return embedding_record(request, completion, model)
     choices = completion.choices or (
         Choice(0, completion.text, completion.finish_reason, completion.completion_tokens),
     )
@@ -81,12 +86,59 @@ def output_record(request: Request, completion: Completion, model: str) -> dict[
         "choices": [_openai_choice(c, chat) for c in choices],
         "usage": usage,
     }
+    return _batch_output(request.id, body)
+
+
+def _batch_output(custom_id: str, body: dict[str, Any]) -> dict[str, Any]:
+    """vLLM's ``BatchRequestOutput`` line around a response ``body``."""
     return {
         "id": f"batch_req_{uuid.uuid4().hex}",
-        "custom_id": request.id,
+        "custom_id": custom_id,
         "response": {"status_code": 200, "request_id": uuid.uuid4().hex, "body": body},
         "error": None,
     }
+
+
+def embedding_record(request: Request, completion: Completion, model: str) -> dict[str, Any]:
+    """The output row of an embedding request, in the row's own format.
+
+    bulkinfer rows: the pass-through fields, ``id``, ``embedding`` (the
+    vector: float32 values, as JSON numbers) and ``prompt_tokens`` (the
+    text's tokens, special tokens included). OpenAI lines: vLLM's
+    ``BatchRequestOutput`` around OpenAI's embedding response (``object:
+    list``, ``data[{object: embedding, index, embedding}]`` one per input,
+    ``model``, ``usage``); with ``encoding_format: base64`` each
+    ``embedding`` is the base64 of its little-endian float32 bytes.
+    """
+    vectors = completion.embeddings or ()
+    if request.openai_url is None:
+        return {
+            **request.passthrough,
+            "id": request.id,
+            "embedding": vectors[0],
+            "prompt_tokens": completion.prompt_tokens,
+        }
+    base64 = request.pooling.get("encoding_format") == "base64"
+    body = {
+        "id": f"embd-{uuid.uuid4().hex}",
+        "object": "list",
+        "created": int(time.time()),
+        "model": request.passthrough.get("model", model),
+        "data": [
+            {"object": "embedding", "index": index, "embedding": float32_base64(vector) if base64 else vector}
+            for index, vector in enumerate(vectors)
+        ],
+        "usage": {"prompt_tokens": completion.prompt_tokens, "total_tokens": completion.prompt_tokens},
+    }
+    return _batch_output(request.id, body)
+
+
+def float32_base64(vector: list[float]) -> str:
+    """OpenAI's ``encoding_format: base64``: the vector's little-endian float32 bytes, base64-encoded."""
+    import base64
+    import struct
+
+    return base64.b64encode(struct.pack(f"<{len(vector)}f", *vector)).decode("ascii")
 
 
 def _row_choice(choice: Choice) -> dict[str, Any]:
@@ -159,19 +211,30 @@ class OutputRow:
 
 def parse_output(record: dict[str, Any]) -> OutputRow | None:
     """The :class:`OutputRow` of an output record in either shape (what
-    :func:`output_record` writes); None when the record has no string id or
-    no completion text."""
+    :func:`output_record` writes; an embedding record has the text ``""``);
+    None when the record has no string id or no completion text."""
     if "custom_id" in record:
         body = ((record.get("response") or {}).get("body")) or {}
+        if body.get("object") == "list":  # an embedding response
+            return _embedded(record["custom_id"], body.get("usage") or {})
         choice = (body.get("choices") or [{}])[0]
         text = (choice.get("message") or {}).get("content", choice.get("text"))
         usage = body.get("usage") or {}
         row_id = record["custom_id"]
+    elif "embedding" in record and "completion" not in record:
+        return _embedded(record.get("id"), record)
     else:
         text, usage, row_id = record.get("completion"), record, record.get("id")
     if not isinstance(row_id, str) or not isinstance(text, str):
         return None
     return OutputRow(row_id, text, int(usage.get("prompt_tokens") or 0), int(usage.get("completion_tokens") or 0))
+
+
+def _embedded(row_id: Any, usage: dict[str, Any]) -> OutputRow | None:
+    """The :class:`OutputRow` of an embedding record: no text, its prompt tokens."""
+    if not isinstance(row_id, str):
+        return None
+    return OutputRow(row_id, "", int(usage.get("prompt_tokens") or 0), 0)
 
 
 def error_line(record: dict[str, Any]) -> int:

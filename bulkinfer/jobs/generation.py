@@ -19,8 +19,8 @@ from bulkinfer.io.readers import RawRow, Reader
 from bulkinfer.io.spool import Spool
 from bulkinfer.jobs.output_files import OutputFiles, RunPaths
 from bulkinfer.prep.planner import Planner
-from bulkinfer.prep.rows import passthrough_fields
-from bulkinfer.prep.windows import iter_windows
+from bulkinfer.prep.rows import passthrough_fields, to_request
+from bulkinfer.prep.windows import RowParser, iter_windows
 from bulkinfer.report.progress import Progress
 from bulkinfer.report.stats import RunStats
 from bulkinfer.schema import Completion, Done, Request, RowError
@@ -33,7 +33,8 @@ class Generation:
     spools, progress and :class:`~bulkinfer.report.stats.RunStats` updated.
     Rows an earlier attempt finished (``done``) are skipped. ``length_prior``:
     an earlier run's completion lengths, for the progress line's ETA (see
-    :class:`~bulkinfer.report.eta.WorkEstimate`).
+    :class:`~bulkinfer.report.eta.WorkEstimate`). ``parse`` turns each row
+    into a request (``embed`` gives its own).
     """
 
     def __init__(
@@ -47,8 +48,10 @@ class Generation:
         progress_plain: bool = False,
         input_rows: int | None = None,
         length_prior: list[int] | None = None,
+        parse: RowParser = to_request,
     ):
         self.paths, self.files, self.done, self.settings = paths, files, done, settings
+        self.parse = parse
         self.engine, self.planner = engine, planner
         self.max_in_flight = settings.plan.max_in_flight or 2 * engine.max_num_seqs
         self.model_name = settings.model or DEFAULT_MODEL
@@ -92,7 +95,7 @@ class Generation:
         try:
             feed(
                 self.engine,
-                self._requests(iter_windows(rows, self.settings, self.fail, self.done)),
+                self._requests(iter_windows(rows, self.settings, self.fail, self.done, self.parse)),
                 max_in_flight=self.max_in_flight,
                 on_finished=self._finished,
                 on_failed=self._failed,
@@ -119,7 +122,7 @@ class Generation:
                     return
                 planned, errors = self.planner.plan_window(window)
                 for request in planned:
-                    self.progress.planned(len(request.prompt_token_ids or ()), request.max_completion_tokens)
+                    self.progress.planned(request.prompt_length, request.max_completion_tokens)
                 for error in errors:
                     self.fail(error)
             yield from planned

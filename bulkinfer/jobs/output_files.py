@@ -166,8 +166,9 @@ class OutputFiles:
     """The files of one output ``out`` and the rules for starting, resuming
     and finishing a run on it."""
 
-    def __init__(self, out: Path):
+    def __init__(self, out: Path, vectors: tuple[str, ...] = ()):
         self.out = out
+        self.vectors = vectors  # embedding columns: fixed_size_list<float32> in Parquet
         self.errors = formats.sibling(out, ".errors.jsonl")
         self.report = formats.sibling(out, ".report.json")
         self.html = formats.sibling(out, ".report.html")
@@ -365,7 +366,7 @@ class OutputFiles:
         failpoint("before_publish")
         publish_spool(self.errors_spool, self.errors, order)
         failpoint("between_publish")
-        publish_spool(self.spool, self.out, order)
+        publish_spool(self.spool, self.out, order, vectors=self.vectors)
         failpoint("after_publish")
         self.journal.unlink(missing_ok=True)
 
@@ -390,8 +391,8 @@ class RunPaths:
         return formats.sibling(self.output, ".report.html")
 
     @classmethod
-    def build(cls, input_path: Path, output: Path | None) -> RunPaths:
-        """The paths of a run; ``output`` defaults to ``INPUT_STEM.out.jsonl``.
+    def build(cls, input_path: Path, output: Path | None, default_suffix: str = ".out.jsonl") -> RunPaths:
+        """The paths of a run; ``output`` defaults to ``INPUT_STEM`` + ``default_suffix``.
 
         Raises:
             ConfigError: the output has an unknown suffix, or a path the run
@@ -399,7 +400,7 @@ class RunPaths:
                 :meth:`bulkinfer.jobs.output_files.OutputFiles.paths`) is the input,
                 by name, symlink or hard link.
         """
-        out = output if output is not None else formats.default_output(input_path)
+        out = output if output is not None else formats.default_output(input_path, default_suffix)
         formats.output_format(out)
         for path in OutputFiles(out).paths():
             if same_file(path, input_path):

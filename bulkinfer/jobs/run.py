@@ -15,7 +15,7 @@ import errno
 import itertools
 import os
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -39,18 +39,54 @@ from bulkinfer.errors import (
     write_error,
 )
 from bulkinfer.io.inputs import scan_input
-from bulkinfer.io.readers import RawRow, Reader, open_reader
+from bulkinfer.io.readers import PROMPT_COLUMNS, RawRow, Reader, open_reader
 from bulkinfer.jobs.generation import Generation
 from bulkinfer.jobs.output_files import OutputFiles, RunPaths, input_identity, results_settings, same_file
 from bulkinfer.jobs.tune import measured_settings, print_to_stderr
 from bulkinfer.models import TokenizerFactory, load_tokenizer, resolve_model
 from bulkinfer.prep.planner import Planner
 from bulkinfer.prep.prefix import prefix_block_tokens
+from bulkinfer.prep.rows import to_request
+from bulkinfer.prep.windows import RowParser
 from bulkinfer.report.calibration import length_prior, record_calibration
 from bulkinfer.report.html import write_run_html
 from bulkinfer.report.stats import peak_rss_bytes, write_report
 from bulkinfer.schema import Done
 from bulkinfer.stop import StopToken
+
+
+def _generation_planner(tokenizer: Any, settings: Settings, engine: Engine, model_path: str) -> Planner:
+    return Planner(tokenizer, settings.plan, engine.max_model_len, prefix_block_tokens(engine.settings))
+
+
+@dataclass(frozen=True, slots=True)
+class Job:
+    """What sets apart the jobs that run rows through this pipeline (read,
+    plan, feed, spool, publish, report): ``bulkinfer run`` (the defaults)
+    and ``bulkinfer embed`` (:mod:`bulkinfer.jobs.embed`).
+
+    - ``parse``: a row -> its :class:`~bulkinfer.schema.Request` (raises RowInvalid);
+    - ``planner(tokenizer, settings, engine, model_path)``: the window planner;
+    - ``journal``: settings of the job beyond :class:`Settings` that shape its
+      results (``--resume`` refuses others);
+    - ``vectors``: output columns written as ``fixed_size_list<float32>`` in Parquet;
+    - ``calibrate``: record the run as a calibration of the model, and run it
+      with the dtype and scheduler limits measured for the model
+      (:func:`~bulkinfer.jobs.tune.measured_settings`; generation only);
+    - ``describe(report, planner)``: adds the job's own figures to the report;
+    - ``text_columns``: the Parquet input columns that hold a row's text.
+    """
+
+    parse: RowParser = to_request
+    planner: Callable[[Any, Settings, Engine, str], Planner] = _generation_planner
+    journal: Mapping[str, Any] = dataclasses.field(default_factory=dict)
+    vectors: tuple[str, ...] = ()
+    calibrate: bool = True
+    describe: Callable[[dict[str, Any], Planner], None] | None = None
+    text_columns: tuple[str, ...] = PROMPT_COLUMNS
+
+
+GENERATE = Job()
 
 
 @dataclass(frozen=True, slots=True)
@@ -88,6 +124,7 @@ def run(
     verbose: bool = False,
     stop: StopToken | None = None,
     check_row: Callable[[RawRow], RawRow] | None = None,
+    job: Job = GENERATE,
 ) -> RunReport:
     """Run every row of ``paths.input`` through the model; write the output,
     errors and report files. Returns the report and the exit code
@@ -133,10 +170,10 @@ def run(
     """
     started = time.monotonic()
     check_resume_overwrite(resume, overwrite)
-    reader = open_reader(paths.input, passthrough=settings.passthrough)
+    reader = open_reader(paths.input, passthrough=settings.passthrough, text_columns=job.text_columns)
     if settings.model not in (None, DEFAULT_MODEL):
         resolve_model(settings.model)  # a model that cannot be found fails here, before any file is written
-    files = OutputFiles(paths.output)
+    files = OutputFiles(paths.output, job.vectors)
     make_output_dir(paths.output)
     with files.locked():
         try:
@@ -144,7 +181,8 @@ def run(
                 files.discard_partial()
                 report = orjson.loads(paths.report.read_bytes()) if paths.report.exists() else {}
                 return RunReport({**report, "already_complete": True}, EXIT_OK)
-            done = files.start(input_identity(paths.input), results_settings(settings), resume, overwrite)
+            results = {**results_settings(settings), **job.journal}
+            done = files.start(input_identity(paths.input), results, resume, overwrite)
             resumed = bool(done.completed or done.failed)
             try:
                 with EngineLog(files.log, verbose, append=resumed) as log:
@@ -160,6 +198,7 @@ def run(
                             started,
                             stop or StopToken(),
                             check_row,
+                            job,
                         )
                     except (EngineError, ModelError) as exc:
                         raise log.explain(exc) from exc
@@ -231,6 +270,7 @@ def _run_locked(
     started: float,
     stop: StopToken,
     check_row: Callable[[RawRow], RawRow] | None,
+    job: Job,
 ) -> dict[str, Any]:
     """The body of :func:`run`, with the lock held and the journal written."""
     engine_factory, tokenizer_factory = factories
@@ -245,21 +285,30 @@ def _run_locked(
     else:
         model = resolve_model(settings.model)
         tokenizer = tokenizer_factory(model, settings.engine.trust_remote_code)
-        settings, engine_choice = measured_settings(model, settings, detect_device(), engine_factory, print_to_stderr)
+        engine_choice = {}
+        if job.calibrate:  # the dtype probe and the tuning measure generation
+            settings, engine_choice = measured_settings(
+                model, settings, detect_device(), engine_factory, print_to_stderr
+            )
         engine = engine_factory(model, with_priority_scheduling(settings, scan.mentions_priority))
     settings = settings.resolve_chat_template(tokenizer)
     load_s = time.monotonic() - started
     try:
-        planner = Planner(tokenizer, settings.plan, engine.max_model_len, prefix_block_tokens(engine.settings))
+        planner = job.planner(tokenizer, settings, engine, model)
         prior = length_prior(model, str(paths.output))
-        generation = Generation(paths, files, done, settings, engine, planner, progress_plain, scan.rows, prior)
+        generation = Generation(
+            paths, files, done, settings, engine, planner, progress_plain, scan.rows, prior, job.parse
+        )
         generation.run(itertools.chain([first], rows) if first is not None else (), stop)
     finally:
         engine.close()
     report = generation.report(reader, model, load_s, time.monotonic() - started)
     report["engine_choice"] = engine_choice
     report["peak_rss_bytes"] = peak_rss_bytes()
+    if job.describe is not None:
+        job.describe(report, planner)
     write_report(report, paths.report)
     write_run_html(report, paths.html)
-    record_calibration(report, this_machine(), completion_lengths=generation.progress.work.length_quantiles())
+    if job.calibrate:
+        record_calibration(report, this_machine(), completion_lengths=generation.progress.work.length_quantiles())
     return report

@@ -141,6 +141,14 @@ class Planner:
 
     def __init__(self, tokenizer: Any, settings: PlanSettings, max_model_len: int, block_tokens: int | None = None):
         self.tokenizer = tokenizer
+        backend = getattr(tokenizer, "backend_tokenizer", None)
+        if backend is not None:
+            # A tokenizer.json may carry its own padding and truncation
+            # (sentence-transformers' all-MiniLM-L6-v2: pad and cut to 128):
+            # the transformers wrapper turns them off per call, as vLLM's
+            # tokenization does; encode_batch calls the backend directly.
+            backend.no_padding()
+            backend.no_truncation()
         self.settings = settings
         self.max_model_len = max_model_len
         self.padding = PaddingStats(tuple(settings.buckets), settings.padding_batch_size)
@@ -227,7 +235,7 @@ class Planner:
                     continue
                 planned.append(request)
         planned.sort(key=lambda r: r.seq)
-        self.padding.add_window([len(r.prompt_token_ids or ()) for r in planned])
+        self.padding.add_window([r.prompt_length for r in planned])
         return self.order(planned), errors
 
     def order(self, planned: Sequence[Request]) -> list[Request]:
@@ -252,7 +260,7 @@ def order_for_feed(requests: Iterable[Request], order: str) -> list[Request]:
     items = list(requests)
     if order == "arrival":
         return items
-    return sorted(items, key=lambda r: len(r.prompt_token_ids or ()), reverse=order == "descending")
+    return sorted(items, key=lambda r: r.prompt_length, reverse=order == "descending")
 
 
 def order_groups_for_feed(groups: Iterable[list[Request]], order: str) -> list[Request]:
@@ -263,5 +271,5 @@ def order_groups_for_feed(groups: Iterable[list[Request]], order: str) -> list[R
     first row), so groups of one keep exactly the plain order."""
     items = list(groups)
     if order != "arrival":
-        items.sort(key=lambda g: len(g[0].prompt_token_ids or ()), reverse=order == "descending")
+        items.sort(key=lambda g: g[0].prompt_length, reverse=order == "descending")
     return [request for group in items for request in group]

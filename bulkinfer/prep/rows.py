@@ -13,7 +13,8 @@ Two row shapes are accepted (both may appear in one file):
   through to the output untouched (and is counted: :func:`passthrough_fields`).
 - OpenAI Batch API request lines (https://platform.openai.com/docs/api-reference/batch/request-input):
   ``custom_id``, ``method``, ``url`` (``/v1/chat/completions`` or
-  ``/v1/completions``) and ``body`` with ``messages`` or ``prompt`` and the
+  ``/v1/completions``; a ``/v1/embeddings`` line is an error record that
+  says to run it with ``bulkinfer embed``) and ``body`` with ``messages`` or ``prompt`` and the
   same fields (``max_completion_tokens`` is read as ``max_tokens``;
   completions take ``logprobs: k``). A body field outside these and the
   harmless metadata (:data:`HARMLESS_BODY_FIELDS`) is an
@@ -31,7 +32,7 @@ from typing import Any
 
 from bulkinfer.checks import MAX_TOP_LOGPROBS, REQUEST_FIELDS, SEED_RANGE, schema_problem, structured_problem
 from bulkinfer.config import SamplingDefaults, Settings
-from bulkinfer.schema import CHAT_URL, COMPLETIONS_URL, Request, RowInvalid
+from bulkinfer.schema import CHAT_URL, COMPLETIONS_URL, EMBEDDINGS_URL, Request, RowInvalid
 
 ROLES = frozenset({"system", "developer", "user", "assistant", "tool"})
 # The fields of a request that shape its completion (rows, OpenAI bodies).
@@ -60,7 +61,7 @@ def _is_number(value: Any) -> bool:
     return isinstance(value, int | float) and not isinstance(value, bool)
 
 
-def _field_error(name: str, expected: str, value: Any, row_id: str | None, openai: bool) -> RowInvalid:
+def field_error(name: str, expected: str, value: Any, row_id: str | None, openai: bool) -> RowInvalid:
     shown = repr(value)
     if len(shown) > 80:
         shown = shown[:77] + "..."
@@ -80,17 +81,17 @@ def _text_content(content: Any) -> str | None:
 
 def _parse_messages(value: Any, row_id: str | None, openai: bool) -> list[dict[str, Any]]:
     if not isinstance(value, list) or not value:
-        raise _field_error("messages", "a non-empty list of {role, content} objects", value, row_id, openai)
+        raise field_error("messages", "a non-empty list of {role, content} objects", value, row_id, openai)
     messages = []
     for i, message in enumerate(value):
         if not isinstance(message, dict):
-            raise _field_error(f"messages[{i}]", "an object with role and content", message, row_id, openai)
+            raise field_error(f"messages[{i}]", "an object with role and content", message, row_id, openai)
         role = message.get("role")
         if role not in ROLES:
-            raise _field_error(f"messages[{i}].role", f"one of {', '.join(sorted(ROLES))}", role, row_id, openai)
+            raise field_error(f"messages[{i}].role", f"one of {', '.join(sorted(ROLES))}", role, row_id, openai)
         text = _text_content(message.get("content"))
         if text is None:
-            raise _field_error(
+            raise field_error(
                 f"messages[{i}].content", "a string or a list of text parts", message.get("content"), row_id, openai
             )
         messages.append({**message, "content": text})
@@ -108,22 +109,22 @@ def _sampling(source: dict[str, Any], defaults: SamplingDefaults, row_id: str | 
     if max_tokens is None:
         max_tokens = defaults.max_tokens
     elif not _is_int(max_tokens) or max_tokens < 1:
-        raise _field_error(max_tokens_field, "an integer >= 1", max_tokens, row_id, openai)
+        raise field_error(max_tokens_field, "an integer >= 1", max_tokens, row_id, openai)
     temperature = source.get("temperature")
     if temperature is None:
         temperature = defaults.temperature
     elif not _is_number(temperature) or not 0 <= temperature <= 2:
-        raise _field_error("temperature", "a number in [0, 2]", temperature, row_id, openai)
+        raise field_error("temperature", "a number in [0, 2]", temperature, row_id, openai)
     top_p = source.get("top_p")
     if top_p is None:
         top_p = defaults.top_p
     elif not _is_number(top_p) or not 0 < top_p <= 1:
-        raise _field_error("top_p", "a number in (0, 1]", top_p, row_id, openai)
+        raise field_error("top_p", "a number in (0, 1]", top_p, row_id, openai)
     seed = source.get("seed")
     if seed is None:
         seed = defaults.seed
     elif not _is_int(seed) or not SEED_RANGE[0] <= seed < SEED_RANGE[1]:
-        raise _field_error("seed", "an integer in [0, 2**63)", seed, row_id, openai)
+        raise field_error("seed", "an integer in [0, 2**63)", seed, row_id, openai)
     stop = source.get("stop")
     if stop is None:
         stop_t = defaults.stop
@@ -132,12 +133,12 @@ def _sampling(source: dict[str, Any], defaults: SamplingDefaults, row_id: str | 
     elif isinstance(stop, list) and all(isinstance(s, str) for s in stop):
         stop_t = tuple(stop)
     else:
-        raise _field_error("stop", "a string or a list of strings", stop, row_id, openai)
+        raise field_error("stop", "a string or a list of strings", stop, row_id, openai)
     ignore_eos = source.get("ignore_eos")
     if ignore_eos is None:
         ignore_eos = defaults.ignore_eos
     elif not isinstance(ignore_eos, bool):
-        raise _field_error("ignore_eos", "true or false", ignore_eos, row_id, openai)
+        raise field_error("ignore_eos", "true or false", ignore_eos, row_id, openai)
     options: dict[str, Any] = {}
     for name, (ok, expected) in REQUEST_FIELDS.items():
         if name in ("top_logprobs", "priority"):
@@ -146,10 +147,10 @@ def _sampling(source: dict[str, Any], defaults: SamplingDefaults, row_id: str | 
         if value is None:
             value = getattr(defaults, name)
         elif not ok(value):
-            raise _field_error(name, expected, value, row_id, openai)
+            raise field_error(name, expected, value, row_id, openai)
         options[name] = value
     if options["min_tokens"] > max_tokens:
-        raise _field_error(
+        raise field_error(
             "min_tokens", f"an integer <= max_tokens ({max_tokens})", options["min_tokens"], row_id, openai
         )
     options["stop_token_ids"] = list(options["stop_token_ids"]) or None
@@ -160,7 +161,7 @@ def _sampling(source: dict[str, Any], defaults: SamplingDefaults, row_id: str | 
     if priority is None:
         priority = defaults.priority
     elif not REQUEST_FIELDS["priority"][0](priority):
-        raise _field_error("priority", REQUEST_FIELDS["priority"][1], priority, row_id, openai)
+        raise field_error("priority", REQUEST_FIELDS["priority"][1], priority, row_id, openai)
     return {
         "max_tokens": max_tokens,
         "temperature": float(temperature),
@@ -188,21 +189,21 @@ def _logprobs(source: dict[str, Any], defaults: SamplingDefaults, kind: str, row
         if logprobs is None:
             return defaults.logprobs
         if not ok(logprobs):
-            raise _field_error("logprobs", expected, logprobs, row_id, openai)
+            raise field_error("logprobs", expected, logprobs, row_id, openai)
         return int(logprobs)
     if top is not None and logprobs is not True:
-        raise _field_error("top_logprobs", "used with logprobs: true", top, row_id, openai)
+        raise field_error("top_logprobs", "used with logprobs: true", top, row_id, openai)
     if logprobs is None:
         return defaults.logprobs
     if logprobs is False:
         return None
     if logprobs is not True:
         expected_lp = "true or false" if openai else f"true, false or an integer in [0, {MAX_TOP_LOGPROBS}]"
-        raise _field_error("logprobs", expected_lp, logprobs, row_id, openai)
+        raise field_error("logprobs", expected_lp, logprobs, row_id, openai)
     if top is None:
         return 0
     if not ok(top):
-        raise _field_error("top_logprobs", expected, top, row_id, openai)
+        raise field_error("top_logprobs", expected, top, row_id, openai)
     return int(top)
 
 
@@ -229,14 +230,14 @@ def _structured(
     if kind == "json_object":
         return {"json_object": True}
     if kind != "json_schema":
-        raise _field_error(
+        raise field_error(
             "response_format", "{type: text | json_object | json_schema}", response_format, row_id, openai
         )
     spec = response_format.get("json_schema")
     if not isinstance(spec, dict):
-        raise _field_error("response_format.json_schema", "an object with a schema", spec, row_id, openai)
+        raise field_error("response_format.json_schema", "an object with a schema", spec, row_id, openai)
     if not isinstance(spec.get("strict", False), bool | None):
-        raise _field_error("response_format.json_schema.strict", "true or false", spec["strict"], row_id, openai)
+        raise field_error("response_format.json_schema.strict", "true or false", spec["strict"], row_id, openai)
     schema = spec.get("schema")
     if schema is None:  # OpenAI: the schema is optional; none is any JSON object
         return {"json_object": True}
@@ -244,6 +245,23 @@ def _structured(
     if problem:
         raise RowInvalid("invalid_field", f"field 'response_format.json_schema.schema': {problem}", row_id, openai)
     return {"json": schema}
+
+
+def row_id_of(data: dict[str, Any], line: int) -> str:
+    """A bulkinfer row's ``id`` as a string: the field (a non-empty string or
+    an integer), else the 1-based line or row number ``line``.
+
+    Raises:
+        RowInvalid: ``id`` of another type.
+    """
+    raw_id = data.get("id")
+    if raw_id is None:
+        return str(line)
+    if isinstance(raw_id, str) and raw_id:
+        return raw_id
+    if _is_int(raw_id):
+        return str(raw_id)
+    raise field_error("id", "a non-empty string or an integer", raw_id, None, False)
 
 
 def parse_row(data: Any, seq: int, line: int, defaults: SamplingDefaults) -> Request:
@@ -263,15 +281,7 @@ def parse_row(data: Any, seq: int, line: int, defaults: SamplingDefaults) -> Req
     openai = "custom_id" in data and "body" in data
     if openai:
         return _parse_openai(data, seq, line, defaults)
-    raw_id = data.get("id")
-    if raw_id is None:
-        row_id = str(line)
-    elif isinstance(raw_id, str) and raw_id:
-        row_id = raw_id
-    elif _is_int(raw_id):
-        row_id = str(raw_id)
-    else:
-        raise _field_error("id", "a non-empty string or an integer", raw_id, None, False)
+    row_id = row_id_of(data, line)
     prompt, messages = data.get("prompt"), data.get("messages")
     if prompt is not None and messages is not None:
         raise RowInvalid("invalid_row", "row has both 'prompt' and 'messages'; give one", row_id)
@@ -280,7 +290,7 @@ def parse_row(data: Any, seq: int, line: int, defaults: SamplingDefaults) -> Req
     if messages is not None:
         messages = _parse_messages(messages, row_id, False)
     elif not isinstance(prompt, str) or not prompt:
-        raise _field_error("prompt", "a non-empty string", prompt, row_id, False)
+        raise field_error("prompt", "a non-empty string", prompt, row_id, False)
     passthrough = {k: v for k, v in data.items() if k not in CONSUMED_FIELDS}
     return Request(
         seq=seq,
@@ -293,21 +303,40 @@ def parse_row(data: Any, seq: int, line: int, defaults: SamplingDefaults) -> Req
     )
 
 
-def _parse_openai(data: dict[str, Any], seq: int, line: int, defaults: SamplingDefaults) -> Request:
+def openai_line(
+    data: dict[str, Any], endpoints: Mapping[str, frozenset[str]], elsewhere: Mapping[str, str]
+) -> tuple[str, str, dict[str, Any]]:
+    """The ``custom_id``, ``url`` and ``body`` of an OpenAI batch line, its
+    envelope checked: ``url`` one of ``endpoints`` (url -> the body fields
+    read), ``method`` POST, every body field read or harmless. A ``url`` of
+    ``elsewhere`` (url -> the bulkinfer command that runs it) is an error
+    that names that command.
+
+    Raises:
+        RowInvalid: the message names the field.
+    """
     custom_id = data.get("custom_id")
     if not isinstance(custom_id, str) or not custom_id:
-        raise _field_error("custom_id", "a non-empty string", custom_id, None, True)
+        raise field_error("custom_id", "a non-empty string", custom_id, None, True)
     url = data.get("url", CHAT_URL)
-    if url not in (CHAT_URL, COMPLETIONS_URL):
-        raise _field_error("url", f"{CHAT_URL} or {COMPLETIONS_URL}", url, custom_id, True)
+    if url in elsewhere:
+        raise RowInvalid(
+            "invalid_field",
+            f"field 'url': {url} lines are run by `{elsewhere[url]}`, not here ({', '.join(endpoints)}); "
+            "the row was not run",
+            custom_id,
+            True,
+        )
+    if url not in endpoints:
+        raise field_error("url", " or ".join(endpoints), url, custom_id, True)
     method = data.get("method", "POST")
     if method != "POST":
-        raise _field_error("method", "POST", method, custom_id, True)
+        raise field_error("method", "POST", method, custom_id, True)
     body = data.get("body")
     if not isinstance(body, dict):
-        raise _field_error("body", "an object", body, custom_id, True)
+        raise field_error("body", "an object", body, custom_id, True)
     for name in body:
-        if name in BODY_FIELDS[url] or (
+        if name in endpoints[url] or (
             name in HARMLESS_BODY_FIELDS and (name != "stream" or body[name] in (None, False))
         ):
             continue
@@ -319,6 +348,11 @@ def _parse_openai(data: dict[str, Any], seq: int, line: int, defaults: SamplingD
         raise RowInvalid(
             "unsupported_field", f"field 'body.{name}' is not supported: {why}; the row was not run", custom_id, True
         )
+    return custom_id, url, body
+
+
+def _parse_openai(data: dict[str, Any], seq: int, line: int, defaults: SamplingDefaults) -> Request:
+    custom_id, url, body = openai_line(data, BODY_FIELDS, {EMBEDDINGS_URL: "bulkinfer embed"})
     prompt, messages = None, None
     if url == CHAT_URL:
         if body.get("messages") is None:
@@ -329,7 +363,7 @@ def _parse_openai(data: dict[str, Any], seq: int, line: int, defaults: SamplingD
     else:
         prompt = body.get("prompt")
         if not isinstance(prompt, str) or not prompt:
-            raise _field_error("body.prompt", "a non-empty string", prompt, custom_id, True)
+            raise field_error("body.prompt", "a non-empty string", prompt, custom_id, True)
     return Request(
         seq=seq,
         line=line,

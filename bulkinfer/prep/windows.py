@@ -8,21 +8,30 @@ bounded on any input size.
 from __future__ import annotations
 
 from collections.abc import Callable, Iterable, Iterator
+from typing import Any
 
 from bulkinfer.config import Settings
 from bulkinfer.io.readers import RawRow
 from bulkinfer.prep.rows import to_request
 from bulkinfer.schema import Done, Request, RowError, RowInvalid
 
+# A row parser: (decoded row, seq, line, settings) -> Request, raising RowInvalid.
+RowParser = Callable[[Any, int, int, Settings], Request]
+
 
 def iter_windows(
-    reader: Iterable[RawRow], settings: Settings, on_error: Callable[[RowError], None], done: Done | None = None
+    reader: Iterable[RawRow],
+    settings: Settings,
+    on_error: Callable[[RowError], None],
+    done: Done | None = None,
+    parse: RowParser = to_request,
 ) -> Iterator[list[Request]]:
     """Valid requests from ``reader`` (raw rows in file order) in windows of ``plan.window_rows``; every
     invalid row (undecodable, bad fields, duplicate id) goes to ``on_error``.
     The first occurrence of an id runs; later ones are ``duplicate_id`` errors.
     Rows an earlier attempt finished (``done``: error lines, completed ids)
-    are skipped."""
+    are skipped. ``parse`` builds each request (``run``'s :func:`to_request`,
+    or ``embed``'s)."""
     done = done or Done()
     seen: set[str] = set(done.done_ids)
     window_ids_skipped: set[str] = set()
@@ -34,7 +43,7 @@ def iter_windows(
             on_error(raw.error.to_error(raw.line))
             continue
         try:
-            request = to_request(raw.data, seq, raw.line, settings)
+            request = parse(raw.data, seq, raw.line, settings)
         except RowInvalid as exc:
             on_error(exc.to_error(raw.line))
             continue

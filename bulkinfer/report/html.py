@@ -183,6 +183,10 @@ def _summary(report: dict[str, Any]) -> list[str]:
     if rss.get("children"):
         rows.append(["peak memory of the largest engine process (RSS)", format_bytes(rss["children"])])
     parts = ['<div class="tables"><div><h2>Summary</h2>', _table(rows), "</div>"]
+    embedding = report.get("embedding")
+    if embedding:
+        settings = _table([[k, _setting(k, v)] for k, v in embedding.items()])
+        parts.append(f"<div><h2>Embedding</h2>{settings}</div>")
     sampling = report.get("sampling")
     if sampling:
         settings = _table([[k, _setting(k, v)] for k, v in sampling.items()])

@@ -22,7 +22,7 @@ def print_summary(report: dict[str, Any], console: Console) -> None:
     counts = report["request_counts"]
     seconds = report["seconds"]
     tput = report["throughput"]
-    summary = Table(title=f"bulkinfer run: {report['input']}", show_header=False)
+    summary = Table(title=f"bulkinfer {report.get('job', 'run')}: {report['input']}", show_header=False)
     summary.add_column("what", style="bold")
     summary.add_column("value", justify="right")
     summary.add_row("model", str(report["model"]))
@@ -34,13 +34,29 @@ def print_summary(report: dict[str, Any], console: Console) -> None:
         "seconds",
         ", ".join(f"{k} {seconds[k]:.1f}" for k in ("load", "plan", "generate", "write", "total")),
     )
-    summary.add_row(
-        "throughput",
-        f"{tput['requests_per_s']:.2f} req/s, {tput['completion_tokens_per_s']:.1f} completion tok/s, "
-        f"{tput['total_tokens_per_s']:.1f} total tok/s",
-    )
+    embedding = report.get("embedding")
+    if embedding:
+        summary.add_row(
+            "embedding",
+            f"max_seq_length {embedding['max_seq_length']}, normalize {embedding['normalize']}, "
+            f"{embedding['truncated_inputs']} inputs truncated",
+        )
+        summary.add_row(
+            "throughput", f"{tput['requests_per_s']:.2f} rows/s, {tput['prompt_tokens_per_s']:.1f} prompt tok/s"
+        )
+    else:
+        summary.add_row(
+            "throughput",
+            f"{tput['requests_per_s']:.2f} req/s, {tput['completion_tokens_per_s']:.1f} completion tok/s, "
+            f"{tput['total_tokens_per_s']:.1f} total tok/s",
+        )
     e2e = report.get("throughput_end_to_end")
-    if e2e:
+    if e2e and embedding:
+        summary.add_row(
+            "end to end (load included)",
+            f"{e2e['requests_per_s']:.2f} rows/s, {e2e['prompt_tokens_per_s']:.1f} prompt tok/s",
+        )
+    elif e2e:
         summary.add_row(
             "end to end (load included)",
             f"{e2e['requests_per_s']:.2f} req/s, {e2e['completion_tokens_per_s']:.1f} completion tok/s",

@@ -1,0 +1,116 @@
+"""``bulkinfer embed``: every row's text through an embedding model, streamed as ``run`` is.
+
+The same pipeline as :func:`bulkinfer.jobs.run.run` (windows, length-sorted
+feeding through the one feed loop, spools, resume, lock, atomic publish,
+report JSON and HTML), with embedding rows
+(:mod:`bulkinfer.prep.embeddings`), vLLM's pooling runner
+(``runner="pooling"``, ``PoolingParams(task="embed")``) and an
+``embedding`` column written as ``fixed_size_list<float32>[dim]`` in Parquet.
+
+Normalisation follows the model's sentence-transformers config: vectors are
+L2-normalized when its ``modules.json`` lists a ``Normalize`` module (the
+default encoder, all-MiniLM-L6-v2, does), as ``SentenceTransformer.encode``
+and vLLM's own pooler config read it; the report says which
+(``embedding.normalize``).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+from typing import Any
+
+from bulkinfer.config import Settings
+from bulkinfer.default_model import DEFAULT_ENCODER
+from bulkinfer.engine.base import Engine, EngineFactory
+from bulkinfer.engine.factory import vllm_engine
+from bulkinfer.jobs.output_files import RunPaths
+from bulkinfer.jobs.run import Job, RunReport, run
+from bulkinfer.models import TokenizerFactory, encoder_config, load_tokenizer
+from bulkinfer.prep.embeddings import TEXT_FIELDS, EmbedPlanner, to_embed_request
+from bulkinfer.prep.planner import Planner
+from bulkinfer.stop import StopToken
+
+# Where ``bulkinfer embed`` writes without -o: Parquet beside the input.
+DEFAULT_SUFFIX = ".embeddings.parquet"
+
+
+def embed(
+    paths: RunPaths,
+    settings: Settings,
+    *,
+    truncate: bool = False,
+    overwrite: bool = False,
+    resume: bool = False,
+    engine_factory: EngineFactory = vllm_engine,
+    tokenizer_factory: TokenizerFactory = load_tokenizer,
+    progress_plain: bool = False,
+    verbose: bool = False,
+    stop: StopToken | None = None,
+) -> RunReport:
+    """Embed every row of ``paths.input``; write the output (one vector per
+    row, see :func:`bulkinfer.io.records.embedding_record`), errors, report
+    (``OUT.report.json``: rows/s and prompt tokens/s in ``throughput``,
+    seconds by phase, and ``embedding``: ``max_seq_length``, ``normalize``,
+    ``truncate``, ``truncated_inputs``) and HTML report files.
+
+    ``settings.model`` None means the default encoder (all-MiniLM-L6-v2,
+    prepared under ``$BULKINFER_HOME``); else a local embedding model
+    directory or prepared model name. An input over the encoder's
+    ``max_seq_length`` tokens fails its row (``context_length_exceeded``,
+    with both counts) unless ``truncate`` (then it is cut to that length,
+    as sentence-transformers does). ``truncate`` is part of what
+    ``--resume`` checks.
+
+    Returns and raises as :func:`bulkinfer.jobs.run.run` (exit 0, or 3 when
+    some rows failed).
+    """
+    job = Job(
+        parse=to_embed_request,
+        planner=functools.partial(_planner, truncate),
+        journal={"embed": {"truncate": truncate}},
+        vectors=("embedding",),
+        calibrate=False,
+        describe=functools.partial(_describe, truncate),
+        text_columns=TEXT_FIELDS,
+    )
+    return run(
+        paths,
+        embedding_settings(settings),
+        overwrite=overwrite,
+        resume=resume,
+        engine_factory=engine_factory,
+        tokenizer_factory=tokenizer_factory,
+        progress_plain=progress_plain,
+        verbose=verbose,
+        stop=stop,
+        job=job,
+    )
+
+
+def embedding_settings(settings: Settings) -> Settings:
+    """``settings`` for an embedding engine: the default encoder when no
+    model is given, and vLLM's ``runner="pooling"`` unless ``[engine] runner`` is set."""
+    engine = dataclasses.replace(settings.engine, extra_args={"runner": "pooling", **settings.engine.extra_args})
+    return dataclasses.replace(settings, model=settings.model or DEFAULT_ENCODER, engine=engine)
+
+
+def _planner(truncate: bool, tokenizer: Any, settings: Settings, engine: Engine, model_path: str) -> Planner:
+    """The embedding planner: the encoder's ``max_seq_length`` (at most the
+    engine's ``max_model_len``) and normalisation from its sentence-transformers config."""
+    config = encoder_config(model_path)
+    limit = min(config.max_seq_length or engine.max_model_len, engine.max_model_len)
+    return EmbedPlanner(tokenizer, settings.plan, limit, truncate=truncate, normalize=config.normalize)
+
+
+def _describe(truncate: bool, report: dict[str, Any], planner: Planner) -> None:
+    """The embedding figures of the report; the generation-only keys dropped."""
+    for key in ("sampling", "chat_template_applied", "finish_reasons", "structured_outputs"):
+        report.pop(key, None)
+    report["job"] = "embed"
+    report["embedding"] = {
+        "max_seq_length": planner.max_model_len,
+        "normalize": getattr(planner, "normalize", None),
+        "truncate": truncate,
+        "truncated_inputs": getattr(planner, "truncated_inputs", 0),
+    }

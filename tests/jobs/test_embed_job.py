@@ -1,0 +1,89 @@
+"""The orchestration of ``bulkinfer embed`` with a fake encoder engine (the
+real tokenizer of the embedded all-MiniLM-L6-v2): records per row, the
+Parquet vector column, resume refusing another --truncate. It never stands
+in as proof that embedding works: tests/e2e/test_embed_e2e.py runs vLLM."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import orjson
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+from fakes import FakeEngine
+
+from bulkinfer.config import Settings
+from bulkinfer.errors import ConfigError, Interrupted
+from bulkinfer.jobs.embed import embed
+from bulkinfer.jobs.output_files import RunPaths
+from bulkinfer.schema import Completion, Request
+from bulkinfer.stop import StopToken
+
+
+class FakeEncoder(FakeEngine):
+    """Returns, for each input, the vector [tokens, index, 1.0]."""
+
+    max_model_len = 256
+
+    def add(self, request_id: str, request: Request) -> Completion | None:
+        assert request.input_token_ids and request.pooling.get("use_activation") is True
+        self.queue.append((request_id, request))
+        return None
+
+    def step(self, wait: float | None = None) -> list[Completion]:
+        self.steps += 1
+        if self.stop_at is not None and self.steps == self.stop_at[0]:
+            self.stop_at[1].stop("stopped by the caller")
+        done = []
+        for _ in range(min(2, len(self.queue))):
+            rid, req = self.queue.popleft()
+            ids = req.input_token_ids or []
+            vectors = tuple([float(len(one)), float(k), 1.0] for k, one in enumerate(ids))
+            done.append(Completion(rid, "", "stop", req.prompt_length, 0, embeddings=vectors))
+        return done
+
+
+ROWS = [
+    {"id": "a", "text": "The cat sat on the mat.", "lang": "en"},
+    {"id": "b", "text": ""},
+    {"custom_id": "c", "method": "POST", "url": "/v1/embeddings", "body": {"input": ["x y", "z"]}},
+    {"id": "d", "text": "word " * 300},
+    {"id": "e", "input": "hello"},
+]
+
+
+def write(path: Path) -> Path:
+    path.write_bytes(b"".join(orjson.dumps(r) + b"\n" for r in ROWS))
+    return path
+
+
+def test_every_row_is_one_record_and_the_vectors_are_a_fixed_size_list(tmp_path: Path) -> None:
+    paths = RunPaths(write(tmp_path / "in.jsonl"), tmp_path / "out.parquet")
+    result = embed(paths, Settings(), engine_factory=lambda model, settings: FakeEncoder())
+    assert (result.exit_code, result.completed, result.failed) == (3, 3, 2)
+    table = pq.read_table(paths.output)
+    assert table.schema.field("embedding").type == pa.list_(pa.float32(), 3)
+    rows = table.to_pylist()
+    assert [r["custom_id"] or r["id"] for r in rows] == ["a", "c", "e"]  # input order
+    assert rows[0]["embedding"] == [9.0, 0.0, 1.0] and rows[0]["prompt_tokens"] == 9 and rows[0]["lang"] == "en"
+    data = rows[1]["response"]["body"]["data"]
+    assert [d["embedding"] for d in data] == [[4.0, 0.0, 1.0], [3.0, 1.0, 1.0]]
+    errors = {r["id"]: r["error"]["type"] for r in map(orjson.loads, paths.errors.read_bytes().splitlines())}
+    assert errors == {"b": "invalid_field", "d": "context_length_exceeded"}
+    report = result.report
+    assert report["job"] == "embed" and report["model"] == "all-minilm-l6-v2"
+    assert report["embedding"] == {"max_seq_length": 256, "normalize": True, "truncate": False, "truncated_inputs": 0}
+
+
+def test_resume_refuses_another_truncate_and_completes_with_the_same(tmp_path: Path) -> None:
+    paths = RunPaths(write(tmp_path / "in.jsonl"), tmp_path / "out.jsonl")
+    stop = StopToken()
+    with pytest.raises(Interrupted):
+        embed(paths, Settings(), engine_factory=lambda m, s: FakeEncoder(stop_at=(1, stop)), stop=stop)
+    with pytest.raises(ConfigError, match=r"embed\.truncate: false -> true"):
+        embed(paths, Settings(), truncate=True, resume=True, engine_factory=lambda m, s: FakeEncoder())
+    result = embed(paths, Settings(), resume=True, engine_factory=lambda m, s: FakeEncoder())
+    assert (result.completed, result.failed) == (3, 2)
+    ids = [r.get("custom_id") or r.get("id") for r in map(orjson.loads, paths.output.read_bytes().splitlines())]
+    assert ids == ["a", "c", "e"]
