@@ -32,7 +32,6 @@ from __future__ import annotations
 
 import dataclasses
 import math
-import sys
 import time
 from collections.abc import Callable, Sequence
 from typing import Any
@@ -41,6 +40,7 @@ from bulkinfer.config import PlanSettings, Settings
 from bulkinfer.engine.args import cpu_flags, native_bfloat16, this_machine, vllm_version
 from bulkinfer.engine.base import Engine, EngineFactory
 from bulkinfer.engine.feed import feed
+from bulkinfer.engine.log import terminal
 from bulkinfer.errors import EngineError
 from bulkinfer.metrics.perplexity import reference_nll
 from bulkinfer.models import load_tokenizer
@@ -320,5 +320,6 @@ def _speed(engine: Engine, tokenizer: Any, rows: int, max_tokens: int) -> float:
 
 
 def print_to_stderr(line: str) -> None:
-    """A progress line of the probe or tuning on stderr."""
-    print(f"bulkinfer: {line}", file=sys.stderr, flush=True)
+    """A progress line of the probe or tuning on the terminal's stderr (also
+    while the engine's log captures file descriptor 2)."""
+    print(f"bulkinfer: {line}", file=terminal(), flush=True)
