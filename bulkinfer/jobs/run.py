@@ -287,9 +287,8 @@ def _run_locked(
         tokenizer = tokenizer_factory(model, settings.engine.trust_remote_code)
         engine_choice = {}
         if job.calibrate:  # the dtype probe and the tuning measure generation
-            settings, engine_choice = measured_settings(
-                model, settings, detect_device(), engine_factory, print_to_stderr
-            )
+            # the probe starts engines of its own: never a kept engine (serve and eval pass one), which it would reuse
+            settings, engine_choice = measured_settings(model, settings, detect_device(), vllm_engine, print_to_stderr)
         engine = engine_factory(model, with_priority_scheduling(settings, scan.mentions_priority))
     settings = settings.resolve_chat_template(tokenizer)
     load_s = time.monotonic() - started

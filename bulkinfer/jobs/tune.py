@@ -176,7 +176,7 @@ def probe_dtype(
     for dtype in dtypes:
         if say:
             say(f"dtype probe: {dtype}")
-        engine = engine_factory(model, dataclasses.replace(settings, engine=_with(settings, dtype=dtype).engine))
+        engine = engine_factory(model, _with(settings, dtype=dtype, data_parallel_size=1))  # one engine, not replicas
         try:
             nll = reference_nll(_passages(), tokenizer, engine, raw, progress_plain=True)
             if nll.failed:
