@@ -7,6 +7,8 @@ Usage (from the repo root, after `make install`):
         --orders arrival,ascending,descending --repeats 3             # bulkinfer's feed orders: ~45 min
     .venv/bin/python -m bench.compare --workload fixed --n 200      # control: 128-token prompts, 64 tokens out
     .venv/bin/python -m bench.compare --workload fixed --n 4 --max-output 4 --hf-subset 4
+    .venv/bin/python -m bench.compare --workload sharegpt,shared-prefix --n 200 --systems a,b \
+        --engine defaults --repeats 2                                  # defaults against defaults (issue 15)
 
 Systems (``--systems``, letters or names), each in its own subprocess, in this order:
 
@@ -17,10 +19,21 @@ Systems (``--systems``, letters or names), each in its own subprocess, in this o
     d  hf         transformers generate, static batches (B=16), arrival and length-bucketed,
                   on the first --hf-subset rows with prompt + output <= --hf-max-total tokens;
                   compared with b on those rows (b-subset)
+    e  vllm-defaults  raw vLLM LLM.generate as b, with vLLM's own defaults (its default
+                  dtype, compilation): LLM(model, seed, kv_cache_memory_bytes) only, the KV
+                  cache as bulkinfer's (vLLM's CPU default, 92% of memory, does not start
+                  on a 24 GiB machine)
+
+With --repeats R, a, b and e run R rounds, alternating (a, b, e, a, b, e, ...); each round's
+bulkinfer runs are compared with that round's b, and the page adds every system's mean,
+min and max with bulkinfer's mean over b's and e's. --engine defaults gives each system its
+own defaults instead of the same engine arguments (bulkinfer: its measured dtype, eager
+mode, its KV cache share; b: bulkinfer's dtype and KV cache size, otherwise vLLM's
+defaults, compilation included).
 
 Every system gets the same rows, prompt tokens and per-row max_tokens, generates with
-ignore_eos (so each produces the same completion tokens), the same model, dtype, seed
-and sampling, and the vLLM ones the same engine arguments. Results:
+ignore_eos (so each produces the same completion tokens), the same model, seed and
+sampling, and (with --engine fixed, the default) the same dtype and engine arguments. Results:
 bench/results/compare-<workload>-n<N>-<time>.json and .md, rewritten after every
 system (``"complete": false`` until the last). See bench/README.md.
 The scale series (1k..100k rows, seconds and memory) is bench/scale.py.
@@ -36,6 +49,7 @@ import sys
 import tempfile
 import time
 from collections.abc import Sequence
+from dataclasses import replace
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
@@ -45,8 +59,20 @@ import orjson
 from bench import measure, systems, table, workload
 from bulkinfer.config import PlanSettings
 
-SYSTEM_NAMES = {"a": "a", "bulkinfer": "a", "b": "b", "vllm": "b", "c": "c", "run-batch": "c", "d": "d", "hf": "d"}
+SYSTEM_NAMES = {
+    "a": "a",
+    "bulkinfer": "a",
+    "b": "b",
+    "vllm": "b",
+    "c": "c",
+    "run-batch": "c",
+    "d": "d",
+    "hf": "d",
+    "e": "e",
+    "vllm-defaults": "e",
+}
 ORDERS = ("arrival", "ascending", "descending")
+WORKLOADS = ("sharegpt", "fixed", "shared-prefix")
 HF_ORDERS = ("arrival", "bucketed")
 GiB = 1024**3
 
@@ -83,6 +109,21 @@ def parse_systems(text: str) -> list[str]:
     return out
 
 
+def parse_workloads(text: str) -> list[str]:
+    names = [w.strip() for w in text.split(",") if w.strip()]
+    for w in names:
+        if w not in WORKLOADS:
+            raise argparse.ArgumentTypeError(f"unknown workload {w!r}; choose from {', '.join(WORKLOADS)}")
+    return names
+
+
+def parse_counts(text: str) -> list[int]:
+    try:
+        return [int(x) for x in text.split(",") if x.strip()]
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(f"--n takes integers, comma-separated: {exc}") from exc
+
+
 def parse_orders(text: str) -> list[str]:
     orders = [o.strip() for o in text.split(",") if o.strip()]
     for o in orders:
@@ -104,12 +145,26 @@ def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(
         prog="python -m bench.compare", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
-    p.add_argument("--workload", choices=("sharegpt", "fixed", "shared-prefix"), default="sharegpt")
+    p.add_argument(
+        "--workload",
+        type=parse_workloads,
+        default=["sharegpt"],
+        help=f"one or more of {', '.join(WORKLOADS)}, comma-separated: each is run in turn, with its own results files",
+    )
     p.add_argument(
         "--n",
-        type=int,
-        default=200,
-        help="rows (sharegpt: the first N of sample_data/sharegpt.jsonl; shared-prefix: of sharegpt_multiturn.jsonl)",
+        type=parse_counts,
+        default=[200],
+        help="rows (sharegpt: the first N of sample_data/sharegpt.jsonl; shared-prefix: of sharegpt_multiturn.jsonl);"
+        " one value, or one per --workload",
+    )
+    p.add_argument(
+        "--engine",
+        choices=("fixed", "defaults"),
+        default="fixed",
+        help="fixed: every vLLM system gets the same dtype, eager mode, KV cache and seed; defaults: each system "
+        "its own defaults (bulkinfer: only --seed; b: bulkinfer's dtype, KV cache size and the seed; e: the seed "
+        "and that KV cache size)",
     )
     p.add_argument("--systems", type=parse_systems, default=["a", "b", "c", "d"], help="e.g. a,b,c,d (default)")
     p.add_argument(
@@ -192,6 +247,8 @@ def add_ratios(results: list[dict[str, Any]]) -> None:
     by_key = {r["key"]: r for r in results if "error" not in r}
     for r in results:
         ref = by_key.get(r.get("reference", ""))
+        if ref is None and r.get("reference") == systems.REFERENCE:  # repeated runs: b-1 is the first b
+            ref = by_key.get(f"{systems.REFERENCE}-1")
         if "error" in r or ref is None:
             continue
 
@@ -206,6 +263,43 @@ def add_ratios(results: list[dict[str, Any]]) -> None:
             "generate": ratio("throughput_generate"),
             "end_to_end": ratio("throughput_end_to_end"),
         }
+
+
+def _stats(xs: list[float]) -> dict[str, Any]:
+    return {"runs": xs, "mean": sum(xs) / len(xs), "min": min(xs), "max": max(xs)}
+
+
+def system_group(result: dict[str, Any]) -> str | None:
+    """Which runs are repeats of one system: ``a <feed>`` for bulkinfer, ``b``
+    (raw vLLM), ``e`` (vLLM's defaults); None for the rest."""
+    key = result["key"]
+    if key.startswith("a-"):
+        return f"a {result.get('feed', result.get('order'))}"
+    if key == "b" or key.startswith("b-") and key != "b-subset":
+        return "b"
+    if key == "e" or key.startswith("e-"):
+        return "e"
+    return None
+
+
+def summarize_systems(results: list[dict[str, Any]]) -> dict[str, Any] | None:
+    """Generation completion tokens/s of each system over its runs (each run,
+    mean, min, max; see :func:`system_group`), and each bulkinfer feed's mean
+    over b's and e's means: ``ratios[feed]["b"]``."""
+    runs: dict[str, list[float]] = {}
+    for r in results:
+        group = system_group(r)
+        if group and "error" not in r and r["throughput_generate"]:
+            runs.setdefault(group, []).append(r["throughput_generate"]["completion_tokens_per_s"])
+    if not runs:
+        return None
+    stats = {group: _stats(xs) for group, xs in runs.items()}
+    ratios = {
+        group[2:]: {ref: stats[group]["mean"] / stats[ref]["mean"] for ref in ("b", "e") if ref in stats}
+        for group in stats
+        if group.startswith("a ")
+    }
+    return {"completion_tokens_per_s_generate": stats, "ratios_of_means": ratios}
 
 
 def summarize_orders(results: list[dict[str, Any]]) -> dict[str, Any] | None:
@@ -229,18 +323,60 @@ def plan_jobs(
     subset: Sequence[workload.Row],
     settings: systems.BenchSettings,
 ) -> list[tuple[str, Any]]:
-    """(key, thunk) per system run, in the order they run."""
+    """(key, thunk) per system run, in the order they run: each round (of
+    ``--repeats``) runs bulkinfer's feeds, then raw vLLM (b), then vLLM's
+    defaults (e), so the systems alternate; then c and d once. With
+    ``--repeats`` above 1 keys end in the round (``a-<feed>-<i>``, ``b-<i>``)
+    and each round's runs are compared with that round's b. With
+    ``--engine defaults`` b takes the dtype bulkinfer's last run reported."""
     jobs: list[tuple[str, Any]] = []
-    if "b" in args.systems:
-        jobs.append(("b", lambda: systems.run_vllm_generate(rows, settings, subset if "d" in args.systems else ())))
-    if "a" in args.systems:
-        for i in range(1, args.repeats + 1):
+    state = {"settings": settings}
+
+    def bulkinfer(order: str, key: str, pa: bool | None, reference: str) -> dict[str, Any]:
+        out = systems.run_bulkinfer(rows, order, settings, key, prefix_aware=pa, reference=reference)
+        engine = out.get("engine") or {}
+        if settings.defaults and engine.get("dtype"):
+            state["settings"] = replace(
+                settings, dtype=engine["dtype"], kv_cache_memory_bytes=engine["kv_cache_memory_bytes"]
+            )
+        return out
+
+    for i in range(1, args.repeats + 1):
+        suffix = "" if args.repeats == 1 else f"-{i}"
+        reference = f"b{suffix}"
+        if "a" in args.systems:
             for o in args.orders:
                 for pa in args.prefix_aware:
                     name = o if pa is None else f"{o}-{'prefix' if pa else 'plain'}"
-                    key = f"a-{name}" if args.repeats == 1 else f"a-{name}-{i}"
-                    job = lambda o=o, key=key, pa=pa: systems.run_bulkinfer(rows, o, settings, key, prefix_aware=pa)  # noqa: E731
-                    jobs.append((key, job))
+                    key = f"a-{name}{suffix}"
+                    jobs.append((key, lambda o=o, key=key, pa=pa, ref=reference: bulkinfer(o, key, pa, ref)))
+        if "b" in args.systems:
+            with_subset = subset if "d" in args.systems and i == 1 else ()
+            jobs.append(
+                (
+                    reference,
+                    lambda sub=with_subset, key=reference: systems.run_vllm_generate(
+                        rows, state["settings"], sub, key=key
+                    ),
+                )
+            )
+        if "e" in args.systems:
+            key = f"e{suffix}"
+            jobs.append(
+                (
+                    key,
+                    lambda key=key, ref=reference: systems.run_vllm_generate(
+                        rows,
+                        state["settings"],
+                        key=key,
+                        engine_args={
+                            "kv_cache_memory_bytes": state["settings"].kv_cache_memory_bytes,
+                            "seed": settings.seed,
+                        },
+                        reference=ref,
+                    ),
+                )
+            )
     if "c" in args.systems:
         jobs.append(("c", lambda: systems.run_vllm_run_batch(rows, settings)))
     if "d" in args.systems:
@@ -267,6 +403,7 @@ def run(args: argparse.Namespace, workdir: Path, save: Any) -> tuple[dict[str, A
         top_p=args.top_p,
         hf_batch_size=args.hf_batch_size,
         timeout_s=args.timeout,
+        defaults=args.engine == "defaults",
     )
     doc: dict[str, Any] = {
         "benchmark": "bench.compare",
@@ -278,6 +415,7 @@ def run(args: argparse.Namespace, workdir: Path, save: Any) -> tuple[dict[str, A
         "versions": measure.versions(),
         "settings": {
             "model": model,
+            "engine": args.engine,
             **settings.engine_args(),
             "temperature": args.temperature,
             "top_p": args.top_p,
@@ -315,6 +453,7 @@ def run(args: argparse.Namespace, workdir: Path, save: Any) -> tuple[dict[str, A
             doc["results"] += out if isinstance(out, list) else [out]
         add_ratios(doc["results"])
         doc["orders"] = summarize_orders(doc["results"])
+        doc["systems"] = summarize_systems(doc["results"])
         doc["wall_s"] = time.monotonic() - started  # the whole benchmark so far, warm-up included
         save(doc)
     doc["complete"] = True
@@ -323,8 +462,20 @@ def run(args: argparse.Namespace, workdir: Path, save: Any) -> tuple[dict[str, A
 
 def main(argv: Sequence[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
-    if args.n < 1 or args.repeats < 1:
+    counts = args.n * len(args.workload) if len(args.n) == 1 else args.n
+    if len(counts) != len(args.workload):
+        raise SystemExit(f"--n takes one value or one per workload ({len(args.workload)}), got {len(args.n)}")
+    if min(counts) < 1 or args.repeats < 1:
         raise SystemExit("--n and --repeats must be >= 1")
+    ok = True
+    for name, n in zip(args.workload, counts, strict=True):
+        ok = run_workload(argparse.Namespace(**{**vars(args), "workload": name, "n": n})) and ok
+    return 0 if ok else 1
+
+
+def run_workload(args: argparse.Namespace) -> bool:
+    """One workload (``args.workload``, ``args.n`` rows): every system, results
+    written to ``args.out_dir``; whether every system succeeded."""
     stem = f"compare-{args.workload}-n{args.n}-{datetime.now(UTC).strftime('%Y%m%d-%H%M%S')}"
     args.out_dir.mkdir(parents=True, exist_ok=True)
     json_path = args.out_dir / f"{stem}.json"
@@ -337,8 +488,9 @@ def main(argv: Sequence[str] | None = None) -> int:
             os.replace(tmp, path)
 
     if args.work_dir is not None:
-        args.work_dir.mkdir(parents=True, exist_ok=True)
-        doc, ok = run(args, args.work_dir.resolve(), save)
+        workdir = args.work_dir / args.workload
+        workdir.mkdir(parents=True, exist_ok=True)
+        doc, ok = run(args, workdir.resolve(), save)
     else:
         workdir = Path(tempfile.mkdtemp(prefix=f"{stem}-"))
         doc, ok = run(args, workdir, save)
@@ -350,7 +502,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     save(doc)
     print(md_path.read_text())
     print(f"[bench] wrote {json_path} and {md_path}", file=sys.stderr)
-    return 0 if ok else 1
+    return ok
 
 
 if __name__ == "__main__":

@@ -51,7 +51,17 @@ class SystemFailed(RuntimeError):
 
 @dataclass(frozen=True, slots=True)
 class BenchSettings:
-    """What every system shares: the model, the vLLM engine arguments, sampling."""
+    """What every system shares: the model, the vLLM engine arguments, sampling.
+
+    ``defaults=False`` (fixed): every vLLM system gets :meth:`engine_args`
+    (dtype, eager mode, KV cache size, seed). ``defaults=True``: each system
+    runs with its own defaults: bulkinfer with only ``--seed`` (its measured
+    dtype, eager mode, its KV cache share), raw vLLM (``b``) with the dtype
+    bulkinfer ran, the seed and bulkinfer's KV cache size (both filled in
+    from bulkinfer's report), and ``e`` with only the seed and that KV cache
+    (vLLM's own default dtype and compilation). The KV cache: vLLM's CPU
+    default reserves 92% of the memory (``gpu_memory_utilization``) and
+    refuses to start when less is free, as on these 24 GiB machines."""
 
     model: str
     workdir: Path
@@ -63,9 +73,12 @@ class BenchSettings:
     top_p: float = 1.0
     hf_batch_size: int = 16
     timeout_s: float | None = None
+    defaults: bool = False
 
     def engine_args(self) -> dict[str, Any]:
-        """vLLM engine arguments, the same for a, b and c (the rest are vLLM's defaults)."""
+        """vLLM engine arguments of b and c (the rest are vLLM's defaults)."""
+        if self.defaults:
+            return {"dtype": self.dtype, "kv_cache_memory_bytes": self.kv_cache_memory_bytes, "seed": self.seed}
         return {
             "dtype": self.dtype,
             "enforce_eager": self.enforce_eager,
@@ -76,6 +89,15 @@ class BenchSettings:
     def engine_flags(self) -> list[str]:
         """:meth:`engine_args` as command-line flags; ``bulkinfer run`` and vLLM's
         run-batch spell them the same."""
+        if self.defaults:
+            return [
+                "--dtype",
+                self.dtype,
+                "--kv-cache-memory-bytes",
+                str(self.kv_cache_memory_bytes),
+                "--seed",
+                str(self.seed),
+            ]
         return [
             "--dtype",
             self.dtype,
@@ -85,6 +107,10 @@ class BenchSettings:
             "--seed",
             str(self.seed),
         ]
+
+    def bulkinfer_flags(self) -> list[str]:
+        """bulkinfer's engine flags: :meth:`engine_flags`, or with ``defaults`` only the seed."""
+        return ["--seed", str(self.seed)] if self.defaults else self.engine_flags()
 
     def env(self) -> dict[str, str]:
         return {
@@ -170,7 +196,12 @@ def _bulkinfer_exe() -> list[str]:
 
 
 def run_bulkinfer(
-    rows: Sequence[Row], order: str, settings: BenchSettings, key: str | None = None, prefix_aware: bool | None = None
+    rows: Sequence[Row],
+    order: str,
+    settings: BenchSettings,
+    key: str | None = None,
+    prefix_aware: bool | None = None,
+    reference: str = REFERENCE,
 ) -> dict[str, Any]:
     """(a) ``bulkinfer run`` with ``--order`` and, unless None (bulkinfer's
     default), ``--prefix-aware`` or ``--no-prefix-aware``; generation from its report.
@@ -198,7 +229,7 @@ def run_bulkinfer(
         "--order",
         order,
         *FEED_FLAGS[prefix_aware].split(),
-        *settings.engine_flags(),
+        *settings.bulkinfer_flags(),
     ]
     measured = _run(cmd, key, settings)
     report = orjson.loads(out.with_name(out.name.removesuffix(".jsonl") + ".report.json").read_bytes())
@@ -221,18 +252,28 @@ def run_bulkinfer(
         measured,
         cmd,
         rows,
+        reference=reference,
         load_s=report["seconds"]["load"],
         padding={"arrival": pad["arrival"], "sorted": pad["sorted"], "batch_size": pad["batch_size"], "static": False},
         extra={"order": order, "feed": feed, "bulkinfer_seconds": report["seconds"], "engine": report.get("engine")},
     )
 
 
-def run_vllm_generate(rows: Sequence[Row], settings: BenchSettings, subset: Sequence[Row] = ()) -> list[dict[str, Any]]:
-    """(b) raw ``LLM.generate`` on ``rows``; then, when ``subset`` (the static
-    baseline's rows) is given and is not all of them, (b-subset) those rows alone."""
+def run_vllm_generate(
+    rows: Sequence[Row],
+    settings: BenchSettings,
+    subset: Sequence[Row] = (),
+    key: str = "b",
+    engine_args: dict[str, Any] | None = None,
+    reference: str = REFERENCE,
+) -> list[dict[str, Any]]:
+    """(b) raw ``LLM.generate`` on ``rows`` with ``engine_args`` (default
+    :meth:`BenchSettings.engine_args`); then, when ``subset`` (the static
+    baseline's rows) is given and is not all of them, (b-subset) those rows
+    alone. ``key`` names the result and its files (``e``: vLLM's defaults)."""
     src = settings.workdir / "rows.jsonl"
     write_token_rows(rows, src)
-    out = settings.workdir / "b.result.json"
+    out = settings.workdir / f"{key}.result.json"
     subset_src = settings.workdir / "subset_rows.jsonl"
     with_subset = 0 < len(subset) < len(rows)
     if with_subset:
@@ -249,28 +290,33 @@ def run_vllm_generate(rows: Sequence[Row], settings: BenchSettings, subset: Sequ
         "--model",
         settings.model,
         "--engine-args",
-        json.dumps(settings.engine_args()),
+        json.dumps(settings.engine_args() if engine_args is None else engine_args),
         "--temperature",
         str(settings.temperature),
         "--top-p",
         str(settings.top_p),
         *(["--subset-rows", str(subset_src)] if with_subset else []),
     ]
-    measured = _run(cmd, "b", settings)
+    measured = _run(cmd, key, settings)
     res = json.loads(out.read_text())
     # b's end to end is its process without the b-subset rerun that follows b's own generate call.
     subset_s = res["subset"]["generate_s"] if "subset" in res else 0.0
     results = [
         result(
-            "b",
-            "vLLM LLM.generate, all at once, arrival order",
+            key,
+            "vLLM LLM.generate, all at once, arrival order" + ("" if engine_args is None else ", vLLM's defaults"),
             res["all"],
             res["all"]["generate_s"],
             replace(measured, wall_s=measured.wall_s - subset_s),
             cmd,
             rows,
+            reference=reference,
             load_s=res["load_s"],
-            extra={"process_wall_s": measured.wall_s, "end_to_end_excludes_subset_s": subset_s},
+            extra={
+                "process_wall_s": measured.wall_s,
+                "end_to_end_excludes_subset_s": subset_s,
+                "engine": res.get("engine"),
+            },
         )
     ]
     if "subset" in res:

@@ -100,6 +100,43 @@ def _orders(summary: dict[str, Any] | None) -> list[str]:
     return lines
 
 
+def _engine(s: dict[str, Any]) -> str:
+    if s.get("engine") == "defaults":
+        return (
+            f"each system with its own engine defaults: bulkinfer `--seed {s['seed']}` only; raw vLLM `b` "
+            "the dtype and KV cache size bulkinfer ran and the seed; `e` that KV cache size and the seed (vLLM's "
+            "CPU default KV cache, 92% of memory, does not start here); what each resolved: the `engine` of each "
+            "result in the JSON"
+        )
+    return (
+        f"dtype {s['dtype']}, enforce_eager {s['enforce_eager']}, "
+        f"kv_cache_memory_bytes {s['kv_cache_memory_bytes']}, seed {s['seed']}"
+    )
+
+
+def _systems(summary: dict[str, Any] | None) -> list[str]:
+    """Each system's runs side by side, and bulkinfer's mean over the others' (only with repeats)."""
+    if not summary or all(len(v["runs"]) == 1 for v in summary["completion_tokens_per_s_generate"].values()):
+        return []
+    lines = [
+        "",
+        "Generation completion tokens/s by system, over its runs (alternating):",
+        "",
+        "| system | runs | mean | min | max | spread (max-min)/mean |",
+        "|---|---|--:|--:|--:|--:|",
+    ]
+    for group, v in summary["completion_tokens_per_s_generate"].items():
+        runs = ", ".join(f"{x:.1f}" for x in v["runs"])
+        spread = (v["max"] - v["min"]) / v["mean"]
+        lines.append(f"| {group} | {runs} | {v['mean']:.1f} | {v['min']:.1f} | {v['max']:.1f} | {100 * spread:.1f}% |")
+    lines.append("")
+    for feed, ratios in summary["ratios_of_means"].items():
+        parts = [f"{x:.2f}x {ref}'s" for ref, x in ratios.items()]
+        if parts:
+            lines.append(f"- bulkinfer ({feed}), mean over mean: {', '.join(parts)}.")
+    return lines
+
+
 def render(doc: dict[str, Any]) -> str:
     """Title, machine and settings, the results table, and what the columns mean."""
     w, m, v, s = doc["workload"], doc["machine"], doc["versions"], doc["settings"]
@@ -111,9 +148,7 @@ def render(doc: dict[str, Any]) -> str:
         f"{m['memory_bytes'] / GiB:.1f} GiB, GPU: {gpus}; load average before the run "
         f"{', '.join(f'{x:.2f}' for x in doc['loadavg_before'])}",
         f"- Versions: vllm {v['vllm']}, torch {v['torch']}, transformers {v['transformers']}, python {m['python']}",
-        f"- Model: `{s['model']}`; dtype {s['dtype']}, enforce_eager {s['enforce_eager']}, "
-        f"kv_cache_memory_bytes {s['kv_cache_memory_bytes']}, seed {s['seed']}; "
-        f"temperature {s['temperature']}, top_p {s['top_p']}, ignore_eos",
+        f"- Model: `{s['model']}`; {_engine(s)}; temperature {s['temperature']}, top_p {s['top_p']}, ignore_eos",
         f"- Workload: {w['description']}. Prompt tokens {w['prompt_tokens']} "
         f"(min/mean/max {'/'.join(f'{x:.0f}' for x in w['prompt_tokens_min_mean_max'])}), "
         f"completion tokens {w['completion_tokens']} "
@@ -149,6 +184,7 @@ def render(doc: dict[str, Any]) -> str:
     if doc.get("recomputed"):
         lines += ["", f"Recomputed: {doc['recomputed']}."]
     lines += _orders(doc.get("orders"))
+    lines += _systems(doc.get("systems"))
     if not doc.get("complete", True):
         lines += ["", "**Incomplete**: the run stopped (or is still going) before its last system."]
     lines += ["", *(f"- {note}" for note in doc["notes"]), ""]

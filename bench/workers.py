@@ -58,6 +58,21 @@ def _vllm_generate_once(llm: Any, rows: Sequence[Row], temperature: float, top_p
     }
 
 
+def _engine_config(llm: Any) -> dict[str, Any]:
+    """What the engine resolved: dtype, eager or compiled, KV cache blocks and size."""
+    config = llm.llm_engine.vllm_config
+    cache = config.cache_config
+    return {
+        "dtype": str(config.model_config.dtype).removeprefix("torch."),
+        "enforce_eager": config.model_config.enforce_eager,
+        "num_gpu_blocks": cache.num_gpu_blocks,
+        "block_size": cache.block_size,
+        "kv_cache_memory_bytes": cache.kv_cache_memory_bytes,
+        "max_num_seqs": config.scheduler_config.max_num_seqs,
+        "max_num_batched_tokens": config.scheduler_config.max_num_batched_tokens,
+    }
+
+
 def vllm_generate(args: argparse.Namespace) -> None:
     started = time.perf_counter()
     from vllm import LLM
@@ -65,7 +80,11 @@ def vllm_generate(args: argparse.Namespace) -> None:
     rows = read_token_rows(args.rows)
     llm = LLM(model=args.model, tokenizer=args.model, **json.loads(args.engine_args))
     load_s = time.perf_counter() - started
-    result: dict[str, Any] = {"load_s": load_s, "all": _vllm_generate_once(llm, rows, args.temperature, args.top_p)}
+    result: dict[str, Any] = {
+        "load_s": load_s,
+        "engine": _engine_config(llm),
+        "all": _vllm_generate_once(llm, rows, args.temperature, args.top_p),
+    }
     if args.subset_rows is not None:
         # The static baseline's rows, on the same (now warm) engine: its like-for-like reference.
         subset = read_token_rows(args.subset_rows)

@@ -8,7 +8,8 @@ from typing import Any
 import orjson
 import pytest
 
-from bench.compare import summarize_orders
+from bench.compare import build_parser, plan_jobs, summarize_orders, summarize_systems
+from bench.systems import BenchSettings
 from bench.table import render
 from bench.workload import Row, static_subset
 
@@ -237,3 +238,45 @@ def test_the_driver_ceiling_runs_every_row_through_the_instant_engine(tmp_path: 
     assert (result["rows"], result["completion_tokens"]) == (50, 400)
     assert result["completion_tokens_per_s"] > 0
     assert result["replicas_kept_busy"]["1000"] == round(result["completion_tokens_per_s"] / 1000, 1)
+
+
+def test_repeats_alternate_the_systems_and_compare_each_round_with_its_own_b(tmp_path: Path) -> None:
+    args = build_parser().parse_args(["--systems", "a,b,e", "--repeats", "2", "--engine", "defaults"])
+    settings = BenchSettings(model="m", workdir=tmp_path, kv_cache_memory_bytes=1, defaults=True)
+    keys = [key for key, _ in plan_jobs(args, [_row(0, 4, 4)], [], settings)]
+    assert keys == ["a-descending-1", "b-1", "e-1", "a-descending-2", "b-2", "e-2"]
+    # With engine defaults, bulkinfer gets only the seed; b the dtype and the seed; e (its own job) the seed.
+    assert settings.bulkinfer_flags() == ["--seed", "0"]
+    assert settings.engine_args() == {"dtype": "float32", "kv_cache_memory_bytes": 1, "seed": 0}
+
+
+def test_summarize_systems_means_and_ratios_of_means() -> None:
+    def res(key: str, gen: float, feed: str | None = None) -> dict[str, Any]:
+        out: dict[str, Any] = {"key": key, "throughput_generate": {"completion_tokens_per_s": gen}}
+        return out if feed is None else {**out, "feed": feed}
+
+    summary = summarize_systems(
+        [
+            res("a-descending-1", 210.0, "descending+prefix"),
+            res("b-1", 200.0),
+            res("e-1", 50.0),
+            res("a-descending-2", 230.0, "descending+prefix"),
+            res("b-2", 180.0),
+            res("e-2", 70.0),
+            res("b-subset", 999.0),
+            {"key": "c", "throughput_generate": {"completion_tokens_per_s": 999.0}},
+        ]
+    )
+    assert summary is not None
+    stats = summary["completion_tokens_per_s_generate"]
+    assert set(stats) == {"a descending+prefix", "b", "e"}
+    assert stats["b"] == {"runs": [200.0, 180.0], "mean": 190.0, "min": 180.0, "max": 200.0}
+    ratios = summary["ratios_of_means"]["descending+prefix"]
+    assert ratios["b"] == pytest.approx(220.0 / 190.0)
+    assert ratios["e"] == pytest.approx(220.0 / 60.0)
+    assert summarize_systems([res("c", 1.0)]) is None
+    from bench.table import _systems
+
+    lines = _systems(summary)
+    assert "| b | 200.0, 180.0 | 190.0 | 180.0 | 200.0 | 10.5% |" in lines
+    assert "- bulkinfer (descending+prefix), mean over mean: 1.16x b's, 3.67x e's." in lines
