@@ -17,7 +17,8 @@ Replay (``python -m bench.eta_trace replay FILE [--prior-from FILE2]``):
 feeds a recording into :class:`bulkinfer.report.eta.WorkEstimate` and prints
 the ETA error (ETA / real time left - 1) at 10%, 25%, 50% and 75% of the
 time from the first planned row to the last event; with ``--prior-from``,
-FILE2's completion lengths are given as an earlier run's. One engine at a time (two cores).
+FILE2's completion lengths are given as an earlier run of the same job
+(``--other-job``: of another job of the model). One engine at a time (two cores).
 """
 
 from __future__ import annotations
@@ -78,10 +79,11 @@ def record(workload: str, out: Path) -> None:
     print(f"bench.eta_trace: {len(events)} events to {out}", file=sys.stderr)
 
 
-def replay(path: Path, prior_from: Path | None = None) -> list[float | None]:
+def replay(path: Path, prior_from: Path | None = None, same_job: bool = True) -> list[float | None]:
     """The shipped estimator's ETA error at each of :data:`FRACTIONS` on a
     recording; with ``prior_from``, given the completion lengths of that
-    recording's run as an earlier run's (a job run again, as from cron)."""
+    recording's run as an earlier run's: of this job run again, as from
+    cron (``same_job``), or of another job of the model."""
     from bulkinfer.report.eta import WorkEstimate
 
     recording = orjson.loads(path.read_bytes())
@@ -96,7 +98,7 @@ def replay(path: Path, prior_from: Path | None = None) -> list[float | None]:
                 earlier.finish(e[4])
         prior = earlier.length_quantiles()
     max_running = recording["report"]["engine"].get("max_num_seqs")
-    work, etas, last = WorkEstimate(start, prior, max_running), [], -1.0
+    work, etas, last = WorkEstimate(start, prior, max_running, same_job=same_job), [], -1.0
     for event in events:
         kind, now = event[0], event[1]
         if kind == "p":
@@ -129,11 +131,14 @@ def main() -> None:
     rep = sub.add_parser("replay")
     rep.add_argument("path", type=Path)
     rep.add_argument("--prior-from", type=Path, help="a recording whose completion lengths are the earlier run's")
+    rep.add_argument(
+        "--other-job", action="store_true", help="--prior-from is another job of the model, not this one run again"
+    )
     args = parser.parse_args()
     if args.action == "record":
         record(args.workload, ROOT / "bench" / "results" / f"eta-trace-{args.workload}.json")
     else:
-        errors = replay(args.path, args.prior_from)
+        errors = replay(args.path, args.prior_from, same_job=not args.other_job)
         print(
             " ".join(
                 f"{round(f * 100)}%: " + ("-" if e is None else f"{e:+.0%}")

@@ -21,6 +21,7 @@ from bulkinfer.jobs.output_files import OutputFiles, RunPaths
 from bulkinfer.prep.planner import Planner
 from bulkinfer.prep.rows import passthrough_fields, to_request
 from bulkinfer.prep.windows import RowParser, iter_windows
+from bulkinfer.report.calibration import LengthPrior
 from bulkinfer.report.progress import Progress
 from bulkinfer.report.stats import RunStats
 from bulkinfer.schema import Completion, Done, Request, RowError
@@ -32,7 +33,7 @@ class Generation:
     windows planned as the loop pulls requests, each result appended to the
     spools, progress and :class:`~bulkinfer.report.stats.RunStats` updated.
     Rows an earlier attempt finished (``done``) are skipped. ``length_prior``:
-    an earlier run's completion lengths, for the progress line's ETA (see
+    an earlier run's completion lengths and whether it was this job, for the progress line's ETA (see
     :class:`~bulkinfer.report.eta.WorkEstimate`). ``parse`` turns each row
     into a request (``embed`` gives its own).
     """
@@ -47,7 +48,7 @@ class Generation:
         planner: Planner,
         progress_plain: bool = False,
         input_rows: int | None = None,
-        length_prior: list[int] | None = None,
+        length_prior: LengthPrior | None = None,
         parse: RowParser = to_request,
     ):
         self.paths, self.files, self.done, self.settings = paths, files, done, settings
@@ -61,8 +62,13 @@ class Generation:
         total = input_rows if input_rows is not None else count_rows(paths.input)
         if total is not None:  # rows left for this attempt (blank lines included: an estimate)
             total = max(total - done.completed - done.failed, 0)
+        prior = length_prior or LengthPrior([], same_job=False)
         self.progress = Progress(
-            total, force_plain=progress_plain, prior=length_prior or (), max_running=engine.max_num_seqs
+            total,
+            force_plain=progress_plain,
+            prior=prior.lengths,
+            prior_same_job=prior.same_job,
+            max_running=engine.max_num_seqs,
         )
         self.stats = RunStats()
         # the engine's live counts when this run started (an engine may be reused)

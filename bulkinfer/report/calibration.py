@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import time
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
 import orjson
 
@@ -166,13 +166,22 @@ def _save(entries: list[dict[str, Any]] | None = None, choices: list[dict[str, A
     atomic_write(path, orjson.dumps(store, option=orjson.OPT_INDENT_2))
 
 
-def length_prior(model_path: str, output: str) -> list[int]:
-    """The completion lengths (quantiles, tokens) stored with the newest run
-    that wrote ``output`` (the same job run again), else with the newest run
-    of ``model_path`` on any machine; [] when there is none."""
+class LengthPrior(NamedTuple):
+    """An earlier run's completion lengths (quantiles, tokens) and whether
+    that run wrote the same output (the same job run again)."""
+
+    lengths: list[int]
+    same_job: bool
+
+
+def length_prior(model_path: str, output: str) -> LengthPrior:
+    """The completion lengths stored with the newest run that wrote
+    ``output`` (``same_job``), else with the newest run of ``model_path`` on
+    any machine; empty lengths when there is none."""
     runs = [e for e in load_calibrations() if e.get("completion_lengths")]
-    same = [e for e in runs if e.get("output") == output] or [e for e in runs if e.get("model_path") == model_path]
-    return [int(n) for n in same[-1]["completion_lengths"]] if same else []
+    same_job = [e for e in runs if e.get("output") == output]
+    same = same_job or [e for e in runs if e.get("model_path") == model_path]
+    return LengthPrior([int(n) for n in same[-1]["completion_lengths"]] if same else [], bool(same_job))
 
 
 def load_calibrations() -> list[dict[str, Any]]:

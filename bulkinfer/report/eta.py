@@ -11,6 +11,15 @@ Two parts, both measured during the run:
   model) where bulkinfer has one: ``PRIOR_ROWS`` rows' worth, which the
   run's own rows soon outweigh. Without one, rows are assumed to run to
   ``max_tokens`` past the lengths seen: the ETA errs long, never short.
+- **The same job run again** (``same_job``): its rows as a whole are
+  expected to generate the earlier run's mean per row, so the completion
+  tokens left are that total less the tokens generated so far (at least
+  what the running rows are expected to add). Rows are fed in length
+  order, so the rows left differ from the rows done: 1,000 short questions
+  finished their short answers first, and the estimate from the rows done
+  was 43% short at half-time; the total less the tokens done was 12% short
+  (``python -m bench.eta_trace replay`` on the recording below, its own
+  lengths as the prior).
 - **Steps**: an engine step decodes one token for each running request,
   prefills some prompt tokens, and costs ``rate * (decoded + OVERHEAD_TOKENS
   + PREFILL_WEIGHT * prefilled)`` seconds, ``rate`` the median over the
@@ -75,9 +84,18 @@ class WorkEstimate:
             :meth:`length_quantiles`; empty for none.
         max_running: the most requests the engine runs at once (vLLM's
             ``max_num_seqs``); None: the most seen running so far.
+        same_job: ``prior`` is an earlier run of this job (the same output):
+            the completion tokens left are its mean per row times the rows,
+            less the tokens generated (see the module docstring).
     """
 
-    def __init__(self, start: float = 0.0, prior: Sequence[int] = (), max_running: int | None = None) -> None:
+    def __init__(
+        self,
+        start: float = 0.0,
+        prior: Sequence[int] = (),
+        max_running: int | None = None,
+        same_job: bool = False,
+    ) -> None:
         self.planned_rows = 0
         self.planned_prompt_tokens = 0
         self.planned_max_tokens = 0
@@ -85,6 +103,7 @@ class WorkEstimate:
         self.finished_rows = 0  # planned rows that ended, with or without error
         self.lengths: Counter[int] = Counter()  # completion lengths of the rows that ended with one
         self.prior = Counter(prior)
+        self.same_job = same_job and bool(prior)
         self.generated_tokens = 0
         self.prefilled_tokens = 0
         self.running: list[int] = []  # the tokens so far of each row the engine is generating
@@ -190,7 +209,13 @@ class WorkEstimate:
     def _completion_left(self, survival: list[float], waiting: int) -> float:
         """Completion tokens expected of the ``waiting`` rows and of the running ones."""
         tail = _tail_sums(survival)
-        return waiting * tail[0] + sum(_expected_left(tail, survival, g) for g in self.running)
+        running = sum(_expected_left(tail, survival, g) for g in self.running)
+        if not self.same_job:
+            return waiting * tail[0] + running
+        mean = sum(k * n for k, n in self.prior.items()) / self.prior.total()
+        rows = self.lengths.total() + len(self.running) + waiting
+        generated = sum(k * n for k, n in self.lengths.items()) + sum(self.running)
+        return max(rows * mean - generated, running)
 
     def _prompt_left(self, total_rows: int | None, failed_rows: int) -> float:
         """Prompt tokens not yet processed, the unplanned rows' at the planned rows' mean."""

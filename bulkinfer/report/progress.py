@@ -43,7 +43,8 @@ class Progress:
         tokens: which tokens the tokens/s counts (``completion``, or
             ``reference`` for the perplexity pass).
         clock: seconds, monotonic (tests pass a fake one).
-        prior, max_running: for the ETA, see :class:`WorkEstimate`.
+        prior, max_running, prior_same_job: for the ETA, see
+            :class:`WorkEstimate` (``prior_same_job`` is its ``same_job``).
     """
 
     def __init__(
@@ -56,6 +57,7 @@ class Progress:
         clock: Callable[[], float] = time.monotonic,
         prior: Sequence[int] = (),
         max_running: int | None = None,
+        prior_same_job: bool = False,
     ):
         self.total = total
         self.task, self.tokens = task, tokens
@@ -66,7 +68,7 @@ class Progress:
         self.completion_tokens = 0
         self._failed_unplanned = 0
         self._start = clock()
-        self.work = WorkEstimate(self._start, prior, max_running)
+        self.work = WorkEstimate(self._start, prior, max_running, same_job=prior_same_job)
         self._last_line = self._start
         self._interval = _plain_interval()
         self._eta: tuple[float, float | None] = (-1.0, None)  # (when, value): computed at most once a second

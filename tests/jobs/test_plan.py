@@ -205,13 +205,13 @@ def test_the_eta_prior_is_the_same_jobs_lengths_else_the_same_models(
 ) -> None:
     monkeypatch.setenv("BULKINFER_HOME", str(tmp_path))
     machine = {"cpu": "Test CPU", "cores": 2}
-    assert length_prior("/models/tiny", "a.jsonl") == []
+    assert length_prior("/models/tiny", "a.jsonl") == ([], False)
     record_calibration(_report("a.jsonl", 300, 100.0, 50.0), machine, completion_lengths=[5] * 101)
     record_calibration(_report("b.jsonl", 300, 100.0, 50.0), machine, completion_lengths=[9] * 101)
     record_calibration(_report("c.jsonl", 300, 100.0, 50.0), machine)  # no lengths: not a prior
-    assert length_prior("/models/tiny", "a.jsonl") == [5] * 101  # the same job, run again
-    assert length_prior("/models/tiny", "new.jsonl") == [9] * 101  # a new job: the model's newest
-    assert length_prior("/models/other", "new.jsonl") == []
+    assert length_prior("/models/tiny", "a.jsonl") == ([5] * 101, True)  # the same job, run again
+    assert length_prior("/models/tiny", "new.jsonl") == ([9] * 101, False)  # a new job: the model's newest
+    assert length_prior("/models/other", "new.jsonl") == ([], False)
 
 
 def test_an_old_calibration_store_is_not_used(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:

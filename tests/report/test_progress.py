@@ -228,3 +228,28 @@ def test_the_full_batch_is_the_engines_max_num_seqs_not_the_most_seen_yet() -> N
     steps = tokens / 256 + 50
     assert told == pytest.approx(rate * (tokens + OVERHEAD_TOKENS * steps + PREFILL_WEIGHT * 289 * 100), rel=0.1)
     assert blind > 1.5 * told  # 16 overhead tokens a step shared by 11 rows, not 256
+
+
+def test_the_same_job_run_again_expects_its_earlier_total_not_the_rows_done_so_far() -> None:
+    """Rows fed in prompt-length order whose answers grow along the order
+    (the 1,000 short questions of bench.eta: short answers first). Run
+    again with the first run's lengths: the rows done so far are shorter
+    than the rows left, so an estimate from them errs short at half-time;
+    the earlier run's total less the tokens done does not."""
+    rng = random.Random(3)
+    rows = [(400 - i // 4, 10 + i // 8 + rng.randint(0, 20)) for i in range(1000)]  # answers 10..155 tokens
+    first = Simulation(rows, 64, 256)
+    earlier = Progress(len(rows), stream=io.StringIO(), force_plain=True, clock=first.clock)
+    first.run(earlier)
+    prior = earlier.work.length_quantiles()
+
+    def half_time_error(same_job: bool) -> float:
+        again = Simulation(rows, 64, 256)
+        progress = Progress(
+            len(rows), stream=io.StringIO(), force_plain=True, clock=again.clock, prior=prior, prior_same_job=same_job
+        )
+        again.run(progress)
+        return again.errors_at((0.50,))[0]
+
+    assert half_time_error(same_job=False) < -0.25  # from the rows done, short answers: -30%
+    assert abs(half_time_error(same_job=True)) <= 0.05  # +0.4%
