@@ -275,7 +275,7 @@ def system_group(result: dict[str, Any]) -> str | None:
     key = result["key"]
     if key.startswith("a-"):
         return f"a {result.get('feed', result.get('order'))}"
-    if key == "b" or key.startswith("b-") and key != "b-subset":
+    if key == "b" or (key.startswith("b-") and key != "b-subset"):
         return "b"
     if key == "e" or key.startswith("e-"):
         return "e"
@@ -285,7 +285,7 @@ def system_group(result: dict[str, Any]) -> str | None:
 def summarize_systems(results: list[dict[str, Any]]) -> dict[str, Any] | None:
     """Generation completion tokens/s of each system over its runs (each run,
     mean, min, max; see :func:`system_group`), and each bulkinfer feed's mean
-    over b's and e's means: ``ratios[feed]["b"]``."""
+    over b's and e's means: ``ratios_of_means[feed]["b"]``."""
     runs: dict[str, list[float]] = {}
     for r in results:
         group = system_group(r)
@@ -328,7 +328,8 @@ def plan_jobs(
     defaults (e), so the systems alternate; then c and d once. With
     ``--repeats`` above 1 keys end in the round (``a-<feed>-<i>``, ``b-<i>``)
     and each round's runs are compared with that round's b. With
-    ``--engine defaults`` b takes the dtype bulkinfer's last run reported."""
+    ``--engine defaults`` b and e take the KV cache size, and b the dtype,
+    that bulkinfer's last run reported."""
     jobs: list[tuple[str, Any]] = []
     state = {"settings": settings}
 
@@ -416,7 +417,8 @@ def run(args: argparse.Namespace, workdir: Path, save: Any) -> tuple[dict[str, A
         "settings": {
             "model": model,
             "engine": args.engine,
-            **settings.engine_args(),
+            # with --engine defaults each result's "engine" says what it ran
+            **({"seed": settings.seed} if settings.defaults else settings.engine_args()),
             "temperature": args.temperature,
             "top_p": args.top_p,
             "ignore_eos": True,

@@ -18,7 +18,12 @@ feeds a recording into :class:`bulkinfer.report.eta.WorkEstimate` and prints
 the ETA error (ETA / real time left - 1) at 10%, 25%, 50% and 75% of the
 time from the first planned row to the last event; with ``--prior-from``,
 FILE2's completion lengths are given as an earlier run of the same job
-(``--other-job``: of another job of the model). One engine at a time (two cores).
+(``--other-job``: of another job of the model).
+
+Rates (``python -m bench.eta_trace rates FILE``): the live completion
+tokens/s a progress line could show, since the start and over trailing
+windows (:data:`RATE_WINDOWS_S`), against the run's final figure, every
+10 s from 20 s on, and the worst error of each. One engine at a time (two cores).
 """
 
 from __future__ import annotations
@@ -35,6 +40,7 @@ import orjson
 
 ROOT = Path(__file__).resolve().parents[1]
 FRACTIONS = (0.10, 0.25, 0.50, 0.75)
+RATE_WINDOWS_S = (30.0, 60.0)
 
 
 def record(workload: str, out: Path) -> None:
@@ -123,6 +129,37 @@ def replay(path: Path, prior_from: Path | None = None, same_job: bool = True) ->
     return errors
 
 
+def rates(path: Path, every_s: float = 10.0, after_s: float = 20.0) -> dict[str, list[tuple[float, float]]]:
+    """Completion tokens/s over the time since the first planned row
+    (``since start``) and over each trailing window of
+    :data:`RATE_WINDOWS_S` seconds, as (seconds, rate / final rate - 1) every
+    ``every_s`` from ``after_s`` on; final rate = the last step's generated
+    tokens over the time from the first planned row to the last event."""
+    import bisect
+
+    events = orjson.loads(path.read_bytes())["events"]
+    steps = [(e[1], e[2]) for e in events if e[0] == "t"]
+    start, end = events[0][1], events[-1][1]
+    final = steps[-1][1] / (end - start)
+    times = [t for t, _ in steps]
+
+    def generated_at(t: float) -> tuple[float, int]:
+        i = bisect.bisect_right(times, t) - 1
+        return steps[i] if i >= 0 else (start, 0)
+
+    out: dict[str, list[tuple[float, float]]] = {"since start": []}
+    out.update({f"last {w:.0f} s": [] for w in RATE_WINDOWS_S})
+    at = after_s
+    while start + at < end:
+        t1, g1 = generated_at(start + at)
+        out["since start"].append((at, g1 / (t1 - start) / final - 1))
+        for w in RATE_WINDOWS_S:
+            t0, g0 = generated_at(start + at - w)
+            out[f"last {w:.0f} s"].append((at, (g1 - g0) / max(t1 - t0, 1e-9) / final - 1))
+        at += every_s
+    return out
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     sub = parser.add_subparsers(dest="action", required=True)
@@ -134,8 +171,15 @@ def main() -> None:
     rep.add_argument(
         "--other-job", action="store_true", help="--prior-from is another job of the model, not this one run again"
     )
+    rat = sub.add_parser("rates")
+    rat.add_argument("path", type=Path)
     args = parser.parse_args()
-    if args.action == "record":
+    if args.action == "rates":
+        for name, points in rates(args.path).items():
+            worst = max(abs(e) for _, e in points)
+            shown = " ".join(f"{at:.0f}s:{e:+.0%}" for at, e in points)
+            print(f"{name}: worst {worst:.0%} | {shown}")
+    elif args.action == "record":
         record(args.workload, ROOT / "bench" / "results" / f"eta-trace-{args.workload}.json")
     else:
         errors = replay(args.path, args.prior_from, same_job=not args.other_job)

@@ -12,6 +12,8 @@
 - ``d`` transformers static batches of ``hf_batch_size``, in arrival order and
   length-bucketed, on a subset of the rows (``bench.workers hf-static``),
   compared with raw vLLM on the same subset (``b-subset``).
+- ``e`` raw vLLM as ``b``, with vLLM's own defaults (its default dtype,
+  compilation) but the KV cache size (see :class:`BenchSettings`).
 
 End to end = the subprocess's wall time, start to exit (imports, model load,
 generation, writing, shutdown). Every result counts tokens from what came back.

@@ -280,3 +280,20 @@ def test_summarize_systems_means_and_ratios_of_means() -> None:
     lines = _systems(summary)
     assert "| b | 200.0, 180.0 | 190.0 | 180.0 | 200.0 | 10.5% |" in lines
     assert "- bulkinfer (descending+prefix), mean over mean: 1.16x b's, 3.67x e's." in lines
+
+
+def test_eta_trace_rates_against_the_final_figure(tmp_path: Path) -> None:
+    """A recording that prefills for 50 s and then decodes 10 tokens a second
+    for 50 s: 500 tokens in 100 s, a final 5 tok/s, which no live rate
+    shows until the decode phase has run as long as the prefill did."""
+    from bench.eta_trace import rates
+
+    events: list[list[Any]] = [["p", 0.0, 10, 100]]
+    events += [["t", float(t), max(t - 50, 0) * 10, 1000, []] for t in range(1, 101)]
+    path = tmp_path / "trace.json"
+    path.write_bytes(orjson.dumps({"events": events}))
+    out = rates(path)
+    since = dict(out["since start"])
+    assert since[20.0] == pytest.approx(-1.0)  # nothing decoded yet
+    assert since[90.0] == pytest.approx(400 / 90 / 5 - 1)  # -11%
+    assert dict(out["last 30 s"])[90.0] == pytest.approx(1.0)  # the decode phase: twice the average
