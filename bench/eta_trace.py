@@ -175,8 +175,8 @@ def main() -> None:
     rat.add_argument("path", type=Path)
     args = parser.parse_args()
     if args.action == "rates":
-        for name, points in rates(args.path).items():
-            worst = max(abs(e) for _, e in points)
+        for name, points in rates(args.path).items():  # none for a run shorter than 20 s
+            worst = max((abs(e) for _, e in points), default=0.0)
             shown = " ".join(f"{at:.0f}s:{e:+.0%}" for at, e in points)
             print(f"{name}: worst {worst:.0%} | {shown}")
     elif args.action == "record":
