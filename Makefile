@@ -44,7 +44,7 @@ browser:
 	  echo "make test: Chromium not installed; the browser test will be skipped"
 
 test: install browser
-	$(PY) -m pytest -q tests
+	$(PY) -m pytest -q --durations=30 tests
 
 lint: install
 	$(VENV)/bin/ruff check bulkinfer tests bench

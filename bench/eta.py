@@ -11,7 +11,9 @@ is printed):
 - the live tokens/s against the report's final figures (every line after
   the first 20 s: the largest deviation): completion tokens/s against
   ``throughput.completion_tokens_per_s``, prompt + completion tokens/s
-  against ``throughput.total_tokens_per_s``.
+  against ``throughput.total_tokens_per_s``, and the run's expected
+  completion tokens/s printed after the ETA against the former (also after
+  30 s).
 
 Workloads:
 
@@ -54,7 +56,8 @@ FRACTIONS = (0.10, 0.25, 0.50)
 TPS_AFTER_S = 20.0
 LINE = re.compile(
     r"bulkinfer: (?P<done>\d+)(?:/(?P<total>\d+))? rows \((?P<failed>\d+) failed\), "
-    r"(?:(?P<total_tps>[\d.]+) tok/s, )?(?P<tps>[\d.]+) completion tok/s(?:, eta (?P<eta>[\d:]+))?"
+    r"(?:(?P<total_tps>[\d.]+) tok/s, )?(?P<tps>[\d.]+) completion tok/s"
+    r"(?:, eta (?P<eta>[\d:]+)(?: \(run ~(?P<expected_tps>[\d.]+) completion tok/s\))?)?"
 )
 COUNTRIES = (
     "France Germany Japan Italy Spain Canada Brazil Egypt Kenya India China Peru Chile Norway Sweden Poland "
@@ -114,6 +117,7 @@ def run_once(input_path: Path, out_dir: Path, extra: list[str]) -> dict[str, Any
                     "tps": float(match["tps"]),
                     "total_tps": float(match["total_tps"]) if match["total_tps"] else None,
                     "eta_s": parse_seconds(eta) if eta else None,
+                    "expected_tps": float(match["expected_tps"]) if match["expected_tps"] else None,
                 }
             )
     if proc.wait() != 0:
@@ -156,6 +160,15 @@ def score(lines: list[dict[str, Any]], report: dict[str, Any]) -> dict[str, Any]
     later = [x for x in lines[:-1] if x["t"] - start >= TPS_AFTER_S]
     worst = max((abs(x["tps"] / final_tps - 1) for x in later), default=None)
     worst_total = max((abs(x["total_tps"] / final_total - 1) for x in later if x["total_tps"]), default=None)
+
+    def worst_expected(after_s: float) -> float | None:
+        errors = [
+            abs(x["expected_tps"] / final_tps - 1)
+            for x in lines[:-1]
+            if x["t"] - start >= after_s and x.get("expected_tps")
+        ]
+        return round(max(errors), 3) if errors else None
+
     return {
         "generate_s": round(generate_s, 1),
         "final_completion_tokens_per_s": round(final_tps, 1),
@@ -163,6 +176,8 @@ def score(lines: list[dict[str, Any]], report: dict[str, Any]) -> dict[str, Any]
         "eta": at,
         "max_tps_deviation_after_20s": None if worst is None else round(worst, 3),
         "max_total_tps_deviation_after_20s": None if worst_total is None else round(worst_total, 3),
+        "max_expected_tps_deviation_after_20s": worst_expected(TPS_AFTER_S),
+        "max_expected_tps_deviation_after_30s": worst_expected(30.0),
         "rows": report["request_counts"]["completed"],
         "completion_tokens": report["tokens"]["completion"],
     }
@@ -225,6 +240,12 @@ def render(results: dict[str, Any]) -> str:
         f"{w['final_total_tokens_per_s']} tok/s (prompt + completion) over {w['generate_s']} s; the live "
         f"figures after 20 s within {w['max_tps_deviation_after_20s']:.0%} and "
         f"{w['max_total_tps_deviation_after_20s']:.0%} of them"
+        + (
+            f"; the run's expected completion tok/s within {w['max_expected_tps_deviation_after_20s']:.0%} "
+            f"after 20 s, {w['max_expected_tps_deviation_after_30s']:.0%} after 30 s"
+            if w.get("max_expected_tps_deviation_after_20s") is not None
+            else ""
+        )
         for name, w in results["workloads"].items()
     )
     machine = results["machine"]

@@ -20,10 +20,11 @@ time from the first planned row to the last event; with ``--prior-from``,
 FILE2's completion lengths are given as an earlier run of the same job
 (``--other-job``: of another job of the model).
 
-Rates (``python -m bench.eta_trace rates FILE``): the live completion
-tokens/s a progress line could show, since the start and over trailing
-windows (:data:`RATE_WINDOWS_S`), against the run's final figure, every
-10 s from 20 s on, and the worst error of each. One engine at a time (two cores).
+Rates (``python -m bench.eta_trace rates FILE [--prior-from FILE2]``): the
+live completion tokens/s a progress line could show, since the start and
+over trailing windows (:data:`RATE_WINDOWS_S`), and the run's expected
+figure it prints, against the run's final figure, every 10 s from 20 s on,
+and the worst error of each. One engine at a time (two cores).
 """
 
 from __future__ import annotations
@@ -33,6 +34,7 @@ import os
 import sys
 import tempfile
 import time
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -90,37 +92,10 @@ def replay(path: Path, prior_from: Path | None = None, same_job: bool = True) ->
     recording; with ``prior_from``, given the completion lengths of that
     recording's run as an earlier run's: of this job run again, as from
     cron (``same_job``), or of another job of the model."""
-    from bulkinfer.report.eta import WorkEstimate
-
     recording = orjson.loads(path.read_bytes())
     events = recording["events"]
-    total = sum(1 for e in events if e[0] == "p")
     start, end = events[0][1], events[-1][1]
-    prior: list[int] = []
-    if prior_from is not None:
-        earlier = WorkEstimate()
-        for e in orjson.loads(prior_from.read_bytes())["events"]:
-            if e[0] == "u" and e[2] == 1 and not e[3]:
-                earlier.finish(e[4])
-        prior = earlier.length_quantiles()
-    max_running = recording["report"]["engine"].get("max_num_seqs")
-    work, etas, last = WorkEstimate(start, prior, max_running, same_job=same_job), [], -1.0
-    for event in events:
-        kind, now = event[0], event[1]
-        if kind == "p":
-            work.plan(event[2], event[3])
-        elif kind == "u":
-            done, failed, tokens = event[2], event[3], event[4]
-            if done == 1 and not failed:
-                work.finish(tokens)
-            else:
-                for _ in range(done + failed):
-                    work.finish(None)
-        else:
-            work.observe(now, event[2], event[3], event[4])
-        if now - last >= 1.0:
-            last = now
-            etas.append((now - start, work.eta_s(total)))
+    etas = [(now - start, progress.eta_s()) for now, progress in _replayed(recording, prior_from, same_job)]
     errors: list[float | None] = []
     for fraction in FRACTIONS:
         at, eta = min(etas, key=lambda x: abs(x[0] - fraction * (end - start)))
@@ -129,15 +104,62 @@ def replay(path: Path, prior_from: Path | None = None, same_job: bool = True) ->
     return errors
 
 
-def rates(path: Path, every_s: float = 10.0, after_s: float = 20.0) -> dict[str, list[tuple[float, float]]]:
-    """Completion tokens/s over the time since the first planned row
-    (``since start``) and over each trailing window of
-    :data:`RATE_WINDOWS_S` seconds, as (seconds, rate / final rate - 1) every
-    ``every_s`` from ``after_s`` on; final rate = the last step's generated
-    tokens over the time from the first planned row to the last event."""
+def _replayed(recording: dict[str, Any], prior_from: Path | None, same_job: bool) -> Iterator[tuple[float, Any]]:
+    """Feeds a recording's events into the shipped
+    :class:`bulkinfer.report.progress.Progress` on the recording's clock;
+    yields (time, the progress) at most once a second of that clock."""
+    import io
+
+    from bulkinfer.report.eta import WorkEstimate
+    from bulkinfer.report.progress import Progress
+
+    events = recording["events"]
+    prior: list[int] = []
+    if prior_from is not None:
+        earlier = WorkEstimate()
+        for e in orjson.loads(prior_from.read_bytes())["events"]:
+            if e[0] == "u" and e[2] == 1 and not e[3]:
+                earlier.finish(e[4])
+        prior = earlier.length_quantiles()
+    clock = [events[0][1]]
+    progress = Progress(
+        sum(1 for e in events if e[0] == "p"),
+        stream=io.StringIO(),
+        force_plain=True,
+        clock=lambda: clock[0],
+        prior=prior,
+        max_running=recording["report"]["engine"].get("max_num_seqs"),
+        prior_same_job=same_job,
+    )
+    last = -1.0
+    for event in events:
+        kind, clock[0] = event[0], event[1]
+        if kind == "p":
+            progress.planned(event[2], event[3])
+        elif kind == "u":
+            progress.update(event[2], event[3], event[4], event[5])
+        else:
+            progress.tick(event[2], event[3], event[4])
+        if clock[0] - last >= 1.0:
+            last = clock[0]
+            yield clock[0], progress
+
+
+def rates(
+    path: Path, prior_from: Path | None = None, same_job: bool = True, every_s: float = 10.0, after_s: float = 20.0
+) -> dict[str, list[tuple[float, float]]]:
+    """Completion tokens/s a progress line could show against the run's
+    final figure, as (seconds, rate / final rate - 1) every ``every_s`` from
+    ``after_s`` on: over the time since the first planned row (``so far``),
+    over each trailing window of :data:`RATE_WINDOWS_S` seconds, and the
+    run's expected figure the progress line prints
+    (:meth:`Progress.expected_tokens_per_s`, replayed with ``prior_from`` as
+    in :func:`replay`). Final rate = the last step's generated tokens over the
+    time from the first planned row to the last event."""
     import bisect
 
-    events = orjson.loads(path.read_bytes())["events"]
+    recording = orjson.loads(path.read_bytes())
+    events = recording["events"]
     steps = [(e[1], e[2]) for e in events if e[0] == "t"]
     start, end = events[0][1], events[-1][1]
     final = steps[-1][1] / (end - start)
@@ -147,16 +169,24 @@ def rates(path: Path, every_s: float = 10.0, after_s: float = 20.0) -> dict[str,
         i = bisect.bisect_right(times, t) - 1
         return steps[i] if i >= 0 else (start, 0)
 
-    out: dict[str, list[tuple[float, float]]] = {"since start": []}
+    out: dict[str, list[tuple[float, float]]] = {"so far": []}
     out.update({f"last {w:.0f} s": [] for w in RATE_WINDOWS_S})
     at = after_s
     while start + at < end:
         t1, g1 = generated_at(start + at)
-        out["since start"].append((at, g1 / (t1 - start) / final - 1))
+        out["so far"].append((at, g1 / (t1 - start) / final - 1))
         for w in RATE_WINDOWS_S:
             t0, g0 = generated_at(start + at - w)
             out[f"last {w:.0f} s"].append((at, (g1 - g0) / max(t1 - t0, 1e-9) / final - 1))
         at += every_s
+    out["run expected"] = []
+    at = after_s
+    for now, progress in _replayed(recording, prior_from, same_job):
+        expected = progress.expected_tokens_per_s()
+        if now - start >= at and now < end:
+            if expected is not None:
+                out["run expected"].append((at, expected / final - 1))
+            at += every_s
     return out
 
 
@@ -167,15 +197,19 @@ def main() -> None:
     rec.add_argument("workload", choices=["short", "sharegpt"])
     rep = sub.add_parser("replay")
     rep.add_argument("path", type=Path)
-    rep.add_argument("--prior-from", type=Path, help="a recording whose completion lengths are the earlier run's")
-    rep.add_argument(
-        "--other-job", action="store_true", help="--prior-from is another job of the model, not this one run again"
-    )
     rat = sub.add_parser("rates")
     rat.add_argument("path", type=Path)
+    for sub_parser in (rep, rat):
+        sub_parser.add_argument(
+            "--prior-from", type=Path, help="a recording whose completion lengths are the earlier run's"
+        )
+        sub_parser.add_argument(
+            "--other-job", action="store_true", help="--prior-from is another job of the model, not this one run again"
+        )
     args = parser.parse_args()
     if args.action == "rates":
-        for name, points in rates(args.path).items():  # none for a run shorter than 20 s
+        series = rates(args.path, args.prior_from, same_job=not args.other_job)
+        for name, points in series.items():  # none for a run shorter than 20 s
             worst = max((abs(e) for _, e in points), default=0.0)
             shown = " ".join(f"{at:.0f}s:{e:+.0%}" for at, e in points)
             print(f"{name}: worst {worst:.0%} | {shown}")

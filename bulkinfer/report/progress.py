@@ -2,8 +2,9 @@
 
 Under cron or a pipe there is no terminal: one line every
 :data:`PLAIN_INTERVAL_S` seconds (``BULKINFER_PROGRESS_INTERVAL_S`` overrides
-it) on stderr, no ANSI codes, e.g.
-``2026-11-22T20:41:07 bulkinfer: 120/300 rows (2 failed), 402.5 tok/s, 231.4 completion tok/s, eta 0:01:10``.
+it) on stderr, no ANSI codes, e.g. ``2026-11-22T20:41:07 bulkinfer: 120/300
+rows (2 failed), 402.5 tok/s, 231.4 completion tok/s, eta 0:01:10 (run ~240.2
+completion tok/s)`` (one line).
 
 The first tokens/s counts the prompt and completion tokens the engine
 processed, the second the completion tokens generated, of finished and
@@ -12,6 +13,16 @@ generation started: the figures the report ends with. The ETA is the time the
 tokens left take at the rate measured (:class:`WorkEstimate`), not rows left
 over rows done: under continuous batching hundreds of rows run at once and
 few finish early on.
+
+After the ETA, ``run ~N completion tok/s`` is the run's expected final
+figure: the completion tokens generated and left over the time so far and
+the ETA. The figure so far cannot be that: a run's first steps prefill
+(vLLM's 4,096-token steps took ~10 s each on a 2-core CPU, and 300 ShareGPT
+rows made almost no completion tokens in their first 100 s, then decoded at
+1.45x the run's mean). Replayed on two recorded runs (``python -m
+bench.eta_trace rates``; first runs, every 10 s from 20 s on), the figure
+so far was 100% (ShareGPT) and 97% (1,000 short questions) short at 20 s;
+the expected one was within 23% and 35% all along.
 """
 
 from __future__ import annotations
@@ -71,7 +82,8 @@ class Progress:
         self.work = WorkEstimate(self._start, prior, max_running, same_job=prior_same_job)
         self._last_line = self._start
         self._interval = _plain_interval()
-        self._eta: tuple[float, float | None] = (-1.0, None)  # (when, value): computed at most once a second
+        # (when, ETA s, expected final completion tok/s): computed at most once a second
+        self._outlook: tuple[float, float | None, float | None] = (-1.0, None, None)
         self._bar: Any = None
         self._task: Any = None
         if not force_plain and self.stream.isatty():
@@ -116,20 +128,34 @@ class Progress:
         second); None before :data:`ETA_AFTER_S` seconds or before any tokens
         were timed. Without live engine counts (no :meth:`tick`: the
         perplexity pass), rows left over the rate of rows done."""
-        now = self.clock()
-        if now - self._eta[0] >= 1.0:
-            self._eta = (now, self._compute_eta())
-        return self._eta[1]
+        return self._outlook_now()[0]
 
-    def _compute_eta(self) -> float | None:
+    def expected_tokens_per_s(self) -> float | None:
+        """The completion tokens/s the run is expected to end with: the
+        tokens generated and the tokens left (:meth:`WorkEstimate.remaining_tokens`)
+        over the seconds so far and the ETA; None without an ETA from live
+        engine counts (see the module docstring)."""
+        return self._outlook_now()[1]
+
+    def _outlook_now(self) -> tuple[float | None, float | None]:
+        now = self.clock()
+        if now - self._outlook[0] >= 1.0:
+            self._outlook = (now, *self._compute_outlook())
+        return self._outlook[1], self._outlook[2]
+
+    def _compute_outlook(self) -> tuple[float | None, float | None]:
         elapsed = self.elapsed()
         if elapsed < ETA_AFTER_S or not self.total:
-            return None
+            return None, None
         if self.work.planned_rows:
-            return self.work.eta_s(self.total, self._failed_unplanned)
+            eta = self.work.eta_s(self.total, self._failed_unplanned)
+            if eta is None:
+                return None, None
+            _, completion_left = self.work.remaining_tokens(self.total, self._failed_unplanned)
+            return eta, (self.work.generated_tokens + completion_left) / (elapsed + eta)
         if self.done >= max(1, self.total // 20):  # rows finish in bursts: not from the first few
-            return max(self.total - self.done, 0) * elapsed / self.done
-        return None
+            return max(self.total - self.done, 0) * elapsed / self.done, None
+        return None, None
 
     def planned(self, prompt_tokens: int, max_tokens: int) -> None:
         """A row was planned (see :meth:`WorkEstimate.plan`)."""
@@ -159,11 +185,14 @@ class Progress:
 
     def _show(self) -> None:
         if self._bar is not None:
-            eta = self.eta_s()
+            # 80 columns: the completion figures only, the ETA without them
+            eta, expected = self._outlook_now()
+            tps = f"{self.tokens_per_s():.1f} {self.tokens} tok/s"
+            tps += "" if expected is None else f", run ~{expected:.1f}"
             self._bar.update(
                 self._task,
                 completed=self.done,
-                tps=self._rates(),
+                tps=tps,
                 eta="-:--:--" if eta is None else dt.timedelta(seconds=round(eta)),
             )
             return
@@ -183,17 +212,26 @@ class Progress:
         task = "" if self.task == "generating" else f"{self.task}: "
         line = f"{stamp} bulkinfer: {task}{self.done}{of} rows ({self.failed} failed)"
         line += f", {self._rates()}"
-        eta = self.eta_s()
-        if eta is not None:
-            line += f", eta {dt.timedelta(seconds=round(eta))}"
+        eta = self._eta_text()
+        if eta:
+            line += f", eta {eta}"
         print(line, file=self.stream, flush=True)
+
+    def _eta_text(self) -> str:
+        """``H:MM:SS`` left and the run's expected completion tokens/s, e.g.
+        ``0:01:10 (run ~117.8 completion tok/s)``; empty without an ETA."""
+        eta, expected = self._outlook_now()
+        if eta is None:
+            return ""
+        text = str(dt.timedelta(seconds=round(eta)))
+        return text if expected is None else f"{text} (run ~{expected:.1f} {self.tokens} tok/s)"
 
     def close(self) -> None:
         """Stop the bar (or print the last plain line); a second call does nothing."""
         if getattr(self, "_closed", False):
             return
         self._closed = True
-        self._eta = (-1.0, None)  # the last line's ETA is of now
+        self._outlook = (-1.0, None, None)  # the last line's ETA is of now
         if self._bar is not None:
             self._bar.stop()
         else:

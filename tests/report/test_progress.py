@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import io
 import random
+import re
 from dataclasses import dataclass, field
 
 import pytest
@@ -37,6 +38,8 @@ class Simulation:
     max_tokens: int
     clock: Clock = field(default_factory=Clock)
     etas: list[tuple[float, float | None]] = field(default_factory=list)  # (time, eta)
+    # (time, completion tok/s so far, the run's expected completion tok/s)
+    rates: list[tuple[float, float, float | None]] = field(default_factory=list)
 
     def run(self, progress: Progress) -> float:
         for prompt, _ in self.rows:
@@ -64,6 +67,7 @@ class Simulation:
                 progress.update(done=1, completion_tokens=row[1])
             progress.tick(generated, prefilled, [r[0] for r in running])
             self.etas.append((self.clock.now, progress.eta_s()))
+            self.rates.append((self.clock.now, progress.tokens_per_s(), progress.expected_tokens_per_s()))
         return self.clock.now
 
     def errors_at(self, fractions: tuple[float, ...]) -> list[float]:
@@ -168,7 +172,8 @@ def test_plain_lines_show_eta_and_tokens(monkeypatch: pytest.MonkeyPatch) -> Non
     sim.run(progress)
     progress.close()
     lines = stream.getvalue().splitlines()
-    assert any(", eta 0:00:" in line for line in lines), lines
+    assert any(", eta 0:00:" in line and " (run ~" in line for line in lines), lines
+    assert lines[-1].endswith(f"(run ~{progress.work.generated_tokens / sim.clock.now:.1f} completion tok/s)")
     assert lines[-1].split("bulkinfer: ")[1].startswith("40/40 rows (0 failed), ")
 
 
@@ -253,3 +258,45 @@ def test_the_same_job_run_again_expects_its_earlier_total_not_the_rows_done_so_f
 
     assert half_time_error(same_job=False) < -0.25  # from the rows done, short answers: -30%
     assert abs(half_time_error(same_job=True)) <= 0.05  # +0.4%
+
+
+def test_the_runs_expected_tokens_per_s_is_near_its_final_figure_when_the_figure_so_far_is_not() -> None:
+    """Longest prompts first: the first steps mostly prefill, so the
+    completion tokens/s so far starts far below the run's final figure (as
+    on a CPU, where 300 ShareGPT rows made almost none in their first 100
+    s). The figure the line prints after the ETA, the tokens generated and
+    left over the time so far and the ETA, is near the final one from 10%
+    of the run on."""
+    rows = mixed_rows(1000, 256)
+    sim = Simulation(rows, 64, 256)
+    progress = Progress(len(rows), stream=io.StringIO(), force_plain=True, clock=sim.clock)
+    end = sim.run(progress)
+    final = progress.work.generated_tokens / end
+
+    def errors_at(fraction: float) -> tuple[float, float]:
+        _, so_far, expected = min(sim.rates, key=lambda x: abs(x[0] - fraction * end))
+        assert expected is not None
+        return so_far / final - 1, expected / final - 1
+
+    assert errors_at(0.10)[0] < -0.5  # -79%
+    for fraction in (0.10, 0.25, 0.50, 0.75):
+        assert abs(errors_at(fraction)[1]) <= 0.20, (fraction, errors_at(fraction))  # +12%, -3%, +2%, +1%
+
+
+class Terminal(io.StringIO):
+    def isatty(self) -> bool:
+        return True
+
+
+def test_the_bar_fits_80_columns_with_the_runs_expected_tokens_per_s(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("COLUMNS", "80")
+    stream = Terminal()
+    rows = [(100, 50)] * 40
+    sim = Simulation(rows, 8, 50)
+    progress = Progress(len(rows), stream=stream, clock=sim.clock)
+    sim.run(progress)
+    progress.close()
+    shown = re.sub(r"\x1b\[[0-9;?]*[A-Za-z]", "", stream.getvalue())  # the bar's last state, no ANSI codes
+    last = [line for line in re.split(r"[\r\n]", shown) if " rows " in line][-1]
+    assert len(last) <= 80 and " 40/40 rows " in last, last
+    assert re.search(r" completion tok/s, run ~[\d.]+ eta 0:00:00$", last.rstrip()), last
