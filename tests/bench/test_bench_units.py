@@ -291,9 +291,9 @@ def test_eta_trace_rates_against_the_final_figure(tmp_path: Path) -> None:
     events: list[list[Any]] = [["p", 0.0, 10, 100]]
     events += [["t", float(t), max(t - 50, 0) * 10, 1000, []] for t in range(1, 101)]
     path = tmp_path / "trace.json"
-    path.write_bytes(orjson.dumps({"events": events}))
+    path.write_bytes(orjson.dumps({"events": events, "report": {"engine": {"max_num_seqs": 256}}}))
     out = rates(path)
-    since = dict(out["since start"])
+    since = dict(out["so far"])
     assert since[20.0] == pytest.approx(-1.0)  # nothing decoded yet
     assert since[90.0] == pytest.approx(400 / 90 / 5 - 1)  # -11%
     assert dict(out["last 30 s"])[90.0] == pytest.approx(1.0)  # the decode phase: twice the average
