@@ -268,6 +268,11 @@ def load_settings(
     return _from_data(data, overrides, str(config_path) if config_path else "settings", names, origins)
 
 
+def with_engine(settings: Settings, **engine: Any) -> Settings:
+    """``settings`` with these :class:`EngineSettings` fields replaced."""
+    return dataclasses.replace(settings, engine=dataclasses.replace(settings.engine, **engine))
+
+
 def with_overrides(
     settings: Settings, overrides: Mapping[str, Any], origins: Mapping[str, str] | None = None
 ) -> Settings:

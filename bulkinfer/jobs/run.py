@@ -22,9 +22,9 @@ from typing import Any
 
 import orjson
 
-from bulkinfer.config import Settings
+from bulkinfer.config import Settings, with_engine
 from bulkinfer.default_model import DEFAULT_MODEL
-from bulkinfer.engine.args import detect_device, this_machine
+from bulkinfer.engine.args import detect_device, sized_kv_cache, this_machine
 from bulkinfer.engine.base import Engine, EngineFactory, NoEngine
 from bulkinfer.engine.factory import vllm_engine
 from bulkinfer.engine.log import EngineLog
@@ -38,7 +38,7 @@ from bulkinfer.errors import (
     ModelError,
     write_error,
 )
-from bulkinfer.io.inputs import scan_input
+from bulkinfer.io.inputs import InputScan, scan_input
 from bulkinfer.io.readers import PROMPT_COLUMNS, RawRow, Reader, open_reader
 from bulkinfer.jobs.generation import Generation
 from bulkinfer.jobs.output_files import OutputFiles, RunPaths, input_identity, results_settings, same_file
@@ -74,7 +74,10 @@ class Job:
       with the dtype and scheduler limits measured for the model
       (:func:`~bulkinfer.jobs.tune.measured_settings`; generation only);
     - ``describe(report, planner)``: adds the job's own figures to the report;
-    - ``text_columns``: the Parquet input columns that hold a row's text.
+    - ``text_columns``: the Parquet input columns that hold a row's text;
+    - ``sized_kv_cache``: with ``calibrate``, on CPU, a KV cache sized to the
+      input (:func:`job_tokens`); off where the engine outlives the job (a
+      server's, which the first batch would size for all).
     """
 
     parse: RowParser = to_request
@@ -84,6 +87,7 @@ class Job:
     calibrate: bool = True
     describe: Callable[[dict[str, Any], Planner], None] | None = None
     text_columns: tuple[str, ...] = PROMPT_COLUMNS
+    sized_kv_cache: bool = True
 
 
 GENERATE = Job()
@@ -229,6 +233,22 @@ def with_priority_scheduling(settings: Settings, rows_set_priority: bool) -> Set
     return dataclasses.replace(settings, engine=engine)
 
 
+# Tokens a row's chat template adds beyond its JSON bytes / 2 (and its n x max_tokens completion tokens).
+TEMPLATE_TOKENS = 64
+
+
+def job_tokens(settings: Settings, scan: InputScan) -> int | None:
+    """About how many tokens a job's prompts and completions take: the
+    input's ``scan.bytes / 2`` plus ``rows x (n x max_tokens +
+    TEMPLATE_TOKENS)``, generous on purpose (English runs ~4 bytes a token);
+    None when the input's size is unknown or the engines run on other
+    machines (a Ray cluster's)."""
+    if scan.rows is None or scan.bytes is None or settings.ray.address not in (None, "local"):
+        return None  # unknown size; or a cluster's machines, whose memory this one does not know
+    sampling = settings.sampling
+    return scan.bytes // 2 + scan.rows * (sampling.n * sampling.max_tokens + TEMPLATE_TOKENS)
+
+
 def make_output_dir(out: Path) -> None:
     """Create the directory of the output file ``out`` (and its parents)
     before anything is written there.
@@ -289,6 +309,10 @@ def _run_locked(
         if job.calibrate:  # the dtype probe and the tuning measure generation
             # the probe starts engines of its own: never a kept engine (serve and eval pass one), which it would reuse
             settings, engine_choice = measured_settings(model, settings, detect_device(), vllm_engine, print_to_stderr)
+            tokens = job_tokens(settings, scan) if job.sized_kv_cache and detect_device() == "cpu" else None
+            if tokens is not None and (kv := sized_kv_cache(model, settings.engine, tokens)):
+                settings = with_engine(settings, kv_cache_memory_bytes=kv["kv_cache_memory_bytes"])
+                engine_choice["kv_cache"] = kv
         engine = engine_factory(model, with_priority_scheduling(settings, scan.mentions_priority))
     settings = settings.resolve_chat_template(tokenizer)
     load_s = time.monotonic() - started

@@ -36,8 +36,8 @@ import time
 from collections.abc import Callable, Sequence
 from typing import Any
 
-from bulkinfer.config import PlanSettings, Settings
-from bulkinfer.engine.args import cpu_flags, native_bfloat16, this_machine, vllm_version
+from bulkinfer.config import PlanSettings, Settings, with_engine
+from bulkinfer.engine.args import cpu_flags, native_bfloat16, sized_kv_cache, this_machine, vllm_version
 from bulkinfer.engine.base import Engine, EngineFactory
 from bulkinfer.engine.feed import feed
 from bulkinfer.engine.log import terminal
@@ -60,6 +60,10 @@ PROBE_SPEED_ROWS = 32
 
 
 PROBE_SPEED_TOKENS = 16
+
+
+# Tokens the probe's work takes at most (its passages and speed rows): its engines get the smallest KV cache.
+PROBE_KV_TOKENS = 8192
 
 
 # The reference text the probe scores: public-domain passages, each given its title as the prompt.
@@ -176,7 +180,10 @@ def probe_dtype(
     for dtype in dtypes:
         if say:
             say(f"dtype probe: {dtype}")
-        engine = engine_factory(model, _with(settings, dtype=dtype, data_parallel_size=1))  # one engine, not replicas
+        probe = with_engine(settings, dtype=dtype, data_parallel_size=1)  # one engine, not replicas
+        if kv := sized_kv_cache(model, probe.engine, PROBE_KV_TOKENS):  # the floor: ~10 s less to start on CPU
+            probe = with_engine(probe, kv_cache_memory_bytes=kv["kv_cache_memory_bytes"])
+        engine = engine_factory(model, probe)
         try:
             nll = reference_nll(_passages(), tokenizer, engine, raw, progress_plain=True)
             if nll.failed:
@@ -221,14 +228,14 @@ def measured_settings(
             if say:
                 say("measuring which dtype is right and fastest for this model on this CPU (once; stored)")
             stored = record_choice("dtype", model, machine, probe_dtype(model, settings, engine_factory, say=say))
-        settings = _with(settings, dtype=stored["dtype"])
+        settings = with_engine(settings, dtype=stored["dtype"])
         choice["dtype"] = {k: stored[k] for k in ("dtype", "why", "trials", "measured_at") if k in stored}
     else:
         choice["dtype"] = {"dtype": settings.engine.dtype, "why": "set by the user"}
     tuned = stored_choice("scheduler", model, _tune_machine())
     if tuned is not None:
         unset = {k: v for k, v in tuned["settings"].items() if getattr(settings.engine, k) is None}
-        settings = _with(settings, **unset)
+        settings = with_engine(settings, **unset)
         choice["scheduler"] = {"settings": unset, "measured_at": tuned["measured_at"], "trials": tuned["trials"]}
     return settings, choice
 
@@ -253,7 +260,7 @@ def tune(
     def measure(candidate: dict[str, int]) -> float:
         if say:
             say(f"tuning: {', '.join(f'{k}={v}' for k, v in candidate.items())}")
-        engine = engine_factory(model, _with(settings, **candidate))
+        engine = engine_factory(model, with_engine(settings, **candidate))
         try:
             _speed(engine, tokenizer, 16, 4)  # warm-up
             rate = _speed(engine, tokenizer, TUNE_ROWS, TUNE_MAX_TOKENS)
@@ -279,10 +286,6 @@ def tune(
 
 def _tune_machine() -> dict[str, Any]:
     return {**this_machine(), "vllm": vllm_version()}
-
-
-def _with(settings: Settings, **engine: Any) -> Settings:
-    return dataclasses.replace(settings, engine=dataclasses.replace(settings.engine, **engine))
 
 
 def _passages() -> list[tuple[Request, str]]:

@@ -22,6 +22,7 @@ cancelled with what they finished.
 
 from __future__ import annotations
 
+import dataclasses
 import threading
 from pathlib import Path
 from typing import Any, Protocol
@@ -30,7 +31,7 @@ from bulkinfer.config import Settings
 from bulkinfer.engine.base import Engine, EngineFactory, KeptEngine
 from bulkinfer.errors import BulkinferError, Interrupted
 from bulkinfer.jobs.output_files import OutputFiles, RunPaths
-from bulkinfer.jobs.run import run
+from bulkinfer.jobs.run import GENERATE, run
 from bulkinfer.models import TokenizerFactory, load_tokenizer
 from bulkinfer.serve.objects import usage_object
 from bulkinfer.serve.progress import LiveCounts, RowTally, report_throughput
@@ -39,6 +40,9 @@ from bulkinfer.serve.validate import MAX_LINES, batch_error, validate_input
 from bulkinfer.stop import StopToken
 
 RESUMABLE = ("in_progress", "finalizing")
+
+# A batch is a generation job whose engine serves the batches after it: its KV cache is not sized to it.
+SERVED = dataclasses.replace(GENERATE, sized_kv_cache=False)
 
 
 class Runner(Protocol):
@@ -159,6 +163,7 @@ class BatchWorker(threading.Thread):
                 progress_plain=True,
                 verbose=True,  # the engine's output stays on the server's stdout/stderr: no fd capture in a thread
                 stop=token,
+                job=SERVED,
             )
         except Interrupted:
             return  # cancelled (the caller publishes it), or shutting down (stays in_progress: resumed at start)

@@ -93,6 +93,27 @@ def test_the_terminal_holds_only_bulkinfers_lines(mixed: dict[str, Any]) -> None
     assert "INFO" in log and "vllm" in log.lower(), log[-2000:]
 
 
+def test_a_small_job_gets_the_smallest_kv_cache(mixed: dict[str, Any]) -> None:
+    """40 rows need far less than the default 25% of memory: the 1 GiB floor
+    (one 8,192-token request of SmolLM2-135M is 0.35 GiB), which vLLM takes."""
+    import re
+
+    from bulkinfer.engine.args import GiB, kv_cache_bytes_per_token
+    from bulkinfer.models import resolve_model
+
+    report = orjson.loads((mixed["out"].parent / "out.report.json").read_bytes())
+    choice = report["engine_choice"]
+    assert choice["kv_cache"]["kv_cache_memory_bytes"] == GiB
+    assert choice["kv_cache"]["why"].startswith("the floor, 1 GiB or one 8192-token request"), choice
+    per_token = kv_cache_bytes_per_token(resolve_model(None), choice["dtype"]["dtype"])
+    assert per_token is not None
+    log = (mixed["out"].parent / "out.log").read_text()
+    found = re.search(r"KV cache size: ([\d,]+) tokens", log)
+    assert found, log[-2000:]
+    tokens = int(found.group(1).replace(",", ""))  # whole blocks of the 1 GiB
+    assert GiB // per_token - 256 < tokens <= GiB // per_token, (tokens, per_token)
+
+
 def test_capital_of_france_is_paris(mixed: dict[str, Any]) -> None:
     outputs = {r["id"]: r for r in read_jsonl(mixed["out"])}
     answer = outputs["capital-france"]["completion"]

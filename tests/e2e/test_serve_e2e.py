@@ -39,7 +39,7 @@ class ServeProcess:
     included) goes to ``data``'s sibling ``serve-N.log``."""
 
     def __init__(self, data: Path, port: int, *extra: str):
-        self.port = port
+        self.data, self.port = data, port
         self.log = data.parent / f"serve-{len(list(data.parent.glob('serve-*.log')))}.log"
         args = ["serve", "--port", str(port), "--data-dir", str(data), *(f"--api-key={k}" for k in KEYS), *extra]
         with open(self.log, "wb") as log:
@@ -168,6 +168,8 @@ def test_a_batch_through_the_openai_client(server: ServeProcess) -> None:
         assert capital in answer(by_id[f"ask-capital-{country}"])
     assert all(r["response"]["body"]["usage"]["completion_tokens"] >= 1 for r in outputs)
     assert done.created_at <= done.in_progress_at <= done.finalizing_at <= done.completed_at  # type: ignore[operator]
+    report = orjson.loads((server.data / "batches" / batch.id / "output.report.json").read_bytes())
+    assert "kv_cache" not in report["engine_choice"]  # the engine serves later batches: not sized to this one
 
 
 def test_a_completions_batch(server: ServeProcess) -> None:

@@ -4,11 +4,20 @@
 from __future__ import annotations
 
 import dataclasses
+import json
+from pathlib import Path
 
 import pytest
 
 from bulkinfer.config import load_settings
-from bulkinfer.engine.args import resolve_engine_args
+from bulkinfer.engine.args import (
+    CPU_KV_CACHE_MIN_BYTES,
+    GiB,
+    job_kv_cache_bytes,
+    kv_cache_bytes_per_token,
+    resolve_engine_args,
+    sized_kv_cache,
+)
 from bulkinfer.errors import ConfigError
 
 
@@ -47,3 +56,45 @@ def test_a_wrong_engine_arg_is_named_with_the_closest_field(
     with pytest.raises(ConfigError, match=expected) as info:
         resolve_engine_args("/m", engine, "cpu", 0, engine_args_fields)
     assert repr(name) in str(info.value)
+
+
+# SmolLM2-135M's config.json (what the sizes need): 30 layers, 3 KV heads of 64, 8,192 positions
+SMOLLM2 = {
+    "num_hidden_layers": 30, "num_attention_heads": 9, "num_key_value_heads": 3, "hidden_size": 576,
+    "max_position_embeddings": 8192,
+}  # fmt: skip
+
+
+def test_the_kv_cache_bytes_per_token_of_smollm2_135m(tmp_path: Path) -> None:
+    # vLLM's log: 5.64 GiB hold 131,328 tokens (46,080 bytes each, float32)
+    (tmp_path / "config.json").write_text(json.dumps(SMOLLM2))
+    assert kv_cache_bytes_per_token(str(tmp_path), "float32") == 46_080
+    assert kv_cache_bytes_per_token(str(tmp_path), "bfloat16") == 23_040
+    assert kv_cache_bytes_per_token(str(tmp_path / "missing"), "float32") is None
+
+
+def test_a_small_job_gets_a_small_kv_cache_never_below_one_longest_request() -> None:
+    default = 6 * GiB
+    assert job_kv_cache_bytes(default, 100_000, 46_080, 8192) == 100_000 * 46_080  # the whole job, 4.3 GiB
+    assert job_kv_cache_bytes(default, 80, 46_080, 8192) == CPU_KV_CACHE_MIN_BYTES
+    assert job_kv_cache_bytes(default, 80, 1 << 20, 8192) == default  # one 8192-token request: 8 GiB
+    assert job_kv_cache_bytes(default, 10**9, 46_080, 8192) == default
+
+
+def test_the_kv_cache_says_why_and_a_users_size_wins(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    (tmp_path / "config.json").write_text(json.dumps(SMOLLM2))
+    monkeypatch.setattr("bulkinfer.engine.args.available_memory_bytes", lambda: 24 * GiB)  # default: 6 GiB
+    monkeypatch.delenv("VLLM_CPU_KVCACHE_SPACE", raising=False)
+    engine = load_settings().engine
+    model = str(tmp_path)
+    small = sized_kv_cache(model, engine, 80)
+    assert small == {"kv_cache_memory_bytes": GiB, "why": small["why"]}
+    assert small["why"] == "the floor, 1 GiB or one 8192-token request (the job's ~80 tokens need less)"
+    assert sized_kv_cache(model, engine, 50_000)["kv_cache_memory_bytes"] == 50_000 * 46_080
+    assert sized_kv_cache(model, engine, 10**6)["kv_cache_memory_bytes"] == 6 * GiB
+    assert sized_kv_cache(model, dataclasses.replace(engine, dtype="bfloat16"), 40_000)["kv_cache_memory_bytes"] == GiB
+    assert sized_kv_cache(model, dataclasses.replace(engine, kv_cache_memory_bytes=3 * GiB), 80) == {}
+    assert sized_kv_cache(model, dataclasses.replace(engine, gpu_memory_utilization=0.5), 80) == {}
+    assert sized_kv_cache(str(tmp_path / "missing"), engine, 80) == {}
+    monkeypatch.setenv("VLLM_CPU_KVCACHE_SPACE", "2")
+    assert sized_kv_cache(model, engine, 80) == {}

@@ -320,3 +320,22 @@ def test_eval_closes_the_kept_engine_when_scoring_fails(tmp_path: Path) -> None:
     with pytest.raises(ConfigError, match="no prediction"):
         run_eval(golden, tmp_path / "out.jsonl", load_settings(), perplexity=True, engine_factory=factory)
     assert len(made) == 1 and made[0].closed
+
+
+def test_job_tokens_counts_the_input_and_every_completion(tmp_path: Path) -> None:
+    import dataclasses
+    import gzip
+
+    from bulkinfer.config import RaySettings
+    from bulkinfer.io.inputs import scan_input
+    from bulkinfer.jobs.run import TEMPLATE_TOKENS, job_tokens
+
+    src = make_input(tmp_path, 10)
+    packed = tmp_path / "in.jsonl.gz"
+    packed.write_bytes(gzip.compress(src.read_bytes()))
+    scan = scan_input(packed)
+    assert (scan.rows, scan.bytes) == (10, src.stat().st_size)  # the uncompressed bytes
+    settings = load_settings(overrides={"sampling.max_tokens": 100, "sampling.n": 2})
+    assert job_tokens(settings, scan) == src.stat().st_size // 2 + 10 * (2 * 100 + TEMPLATE_TOKENS)
+    remote = dataclasses.replace(settings, ray=RaySettings(address="auto"))
+    assert job_tokens(remote, scan) is None  # a cluster's machines: their own default
