@@ -23,7 +23,8 @@ def vllm_engine(model: str, settings: Settings) -> Engine:
     ``engine.data_parallel_size`` N > 1, N replicas
     (:class:`~bulkinfer.engine.replicas.Replicas`), each an engine of its own
     on its share of the devices (:func:`~bulkinfer.engine.replicas.replica_environments`),
-    started one after another; with ``ray.address`` set, the replicas are
+    started side by side (one at a time until its engine core process is
+    spawned); with ``ray.address`` set, the replicas are
     Ray actors on that cluster (:func:`~bulkinfer.engine.cluster.ray_engine`).
 
     Raises:
@@ -38,12 +39,28 @@ def vllm_engine(model: str, settings: Settings) -> Engine:
         return VllmEngine(model, settings.engine, stall_timeout_s=settings.plan.stall_timeout_s)
     one = dataclasses.replace(settings.engine, data_parallel_size=1)
     step_done = threading.Event()
-    engines: list[Engine] = []
-    try:
-        for environment in replica_environments(replicas, settings.engine.tensor_parallel_size, detect_device()):
-            engines.append(VllmEngine(model, one, settings.plan.stall_timeout_s, environment, step_done))
-    except BaseException:
+    environments = replica_environments(replicas, settings.engine.tensor_parallel_size, detect_device())
+    started: list[Engine | BaseException | None] = [None] * len(environments)
+
+    def start(i: int) -> None:
+        try:
+            started[i] = VllmEngine(model, one, settings.plan.stall_timeout_s, environments[i], step_done)
+        except BaseException as exc:  # the caller raises it
+            started[i] = exc
+
+    # side by side: each start holds the process's environment only until its engine core is spawned
+    threads = [
+        threading.Thread(target=start, args=(i,), name=f"bulkinfer-replica-{i}", daemon=True) for i in range(replicas)
+    ]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        while thread.is_alive():
+            thread.join(0.2)  # a stop signal's exception reaches this (main) thread between waits
+    engines = [e for e in started if not isinstance(e, BaseException) and e is not None]
+    failed = [e for e in started if isinstance(e, BaseException)]
+    if failed:
         for engine in engines:
             engine.close()
-        raise
+        raise failed[0]
     return Replicas(engines, step_done)

@@ -149,28 +149,24 @@ class VllmEngine:
         earlier = {p.pid for p in psutil.Process().children(recursive=True)}  # another replica's
         self._watchdog = Watchdog()  # before any engine process exists
         try:
-            with _environment(environment or {}):
+            with _environment_until_spawned(environment or {}):
                 self._engine = LLMEngine.from_engine_args(EngineArgs(**args), usage_context=UsageContext.LLM_CLASS)
         except BaseException as exc:
             self._watchdog.kill()
             if isinstance(exc, BulkinferError | KeyboardInterrupt | SystemExit):
                 raise
             raise EngineError(f"the vLLM engine failed to start: {type(exc).__name__}: {exc}") from exc
-        watchdog_pid = self._watchdog.pid
-        # The engine's processes; multiprocessing's resource tracker is not one
-        # (it stays until this process exits, and cleans up after the others),
-        # nor are those of another replica started before.
-        self._processes = [
-            p
-            for p in psutil.Process().children(recursive=True)
-            if p.pid != watchdog_pid and p.pid not in earlier and "resource_tracker" not in " ".join(_cmdline(p))
-        ]
-        self._names = {p.pid: _name(p) for p in self._processes}
         # vLLM's multiprocessing handles of its engine core processes, kept here:
         # vLLM may drop its own once it sees the engine die
         resources = getattr(getattr(self._engine, "engine_core", None), "resources", None)
         manager_processes = getattr(getattr(resources, "engine_manager", None), "processes", None) or ()
         self._core_processes = {proc.pid: proc for proc in manager_processes if getattr(proc, "pid", None)}
+        # The engine's processes: its engine cores and their workers (not
+        # another replica's, which may start meanwhile, nor multiprocessing's
+        # resource tracker, which stays until this process exits and cleans up
+        # after the others).
+        self._processes = _engine_processes(self._core_processes, earlier | {self._watchdog.pid})
+        self._names = {p.pid: _name(p) for p in self._processes}
         self._stepper = _Stepper(self._engine.step, step_done)
         self._buffered: list[Completion] = []
         self._unfinished: set[str] = set()  # request ids added and not yet returned finished
@@ -403,19 +399,77 @@ class VllmEngine:
             self._watchdog.close()
 
 
+# One engine start at a time sets its environment, until its engine core process is spawned with it.
+_SPAWNING = threading.Lock()
+
+
 @contextlib.contextmanager
-def _environment(variables: Mapping[str, str]) -> Iterator[None]:
-    """``variables`` set in ``os.environ`` for the block, then restored."""
+def _environment_until_spawned(variables: Mapping[str, str]) -> Iterator[None]:
+    """``variables`` set in ``os.environ`` until this process has started a
+    new ``multiprocessing`` process (vLLM's engine core, which inherits them)
+    or the block ends, then restored. Starts in other threads wait meanwhile
+    (:data:`_SPAWNING`), then go on while this one waits for its engine to
+    load: replicas load side by side, each with its own variables."""
+    import multiprocessing
+
+    _SPAWNING.acquire()
+    before = set(_children(multiprocessing))
     saved = {name: os.environ.get(name) for name in variables}
     os.environ.update(variables)
+    once, ended = threading.Lock(), threading.Event()
+
+    def restore() -> None:
+        if once.acquire(blocking=False):  # the first of the watcher and the block's end
+            for name, value in saved.items():
+                if value is None:
+                    os.environ.pop(name, None)
+                else:
+                    os.environ[name] = value
+            _SPAWNING.release()
+
+    def watch() -> None:
+        while not ended.wait(0.05):
+            if set(_children(multiprocessing)) - before:
+                restore()
+                return
+
+    watcher = threading.Thread(target=watch, name="bulkinfer-engine-spawn", daemon=True)
+    watcher.start()
     try:
         yield
     finally:
-        for name, value in saved.items():
-            if value is None:
-                os.environ.pop(name, None)
-            else:
-                os.environ[name] = value
+        ended.set()
+        restore()
+
+
+def _children(multiprocessing: Any) -> list[Any]:
+    """The processes ``multiprocessing`` started in this process, alive
+    (another thread may be starting one: the set is read again)."""
+    for _ in range(100):
+        try:
+            return list(multiprocessing.active_children())
+        except RuntimeError:  # "Set changed size during iteration"
+            continue
+    return []
+
+
+def _engine_processes(cores: Mapping[int, Any], earlier: set[int]) -> list[Any]:
+    """psutil processes of the engine cores ``cores`` (pid -> handle) and
+    their descendants (the workers); where vLLM gave no handles, this
+    process's descendants but ``earlier`` (those that were there before, and
+    the watchdog). The resource tracker is never one."""
+    import psutil
+
+    found = []
+    for pid in cores:
+        try:
+            core = psutil.Process(pid)
+            found += [core, *core.children(recursive=True)]
+        except psutil.Error:
+            continue
+    if not cores:
+        found = [p for p in psutil.Process().children(recursive=True) if p.pid not in earlier]
+    return [p for p in found if "resource_tracker" not in " ".join(_cmdline(p))]
 
 
 def _alive(proc: Any) -> bool:

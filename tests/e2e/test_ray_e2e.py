@@ -26,6 +26,10 @@ ray = pytest.importorskip("ray", reason="the Ray tests need bulkinfer[ray] (make
 
 ROWS = 40
 
+# Each replica's KV cache: 1 GiB holds these 40-row jobs; the CPU default (25% of memory) would take each replica
+# ~10 s more to allocate. bulkinfer sizes it by itself only where the engines run on this machine (not a cluster's).
+KV_CACHE = ["--kv-cache-memory-bytes", str(1 << 30)]
+
 
 @pytest.fixture(scope="module")
 def cluster() -> Iterator[str]:
@@ -56,7 +60,7 @@ def test_a_replica_killed_mid_run_hands_its_requests_to_the_other(tmp_path: Path
     death and the requests that went to the other replica."""
     src, out = tmp_path / "in.jsonl", tmp_path / "out.jsonl"
     write_jsonl(src, read_jsonl(SAMPLE / "sharegpt.jsonl")[:ROWS])
-    flags = ["--max-tokens", "32", "--temperature", "0", "--plain-progress", "--max-in-flight", "8"]
+    flags = ["--max-tokens", "32", "--temperature", "0", "--plain-progress", "--max-in-flight", "8", *KV_CACHE]
     run = subprocess.Popen(
         [sys.executable, "-m", "bulkinfer", "run", str(src), "-o", str(out), "--ray", cluster, "-dp", "2", *flags],
         stdout=subprocess.PIPE,
@@ -93,5 +97,5 @@ def test_a_replica_killed_mid_run_hands_its_requests_to_the_other(tmp_path: Path
 def test_kill_9_of_the_driver_during_a_ray_run_then_resume(tmp_path: Path, cluster: str) -> None:
     """The driver killed: Ray ends its actors (their engines with them), and
     ``--resume`` on the same cluster finishes every id exactly once."""
-    report = kill_9_then_resume(tmp_path, "--ray", cluster, engines=replica_actors)
+    report = kill_9_then_resume(tmp_path, "--ray", cluster, *KV_CACHE, engines=replica_actors)
     assert report["engine"]["ray_address"] == cluster

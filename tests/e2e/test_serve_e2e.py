@@ -34,6 +34,11 @@ DONE = ("completed", "failed", "cancelled", "expired")
 START_S = 600.0  # a server's first batch waits for the engine to load (~40 s here)
 
 
+# A KV cache of 1 GiB for the servers started three times over: it holds the 60-row batch, where the CPU default
+# (25% of memory, which a server keeps rather than size it to its first batch) takes each start ~10 s more.
+KV_CACHE = f"[engine]\nkv_cache_memory_bytes = {1 << 30}\n"
+
+
 class ServeProcess:
     """``bulkinfer serve`` on ``port`` over ``data``; its output (vLLM's log
     included) goes to ``data``'s sibling ``serve-N.log``."""
@@ -289,7 +294,7 @@ def test_sigterm_then_sigkill_mid_batch_and_the_batch_completes(tmp_path: Path) 
     lines = chat_lines(rows, max_tokens=48)
     # four requests in flight: rows finish a few at a time, so each stop lands mid-batch
     config = tmp_path / "serve.toml"
-    config.write_text("[plan]\nmax_in_flight = 4\n")
+    config.write_text(f"[plan]\nmax_in_flight = 4\n{KV_CACHE}")
     first = ServeProcess(data, port, "--config", str(config))
     try:
         batch = submit(first.client(), lines)

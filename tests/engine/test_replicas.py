@@ -6,6 +6,8 @@ devices. Fake engines: the orchestration, not inference (tests/e2e runs
 
 from __future__ import annotations
 
+import os
+import threading
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -281,3 +283,39 @@ def test_a_run_with_a_replica_lost_writes_every_row_once_and_reports_the_death(t
     assert f"1 died, {replicas[0]['requeued']} requests moved" in terminal
     assert "<th>deaths</th><th>requeued</th>" in page
     assert f'<td class="n">{replicas[0]["requeued"]}</td>' in page
+
+
+def test_replica_starts_overlap_each_spawning_with_its_own_environment(tmp_path: Path) -> None:
+    """The first start holds the environment only until its process is
+    spawned: the second starts (and ends) while the first still waits, as an
+    engine loads; each child sees its own value; the environment is restored."""
+    import multiprocessing
+
+    from bulkinfer.engine.vllm import _environment_until_spawned
+
+    spawn = multiprocessing.get_context("spawn")
+    name = "BULKINFER_TEST_REPLICA"
+    first_spawned, second_done = threading.Event(), threading.Event()
+    overlapped: list[bool] = []
+
+    def start(value: str) -> None:
+        with _environment_until_spawned({name: value}):
+            child = spawn.Process(target=os.system, args=(f"echo ${name} > {tmp_path / value}; sleep 1",))
+            child.start()
+            if value == "a":
+                first_spawned.set()
+                overlapped.append(second_done.wait(30))  # the first engine "loads" while the second starts
+            child.join()
+        if value == "b":
+            second_done.set()
+
+    first = threading.Thread(target=start, args=("a",))
+    first.start()
+    assert first_spawned.wait(30)
+    second = threading.Thread(target=start, args=("b",))
+    second.start()
+    first.join(60)
+    second.join(60)
+    assert overlapped == [True]
+    assert [(tmp_path / v).read_text().strip() for v in ("a", "b")] == ["a", "b"]
+    assert name not in os.environ
