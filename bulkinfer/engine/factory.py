@@ -14,7 +14,7 @@ from bulkinfer.engine.base import Engine
 from bulkinfer.engine.cluster import ray_engine
 from bulkinfer.engine.replicas import Replicas, replica_environments
 from bulkinfer.engine.sampling import check_sampling_defaults
-from bulkinfer.engine.vllm import VllmEngine
+from bulkinfer.engine.vllm import VllmEngine, import_vllm
 
 
 def vllm_engine(model: str, settings: Settings) -> Engine:
@@ -40,6 +40,7 @@ def vllm_engine(model: str, settings: Settings) -> Engine:
     one = dataclasses.replace(settings.engine, data_parallel_size=1)
     step_done = threading.Event()
     environments = replica_environments(replicas, settings.engine.tensor_parallel_size, detect_device())
+    import_vllm()  # here, not in two threads at once
     started: list[Engine | BaseException | None] = [None] * len(environments)
 
     def start(i: int) -> None:

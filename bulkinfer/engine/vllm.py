@@ -118,14 +118,12 @@ class VllmEngine:
         environment: Mapping[str, str] | None = None,
         step_done: threading.Event | None = None,
     ):
-        configure_environment()
-        try:
-            import vllm
-            from vllm import EngineArgs, LLMEngine, PoolingParams, SamplingParams
-            from vllm.sampling_params import RequestOutputKind
-            from vllm.usage.usage_lib import UsageContext
-        except ImportError as exc:
-            raise EngineError(f"vLLM is not installed ({exc}); run `make install`") from None
+        import_vllm()
+        import vllm
+        from vllm import EngineArgs, LLMEngine, PoolingParams, SamplingParams
+        from vllm.sampling_params import RequestOutputKind
+        from vllm.usage.usage_lib import UsageContext
+
         self._sampling_params = SamplingParams
         self._pooling_params = PoolingParams
         self._final_only = RequestOutputKind.FINAL_ONLY
@@ -397,6 +395,25 @@ class VllmEngine:
             self._watchdog.kill()
         else:
             self._watchdog.close()
+
+
+def import_vllm() -> None:
+    """Import what an engine start needs from vLLM (and torch), after
+    bulkinfer's environment defaults: done once, before replicas start in
+    threads (two threads importing one package at once may deadlock on its
+    import locks).
+
+    Raises:
+        EngineError: vLLM is not installed.
+    """
+    configure_environment()
+    try:
+        import vllm  # noqa: F401
+        from vllm import EngineArgs, LLMEngine, PoolingParams, SamplingParams  # noqa: F401
+        from vllm.sampling_params import RequestOutputKind  # noqa: F401
+        from vllm.usage.usage_lib import UsageContext  # noqa: F401
+    except ImportError as exc:
+        raise EngineError(f"vLLM is not installed ({exc}); run `make install`") from None
 
 
 # One engine start at a time sets its environment, until its engine core process is spawned with it.
