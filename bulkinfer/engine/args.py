@@ -94,9 +94,11 @@ def sized_kv_cache(model_dir: str, settings: EngineSettings, job_tokens: int) ->
     "why"}``; empty when the user sized the cache
     (:func:`kv_cache_left_to_bulkinfer`) or the model's ``config.json`` lacks
     what the size needs."""
+    if not kv_cache_left_to_bulkinfer(settings):
+        return {}
     per_token = kv_cache_bytes_per_token(model_dir, settings.dtype)
     max_len = settings.max_model_len or model_max_len(model_dir)
-    if not kv_cache_left_to_bulkinfer(settings) or per_token is None or max_len is None:
+    if per_token is None or max_len is None:
         return {}
     default = cpu_kv_cache_default(available_memory_bytes())
     size = job_kv_cache_bytes(default, job_tokens, per_token, max_len)

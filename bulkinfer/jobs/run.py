@@ -229,8 +229,7 @@ def with_priority_scheduling(settings: Settings, rows_set_priority: bool) -> Set
     extra = settings.engine.extra_args
     if "scheduling_policy" in extra or not (rows_set_priority or settings.sampling.priority):
         return settings
-    engine = dataclasses.replace(settings.engine, extra_args={**extra, "scheduling_policy": "priority"})
-    return dataclasses.replace(settings, engine=engine)
+    return with_engine(settings, extra_args={**extra, "scheduling_policy": "priority"})
 
 
 # Tokens a row's chat template adds beyond its JSON bytes / 2 (and its n x max_tokens completion tokens).
@@ -308,8 +307,9 @@ def _run_locked(
         engine_choice = {}
         if job.calibrate:  # the dtype probe and the tuning measure generation
             # the probe starts engines of its own: never a kept engine (serve and eval pass one), which it would reuse
-            settings, engine_choice = measured_settings(model, settings, detect_device(), vllm_engine, print_to_stderr)
-            tokens = job_tokens(settings, scan) if job.sized_kv_cache and detect_device() == "cpu" else None
+            device = detect_device()
+            settings, engine_choice = measured_settings(model, settings, device, vllm_engine, print_to_stderr)
+            tokens = job_tokens(settings, scan) if job.sized_kv_cache and device == "cpu" else None
             if tokens is not None and (kv := sized_kv_cache(model, settings.engine, tokens)):
                 settings = with_engine(settings, kv_cache_memory_bytes=kv["kv_cache_memory_bytes"])
                 engine_choice["kv_cache"] = kv
