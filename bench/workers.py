@@ -21,6 +21,7 @@ from pathlib import Path
 from typing import Any
 
 from bench.workload import Row, padding_efficiency, read_token_rows, static_batches
+from bulkinfer.engine.starts import engine_start
 
 
 def _write(path: Path, result: dict[str, Any]) -> None:
@@ -78,7 +79,8 @@ def vllm_generate(args: argparse.Namespace) -> None:
     from vllm import LLM
 
     rows = read_token_rows(args.rows)
-    llm = LLM(model=args.model, tokenizer=args.model, **json.loads(args.engine_args))
+    with engine_start(args.model, "raw vLLM"):
+        llm = LLM(model=args.model, tokenizer=args.model, **json.loads(args.engine_args))
     load_s = time.perf_counter() - started
     result: dict[str, Any] = {
         "load_s": load_s,
@@ -186,10 +188,13 @@ def run_batch(args: argparse.Namespace) -> None:
     parsed = rb.parse_args()
     marks: dict[str, float] = {}
     build_registry, write_file = rb.build_endpoint_registry, rb.write_file
+    start = engine_start(str(getattr(parsed, "model", "")), "vLLM run-batch")
+    start.__enter__()  # the engine starts inside rb.main; it is ready when the endpoints are built
 
     async def timed_build_registry(*a: Any, **kw: Any) -> Any:
         registry = await build_registry(*a, **kw)
         marks["ready"] = time.perf_counter()
+        start.__exit__(None, None, None)
         return registry
 
     async def timed_write_file(*a: Any, **kw: Any) -> Any:

@@ -13,6 +13,10 @@ and run in any thread; stop one from another thread with a
     print(result.completed, result.failed, result.report["throughput"])
     vectors = bulkinfer.embed("docs.jsonl", "docs.parquet")  # bulkinfer embed
 
+    with bulkinfer.open_engine(max_num_seqs=128) as engine:  # one engine start for many files
+        for name in ("a.jsonl", "b.jsonl"):
+            bulkinfer.run(name, engine=engine, max_tokens=64)
+
 Option names (``**overrides``) are ``bulkinfer run``'s flags with
 underscores (``max_tokens``, ``max_num_seqs``, ``order``, ...); any other
 vLLM ``EngineArgs`` field goes in ``engine_args``.
@@ -32,9 +36,22 @@ from bulkinfer.stop import StopToken
 if TYPE_CHECKING:
     from bulkinfer.jobs.eval import EvalResult
     from bulkinfer.jobs.run import RunReport
+    from bulkinfer.jobs.shared_engine import SharedEngine
 
 __version__ = "0.1.0"
-__all__ = ["EvalResult", "RunReport", "Settings", "StopToken", "embed", "evaluate", "load_settings", "plan", "run"]
+__all__ = [
+    "EvalResult",
+    "RunReport",
+    "Settings",
+    "SharedEngine",
+    "StopToken",
+    "embed",
+    "evaluate",
+    "load_settings",
+    "open_engine",
+    "plan",
+    "run",
+]
 
 
 def _settings(
@@ -62,6 +79,55 @@ def _settings(
     return with_overrides(settings or load_settings(), dotted, origins)
 
 
+def _engine_overrides(overrides: Mapping[str, Any], engine_args: Mapping[str, Any] | None) -> dict[str, Any]:
+    """The options among ``overrides`` and ``engine_args`` that set the model or the engine."""
+    from bulkinfer.config import option_keys
+
+    keys = option_keys()
+    found = {n: v for n, v in overrides.items() if keys.get(n, "").split(".")[0] in ("model", "engine")}
+    return {**found, **{f"engine_args[{n!r}]": v for n, v in (engine_args or {}).items()}}
+
+
+def _on_engine(
+    engine: SharedEngine | None,
+    settings: Settings | None,
+    overrides: Mapping[str, Any],
+    engine_args: Mapping[str, Any] | None,
+) -> tuple[Settings, Any]:
+    """The run's settings and engine factory: its own engine (the default),
+    or ``engine``, whose settings a run may not change (ConfigError)."""
+    if engine is None:
+        from bulkinfer.engine.factory import vllm_engine
+
+        return _settings(settings, overrides, engine_args), vllm_engine
+    run_only = {n: v for n, v in overrides.items() if n not in _engine_overrides(overrides, None)}
+    base = engine.settings_for(settings, _engine_overrides(overrides, engine_args))
+    return _settings(base, run_only, None), engine
+
+
+def open_engine(
+    settings: Settings | None = None, *, engine_args: Mapping[str, Any] | None = None, **overrides: Any
+) -> SharedEngine:
+    """Start one engine for several runs in this process: pass it as
+    ``bulkinfer.run(..., engine=it)`` or ``bulkinfer.evaluate(...,
+    engine=it)`` and the engine start (30-60 s on CPU) is paid once. Close
+    it with ``.close()`` or a ``with`` block.
+
+    The engine's settings are fixed here (``model=``, the ``[engine]``
+    options, ``engine_args``): the dtype bulkinfer decides for this machine,
+    the KV cache given or vLLM's default (not sized to one job). A run on
+    it that gives an engine setting raises ConfigError. Each run's rows may
+    set ``priority`` only if the engine was opened with
+    ``engine_args={"scheduling_policy": "priority"}``.
+
+    Raises:
+        ConfigError, ModelError, EngineError: as :func:`run`'s engine start.
+    """
+    from bulkinfer.jobs.shared_engine import SharedEngine
+
+    return SharedEngine(_settings(settings, overrides, engine_args))
+
+
 def run(
     input_path: str | Path,
     output_path: str | Path | None = None,
@@ -70,6 +136,7 @@ def run(
     overwrite: bool = False,
     resume: bool = False,
     engine_args: Mapping[str, Any] | None = None,
+    engine: SharedEngine | None = None,
     stop: StopToken | None = None,
     progress_plain: bool = False,
     verbose: bool = False,
@@ -87,6 +154,8 @@ def run(
         overwrite, resume: as ``--overwrite`` / ``--resume``.
         engine_args: any other vLLM ``EngineArgs`` fields
             (``{"enable_prefix_caching": False}``), as ``--engine-arg``.
+        engine: an engine from :func:`open_engine` to run on instead of
+            starting one; the run then takes no model or engine option.
         stop: set it (from any thread) to stop the run cleanly: finished
             rows stay on disk, resume with ``resume=True``.
         **overrides: ``bulkinfer run`` options by name (``max_tokens=64``).
@@ -104,11 +173,13 @@ def run(
     from bulkinfer.jobs.run import run as run_job
 
     paths = RunPaths.build(Path(input_path), Path(output_path) if output_path is not None else None)
+    run_settings, engine_factory = _on_engine(engine, settings, overrides, engine_args)
     return run_job(
         paths,
-        _settings(settings, overrides, engine_args),
+        run_settings,
         overwrite=overwrite,
         resume=resume,
+        engine_factory=engine_factory,
         progress_plain=progress_plain,
         verbose=verbose,
         stop=stop,
@@ -194,6 +265,7 @@ def evaluate(
     overwrite: bool = False,
     resume: bool = False,
     engine_args: Mapping[str, Any] | None = None,
+    engine: SharedEngine | None = None,
     stop: StopToken | None = None,
     progress_plain: bool = False,
     verbose: bool = False,
@@ -207,6 +279,7 @@ def evaluate(
         perplexity: also the perplexity of each reference given its prompt.
         bootstrap: paired bootstrap resamples for 95% intervals (0: none).
         fail_under: metric -> bar (``{"bleu": 20}``): exit code 8 below it.
+        engine: as :func:`run` (the perplexity pass uses it too).
         the others: as :func:`run`.
 
     Returns:
@@ -220,10 +293,11 @@ def evaluate(
     from bulkinfer.jobs.eval import run_eval
 
     golden = Path(golden)
+    eval_settings, engine_factory = _on_engine(engine, settings, overrides, engine_args)
     return run_eval(
         golden,
         Path(output_path) if output_path is not None else default_output(golden),
-        _settings(settings, overrides, engine_args),
+        eval_settings,
         predictions=Path(predictions) if predictions is not None else None,
         perplexity=perplexity,
         bootstrap=bootstrap,
@@ -231,6 +305,7 @@ def evaluate(
         overwrite=overwrite,
         resume=resume,
         progress_plain=progress_plain,
+        engine_factory=engine_factory,
         verbose=verbose,
         stop=stop,
     )
@@ -246,4 +321,8 @@ def __getattr__(name: str) -> Any:
         from bulkinfer.jobs.eval import EvalResult
 
         return EvalResult
+    if name == "SharedEngine":
+        from bulkinfer.jobs.shared_engine import SharedEngine
+
+        return SharedEngine
     raise AttributeError(f"module 'bulkinfer' has no attribute {name!r}")

@@ -77,7 +77,7 @@ def resolve_model(model: str | None, home: Path | None = None) -> str:
         home: bulkinfer's data directory; ``bulkinfer_home()`` when None.
 
     Returns:
-        The absolute path of a local model directory, or the hub id as given
+        The real (symlinks resolved) absolute path of a local model directory, or the hub id as given
         (a string that looks like ``org/name`` and is not a local path).
 
     A path-like ``model`` (see ``_is_path_like``) that does not exist is an
@@ -92,10 +92,11 @@ def resolve_model(model: str | None, home: Path | None = None) -> str:
             ``config.json`` or no weights; a hub id is neither cached nor
             found on the hub; or the default model cannot be prepared.
     """
+    # every local model as its real path: one model, one key in the calibration store
     if model is None or model == DEFAULT_MODEL:
-        return str(prepare_default_model(home))
+        return str(prepare_default_model(home).resolve())
     if model == DEFAULT_ENCODER:
-        return str(prepare_default_encoder(home))
+        return str(prepare_default_encoder(home).resolve())
     if not model.strip():
         raise ModelError(f"unknown model {model!r}: the model name is empty; {_WHAT_TO_GIVE}")
     local = Path(model).expanduser()

@@ -8,4 +8,4 @@ CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser")
 # No background connections: this machine's network is closed to them.
 FLAGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-background-networking", "--disable-sync",
          "--disable-component-update", "--no-first-run"]  # fmt: skip
-NO_CHROMIUM = "Chromium is not installed (make test installs it with apt where it can)"
+NO_CHROMIUM = "Chromium is not installed (make browser installs it, as root with apt-get)"

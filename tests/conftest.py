@@ -2,7 +2,13 @@
 pointing at a session directory whose default model is the tiny stand-in of
 :mod:`tiny_model`: orchestration tests never load the real model, whatever
 the user's home holds, and need no network. ``e2e`` tests use the real
-default model (prepared in the real ``BULKINFER_HOME`` on first use)."""
+default model (prepared in the real ``BULKINFER_HOME`` on first use).
+
+Which skips a run allows is :mod:`skip_policy` (loaded here): a test marked
+``device("cuda", reason=...)`` or ``devices(2, reason=...)`` is skipped where
+the run's device (bulkinfer's own choice, ``detect_device``; the environment
+variable ``BULKINFER_TEST_DEVICE=cpu|cuda`` overrides it) or its count falls
+short; under CI (``CI`` set, not ``0``/``false``) any other skip fails."""
 
 from __future__ import annotations
 
@@ -11,6 +17,8 @@ from pathlib import Path
 
 import pytest
 import tiny_model
+
+pytest_plugins = ["skip_policy"]
 
 
 @pytest.fixture(scope="session")

@@ -17,6 +17,17 @@ from bulkinfer.stop import StopToken
 NLL_PER_TOKEN = 0.5
 
 
+def without_native_bfloat16() -> None:
+    """Make this process see a CPU without native bfloat16 (flags ``avx2``
+    only), as the fast suite does in every test (tests/conftest.py): a run on
+    a fake engine then keeps float32 without starting the dtype probe, whose
+    engines are real vLLM ones, on every CPU kind. For the driver scripts a
+    test runs as its own process."""
+    import bulkinfer.jobs.tune
+
+    bulkinfer.jobs.tune.cpu_flags = lambda: {"avx2"}  # type: ignore[assignment]
+
+
 class FakeEngine:
     max_model_len = 2048
     max_num_seqs = 4

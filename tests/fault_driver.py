@@ -13,7 +13,7 @@ import sys
 import time
 from pathlib import Path
 
-from fakes import FakeEngine
+from fakes import FakeEngine, without_native_bfloat16
 
 from bulkinfer.cli import StopSignals
 from bulkinfer.config import load_settings
@@ -31,6 +31,7 @@ def main() -> int:
     parser.add_argument("--hang-at", type=int)
     parser.add_argument("--slow-start", type=float, default=0.0)
     args = parser.parse_args()
+    without_native_bfloat16()
     settings = load_settings(None, {"plan.max_in_flight": 2})
 
     def factory(model: str, s: object) -> FakeEngine:

@@ -9,23 +9,22 @@ from __future__ import annotations
 
 from typing import Any
 
-import pytest
+from openai.types import Completion, CreateEmbeddingResponse
+from openai.types.chat import ChatCompletion
+from vllm.entrypoints.launchers.run_batch import BatchRequestOutput
+from vllm.entrypoints.pooling.embed.protocol import EmbeddingResponse
 
 
 def check_openai_line(record: dict[str, Any]) -> Any:
     """Validate one output or error line of an OpenAI batch; the parsed
     ``BatchRequestOutput``. Raises pydantic's ValidationError on a bad line."""
-    run_batch = pytest.importorskip("vllm.entrypoints.launchers.run_batch")
-    from openai.types import Completion
-    from openai.types.chat import ChatCompletion
-
     response = record.get("response")
     if response is not None and response["body"]["object"] == "text_completion":
         Completion.model_validate(response["body"])
         record = {**record, "response": {**response, "body": None}}  # not in vLLM 0.32's union
     elif response is not None:
         ChatCompletion.model_validate(response["body"])
-    return run_batch.BatchRequestOutput.model_validate(record)
+    return BatchRequestOutput.model_validate(record)
 
 
 def check_embeddings_line(record: dict[str, Any]) -> Any:
@@ -35,11 +34,7 @@ def check_embeddings_line(record: dict[str, Any]) -> Any:
     SDK's ``CreateEmbeddingResponse`` (a base64 embedding decoded first, as
     the SDK's client does). Returns the parsed line; raises
     pydantic's ValidationError on a bad one."""
-    run_batch = pytest.importorskip("vllm.entrypoints.launchers.run_batch")
-    from openai.types import CreateEmbeddingResponse
-    from vllm.entrypoints.pooling.embed.protocol import EmbeddingResponse
-
-    parsed = run_batch.BatchRequestOutput.model_validate(record)
+    parsed = BatchRequestOutput.model_validate(record)
     response = record.get("response")
     if response is not None:
         # The SDK's model holds floats: its client decodes a base64 embedding

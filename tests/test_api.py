@@ -1,15 +1,20 @@
-"""The public Python API's settings handling (the real runs are in tests/e2e/test_e2e.py)."""
+"""The public Python API's settings handling and its shared engine, on the fake
+engine (the real runs are in tests/e2e/)."""
 
 from __future__ import annotations
 
 import subprocess
 import sys
+from pathlib import Path
 
+import orjson
 import pytest
+from fakes import FakeEngine
 
 import bulkinfer
-from bulkinfer.config import load_settings
+from bulkinfer.config import Settings, load_settings
 from bulkinfer.errors import ConfigError
+from bulkinfer.jobs.shared_engine import SharedEngine
 
 
 def test_overrides_are_run_options_by_name() -> None:
@@ -37,3 +42,44 @@ def test_importing_bulkinfer_imports_no_engine() -> None:
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
     assert out.strip() == "[]"
     assert set(bulkinfer.__all__) >= {"run", "plan", "evaluate", "Settings", "load_settings", "RunReport"}
+
+
+def _lines(path: Path) -> list[dict]:  # type: ignore[type-arg]
+    return [orjson.loads(line) for line in path.read_bytes().splitlines()]
+
+
+def test_a_shared_engine_starts_once_for_many_runs(tmp_path: Path) -> None:
+    started: list[FakeEngine] = []
+
+    def factory(model: str, settings: Settings) -> FakeEngine:
+        started.append(FakeEngine())
+        return started[-1]
+
+    src = tmp_path / "in.jsonl"
+    src.write_bytes(b"".join(orjson.dumps({"id": f"r{i}", "prompt": "hello there"}) + b"\n" for i in range(5)))
+    with SharedEngine(load_settings(), engine_factory=factory) as shared:
+        assert len(started) == 1  # opened now, before any run
+        # the fast suite's CPU has no native bfloat16 (tests/conftest.py): decided without a probe
+        assert shared.engine_choice["dtype"]["dtype"] == shared.settings.engine.dtype == "float32"
+        reports = [bulkinfer.run(src, tmp_path / f"out{k}.jsonl", engine=shared, max_tokens=8) for k in range(2)]
+        assert len(started) == 1 and not started[0].closed  # the runs closed only their own use of it
+        for k, report in enumerate(reports):
+            assert report.exit_code == 0
+            assert [r["id"] for r in _lines(tmp_path / f"out{k}.jsonl")] == [f"r{i}" for i in range(5)]
+            # an engine that outlives the run is not sized to its job
+            assert "kv_cache" not in report.report["engine_choice"]
+            assert report.report["engine_choice"]["dtype"]["dtype"] == "float32"
+    assert started[0].closed
+
+
+def test_a_run_on_a_shared_engine_refuses_engine_settings(tmp_path: Path) -> None:
+    src = tmp_path / "in.jsonl"
+    src.write_bytes(orjson.dumps({"id": "r", "prompt": "hi"}) + b"\n")
+    with SharedEngine(load_settings(), engine_factory=lambda m, s: FakeEngine()) as shared:
+        with pytest.raises(ConfigError, match="max_num_seqs: an engine setting.*open_engine"):
+            bulkinfer.run(src, tmp_path / "a.jsonl", engine=shared, max_num_seqs=4)
+        with pytest.raises(ConfigError, match=r"engine_args\[.enable_prefix_caching.\]: an engine setting"):
+            bulkinfer.run(src, tmp_path / "b.jsonl", engine=shared, engine_args={"enable_prefix_caching": False})
+        with pytest.raises(ConfigError, match="another model than the open engine's"):
+            bulkinfer.run(src, tmp_path / "c.jsonl", load_settings(None, {"model": "other/model"}), engine=shared)
+        assert not (tmp_path / "a.jsonl").exists()  # refused before any file was made

@@ -195,6 +195,12 @@ def test_resolve_model(home: Path, model_dir: Path, tmp_path: Path, monkeypatch:
     assert models.resolve_model(None, home) == str(model_dir)
     assert models.resolve_model(DEFAULT_MODEL, home) == str(model_dir)
     assert models.resolve_model(str(model_dir), home) == str(model_dir)  # a prepared directory passes the checks
+    # a home whose models/ is a symlink: the default and its path name one model (one calibration key)
+    linked = tmp_path / "linked-home"
+    linked.mkdir()
+    (linked / "models").symlink_to(home / "models", target_is_directory=True)
+    via_link = str(linked / "models" / DEFAULT_MODEL)
+    assert models.resolve_model(None, linked) == models.resolve_model(via_link, linked) == str(model_dir.resolve())
 
     local = make_model_dir(tmp_path / "my-model")
     monkeypatch.chdir(tmp_path)

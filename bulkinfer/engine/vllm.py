@@ -23,6 +23,7 @@ from typing import Any
 from bulkinfer.config import EngineSettings
 from bulkinfer.engine.args import available_memory_bytes, configure_environment, detect_device, resolve_engine_args
 from bulkinfer.engine.sampling import StreamedOutputs, pooling_params, sampling_params
+from bulkinfer.engine.starts import engine_start
 from bulkinfer.errors import BulkinferError, ConfigError, EngineError
 from bulkinfer.schema import Completion, Request
 
@@ -147,7 +148,8 @@ class VllmEngine:
         earlier = {p.pid for p in psutil.Process().children(recursive=True)}  # another replica's
         self._watchdog = Watchdog()  # before any engine process exists
         try:
-            with _environment_until_spawned(environment or {}):
+            start = engine_start(str(model), args.get("runner") or "generate")
+            with _environment_until_spawned(environment or {}), start:
                 self._engine = LLMEngine.from_engine_args(EngineArgs(**args), usage_context=UsageContext.LLM_CLASS)
         except BaseException as exc:
             self._watchdog.kill()

@@ -265,7 +265,7 @@ def run_eval(
     check_golden(golden, settings)  # before any file is written or model loaded
     model_path = resolve_model(settings.model)  # likewise: a model that cannot be found fails here
     engines = KeptEngine(engine_factory)  # the perplexity pass reuses the generation's engine
-    if perplexity:
+    if perplexity and not getattr(engine_factory, "outlives_run", False):  # a shared engine is reused as it is
         engine_factory = engines
     make_output_dir(out)  # OUT's directory, for the log opened next
     # appended to: opened before the generation checks that it may write OUT

@@ -309,7 +309,9 @@ def _run_locked(
             # the probe starts engines of its own: never a kept engine (serve and eval pass one), which it would reuse
             device = detect_device()
             settings, engine_choice = measured_settings(model, settings, device, vllm_engine, print_to_stderr)
-            tokens = job_tokens(settings, scan) if job.sized_kv_cache and device == "cpu" else None
+            # an engine that outlives the run (a shared one) is not sized to it
+            sized = job.sized_kv_cache and device == "cpu" and not getattr(engine_factory, "outlives_run", False)
+            tokens = job_tokens(settings, scan) if sized else None
             if tokens is not None and (kv := sized_kv_cache(model, settings.engine, tokens)):
                 settings = with_engine(settings, kv_cache_memory_bytes=kv["kv_cache_memory_bytes"])
                 engine_choice["kv_cache"] = kv

@@ -39,7 +39,7 @@ from typing import Any
 from bulkinfer.config import PlanSettings, Settings, with_engine
 from bulkinfer.engine.args import cpu_flags, native_bfloat16, sized_kv_cache, this_machine, vllm_version
 from bulkinfer.engine.base import Engine, EngineFactory
-from bulkinfer.engine.feed import feed
+from bulkinfer.engine.feed import FeedStopped, feed
 from bulkinfer.engine.log import terminal
 from bulkinfer.errors import EngineError
 from bulkinfer.metrics.perplexity import reference_nll
@@ -47,6 +47,7 @@ from bulkinfer.models import load_tokenizer
 from bulkinfer.prep.planner import Planner
 from bulkinfer.report.calibration import record_choice, stored_choice
 from bulkinfer.schema import Request
+from bulkinfer.stop import StopToken
 
 # The largest relative difference from float32's perplexity a dtype may have.
 PROBE_TOLERANCE = 0.02
@@ -60,6 +61,12 @@ PROBE_SPEED_ROWS = 32
 
 
 PROBE_SPEED_TOKENS = 16
+
+
+# A dtype's speed trial stops once it has taken this many times float32's: it is then slower than float32 over the
+# whole trial (the trial unfinished at twice float32's time runs at under half its rate), so it cannot be chosen,
+# and its rate so far says how much slower (bfloat16 at 0.19x on an AVX2-only AMD EPYC took ~100 s, not ~20).
+PROBE_SPEED_CUTOFF = 2.0
 
 
 # Tokens the probe's work takes at most (its passages and speed rows): its engines get the smallest KV cache.
@@ -191,7 +198,11 @@ def probe_dtype(
             total, tokens = (sum(x) for x in zip(*nll.scored.values(), strict=True))
             trial = {"dtype": dtype, "perplexity": math.exp(total / tokens), "completion_tokens_per_s": 0.0}
             if dtype == "float32" or _passes(trial, trials[0], PROBE_TOLERANCE):  # no speed trial for a refused one
-                trial["completion_tokens_per_s"] = _speed(engine, tokenizer, PROBE_SPEED_ROWS, PROBE_SPEED_TOKENS)
+                budget = None if not trials else PROBE_SPEED_CUTOFF * trials[0]["speed_trial_s"]
+                rate, seconds, cut = _speed(engine, tokenizer, PROBE_SPEED_ROWS, PROBE_SPEED_TOKENS, budget)
+                trial.update(completion_tokens_per_s=rate, speed_trial_s=seconds)
+                if cut:
+                    trial["speed_trial_cut"] = f"stopped at {PROBE_SPEED_CUTOFF:g}x float32's trial time"
             trials.append(trial)
         finally:
             engine.close()
@@ -263,7 +274,7 @@ def tune(
         engine = engine_factory(model, with_engine(settings, **candidate))
         try:
             _speed(engine, tokenizer, 16, 4)  # warm-up
-            rate = _speed(engine, tokenizer, TUNE_ROWS, TUNE_MAX_TOKENS)
+            rate, _, _ = _speed(engine, tokenizer, TUNE_ROWS, TUNE_MAX_TOKENS)
         finally:
             engine.close()
         trials.append({"settings": candidate, "completion_tokens_per_s": rate})
@@ -299,8 +310,14 @@ def _request(seq: int, prompt: str | None, max_tokens: int) -> Request:
     )  # fmt: skip
 
 
-def _speed(engine: Engine, tokenizer: Any, rows: int, max_tokens: int) -> float:
-    """Completion tokens/s of ``rows`` chat prompts x ``max_tokens`` tokens (``ignore_eos``) on ``engine``."""
+def _speed(
+    engine: Engine, tokenizer: Any, rows: int, max_tokens: int, budget_s: float | None = None
+) -> tuple[float, float, bool]:
+    """Completion tokens/s of ``rows`` chat prompts x ``max_tokens`` tokens
+    (``ignore_eos``) on ``engine``, counted as the engine generates them
+    (:attr:`Engine.generated_tokens`); the trial's seconds; and whether it
+    was stopped at ``budget_s`` seconds (its unfinished requests aborted),
+    the rate then being that of the tokens generated so far."""
     planner = Planner(tokenizer, PlanSettings(), engine.max_model_len)
     requests = []
     for i in range(rows):
@@ -308,18 +325,24 @@ def _speed(engine: Engine, tokenizer: Any, rows: int, max_tokens: int) -> float:
         request.messages = [{"role": "user", "content": f"Write a short paragraph about {TOPICS[i % len(TOPICS)]}."}]
         request.prompt_token_ids = planner.encode(request)
         requests.append(request)
-    generated = 0
-
-    def finished(request: Request, completion: Any) -> None:
-        nonlocal generated
-        generated += completion.completion_tokens
 
     def failed(request: Request, message: str) -> None:
         raise EngineError(f"a measuring request failed in the engine: {message}")
 
-    started = time.monotonic()
-    feed(engine, iter(requests), max_in_flight=rows, on_finished=finished, on_failed=failed, id_prefix="speed-")
-    return generated / (time.monotonic() - started)
+    cut = StopToken()
+
+    def on_step(_: list[Any]) -> None:
+        if budget_s is not None and time.monotonic() - started > budget_s:
+            cut.stop("the speed trial's time is up")
+
+    before, started = engine.generated_tokens, time.monotonic()
+    try:
+        feed(engine, iter(requests), max_in_flight=rows, on_finished=lambda *_: None, on_failed=failed,
+             on_step=on_step, stop=cut, id_prefix="speed-")  # fmt: skip
+    except FeedStopped:
+        engine.abort_unfinished()
+    seconds = time.monotonic() - started
+    return (engine.generated_tokens - before) / seconds, seconds, cut.is_set()
 
 
 def print_to_stderr(line: str) -> None:

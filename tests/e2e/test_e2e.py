@@ -1,47 +1,33 @@
-"""End to end: the real CLI, the real vLLM engine, the real default model, on CPU.
+"""End to end: the real CLI, the real vLLM engine, the real default model.
 
-Each ``bulkinfer run`` starts one engine (~40 s here), so the cases share a
-few runs over small files built from ``sample_data/``.
+One CLI run (its own engine) over a mixed file holds the CLI's cases: exit
+code, files, terminal, the engine's settings as bulkinfer decided them. The
+cases that only need rows run through the session's shared engine
+(``shared_engine``, the Python API in this process). Killed runs and
+signals: test_e2e_faults.py.
 """
 
 from __future__ import annotations
 
-import os
-import subprocess
-import sys
-import time
-from collections.abc import Callable
+import re
+import threading
 from pathlib import Path
 from typing import Any
 
-import orjson
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
+from e2e_helpers import CAPITALS, SAMPLE, bulkinfer, check_dtype_decision, read_jsonl, read_report, write_jsonl
+from reference_types import check_openai_line
 
+import bulkinfer as api
 from bulkinfer.config import DEFAULT_BUCKETS
+from bulkinfer.engine.args import GiB, kv_cache_bytes_per_token
+from bulkinfer.errors import ConfigError
+from bulkinfer.models import resolve_model
 from bulkinfer.prep.planner import bucket_index, bucket_label
 
 pytestmark = pytest.mark.e2e
-
-ROOT = Path(__file__).resolve().parents[2]
-SAMPLE = ROOT / "sample_data"
-CAPITALS = {"france": "Paris", "germany": "Berlin", "japan": "Tokyo"}
-
-
-def read_jsonl(path: Path) -> list[dict[str, Any]]:
-    return [orjson.loads(line) for line in path.read_bytes().splitlines() if line.strip()]
-
-
-def bulkinfer(*args: str) -> subprocess.CompletedProcess[str]:
-    env = {**os.environ, "PYTHONUNBUFFERED": "1"}
-    return subprocess.run(
-        [sys.executable, "-m", "bulkinfer", *args], capture_output=True, text=True, env=env, timeout=900, cwd=ROOT
-    )
-
-
-def write_jsonl(path: Path, rows: list[Any]) -> None:
-    path.write_bytes(b"".join(orjson.dumps(r) + b"\n" for r in rows))
 
 
 @pytest.fixture(scope="module")
@@ -58,6 +44,8 @@ def mixed(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
     rows.append({"id": "short", "prompt": "Count to ten:", "max_tokens": 5})
     # plain prompt rows with the default settings: the instruct model's chat template applies by itself
     rows.extend({"id": f"prompt-capital-{c}", "prompt": f"What is the capital of {c.title()}?"} for c in CAPITALS)
+    # a row with a priority: the run starts vLLM with its priority scheduling (FCFS refuses priorities)
+    rows.append({"id": "urgent", "prompt": "Say hello.", "max_tokens": 4, "priority": -1})
     # a poison row: vLLM's SamplingParams rejects it (VLLMValidationError); only this row fails
     rows.append({"id": "poison-stop", "prompt": "hi", "stop": [""]})
     src = tmp / "mixed.jsonl"
@@ -93,19 +81,15 @@ def test_the_terminal_holds_only_bulkinfers_lines(mixed: dict[str, Any]) -> None
     assert "INFO" in log and "vllm" in log.lower(), log[-2000:]
 
 
+@pytest.mark.device("cpu", reason="bulkinfer sizes vLLM's KV cache to the job on CPU only (a GPU's is vLLM's)")
 def test_a_small_job_gets_the_smallest_kv_cache(mixed: dict[str, Any]) -> None:
-    """40 rows need far less than the default 25% of memory: the 1 GiB floor
+    """40 rows need far less than vLLM's CPU default: the 1 GiB floor
     (one 8,192-token request of SmolLM2-135M is 0.35 GiB), which vLLM takes."""
-    import re
-
-    from bulkinfer.engine.args import GiB, kv_cache_bytes_per_token
-    from bulkinfer.models import resolve_model
-
-    report = orjson.loads((mixed["out"].parent / "out.report.json").read_bytes())
+    report = read_report(mixed["out"].parent / "out.report.json")
     choice = report["engine_choice"]
     assert choice["kv_cache"]["kv_cache_memory_bytes"] == GiB
     assert choice["kv_cache"]["why"].startswith("the floor, 1 GiB or one 8192-token request"), choice
-    per_token = kv_cache_bytes_per_token(resolve_model(None), choice["dtype"]["dtype"])
+    per_token = kv_cache_bytes_per_token(resolve_model(None), report["engine"]["dtype"])
     assert per_token is not None
     log = (mixed["out"].parent / "out.log").read_text()
     found = re.search(r"KV cache size: ([\d,]+) tokens", log)
@@ -124,7 +108,7 @@ def test_prompt_rows_get_answers_by_default(mixed: dict[str, Any]) -> None:
     outputs = {r["id"]: r["completion"] for r in read_jsonl(mixed["out"])}
     for country, city in CAPITALS.items():
         assert city in outputs[f"prompt-capital-{country}"], outputs[f"prompt-capital-{country}"]
-    report = orjson.loads((mixed["out"].parent / "out.report.json").read_bytes())
+    report = read_report(mixed["out"].parent / "out.report.json")
     assert report["chat_template_applied"] is True
 
 
@@ -159,14 +143,17 @@ def test_completion_tokens_within_max_tokens(mixed: dict[str, Any]) -> None:
 
 def test_passthrough_fields_kept(mixed: dict[str, Any]) -> None:
     rows = {r["id"]: r for r in mixed["rows"] if isinstance(r, dict)}
+    checked = 0
     for out in read_jsonl(mixed["out"]):
         if "reference" in rows[out["id"]]:
             assert out["reference"] == rows[out["id"]]["reference"]
+            checked += 1
         assert "prompt" not in out and "messages" not in out
+    assert checked == sum(1 for r in rows.values() if "reference" in r) > 0
 
 
 def test_report_agrees_with_output(mixed: dict[str, Any]) -> None:
-    report = orjson.loads((mixed["out"].parent / "out.report.json").read_bytes())
+    report = read_report(mixed["out"].parent / "out.report.json")
     outputs = read_jsonl(mixed["out"])
     assert report["request_counts"] == {
         "total": len(mixed["rows"]),
@@ -194,11 +181,14 @@ def test_report_agrees_with_output(mixed: dict[str, Any]) -> None:
     for b in report["buckets"]:
         assert b["real_tokens"] <= b["padded_tokens"]
     assert 0 < report["padding_efficiency"]["arrival"] <= report["padding_efficiency"]["sorted"] <= 1
-    assert report["engine"]["dtype"] == "float32"
+    check_dtype_decision(report)  # what bulkinfer decided for this machine, and vLLM ran it
     assert report["engine"]["enable_prefix_caching"] is True  # vLLM's default, read back from its config
+    assert report["engine"]["scheduling_policy"] == "priority"  # the row "urgent" has a priority
 
 
-def test_jsonl_and_parquet_give_identical_completions(mixed: dict[str, Any]) -> None:
+def test_jsonl_and_parquet_give_identical_completions(mixed: dict[str, Any], shared_engine: Any) -> None:
+    """The mixed run's prompt rows again from Parquet (row groups of 7), on the
+    shared engine: the same completions at temperature 0."""
     failing = ("bad-max-tokens", "poison-stop")
     rows = [r for r in mixed["rows"] if isinstance(r, dict) and "prompt" in r and r["id"] not in failing]
     seen: set[str] = set()
@@ -209,29 +199,26 @@ def test_jsonl_and_parquet_give_identical_completions(mixed: dict[str, Any]) -> 
     )
     pq.write_table(table, src, row_group_size=7)
     out = mixed["tmp"] / "same.out.parquet"
-    proc = bulkinfer("run", str(src), "-o", str(out), "--max-tokens", "24", "--temperature", "0", "--plain-progress")
-    assert proc.returncode == 0, proc.stderr[-3000:]
+    result = api.run(src, out, engine=shared_engine, max_tokens=24, temperature=0, progress_plain=True)
+    assert result.exit_code == 0, result.report.get("errors")
     from_parquet = {r["id"]: r["completion"] for r in pq.read_table(out).to_pylist()}
     from_jsonl = {r["id"]: r["completion"] for r in read_jsonl(mixed["out"]) if r["id"] in from_parquet}
-    assert len(from_parquet) == len(rows)
+    assert len(from_parquet) == len(rows) == len(from_jsonl) > 20
     assert from_parquet == from_jsonl
 
 
-def test_openai_batch_format(tmp_path: Path) -> None:
+def test_openai_batch_format(tmp_path: Path, shared_engine: Any) -> None:
     out = tmp_path / "batch.out.jsonl"
-    # any vLLM EngineArgs field reaches the engine: read back from vLLM's own config into the report
-    engine_arg = ["--engine-arg", "enable_prefix_caching=false"]
-    proc = bulkinfer("run", str(SAMPLE / "openai_batch.jsonl"), "-o", str(out), "--plain-progress", *engine_arg)
-    assert proc.returncode == 0, proc.stderr[-3000:]
-    engine = orjson.loads(out.with_name("batch.out.report.json").read_bytes())["engine"]
-    assert engine["enable_prefix_caching"] is False
+    result = api.run(SAMPLE / "openai_batch.jsonl", out, engine=shared_engine, progress_plain=True)
+    assert result.exit_code == 0
     requests = read_jsonl(SAMPLE / "openai_batch.jsonl")
     results = {r["custom_id"]: r for r in read_jsonl(out)}
     assert set(results) == {r["custom_id"] for r in requests}
     for request in requests:
-        result = results[request["custom_id"]]
-        assert result["error"] is None
-        response = result["response"]
+        result_line = results[request["custom_id"]]
+        check_openai_line(result_line)
+        assert result_line["error"] is None
+        response = result_line["response"]
         assert response["status_code"] == 200
         body = response["body"]
         choice = body["choices"][0]
@@ -254,75 +241,16 @@ def test_existing_output_is_refused(mixed: dict[str, Any]) -> None:
     assert mixed["out"].read_bytes() == before
 
 
-def test_kill_9_mid_run_then_resume_with_the_real_engine(tmp_path: Path) -> None:
-    kill_9_then_resume(tmp_path)
-
-
-def engine_children(driver: int) -> list[Any]:
-    """The vLLM processes a bulkinfer run started (psutil processes)."""
-    import psutil
-
-    return [p for p in psutil.Process(driver).children(recursive=True) if "VLLM" in " ".join(p.cmdline())]
-
-
-def kill_9_then_resume(
-    tmp_path: Path, *extra: str, engines: Callable[[int], list[Any]] = engine_children
-) -> dict[str, Any]:
-    """``kill -9`` of a real run once five rows are on disk (its engine
-    processes, ``engines(driver pid)``, must go too), then ``--resume``:
-    every id exactly once. The resumed run's report."""
-    import psutil
-
-    src, out = tmp_path / "in.jsonl", tmp_path / "out.jsonl"
-    write_jsonl(src, read_jsonl(SAMPLE / "sharegpt.jsonl")[:40])
-    # four requests in flight: rows finish a few at a time, so the kill lands mid-run
-    flags = ["--max-tokens", "32", "--temperature", "0", "--plain-progress", "--max-in-flight", "4", *extra]
-    first = subprocess.Popen(
-        [sys.executable, "-m", "bulkinfer", "run", str(src), "-o", str(out), *flags],
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.DEVNULL,
-        cwd=ROOT,
-    )
-    spool = tmp_path / ".out.jsonl.partial.jsonl"
-    deadline = time.monotonic() + 600
-    while not (spool.exists() and spool.read_bytes().count(b"\n") >= 5):
-        assert first.poll() is None and time.monotonic() < deadline, "the run ended before it could be killed"
-        time.sleep(0.2)
-
-    second = bulkinfer("run", str(src), "-o", str(out), "--resume", *flags)
-    assert second.returncode == 7 and "another bulkinfer run" in second.stderr
-
-    engine = engines(first.pid)
-    assert engine, "no engine processes found"
-    first.kill()
-    first.wait()
-    gone, alive = psutil.wait_procs(engine, timeout=60)
-    assert not alive, f"engine processes outlived bulkinfer: {alive}"
-
-    resumed = bulkinfer("run", str(src), "-o", str(out), "--resume", *flags)
-    assert resumed.returncode == 0, resumed.stderr[-3000:]
-    ids = [r["id"] for r in read_jsonl(out)]
-    assert sorted(ids) == sorted(r["id"] for r in read_jsonl(src))
-    report: dict[str, Any] = orjson.loads((tmp_path / "out.report.json").read_bytes())
-    assert report["resumed"]["completed"] >= 5
-    assert report["request_counts"]["completed"] == 40
-    return report
-
-
-def test_the_python_api_runs_in_a_thread(tmp_path: Path) -> None:
+def test_the_python_api_runs_in_a_thread(tmp_path: Path, shared_engine: Any) -> None:
     """``bulkinfer.run`` from a non-main thread (as a server or a Ray actor
-    would call it): no signal handler, a real run on the default model."""
-    import threading
-
-    import bulkinfer
-
+    would call it): no signal handler, real answers from the default model."""
     src, out = tmp_path / "capitals.jsonl", tmp_path / "capitals.out.jsonl"
     write_jsonl(src, [{"id": c, "prompt": f"What is the capital of {c.title()}?"} for c in CAPITALS])
     results: list[Any] = []
 
     def target() -> None:
         try:
-            results.append(bulkinfer.run(src, out, max_tokens=24, temperature=0, progress_plain=True))
+            results.append(api.run(src, out, engine=shared_engine, max_tokens=24, temperature=0, progress_plain=True))
         except BaseException as exc:  # surfaced below
             results.append(exc)
 
@@ -331,9 +259,19 @@ def test_the_python_api_runs_in_a_thread(tmp_path: Path) -> None:
     thread.join(timeout=900)
     assert not thread.is_alive()
     [result] = results
-    assert isinstance(result, bulkinfer.RunReport), result
+    assert isinstance(result, api.RunReport), result
     assert (result.exit_code, result.completed, result.failed) == (0, 3, 0)
     answers = {r["id"]: r["completion"] for r in read_jsonl(out)}
     for country, capital in CAPITALS.items():
         assert capital in answers[country], answers
     assert result.report["sampling"]["max_tokens"] == 24
+    check_dtype_decision(result.report)  # the shared engine runs the dtype bulkinfer decides, as a run does
+    assert "kv_cache" not in result.report["engine_choice"]  # an engine kept across runs is not sized to one
+
+
+def test_a_run_on_a_shared_engine_refuses_an_engine_setting(tmp_path: Path, shared_engine: Any) -> None:
+    src = tmp_path / "in.jsonl"
+    write_jsonl(src, [{"id": "a", "prompt": "hi"}])
+    with pytest.raises(ConfigError, match="dtype: an engine setting"):
+        api.run(src, tmp_path / "out.jsonl", engine=shared_engine, dtype="bfloat16")
+    assert not (tmp_path / "out.jsonl").exists()

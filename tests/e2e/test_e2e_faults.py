@@ -1,91 +1,115 @@
-"""Faults with the real CLI, the real vLLM engine and the default model: the
-engine core killed mid-run (what the OOM killer does), ``kill -9`` during
-the model load, and signals during the engine start. (A poison row among good
-ones is part of tests/e2e/test_e2e.py's shared run.)
+"""Faults with the real CLI, the real vLLM engine and the default model.
+
+One job lives through three runs, each a test that needs the one before
+(module fixtures, in order):
+
+1. its engine core is killed mid-run (what the OOM killer does): exit 5
+   within seconds, the finished rows kept;
+2. ``--resume``; a second run meanwhile is refused by the lock; the resumed
+   run is killed with ``kill -9`` mid-run: its engine processes go too;
+3. ``--resume`` again finishes: every id exactly once, and the
+   ``--engine-arg`` the three runs were given reached vLLM.
+
+Then ``kill -9`` during the model load, and a double SIGINT during the
+engine start. (A poison row among good ones is part of test_e2e.py's run.)
 """
 
 from __future__ import annotations
 
 import signal
-import subprocess
-import sys
 import time
 from pathlib import Path
 from typing import Any
 
-import orjson
 import psutil
 import pytest
+from e2e_helpers import SAMPLE, bulkinfer, engine_children, read_jsonl, read_report, spool_lines, start, wait_until
+from e2e_helpers import write_jsonl as write_rows
 
 from bench.faults import vllm_children, vllm_processes_since
 from bulkinfer.io.spool import spool_records
 
 pytestmark = pytest.mark.e2e
 
-ROOT = Path(__file__).resolve().parents[2]
-SAMPLE = ROOT / "sample_data"
+ROWS = 30
+# four requests in flight: rows finish a few at a time, so each kill lands mid-run; any vLLM EngineArgs field
+# reaches the engine (read back from vLLM's own config into the report)
+FLAGS = ["--max-tokens", "32", "--temperature", "0", "--max-in-flight", "4", "--plain-progress",
+         "--engine-arg", "enable_prefix_caching=false"]  # fmt: skip
 
 
-def read_jsonl(path: Path) -> list[dict[str, Any]]:
-    return [orjson.loads(line) for line in path.read_bytes().splitlines() if line.strip()]
+@pytest.fixture(scope="module")
+def job(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
+    tmp = tmp_path_factory.mktemp("faults")
+    src, out = tmp / "in.jsonl", tmp / "out.jsonl"
+    write_rows(src, read_jsonl(SAMPLE / "sharegpt.jsonl")[:ROWS])
+    return {"src": src, "out": out, "spool": tmp / ".out.jsonl.partial.jsonl", "tmp": tmp}
 
 
-def start(src: Path, out: Path, *flags: str) -> subprocess.Popen[str]:
-    return subprocess.Popen(
-        [sys.executable, "-m", "bulkinfer", "run", str(src), "-o", str(out), "--plain-progress", *flags],
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.PIPE,
-        text=True,
-        cwd=ROOT,
-    )
+def run_args(job: dict[str, Any], *extra: str) -> list[str]:
+    return ["run", str(job["src"]), "-o", str(job["out"]), *FLAGS, *extra]
 
 
-def wait_until(predicate, proc: subprocess.Popen[str], timeout: float = 600) -> None:  # type: ignore[no-untyped-def]
-    deadline = time.monotonic() + timeout
-    while not predicate():
-        assert proc.poll() is None, f"the run ended first: {proc.stderr.read() if proc.stderr else ''}"
-        assert time.monotonic() < deadline, "timed out"
-        time.sleep(0.05)
-
-
-def test_engine_core_killed_mid_run_exits_5_and_resume_completes(tmp_path: Path) -> None:
-    src, out = tmp_path / "in.jsonl", tmp_path / "out.jsonl"
-    src.write_bytes(b"".join(orjson.dumps(r) + b"\n" for r in read_jsonl(SAMPLE / "sharegpt.jsonl")[:30]))
-    flags = ["--max-tokens", "48", "--temperature", "0", "--max-in-flight", "4"]  # rows finish a few at a time
-    run = start(src, out, *flags)
-    spool = tmp_path / ".out.jsonl.partial.jsonl"
-    wait_until(lambda: spool.exists() and spool.read_bytes().count(b"\n") >= 3, run)
+@pytest.fixture(scope="module")
+def core_killed(job: dict[str, Any]) -> dict[str, Any]:
+    run = start(*run_args(job))
+    wait_until(lambda: spool_lines(job["spool"]) >= 3, run)
     core = [p for p in vllm_children(run.pid) if "EngineCore" in " ".join(p.cmdline())]
     assert core, "no engine core process found"
     killed = time.monotonic()
     core[0].kill()  # what the out-of-memory killer does
     _, stderr = run.communicate(timeout=60)
-    assert run.returncode == 5, stderr[-3000:]
-    assert time.monotonic() - killed < 30  # measured: 2.1 s (bench/results/faults.md)
+    return {"code": run.returncode, "stderr": stderr, "seconds": time.monotonic() - killed,
+            "kept": [record for _, record in spool_records(job["spool"])]}  # fmt: skip
+
+
+def test_engine_core_killed_mid_run_exits_5_and_keeps_the_finished_rows(
+    job: dict[str, Any], core_killed: dict[str, Any]
+) -> None:
+    stderr = core_killed["stderr"]
+    assert core_killed["code"] == 5, stderr[-3000:]
+    assert core_killed["seconds"] < 30  # measured: 2.1 s (bench/results/faults.md)
     error = next((line for line in stderr.splitlines() if line.startswith("bulkinfer: error:")), stderr[-2000:])
     # how the death is seen first can vary (the process table, vLLM's own engine-dead flag); the line says so
     assert "vLLM engine" in error and "--resume" in error, error
     assert any(how in error for how in ("killed by SIGKILL", "engine core died", "engine died")), error
-    kept = [record for _, record in spool_records(spool)]
-    assert len(kept) >= 3 and not out.exists()
+    assert len(core_killed["kept"]) >= 3 and not job["out"].exists()
 
-    resumed = subprocess.run(
-        [sys.executable, "-m", "bulkinfer", "run", str(src), "-o", str(out), "--resume", *flags],
-        capture_output=True,
-        text=True,
-        cwd=ROOT,
-        timeout=900,
-    )
+
+@pytest.fixture(scope="module")
+def driver_killed(job: dict[str, Any], core_killed: dict[str, Any]) -> dict[str, Any]:
+    before = len(core_killed["kept"])
+    run = start(*run_args(job, "--resume"))
+    wait_until(lambda: spool_lines(job["spool"]) >= before + 3, run)
+    refused = bulkinfer(*run_args(job, "--resume"))
+    engines = engine_children(run.pid)
+    run.kill()
+    run.wait()
+    _, alive = psutil.wait_procs(engines, timeout=60)
+    return {"refused": refused, "engines": engines, "alive": alive, "kept": len(list(spool_records(job["spool"])))}
+
+
+def test_kill_9_of_a_resumed_run_takes_its_engine_processes_along(driver_killed: dict[str, Any]) -> None:
+    refused = driver_killed["refused"]
+    assert refused.returncode == 7 and "another bulkinfer run" in refused.stderr
+    assert driver_killed["engines"], "no engine processes found"
+    assert not driver_killed["alive"], f"engine processes outlived bulkinfer: {driver_killed['alive']}"
+
+
+def test_resume_after_both_kills_completes_every_id_once(job: dict[str, Any], driver_killed: dict[str, Any]) -> None:
+    resumed = bulkinfer(*run_args(job, "--resume"))
     assert resumed.returncode == 0, resumed.stderr[-3000:]
-    assert sorted(r["id"] for r in read_jsonl(out)) == sorted(r["id"] for r in read_jsonl(src))
-    report = orjson.loads((tmp_path / "out.report.json").read_bytes())
-    assert report["resumed"]["completed"] == len(kept)
+    assert sorted(r["id"] for r in read_jsonl(job["out"])) == sorted(r["id"] for r in read_jsonl(job["src"]))
+    report = read_report(job["tmp"] / "out.report.json")
+    assert report["resumed"]["completed"] == driver_killed["kept"]
+    assert report["request_counts"]["completed"] == ROWS
+    assert report["engine"]["enable_prefix_caching"] is False
 
 
 def test_kill_9_during_the_model_load_leaves_no_engine_process(tmp_path: Path) -> None:
     src, out = tmp_path / "in.jsonl", tmp_path / "out.jsonl"
-    src.write_bytes(orjson.dumps({"id": "a", "prompt": "hello"}) + b"\n")
-    run = start(src, out)
+    write_rows(src, [{"id": "a", "prompt": "hello"}])
+    run = start("run", str(src), "-o", str(out), "--plain-progress")
     wait_until(lambda: bool(vllm_children(run.pid)), run)  # the engine core is loading the model now
     seen = vllm_children(run.pid)
     started = psutil.Process(run.pid).create_time()
@@ -99,8 +123,8 @@ def test_kill_9_during_the_model_load_leaves_no_engine_process(tmp_path: Path) -
 
 def test_a_double_sigint_during_the_engine_start_exits_130_at_once(tmp_path: Path) -> None:
     src, out = tmp_path / "in.jsonl", tmp_path / "out.jsonl"
-    src.write_bytes(orjson.dumps({"id": "a", "prompt": "hello"}) + b"\n")
-    run = start(src, out)
+    write_rows(src, [{"id": "a", "prompt": "hello"}])
+    run = start("run", str(src), "-o", str(out), "--plain-progress")
     wait_until(lambda: bool(vllm_children(run.pid)), run)
     time.sleep(2.0)
     seen = vllm_children(run.pid)

@@ -1,8 +1,10 @@
 """``bulkinfer embed`` end to end: the real CLI, vLLM's pooling runner and the
-embedded all-MiniLM-L6-v2 on CPU. One run embeds 200 ShareGPT prompts with
-OpenAI /v1/embeddings lines among them (fidelity against
-sentence-transformers, the OpenAI line types, base64); one is killed with
-SIGKILL mid-run and resumed (Parquet output).
+embedded all-MiniLM-L6-v2. One job embeds 200 ShareGPT prompts with OpenAI
+/v1/embeddings lines among them, then 1,200 more rows: its first run is
+killed with SIGKILL mid-run and ``--resume`` finishes it (every id once);
+the finished output is checked for fidelity against sentence-transformers,
+the OpenAI line types and base64. (The Parquet vector column is checked with
+a fake encoder in tests/jobs/test_embed_job.py.)
 """
 
 from __future__ import annotations
@@ -16,8 +18,6 @@ from typing import Any
 
 import numpy as np
 import orjson
-import pyarrow as pa
-import pyarrow.parquet as pq
 import pytest
 from reference_types import check_embeddings_line, decode_base64
 
@@ -51,10 +51,14 @@ def line(custom_id: str, body: dict[str, Any], url: str = "/v1/embeddings") -> d
     return {"custom_id": custom_id, "method": "POST", "url": url, "body": body}
 
 
+EXTRA = [{"id": f"{r['id']}-{k}", "text": r["text"]} for k in range(4) for r in texts(300)]
+
+
 @pytest.fixture(scope="module")
 def embedded(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
-    """One run: 200 ShareGPT prompts (cut to 256 tokens with --truncate, as
-    sentence-transformers does) and five OpenAI lines, to JSONL."""
+    """One job: 200 ShareGPT prompts (cut to 256 tokens with --truncate, as
+    sentence-transformers does), five OpenAI lines and 1,200 more rows, to
+    JSONL; killed once 50 rows are on disk, then resumed."""
     tmp = tmp_path_factory.mktemp("embed")
     rows: list[Any] = texts(200)
     rows[10:10] = [
@@ -64,14 +68,29 @@ def embedded(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
         line("chat", {"messages": [{"role": "user", "content": "hi"}]}, url="/v1/chat/completions"),
         {"id": "empty", "text": ""},
     ]
+    rows += EXTRA
     src, out = tmp / "in.jsonl", tmp / "out.jsonl"
     write_jsonl(src, rows)
-    started = time.monotonic()
-    result = subprocess.run(command(src, out, "--truncate"), capture_output=True, text=True, timeout=900, cwd=ROOT)
+    flags = ["--truncate", "--max-in-flight", "8"]  # rows finish a few at a time
+    run = subprocess.Popen(command(src, out, *flags), stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, cwd=ROOT)
+    spool = tmp / ".out.jsonl.partial.jsonl"
+    deadline = time.monotonic() + 600
+    while not (spool.exists() and spool.read_bytes().count(b"\n") >= 50):
+        assert run.poll() is None, run.stderr.read() if run.stderr else ""
+        assert time.monotonic() < deadline, "timed out"
+        time.sleep(0.05)
+    run.send_signal(signal.SIGKILL)
+    run.wait(timeout=60)
+    kept = [record.get("custom_id") or record["id"] for _, record in spool_records(spool)]
+    killed_out = out.exists()
+    result = subprocess.run(
+        command(src, out, "--resume", *flags), capture_output=True, text=True, timeout=900, cwd=ROOT
+    )
     return {
         "rows": rows,
+        "kept": kept,
+        "killed_out": killed_out,
         "result": result,
-        "seconds": time.monotonic() - started,
         "out": read_jsonl(out) if out.exists() else [],
         "errors": read_jsonl(tmp / "out.errors.jsonl") if (tmp / "out.errors.jsonl").exists() else [],
         "report": orjson.loads((tmp / "out.report.json").read_bytes()) if (tmp / "out.report.json").exists() else {},
@@ -88,7 +107,7 @@ def test_every_row_ends_as_one_record_and_the_run_exits_3(embedded: dict[str, An
     chat = next(r for r in embedded["errors"] if r.get("custom_id") == "chat")
     assert "`bulkinfer run`" in chat["error"]["message"]
     report = embedded["report"]
-    assert report["job"] == "embed" and report["request_counts"]["completed"] == 203
+    assert report["job"] == "embed" and report["request_counts"]["completed"] == 203 + len(EXTRA)
     assert report["embedding"]["normalize"] is True and report["embedding"]["max_seq_length"] == 256
     assert report["embedding"]["truncated_inputs"] > 0
 
@@ -126,33 +145,16 @@ def test_openai_lines_validate_and_base64_decodes_to_the_same_floats(embedded: d
     assert many["usage"]["prompt_tokens"] == many["usage"]["total_tokens"] == 4 + 4 + 3
 
 
-def test_kill_9_mid_run_then_resume_embeds_every_id_once(tmp_path: Path) -> None:
-    rows = [{"id": f"{r['id']}-{k}", "text": r["text"]} for k in range(4) for r in texts(300)]
-    src, out = tmp_path / "in.jsonl", tmp_path / "out.parquet"
-    write_jsonl(src, rows)
-    flags = ["--truncate", "--max-in-flight", "8"]  # rows finish a few at a time
-    run = subprocess.Popen(command(src, out, *flags), stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, cwd=ROOT)
-    spool = tmp_path / ".out.parquet.partial.jsonl"
-    deadline = time.monotonic() + 600
-    while not (spool.exists() and spool.read_bytes().count(b"\n") >= 50):
-        assert run.poll() is None, run.stderr.read() if run.stderr else ""
-        assert time.monotonic() < deadline, "timed out"
-        time.sleep(0.05)
-    run.send_signal(signal.SIGKILL)
-    run.wait(timeout=60)
-    kept = [record["id"] for _, record in spool_records(spool)]
-    assert 50 <= len(kept) < len(rows) and not out.exists()
-
-    resumed = subprocess.run(
-        command(src, out, "--resume", *flags), capture_output=True, text=True, timeout=900, cwd=ROOT
-    )
-    assert resumed.returncode == 0, resumed.stderr[-3000:]
-    table = pq.read_table(out)
-    assert table.schema.field("embedding").type == pa.list_(pa.float32(), DIM)
-    assert sorted(table.column("id").to_pylist()) == sorted(r["id"] for r in rows)
-    assert table.column("id").to_pylist() == [r["id"] for r in rows]  # input order
-    vectors = table.column("embedding").combine_chunks().flatten().to_numpy().reshape(-1, DIM)
-    assert np.allclose(np.linalg.norm(vectors, axis=1), 1.0, atol=1e-5)
-    report = orjson.loads((tmp_path / "out.report.json").read_bytes())
+def test_kill_9_mid_run_then_resume_embeds_every_id_once(embedded: dict[str, Any]) -> None:
+    kept, rows = embedded["kept"], embedded["rows"]
+    assert 50 <= len(kept) < len(rows) and not embedded["killed_out"]
+    ids = [r.get("custom_id") or r["id"] for r in embedded["out"] + embedded["errors"]]
+    assert sorted(ids) == sorted(r.get("custom_id") or r.get("id") for r in rows)  # each exactly once
+    assert [r.get("custom_id") or r["id"] for r in embedded["out"]] == [
+        r.get("custom_id") or r["id"] for r in rows if (r.get("custom_id") or r["id"]) not in ("chat", "empty")
+    ]  # input order
+    report = embedded["report"]
     assert report["resumed"]["completed"] == len(kept)
-    assert report["request_counts"]["completed"] == len(rows)
+    vectors = np.array([r["embedding"] for r in embedded["out"] if "embedding" in r], dtype=np.float32)
+    assert vectors.shape == (200 + len(EXTRA), DIM)
+    assert np.allclose(np.linalg.norm(vectors, axis=1), 1.0, atol=1e-5)

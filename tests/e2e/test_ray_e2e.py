@@ -1,28 +1,25 @@
 """End to end (issue 13): ``--ray`` on a local Ray cluster of two nodes (a
 head and one more node process on this machine, one CPU each), with the real
-engine and model: the replicas are Ray actors, one per node; one of them is
-killed with SIGKILL mid-run and every id still ends exactly once; ``kill -9``
-of the driver during a ``--ray`` run, then ``--resume``."""
+engine and model: the replicas are Ray actors, one per node. ``kill -9`` of
+the driver during a ``--ray`` run ends its actors; ``--resume`` on the same
+cluster, during which one actor is killed with SIGKILL, still ends every id
+exactly once, the dead replica's requests done by the other."""
 
 from __future__ import annotations
 
-import json
 import os
 import signal
 import subprocess
-import sys
-import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import psutil
 import pytest
+import ray  # noqa: F401  (bulkinfer[ray]: make install has it)
+from e2e_helpers import kill_9_mid_run, resume_to_the_end, spool_lines, wait_until
 
-from tests.e2e.test_e2e import ROOT, SAMPLE, kill_9_then_resume, read_jsonl, write_jsonl
-
-pytestmark = pytest.mark.e2e
-ray = pytest.importorskip("ray", reason="the Ray tests need bulkinfer[ray] (make install has it)")
+pytestmark = [pytest.mark.e2e, pytest.mark.devices(2, reason="two replicas, one CPU each")]
 
 ROWS = 40
 
@@ -54,48 +51,47 @@ def replica_actors(_driver: int = 0) -> list[psutil.Process]:
     return found
 
 
-def test_a_replica_killed_mid_run_hands_its_requests_to_the_other(tmp_path: Path, cluster: str) -> None:
-    """SIGKILL of one replica's actor process once five rows are on disk: the
-    run ends with exit 0, every id exactly once, and the report shows the
-    death and the requests that went to the other replica."""
-    src, out = tmp_path / "in.jsonl", tmp_path / "out.jsonl"
-    write_jsonl(src, read_jsonl(SAMPLE / "sharegpt.jsonl")[:ROWS])
-    flags = ["--max-tokens", "32", "--temperature", "0", "--plain-progress", "--max-in-flight", "8", *KV_CACHE]
-    run = subprocess.Popen(
-        [sys.executable, "-m", "bulkinfer", "run", str(src), "-o", str(out), "--ray", cluster, "-dp", "2", *flags],
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
-        cwd=ROOT,
-        env={**os.environ, "PYTHONUNBUFFERED": "1"},
-    )
-    spool = tmp_path / ".out.jsonl.partial.jsonl"
-    deadline = time.monotonic() + 600
-    while not (spool.exists() and spool.read_bytes().count(b"\n") >= 5):
-        assert run.poll() is None and time.monotonic() < deadline, "the run ended before a replica could be killed"
-        time.sleep(0.2)
+def kill_a_replica(resumed: subprocess.Popen[str], kept: int) -> None:
+    """SIGKILL of one replica's actor once five more rows are on disk."""
+    spool = Path(str(resumed.args[resumed.args.index("-o") + 1])).parent / ".out.jsonl.partial.jsonl"
+    wait_until(lambda: spool_lines(spool) >= kept + 5, resumed)
     actors = replica_actors()
     assert len(actors) == 2, actors
     os.kill(actors[0].pid, signal.SIGKILL)
-    stdout, stderr = run.communicate(timeout=600)
 
-    assert run.returncode == 0, stderr[-3000:]
-    assert "died" in stderr and "go to the others" in stderr, stderr[-3000:]
-    ids = [row["id"] for row in read_jsonl(out)]
-    assert sorted(ids) == sorted(row["id"] for row in read_jsonl(src))
-    assert not read_jsonl(tmp_path / "out.errors.jsonl")
-    report: dict[str, Any] = json.loads((tmp_path / "out.report.json").read_text())
-    engine = report["engine"]
-    assert engine["ray_address"] == cluster and engine["data_parallel_size"] == 2
-    replicas = engine["replicas"]
+
+@pytest.fixture(scope="module")
+def killed(tmp_path_factory: pytest.TempPathFactory, cluster: str) -> dict[str, Any]:
+    flags = ["--ray", cluster, "-dp", "2", "--max-in-flight", "8", *KV_CACHE]
+    return kill_9_mid_run(tmp_path_factory.mktemp("ray"), *flags, rows=ROWS, engines=replica_actors)
+
+
+@pytest.fixture(scope="module")
+def resumed(killed: dict[str, Any], cluster: str) -> dict[str, Any]:
+    return {**resume_to_the_end(killed, during_resume=kill_a_replica), "cluster": cluster}
+
+
+def test_kill_9_of_the_driver_ends_its_ray_actors(killed: dict[str, Any]) -> None:
+    """Checked by the chain: Ray ended the actors (their engines with them)
+    when the driver was killed; the lock refused a second run meanwhile."""
+    assert 5 <= killed["kept"] < ROWS
+
+
+def test_resume_on_the_same_cluster_ends_every_id_once(resumed: dict[str, Any]) -> None:
+    """``--resume`` on the same cluster finishes every id exactly once."""
+    assert resumed["engine"]["ray_address"] == resumed["cluster"]
+    assert resumed["engine"]["data_parallel_size"] == 2
+    ids = [row["id"] for row in resumed["outputs"]]
+    assert len(ids) == len(set(ids)) == ROWS
+
+
+def test_a_replica_killed_mid_run_hands_its_requests_to_the_other(resumed: dict[str, Any]) -> None:
+    """SIGKILL of one replica's actor during the resumed run: it ends with
+    exit 0 (checked by the chain), and the report shows the death and the
+    requests that went to the other replica."""
+    assert "died" in resumed["stderr"] and "go to the others" in resumed["stderr"], resumed["stderr"][-3000:]
+    replicas = resumed["engine"]["replicas"]
     assert sum(r["deaths"] for r in replicas) == 1
     assert sum(r["requeued"] for r in replicas) >= 1
-    assert sum(r["rows"] for r in replicas) == ROWS
-    assert report["request_counts"]["completed"] == ROWS
-
-
-def test_kill_9_of_the_driver_during_a_ray_run_then_resume(tmp_path: Path, cluster: str) -> None:
-    """The driver killed: Ray ends its actors (their engines with them), and
-    ``--resume`` on the same cluster finishes every id exactly once."""
-    report = kill_9_then_resume(tmp_path, "--ray", cluster, *KV_CACHE, engines=replica_actors)
-    assert report["engine"]["ray_address"] == cluster
+    assert sum(r["rows"] for r in replicas) == ROWS - resumed["resumed"]["completed"]
+    assert resumed["request_counts"]["completed"] == ROWS

@@ -1,55 +1,67 @@
-"""End to end (issue 13): ``--data-parallel-size 2`` on this CPU, one core
-per replica, with the real engine and model: every id exactly once, both
-replicas did work, and at temperature 0 the completions match a
-one-replica run's (batch composition may change a few)."""
+"""End to end (issue 13): ``--data-parallel-size 2``, one device per replica
+(a CPU core each here), with the real engine and model: ``kill -9`` of the
+driver mid-run takes both replicas' engines along; ``--resume`` at
+``-dp 2`` finishes with every id exactly once, both replicas did work, and
+at temperature 0 the completions match one engine's (the shared engine's
+run of the same rows; batch composition may change a few)."""
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 from typing import Any
 
 import pytest
+from e2e_helpers import kill_9_mid_run, resume_to_the_end
 
-from tests.e2e.test_e2e import SAMPLE, bulkinfer, kill_9_then_resume, read_jsonl, write_jsonl
+import bulkinfer as api
 
-pytestmark = pytest.mark.e2e
+pytestmark = [pytest.mark.e2e, pytest.mark.devices(2, reason="two replicas, one device (CPU core or GPU) each")]
 
-ROWS = 40
+ROWS = 32
 
 
 @pytest.fixture(scope="module")
-def runs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
-    tmp = tmp_path_factory.mktemp("replicas")
-    src = tmp / "in.jsonl"
-    write_jsonl(src, read_jsonl(SAMPLE / "sharegpt.jsonl")[:ROWS])
-    out: dict[str, Any] = {}
-    for dp in (1, 2):
-        path = tmp / f"dp{dp}.jsonl"
-        args = ["run", str(src), "-o", str(path), "--temperature", "0", "--max-tokens", "24", "-dp", str(dp)]
-        proc = bulkinfer(*args, "--plain-progress")
-        assert proc.returncode == 0, proc.stderr[-3000:]
-        report = json.loads(path.with_name(f"dp{dp}.report.json").read_text())
-        out[dp] = {"rows": read_jsonl(path), "report": report}
-    return out
+def killed(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
+    return kill_9_mid_run(tmp_path_factory.mktemp("replicas"), "--data-parallel-size", "2", rows=ROWS)
 
 
-def test_every_id_exactly_once_and_both_replicas_worked(runs: dict[str, Any]) -> None:
-    ids = [row["id"] for row in runs[2]["rows"]]
-    assert len(ids) == len(set(ids)) == ROWS
-    engine = runs[2]["report"]["engine"]
+@pytest.fixture(scope="module")
+def resumed(killed: dict[str, Any]) -> dict[str, Any]:
+    return resume_to_the_end(killed)
+
+
+def test_kill_9_of_the_driver_takes_both_replicas_engines_along(killed: dict[str, Any]) -> None:
+    """Checked by the chain: both replicas' engine processes ended with the
+    driver, the lock refused a second run meanwhile."""
+    assert 5 <= killed["kept"] < ROWS
+
+
+def test_resume_at_two_replicas_ends_every_id_once(resumed: dict[str, Any]) -> None:
+    engine = resumed["engine"]
     assert engine["data_parallel_size"] == 2
-    assert [r["rows"] > 0 for r in engine["replicas"]] == [True, True]
-    assert sum(r["rows"] for r in engine["replicas"]) == ROWS
+    ids = [row["id"] for row in resumed["outputs"]]
+    assert len(ids) == len(set(ids)) == ROWS
 
 
-def test_completions_match_one_replica_at_temperature_0(runs: dict[str, Any]) -> None:
-    one = {row["id"]: row["completion"] for row in runs[1]["rows"]}
-    two = {row["id"]: row["completion"] for row in runs[2]["rows"]}
+def test_both_replicas_worked_in_the_resumed_run(resumed: dict[str, Any]) -> None:
+    replicas = resumed["engine"]["replicas"]
+    left = ROWS - resumed["resumed"]["completed"]
+    assert left > 2
+    assert [r["rows"] > 0 for r in replicas] == [True, True]
+    assert sum(r["rows"] for r in replicas) == left
+
+
+def test_completions_match_one_engine_at_temperature_0(
+    resumed: dict[str, Any], shared_engine: Any, tmp_path: Path
+) -> None:
+    src = tmp_path / "in.jsonl"
+    src.write_bytes(Path(resumed["src"]).read_bytes())
+    out = tmp_path / "one.jsonl"
+    api.run(src, out, engine=shared_engine, max_tokens=24, temperature=0, progress_plain=True)
+    from e2e_helpers import read_jsonl
+
+    one = {row["id"]: row["completion"] for row in read_jsonl(out)}
+    two = {row["id"]: row["completion"] for row in resumed["outputs"]}
+    assert len(one) == len(two) == ROWS
     same = sum(one[i] == two[i] for i in one)
     assert same >= 0.9 * ROWS, f"{same}/{ROWS} identical"
-
-
-def test_kill_9_of_the_driver_during_a_two_replica_run_then_resume(tmp_path: Path) -> None:
-    report = kill_9_then_resume(tmp_path, "--data-parallel-size", "2")
-    assert report["engine"]["data_parallel_size"] == 2

@@ -2,8 +2,9 @@
 of 127.0.0.1, the real engine and default model, driven over HTTP by the
 official ``openai`` client (files, batches, content).
 
-One server (one engine start) serves the module's batches; the stop test
-starts three on its own data directory (SIGTERM, then SIGKILL, mid-batch).
+One server (one engine start) serves the module's batches; its last batch
+is stopped twice, each time by starting the server again on the same data
+directory (SIGTERM, then SIGKILL, mid-batch): three engine starts in all.
 """
 
 from __future__ import annotations
@@ -25,18 +26,18 @@ import openai
 import orjson
 import pytest
 from browser import CHROMIUM, FLAGS, NO_CHROMIUM
+from e2e_helpers import CAPITALS, ROOT, SAMPLE, engine_children, read_jsonl
 from reference_types import check_openai_line
-
-from tests.e2e.test_e2e import CAPITALS, ROOT, SAMPLE, engine_children, read_jsonl
 
 KEYS = ("key-alice", "key-bob")
 DONE = ("completed", "failed", "cancelled", "expired")
 START_S = 600.0  # a server's first batch waits for the engine to load (~40 s here)
 
 
-# A KV cache of 1 GiB for the servers started three times over: it holds the 60-row batch, where the CPU default
-# (25% of memory, which a server keeps rather than size it to its first batch) takes each start ~10 s more.
-KV_CACHE = f"[engine]\nkv_cache_memory_bytes = {1 << 30}\n"
+# The servers' config: a KV cache of 1 GiB holds every batch here, where the CPU default (which a server keeps
+# rather than size it to its first batch) takes each start ~10 s more; eight requests in flight, so that rows
+# finish a few at a time and each stop of the last test lands mid-batch.
+CONFIG = f"[plan]\nmax_in_flight = 8\n[engine]\nkv_cache_memory_bytes = {1 << 30}\n"
 
 
 class ServeProcess:
@@ -141,7 +142,10 @@ def answer(record: dict[str, Any]) -> str:
 
 @pytest.fixture(scope="module")
 def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServeProcess]:
-    process = ServeProcess(tmp_path_factory.mktemp("serve") / "data", free_port())
+    tmp = tmp_path_factory.mktemp("serve")
+    config = tmp / "serve.toml"
+    config.write_text(CONFIG)
+    process = ServeProcess(tmp / "data", free_port(), "--config", str(config))
     yield process
     process.stop()
 
@@ -281,51 +285,57 @@ def test_keys_tenants_and_a_malformed_file(server: ServeProcess) -> None:
     ]
 
 
-def test_sigterm_then_sigkill_mid_batch_and_the_batch_completes(tmp_path: Path) -> None:
-    """Stopped twice mid-batch, each time started again on the same data
-    directory: SIGTERM (exits 0 promptly; the batch stays ``in_progress``),
-    then SIGKILL (its engine processes go too). The third server finishes
-    the batch: every ``custom_id`` exactly once, the rows finished before
-    each stop kept, not run again."""
+@pytest.fixture(scope="module")
+def stopped_twice(server: ServeProcess) -> dict[str, Any]:
+    """The module's server stopped by SIGTERM mid-batch (exit 0 promptly,
+    the batch stays ``in_progress``), then a second server on the same data
+    directory stopped by SIGKILL mid-batch (its engine processes go too)."""
     import psutil
 
-    data, port = tmp_path / "data", free_port()
-    rows = read_jsonl(SAMPLE / "sharegpt.jsonl")[:60]
-    lines = chat_lines(rows, max_tokens=48)
-    # four requests in flight: rows finish a few at a time, so each stop lands mid-batch
-    config = tmp_path / "serve.toml"
-    config.write_text(f"[plan]\nmax_in_flight = 4\n{KV_CACHE}")
-    first = ServeProcess(data, port, "--config", str(config))
-    try:
-        batch = submit(first.client(), lines)
-        seen = poll(first.client(), batch.id, completed_at_least(5))
-        assert seen.status == "in_progress", seen.status
-        first.proc.send_signal(signal.SIGTERM)
-        assert first.proc.wait(timeout=60) == 0, first.tail()
-    finally:
-        first.stop()
+    lines = chat_lines(read_jsonl(SAMPLE / "sharegpt.jsonl")[:40], max_tokens=32)
+    batch = submit(server.client(), lines)
+    seen = poll(server.client(), batch.id, completed_at_least(5))
+    server.proc.send_signal(signal.SIGTERM)
+    term = {"status": seen.status, "code": server.proc.wait(timeout=60), "tail": server.tail()}
 
-    second = ServeProcess(data, port, "--config", str(config))
+    config = server.data.parent / "serve.toml"
+    second = ServeProcess(server.data, server.port, "--config", str(config))
     try:
-        assert second.client().batches.retrieve(batch.id).status == "in_progress"
+        after_term = second.client().batches.retrieve(batch.id).status
         seen = poll(second.client(), batch.id, completed_at_least(seen.request_counts.completed + 5))
-        assert seen.status == "in_progress", seen.status
         engines = engine_children(second.proc.pid)
-        assert engines, "no engine process under the server"
         second.proc.send_signal(signal.SIGKILL)
         second.proc.wait()
         psutil.wait_procs(engines, timeout=60)
-        assert not [p for p in engines if p.is_running() and p.status() != psutil.STATUS_ZOMBIE]
+        alive = [p for p in engines if p.is_running() and p.status() != psutil.STATUS_ZOMBIE]
     finally:
         second.stop()
+    return {"batch": batch, "lines": lines, "term": term, "after_term": after_term, "killed_status": seen.status,
+            "engines": engines, "alive": alive}  # fmt: skip
 
-    third = ServeProcess(data, port, "--config", str(config))
+
+def test_sigterm_then_sigkill_mid_batch_leave_it_in_progress(stopped_twice: dict[str, Any]) -> None:
+    term = stopped_twice["term"]
+    assert term["status"] == "in_progress", term["status"]
+    assert term["code"] == 0, term["tail"]
+    assert stopped_twice["after_term"] == "in_progress"
+    assert stopped_twice["killed_status"] == "in_progress"
+    assert stopped_twice["engines"], "no engine process under the server"
+    assert not stopped_twice["alive"]
+
+
+def test_a_third_server_completes_the_twice_stopped_batch(server: ServeProcess, stopped_twice: dict[str, Any]) -> None:
+    """Every ``custom_id`` exactly once, the rows finished before each stop
+    kept, not run again."""
+    batch, lines = stopped_twice["batch"], stopped_twice["lines"]
+    config = server.data.parent / "serve.toml"
+    third = ServeProcess(server.data, server.port, "--config", str(config))
     try:
         done = finished(third.client(), batch.id)
         assert done.status == "completed", (done.errors, third.tail())
         outputs = lines_of(third.client(), done.output_file_id)
         assert sorted(r["custom_id"] for r in outputs) == sorted(line["custom_id"] for line in lines)
-        report = orjson.loads((data / "batches" / batch.id / "output.report.json").read_bytes())
+        report = orjson.loads((server.data / "batches" / batch.id / "output.report.json").read_bytes())
         assert report["resumed"]["completed"] >= 10  # kept across both stops
     finally:
         third.stop()

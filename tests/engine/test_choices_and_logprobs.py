@@ -9,6 +9,11 @@ from types import SimpleNamespace
 from typing import Any
 
 import pytest
+from openai.types import Completion as OpenAICompletion
+from openai.types.chat import ChatCompletion
+from vllm.entrypoints.launchers.run_batch import BatchRequestOutput
+from vllm.entrypoints.openai.chat_completion.protocol import ChatCompletionResponse
+from vllm.entrypoints.openai.completion.protocol import CompletionResponse
 
 from bulkinfer.config import SamplingDefaults
 from bulkinfer.engine.sampling import MIN_LOGPROB, StreamedOutputs, token_entries
@@ -122,19 +127,13 @@ def request(data: dict[str, Any]) -> Any:
 
 @pytest.mark.parametrize("url", [CHAT_URL, COMPLETIONS_URL])
 def test_openai_lines_with_n_and_logprobs_validate_against_the_reference_types(url: str) -> None:
-    run_batch = pytest.importorskip("vllm.entrypoints.launchers.run_batch")
-    from openai.types import Completion as OpenAICompletion
-    from openai.types.chat import ChatCompletion
-    from vllm.entrypoints.openai.chat_completion.protocol import ChatCompletionResponse
-    from vllm.entrypoints.openai.completion.protocol import CompletionResponse
-
     chat = url == CHAT_URL
     body: dict[str, Any] = {"n": 2, "logprobs": True, "top_logprobs": 2} if chat else {"n": 2, "logprobs": 2}
     body.update({"messages": [{"role": "user", "content": "Capital?"}]} if chat else {"prompt": "The capital is"})
     record = output_record(request({"custom_id": "q", "url": url, "body": body}), TWO_CHOICES, "m")
     out_body = record["response"]["body"]
     envelope = record if chat else {**record, "response": {**record["response"], "body": None}}
-    run_batch.BatchRequestOutput.model_validate(envelope)
+    BatchRequestOutput.model_validate(envelope)
     (ChatCompletionResponse if chat else CompletionResponse).model_validate(out_body)
     typed = (ChatCompletion if chat else OpenAICompletion).model_validate(out_body)
     assert [c.index for c in typed.choices] == [0, 1]

@@ -20,6 +20,7 @@ from typing import Any
 
 import psutil
 import pytest
+import vllm  # noqa: F401  (without vLLM check_sampling_defaults checks nothing: this module needs it)
 
 from bulkinfer.config import SamplingDefaults
 from bulkinfer.engine.sampling import StreamedOutputs, check_sampling_defaults
@@ -102,7 +103,6 @@ def test_an_exception_in_the_step_is_an_engine_error(engine_process: subprocess.
 
 
 def test_sampling_defaults_vllm_rejects_fail_before_any_model_loads() -> None:
-    pytest.importorskip("vllm")
     with pytest.raises(ConfigError, match=r"\[sampling\] defaults rejected by vLLM: stop cannot contain an empty"):
         check_sampling_defaults(SamplingDefaults(stop=("",)))
     check_sampling_defaults(SamplingDefaults(stop=("END",), seed=3))  # accepted

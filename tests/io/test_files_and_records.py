@@ -9,6 +9,11 @@ import orjson
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
+from openai.types import Completion as OpenAICompletion
+from openai.types.chat import ChatCompletion
+from vllm.entrypoints.launchers.run_batch import BatchRequestOutput
+from vllm.entrypoints.openai.chat_completion.protocol import ChatCompletionResponse
+from vllm.entrypoints.openai.completion.protocol import CompletionResponse
 
 from bulkinfer.config import SamplingDefaults
 from bulkinfer.errors import ConfigError, InputFileError
@@ -255,19 +260,13 @@ def test_openai_output_lines_are_valid_vllm_batch_outputs_and_openai_bodies(url:
     ``/v1/completions``: its ``BatchRequestOutput`` body union lacks
     ``CompletionResponse``, so that line's envelope is checked with the body
     apart.)"""
-    run_batch = pytest.importorskip("vllm.entrypoints.launchers.run_batch")
-    from openai.types import Completion as OpenAICompletion
-    from openai.types.chat import ChatCompletion
-    from vllm.entrypoints.openai.chat_completion.protocol import ChatCompletionResponse
-    from vllm.entrypoints.openai.completion.protocol import CompletionResponse
-
     chat = url == CHAT_URL
     body = {"messages": [{"role": "user", "content": "Hi"}]} if chat else {"prompt": "Once"}
     req = request({"custom_id": "req-1", "method": "POST", "url": url, "body": body})
     record = output_record(req, Completion("0", "Hello!", "length", 11, 4), "local-model")
     out_body = record["response"]["body"]
     envelope = record if chat else {**record, "response": {**record["response"], "body": None}}
-    parsed = run_batch.BatchRequestOutput.model_validate(envelope)
+    parsed = BatchRequestOutput.model_validate(envelope)
     assert (parsed.custom_id, parsed.error, parsed.response.status_code) == ("req-1", None, 200)
     (ChatCompletionResponse if chat else CompletionResponse).model_validate(out_body)
     typed = (ChatCompletion if chat else OpenAICompletion).model_validate(out_body)

@@ -15,6 +15,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 from fakes import FakeEngine
+from vllm.entrypoints.launchers.run_batch import BatchRequestOutput
 
 from bulkinfer.config import load_settings
 from bulkinfer.errors import EXIT_OK, EXIT_PARTIAL, InputFileError
@@ -179,10 +180,9 @@ def test_an_undecodable_line_keeps_its_readable_id(tmp_path: Path) -> None:
 
 def test_a_recovered_openai_error_record_is_a_valid_vllm_batch_output() -> None:
     """Checked against vLLM's own pydantic record, not our reading of the format."""
-    run_batch = pytest.importorskip("vllm.entrypoints.launchers.run_batch")
     from bulkinfer.io.records import error_record
     from bulkinfer.schema import RowError
 
     record = error_record(RowError(3, "req-9", "invalid_json", "line is not valid UTF-8", True, True))
-    parsed = run_batch.BatchRequestOutput.model_validate(record)
+    parsed = BatchRequestOutput.model_validate(record)
     assert (parsed.custom_id, parsed.response, parsed.error) == ("req-9", None, record["error"])

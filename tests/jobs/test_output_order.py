@@ -15,6 +15,7 @@ import orjson
 import pyarrow.parquet as pq
 import pytest
 from fakes import FakeEngine
+from vllm.entrypoints.launchers.run_batch import BatchRequestOutput
 
 from bulkinfer.config import Settings, load_settings
 from bulkinfer.errors import EXIT_PARTIAL, Interrupted
@@ -113,7 +114,6 @@ def test_parquet_output_is_in_input_order_through_several_spilled_runs(
 
 
 def test_openai_batch_output_lines_are_in_input_order_and_unchanged_in_shape(tmp_path: Path) -> None:
-    run_batch = pytest.importorskip("vllm.entrypoints.launchers.run_batch")
     rng = random.Random(3)
     lines = [
         {
@@ -132,4 +132,4 @@ def test_openai_batch_output_lines_are_in_input_order_and_unchanged_in_shape(tmp
     assert [r["custom_id"] for r in records] == [f"req-{i}" for i in range(120)]
     assert all(set(r) == {"id", "custom_id", "response", "error"} for r in records)
     for record in records:
-        run_batch.BatchRequestOutput.model_validate(record)
+        BatchRequestOutput.model_validate(record)

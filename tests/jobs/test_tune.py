@@ -1,10 +1,14 @@
 """The dtype probe's decision and the measured settings a run applies (fake
-probe results and fake engines: the real probe is tests/e2e/test_tune_e2e.py)."""
+probe results and fake engines: the real probe is tests/e2e/test_tune_e2e.py),
+also on the probe measurements recorded on each CPU kind seen
+(probe_records.json)."""
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Any
 
+import orjson
 import pytest
 
 import bulkinfer.jobs.tune as tune
@@ -99,6 +103,62 @@ def test_a_dtype_or_scheduler_limit_the_user_set_wins_and_a_gpu_is_left_to_vllm(
     assert tune.measured_settings("m", Settings(), "cuda", no_engine) == (Settings(), {})
 
 
+RECORDS = {r["cpu"]: r for r in orjson.loads((Path(__file__).parent / "probe_records.json").read_bytes())["records"]}
+
+
+# What the probe decides on each recorded CPU: (dtype, why).
+PROBE_DECISIONS = {
+    "amd-epyc-zen3": ("float32", "bfloat16 passed the probe (0.6% from float32's perplexity) at 0.19x"),
+    "amd-epyc-zen5": ("bfloat16", "bfloat16 passed the probe (0.2% from float32's perplexity) at 2.47x"),
+    "intel-xeon-amx": ("float32", "bfloat16 refused: perplexity 2213.400 vs float32's 14.800 (14855.9%, more than 2%)"),
+}
+
+
+# What a run on each recorded CPU does: (dtype, why, whether the probe runs, the stored machine's bfloat16).
+RUN_CHOICES = {
+    # no native bfloat16: float32 without starting the probe (whose answer would be float32 too, at 0.19x)
+    "amd-epyc-zen3": ("float32", "this CPU has no native bfloat16 instructions (amx_bf16, avx512_bf16)", False, None),
+    "amd-epyc-zen5": ("bfloat16", PROBE_DECISIONS["amd-epyc-zen5"][1], True, "avx512_bf16"),
+    "intel-xeon-amx": ("float32", PROBE_DECISIONS["intel-xeon-amx"][1], True, "amx_bf16"),
+}
+
+
+def test_every_recorded_cpu_has_its_expected_decisions() -> None:
+    assert sorted(RECORDS) == sorted(PROBE_DECISIONS) == sorted(RUN_CHOICES)
+    assert all(record["source"] and record["machine"] for record in RECORDS.values())
+
+
+@pytest.mark.parametrize("cpu", sorted(PROBE_DECISIONS))
+def test_the_probe_decides_on_each_recorded_cpus_measurements(cpu: str) -> None:
+    assert tune.choose_dtype(RECORDS[cpu]["trials"]) == PROBE_DECISIONS[cpu]
+
+
+@pytest.mark.parametrize("cpu", sorted(RUN_CHOICES))
+def test_a_run_on_each_recorded_cpu_applies_its_dtype_and_says_why(
+    home: Any, monkeypatch: pytest.MonkeyPatch, cpu: str
+) -> None:
+    """measured_settings with this CPU's flags, and the probe (when it runs)
+    returning the recorded trials through choose_dtype, as probe_dtype does."""
+    record = RECORDS[cpu]
+    dtype, why, probes, bfloat16 = RUN_CHOICES[cpu]
+    monkeypatch.setattr(tune, "cpu_flags", lambda: set(record["flags"]))
+    probed: list[str] = []
+
+    def recorded_probe(model: str, settings: Settings, engine_factory: Any, say: Any = None) -> dict[str, Any]:
+        probed.append(model)
+        chosen, reason = tune.choose_dtype(record["trials"])
+        return {"dtype": chosen, "why": reason, "tolerance": tune.PROBE_TOLERANCE, "trials": record["trials"]}
+
+    monkeypatch.setattr(tune, "probe_dtype", recorded_probe)
+    settings, choice = tune.measured_settings("m", Settings(), "cpu", no_engine)
+    assert (settings.engine.dtype, choice["dtype"]["dtype"], choice["dtype"]["why"]) == (dtype, dtype, why)
+    assert probed == (["m"] if probes else [])
+    assert choice["dtype"].get("trials") == (record["trials"] if probes else None)
+    stored = stored_choice("dtype", "m", tune.dtype_machine())
+    # the probe's answer is stored for this CPU's bfloat16 instructions; without them nothing is stored
+    assert (stored["machine"]["bfloat16"] if stored else None) == bfloat16
+
+
 class Measured:
     """Stands in for an engine in :func:`tune.tune`: its rate is looked up by its settings."""
 
@@ -121,7 +181,8 @@ def test_tuning_keeps_vllms_defaults_unless_another_setting_is_clearly_faster(
         return engines[-1]
 
     monkeypatch.setattr(tune, "load_tokenizer", lambda model, trust: None)
-    monkeypatch.setattr(tune, "_speed", lambda engine, tokenizer, rows, tokens: rates[engine.key])
+    speed = lambda engine, tokenizer, rows, tokens, budget_s=None: (rates[engine.key], 1.0, False)  # noqa: E731
+    monkeypatch.setattr(tune, "_speed", speed)
     entry = tune.tune("m", Settings(), factory)  # type: ignore[arg-type]
     # 512 sequences: 2% faster, within the spread, not taken; 8192 batched tokens: 10% faster, taken
     assert entry["settings"] == {"max_num_seqs": 256, "max_num_batched_tokens": 8192}
@@ -135,7 +196,8 @@ def test_tuning_measures_the_defaults_again_and_a_machine_that_sped_up_is_not_a_
 ) -> None:
     rates = iter([144.0, 162.0, 174.0, 182.0, 185.0, 180.0])  # every trial faster than the one before; the control too
     monkeypatch.setattr(tune, "load_tokenizer", lambda model, trust: None)
-    monkeypatch.setattr(tune, "_speed", lambda engine, tokenizer, rows, tokens: next(rates) if rows > 16 else 1.0)
+    speed = lambda engine, tokenizer, rows, tokens, budget_s=None: (next(rates) if rows > 16 else 1.0, 1.0, False)  # noqa: E731
+    monkeypatch.setattr(tune, "_speed", speed)
     entry = tune.tune("m", Settings(), lambda model, settings: Measured(settings))  # type: ignore[arg-type,return-value]
     assert entry["settings"] == tune.TUNE_DEFAULTS  # 182 tokens/s is not 3% above the defaults' 180 at the end
     assert len(entry["trials"]) == 6

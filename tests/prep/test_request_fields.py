@@ -7,6 +7,7 @@ from __future__ import annotations
 from typing import Any
 
 import pytest
+from vllm.sampling_params import SamplingParams, StructuredOutputsParams
 
 from bulkinfer.config import SamplingDefaults
 from bulkinfer.prep.rows import parse_row
@@ -170,12 +171,11 @@ def test_structured_output_becomes_vllms_structured_outputs_params(
 
 
 def test_the_built_structured_outputs_params_are_vllms() -> None:
-    sampling = pytest.importorskip("vllm.sampling_params")
     from bulkinfer.engine.sampling import sampling_params
 
     req = parse(chat(response_format={"type": "json_schema", "json_schema": {"name": "p", "schema": SCHEMA}}))
-    params = sampling_params(req, sampling.SamplingParams, None)
-    assert isinstance(params.structured_outputs, sampling.StructuredOutputsParams)
+    params = sampling_params(req, SamplingParams, None)
+    assert isinstance(params.structured_outputs, StructuredOutputsParams)
     assert params.structured_outputs.json == SCHEMA
 
 
@@ -279,11 +279,10 @@ def test_a_row_may_set_ignore_eos() -> None:
 def test_the_built_sampling_params_carry_every_field() -> None:
     """Penalties, top_k, min_p, min_tokens, stop_token_ids, logit_bias, n,
     logprobs reach vLLM's own ``SamplingParams`` (the object vLLM checks and runs)."""
-    sampling = pytest.importorskip("vllm.sampling_params")
     from bulkinfer.engine.sampling import sampling_params
 
     req = parse({"prompt": "Hi", **ALL_FIELDS, "logprobs": True, "top_logprobs": 2, "max_tokens": 16})
-    params = sampling_params(req, sampling.SamplingParams, None)
+    params = sampling_params(req, SamplingParams, None)
     assert (params.n, params.presence_penalty, params.frequency_penalty) == (3, 0.5, -0.5)
     assert (params.repetition_penalty, params.top_k, params.min_p, params.min_tokens) == (1.2, 5, 0.05, 2)
     assert params.stop_token_ids == [2, 7]

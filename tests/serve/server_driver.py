@@ -12,7 +12,7 @@ from pathlib import Path
 from typing import Any
 
 import uvicorn
-from fakes import FakeEngine
+from fakes import FakeEngine, without_native_bfloat16
 from serving import KEYS
 
 from bulkinfer.config import load_settings
@@ -27,6 +27,7 @@ def main() -> None:
     parser.add_argument("port", type=int)
     parser.add_argument("--step-delay", type=float, default=0.1)
     args = parser.parse_args()
+    without_native_bfloat16()
 
     def factory(model: str, settings: Any) -> FakeEngine:
         return FakeEngine(step_delay=args.step_delay)

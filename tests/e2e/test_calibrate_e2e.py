@@ -1,37 +1,27 @@
 """End to end: `bulkinfer calibrate` runs the dtype probe with the real engine
-on the default model (its numbers printed: `pytest -s`), its float32
-perplexity agrees with transformers on the same text, and a later run uses
-the stored dtype and says why in its report."""
+on the default model (its numbers printed: `pytest -s`) in the session's
+``BULKINFER_HOME``, first of the end-to-end modules: every later run of the
+session uses the stored dtype and says why in its report
+(``e2e_helpers.check_dtype_decision``, on each run's report). Its float32
+perplexity agrees with transformers on the same text. With
+``BULKINFER_E2E_DTYPE`` set, the forced dtype is stored again afterwards."""
 
 from __future__ import annotations
 
 import math
 import os
-import subprocess
-import sys
 from pathlib import Path
 from typing import Any
 
 import orjson
 import pytest
+from e2e_helpers import bulkinfer, stored_dtype_choice
 
-from bulkinfer.jobs.tune import PROBE_PASSAGES, choose_dtype
+from bulkinfer.jobs.tune import PROBE_PASSAGES, PROBE_SPEED_CUTOFF, choose_dtype, dtype_machine
 from bulkinfer.models import resolve_model
+from bulkinfer.report.calibration import record_choice
 
 pytestmark = pytest.mark.e2e
-
-ROOT = Path(__file__).resolve().parents[2]
-
-
-def bulkinfer(home: Path, *args: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
-        [sys.executable, "-m", "bulkinfer", *args],
-        capture_output=True,
-        text=True,
-        timeout=1200,
-        cwd=ROOT,
-        env={**os.environ, "COLUMNS": "200", "BULKINFER_HOME": str(home)},
-    )
 
 
 def transformers_perplexity(model: str) -> float:
@@ -57,15 +47,17 @@ def transformers_perplexity(model: str) -> float:
 
 
 @pytest.fixture(scope="module")
-def calibrated(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
-    home = tmp_path_factory.mktemp("home")
-    model = resolve_model(None)  # the default model, prepared in the real home; the store goes to `home`
-    proc = bulkinfer(home, "calibrate", "--model", model)
+def calibrated(e2e_home: Path) -> dict[str, Any]:
+    model = resolve_model(None)
+    forced = stored_dtype_choice() if os.environ.get("BULKINFER_E2E_DTYPE") else None
+    proc = bulkinfer("calibrate", "--model", model)
     print(proc.stdout, proc.stderr[-2000:])
     assert proc.returncode == 0, proc.stderr[-3000:]
-    store = orjson.loads((home / "calibration.json").read_bytes())
+    store = orjson.loads((e2e_home / "calibration.json").read_bytes())
     (probe,) = [c for c in store["choices"] if c["kind"] == "dtype"]
-    return {"home": home, "model": model, "proc": proc, "store": store, "probe": probe}
+    if forced is not None:  # the rest of the session runs the forced dtype again
+        record_choice("dtype", model, dtype_machine(), {k: forced[k] for k in ("dtype", "why", "trials")})
+    return {"home": e2e_home, "model": model, "proc": proc, "store": store, "probe": probe}
 
 
 def test_the_probe_scores_both_dtypes_and_chooses_by_its_rule(calibrated: dict[str, Any]) -> None:
@@ -91,15 +83,12 @@ def test_the_float32_perplexity_agrees_with_transformers(calibrated: dict[str, A
     assert ours == pytest.approx(theirs, rel=0.01)
 
 
-def test_a_later_run_uses_the_stored_dtype_and_says_why(calibrated: dict[str, Any], tmp_path: Path) -> None:
-    src = tmp_path / "in.jsonl"
-    src.write_text('{"id": "a", "prompt": "What is the capital of France?"}\n')
-    out = tmp_path / "out.jsonl"
-    proc = bulkinfer(calibrated["home"], "run", str(src), "-o", str(out), "--model", calibrated["model"],
-                     "--max-tokens", "8", "--plain-progress")  # fmt: skip
-    assert proc.returncode == 0, proc.stderr[-3000:]
-    report = orjson.loads(out.with_name("out.report.json").read_bytes())
-    probe = calibrated["probe"]
-    assert report["engine"]["dtype"] == probe["dtype"]
-    assert report["engine_choice"]["dtype"]["why"] == probe["why"]
-    assert report["engine_choice"]["dtype"]["measured_at"] == probe["measured_at"]
+def test_a_dtype_slower_than_float32_is_timed_no_longer_than_the_cutoff(calibrated: dict[str, Any]) -> None:
+    """A speed trial still running at PROBE_SPEED_CUTOFF x float32's time is
+    stopped: its rate so far is then under 1 / cutoff of float32's."""
+    trials = {t["dtype"]: t for t in calibrated["probe"]["trials"]}
+    reference = trials["float32"]
+    for trial in trials.values():
+        if "speed_trial_cut" in trial:
+            assert trial["speed_trial_s"] < PROBE_SPEED_CUTOFF * reference["speed_trial_s"] + 15  # one engine step
+            assert trial["completion_tokens_per_s"] < reference["completion_tokens_per_s"] / PROBE_SPEED_CUTOFF

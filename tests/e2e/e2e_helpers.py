@@ -1,0 +1,154 @@
+"""What the end-to-end modules share: the CLI in a subprocess, JSONL files,
+the engine processes of a run, and ``kill -9`` of a real run then ``--resume``."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import orjson
+import psutil
+
+ROOT = Path(__file__).resolve().parents[2]
+SAMPLE = ROOT / "sample_data"
+CAPITALS = {"france": "Paris", "germany": "Berlin", "japan": "Tokyo"}
+
+
+def read_jsonl(path: Path) -> list[dict[str, Any]]:
+    return [orjson.loads(line) for line in path.read_bytes().splitlines() if line.strip()]
+
+
+def write_jsonl(path: Path, rows: list[Any]) -> None:
+    path.write_bytes(b"".join(orjson.dumps(r) + b"\n" for r in rows))
+
+
+def read_report(path: Path) -> dict[str, Any]:
+    report: dict[str, Any] = orjson.loads(path.read_bytes())
+    return report
+
+
+def bulkinfer(*args: str, timeout: float = 900) -> subprocess.CompletedProcess[str]:
+    """``python -m bulkinfer ARGS`` from the repository's root; its output captured."""
+    env = {**os.environ, "PYTHONUNBUFFERED": "1", "COLUMNS": "200"}
+    return subprocess.run(
+        [sys.executable, "-m", "bulkinfer", *args], capture_output=True, text=True, env=env, timeout=timeout, cwd=ROOT
+    )
+
+
+def start(*args: str) -> subprocess.Popen[str]:
+    """``python -m bulkinfer ARGS`` in the background; standard error kept (read it once it ended)."""
+    return subprocess.Popen(
+        [sys.executable, "-m", "bulkinfer", *args],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+        text=True,
+        cwd=ROOT,
+        env={**os.environ, "PYTHONUNBUFFERED": "1"},
+    )
+
+
+def wait_until(predicate: Callable[[], bool], proc: subprocess.Popen[str], timeout: float = 600) -> None:
+    """Polls ``predicate`` every 50 ms; fails if ``proc`` ends first or ``timeout`` s pass."""
+    deadline = time.monotonic() + timeout
+    while not predicate():
+        if proc.poll() is not None:
+            raise AssertionError(
+                f"the run ended first (exit {proc.returncode}): {proc.stderr.read() if proc.stderr else ''}"
+            )
+        assert time.monotonic() < deadline, "timed out"
+        time.sleep(0.05)
+
+
+def spool_lines(spool: Path) -> int:
+    return spool.read_bytes().count(b"\n") if spool.exists() else 0
+
+
+def engine_children(driver: int) -> list[psutil.Process]:
+    """The vLLM processes (``VLLM::...`` titles) a bulkinfer run started."""
+    try:
+        return [p for p in psutil.Process(driver).children(recursive=True) if "VLLM" in " ".join(p.cmdline())]
+    except psutil.NoSuchProcess:
+        return []
+
+
+def kill_9_mid_run(
+    tmp_path: Path,
+    *extra: str,
+    rows: int = 32,
+    engines: Callable[[int], list[psutil.Process]] = engine_children,
+) -> dict[str, Any]:
+    """``kill -9`` of a real run (flags ``extra``) once five rows are on
+    disk: its engine processes (``engines(driver pid)``) must go too; a
+    second run meanwhile is refused by the lock. Returns what
+    :func:`resume_to_the_end` takes: ``src``, ``out``, ``flags``, ``rows``
+    and ``kept`` (rows on disk at the kill)."""
+    src, out = tmp_path / "in.jsonl", tmp_path / "out.jsonl"
+    write_jsonl(src, read_jsonl(SAMPLE / "sharegpt.jsonl")[:rows])
+    # four requests in flight: rows finish a few at a time, so the kill lands mid-run
+    flags = ["--max-tokens", "24", "--temperature", "0", "--plain-progress", "--max-in-flight", "4", *extra]
+    first = start("run", str(src), "-o", str(out), *flags)
+    spool = tmp_path / ".out.jsonl.partial.jsonl"
+    wait_until(lambda: spool_lines(spool) >= 5, first)
+
+    second = bulkinfer("run", str(src), "-o", str(out), "--resume", *flags)
+    assert second.returncode == 7 and "another bulkinfer run" in second.stderr
+
+    engine = engines(first.pid)
+    assert engine, "no engine processes found"
+    first.kill()
+    first.wait()
+    _, alive = psutil.wait_procs(engine, timeout=60)
+    assert not alive, f"engine processes outlived bulkinfer: {alive}"
+    return {"src": src, "out": out, "flags": flags, "rows": rows, "kept": spool_lines(spool)}
+
+
+def resume_to_the_end(
+    killed: dict[str, Any], during_resume: Callable[[subprocess.Popen[str], int], None] | None = None
+) -> dict[str, Any]:
+    """``--resume`` of a run :func:`kill_9_mid_run` killed, to the end
+    (``during_resume(process, rows kept)``, when given, acts on it while it
+    runs): every id exactly once. Returns the resumed run's report, with
+    ``kept``, ``stderr``, ``outputs`` (its rows) and ``src`` (the input file)."""
+    src, out, rows = killed["src"], killed["out"], killed["rows"]
+    resumed = start("run", str(src), "-o", str(out), "--resume", *killed["flags"])
+    if during_resume is not None:
+        during_resume(resumed, killed["kept"])
+    _, stderr = resumed.communicate(timeout=900)
+    assert resumed.returncode == 0, stderr[-3000:]
+    ids = [r["id"] for r in read_jsonl(out)]
+    assert sorted(ids) == sorted(r["id"] for r in read_jsonl(src))
+    report = read_report(out.parent / "out.report.json")
+    assert report["resumed"]["completed"] >= 5
+    assert report["request_counts"]["completed"] == rows
+    return {**report, "kept": killed["kept"], "stderr": stderr, "outputs": read_jsonl(out), "src": str(src)}
+
+
+def stored_dtype_choice() -> dict[str, Any] | None:
+    """The dtype this machine has stored for the default model (probed, or
+    forced by ``BULKINFER_E2E_DTYPE``), or None."""
+    from bulkinfer.jobs.tune import dtype_machine
+    from bulkinfer.models import resolve_model
+    from bulkinfer.report.calibration import stored_choice
+
+    return stored_choice("dtype", resolve_model(None), dtype_machine())
+
+
+def check_dtype_decision(report: dict[str, Any]) -> None:
+    """The engine ran the dtype bulkinfer decided (read back from vLLM's
+    config), and the decision is this machine's stored one, or float32 on a
+    CPU without native bfloat16 where nothing is stored."""
+    if report["engine"]["device"] != "cpu":  # on a GPU vLLM's own default dtype applies: nothing is chosen
+        assert "dtype" not in report["engine_choice"], report["engine_choice"]
+        return
+    choice = report["engine_choice"]["dtype"]
+    assert report["engine"]["dtype"] == choice["dtype"]
+    stored = stored_dtype_choice()
+    if stored is None:
+        assert choice["dtype"] == "float32" and "no native bfloat16" in choice["why"], choice
+    else:
+        assert (choice["dtype"], choice["why"]) == (stored["dtype"], stored["why"])
