@@ -18,7 +18,7 @@ from __future__ import annotations
 import io
 import re
 import zlib
-from collections.abc import Iterator
+from collections.abc import Collection, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Protocol
@@ -37,6 +37,8 @@ MAX_LINE_BYTES = 64 * 1024 * 1024
 PARQUET_BATCH_ROWS = 1024
 # The columns of a Parquet input that hold a row's text (bulkinfer run's).
 PROMPT_COLUMNS = ("prompt", "messages")
+# The columns of an OpenAI Batch API input (https://platform.openai.com/docs/api-reference/batch/request-input).
+BATCH_COLUMNS = ("custom_id", "method", "url", "body")
 _BOM = b"\xef\xbb\xbf"
 _DECOMPRESS_COMMAND = {"gzip": "gunzip -k", "zstd": "zstd -d"}
 # What a decompressing stream raises on a corrupt or truncated input: gzip
@@ -242,7 +244,12 @@ class ParquetReader:
             ``invalid_row`` error per row it holds, and reading goes on.
     """
 
-    def __init__(self, path: Path, passthrough: bool = True, text_columns: tuple[str, ...] = PROMPT_COLUMNS):
+    def __init__(
+        self,
+        path: Path,
+        columns: Collection[str] | None = None,
+        text_columns: tuple[str, ...] = PROMPT_COLUMNS,
+    ):
         import pyarrow as pa
         import pyarrow.parquet as pq
 
@@ -268,22 +275,9 @@ class ParquetReader:
                 f"{path}: column 'prompt' has type {schema.field('prompt').type}, expected string "
                 "(string, large_string, string_view or dictionary-encoded string)"
             )
-        needed = {
-            *text_columns,
-            "id",
-            "prompt",
-            "messages",
-            "max_tokens",
-            "temperature",
-            "top_p",
-            "seed",
-            "stop",
-            "custom_id",
-            "method",
-            "url",
-            "body",
-        }
-        self.columns = list(names) if passthrough else [n for n in names if n in needed]
+        # ``columns``: the fields the job reads from a row (its other fields are not passed through)
+        read = None if columns is None else {*columns, *text_columns, *BATCH_COLUMNS}
+        self.columns = [n for n in names if read is None or n in read]
 
     def __iter__(self) -> Iterator[RawRow]:
         import pyarrow as pa
@@ -308,11 +302,15 @@ class ParquetReader:
                     )
 
 
-def open_reader(path: Path, passthrough: bool = True, text_columns: tuple[str, ...] = PROMPT_COLUMNS) -> Reader:
+def open_reader(
+    path: Path, columns: Collection[str] | None = None, text_columns: tuple[str, ...] = PROMPT_COLUMNS
+) -> Reader:
     """A reader for ``path`` chosen by its name without a compression suffix:
     ``.jsonl``/``.ndjson`` (plain, gzip or zstd, found by the first bytes) or
-    ``.parquet``/``.pq``. ``passthrough=False`` reads only the Parquet
-    columns bulkinfer uses. A Parquet input needs one of ``text_columns``
+    ``.parquet``/``.pq``. ``columns``: read only these Parquet columns (and
+    the text and OpenAI batch ones), the fields the job's row parser reads,
+    when a row's other fields are not passed through; None reads every
+    column. A Parquet input needs one of ``text_columns``
     (``prompt``/``messages``; ``bulkinfer embed``: ``text``/``input``) or
     the OpenAI batch columns.
 
@@ -324,4 +322,4 @@ def open_reader(path: Path, passthrough: bool = True, text_columns: tuple[str, .
     inspect_input(path)
     if input_format(path) == JSONL:
         return JsonlReader(path)
-    return ParquetReader(path, passthrough=passthrough, text_columns=text_columns)
+    return ParquetReader(path, columns=columns, text_columns=text_columns)

@@ -73,6 +73,7 @@ def embed(
         calibrate=False,
         describe=functools.partial(_describe, truncate),
         text_columns=TEXT_FIELDS,
+        consumed=frozenset({"id", *TEXT_FIELDS}),
     )
     return run(
         paths,

@@ -26,7 +26,7 @@ from bulkinfer.io.readers import open_reader
 from bulkinfer.models import load_tokenizer, resolve_model
 from bulkinfer.prep.planner import Planner, efficiency, static_batch_tokens
 from bulkinfer.prep.prefix import CPU_BLOCK_TOKENS, GPU_BLOCK_TOKENS
-from bulkinfer.prep.rows import passthrough_fields
+from bulkinfer.prep.rows import CONSUMED_FIELDS, passthrough_fields
 from bulkinfer.prep.windows import iter_windows
 from bulkinfer.report.calibration import estimate, load_calibrations
 from bulkinfer.schema import RowError
@@ -89,7 +89,7 @@ def plan_file(input_path: Path, settings: Settings) -> dict[str, Any]:
         InputFileError, ModelError: as ``run``.
     """
     started = time.monotonic()
-    reader = open_reader(input_path, passthrough=settings.passthrough)
+    reader = open_reader(input_path, None if settings.passthrough else CONSUMED_FIELDS)
     model = resolve_model(settings.model)
     tokenizer = load_tokenizer(model, settings.engine.trust_remote_code)
     settings = settings.resolve_chat_template(tokenizer)

@@ -46,7 +46,7 @@ from bulkinfer.jobs.tune import measured_settings, print_to_stderr
 from bulkinfer.models import TokenizerFactory, load_tokenizer, resolve_model
 from bulkinfer.prep.planner import Planner
 from bulkinfer.prep.prefix import prefix_block_tokens
-from bulkinfer.prep.rows import to_request
+from bulkinfer.prep.rows import CONSUMED_FIELDS, to_request
 from bulkinfer.prep.windows import RowParser
 from bulkinfer.report.calibration import length_prior, record_calibration
 from bulkinfer.report.html import write_run_html
@@ -75,6 +75,8 @@ class Job:
       (:func:`~bulkinfer.jobs.tune.measured_settings`; generation only);
     - ``describe(report, planner)``: adds the job's own figures to the report;
     - ``text_columns``: the Parquet input columns that hold a row's text;
+    - ``consumed``: the row fields ``parse`` reads (with ``passthrough = false``
+      a Parquet input's other columns are not read);
     - ``sized_kv_cache``: with ``calibrate``, on CPU, a KV cache sized to the
       input (:func:`job_tokens`); off where the engine outlives the job (a
       server's, which the first batch would size for all).
@@ -87,6 +89,7 @@ class Job:
     calibrate: bool = True
     describe: Callable[[dict[str, Any], Planner], None] | None = None
     text_columns: tuple[str, ...] = PROMPT_COLUMNS
+    consumed: frozenset[str] = CONSUMED_FIELDS
     sized_kv_cache: bool = True
 
 
@@ -174,7 +177,7 @@ def run(
     """
     started = time.monotonic()
     check_resume_overwrite(resume, overwrite)
-    reader = open_reader(paths.input, passthrough=settings.passthrough, text_columns=job.text_columns)
+    reader = open_reader(paths.input, None if settings.passthrough else job.consumed, job.text_columns)
     if settings.model not in (None, DEFAULT_MODEL):
         resolve_model(settings.model)  # a model that cannot be found fails here, before any file is written
     files = OutputFiles(paths.output, job.vectors)

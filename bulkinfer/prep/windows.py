@@ -31,7 +31,8 @@ def iter_windows(
     The first occurrence of an id runs; later ones are ``duplicate_id`` errors.
     Rows an earlier attempt finished (``done``: error lines, completed ids)
     are skipped. ``parse`` builds each request (``run``'s :func:`to_request`,
-    or ``embed``'s)."""
+    or ``embed``'s); with ``passthrough = false`` its pass-through fields are
+    dropped (an OpenAI line's are its output's, such as ``model``)."""
     done = done or Done()
     seen: set[str] = set(done.done_ids)
     window_ids_skipped: set[str] = set()
@@ -47,6 +48,8 @@ def iter_windows(
         except RowInvalid as exc:
             on_error(exc.to_error(raw.line))
             continue
+        if not settings.passthrough and request.openai_url is None:
+            request.passthrough = {}  # ``passthrough = false``: the row's other fields are not copied to its output
         if request.id in done.done_ids and request.id not in window_ids_skipped:
             window_ids_skipped.add(request.id)
             continue

@@ -241,13 +241,13 @@ def test_non_parquet_file(tmp_path: Path) -> None:
         open_reader(empty)
 
 
-def test_parquet_passthrough_false_reads_needed_columns_only(tmp_path: Path) -> None:
+def test_parquet_with_columns_reads_those_and_the_text_and_batch_columns_only(tmp_path: Path) -> None:
     table = pa.table({"id": ["a"], "prompt": ["x"], "max_tokens": [3], "big": ["y" * 1000], "other": [1.5]})
     path = write_parquet(tmp_path / "in.parquet", table)
-    narrow = ParquetReader(path, passthrough=False)
+    narrow = ParquetReader(path, columns={"id", "max_tokens", "custom_id"})
     assert sorted(narrow.columns) == ["id", "max_tokens", "prompt"]
     assert list(narrow)[0].data == {"id": "a", "prompt": "x", "max_tokens": 3}
-    wide = open_reader(path, passthrough=True)
+    wide = open_reader(path)
     assert list(wide)[0].data == {"id": "a", "prompt": "x", "max_tokens": 3, "big": "y" * 1000, "other": 1.5}
 
 
