@@ -428,13 +428,25 @@ def _environment_until_spawned(variables: Mapping[str, str]) -> Iterator[None]:
     new ``multiprocessing`` process (vLLM's engine core, which inherits them)
     or the block ends, then restored. Starts in other threads wait meanwhile
     (:data:`_SPAWNING`), then go on while this one waits for its engine to
-    load: replicas load side by side, each with its own variables."""
+    load: replicas load side by side, each with its own variables.
+
+    Meanwhile a ``__main__.__file__`` that is no file (``"<stdin>"`` under
+    ``python -``) is hidden: the spawn start method runs the parent's main
+    file again in the child (Python's multiprocessing docs, "Safe importing
+    of main module"), and vLLM's engine core failed with FileNotFoundError
+    on ``<stdin>``; without one the child starts as under ``python -c``."""
     import multiprocessing
+    import sys
 
     _SPAWNING.acquire()
     before = set(_children(multiprocessing))
     saved = {name: os.environ.get(name) for name in variables}
     os.environ.update(variables)
+    main = sys.modules.get("__main__")
+    main_file = getattr(main, "__file__", None)
+    hidden = isinstance(main_file, str) and not os.path.isfile(main_file)
+    if hidden:
+        del main.__file__  # type: ignore[union-attr]
     once, ended = threading.Lock(), threading.Event()
 
     def restore() -> None:
@@ -444,6 +456,8 @@ def _environment_until_spawned(variables: Mapping[str, str]) -> Iterator[None]:
                     os.environ.pop(name, None)
                 else:
                     os.environ[name] = value
+            if hidden:
+                main.__file__ = main_file  # type: ignore[union-attr]
             _SPAWNING.release()
 
     def watch() -> None:

@@ -319,3 +319,43 @@ def test_replica_starts_overlap_each_spawning_with_its_own_environment(tmp_path:
     assert overlapped == [True]
     assert [(tmp_path / v).read_text().strip() for v in ("a", "b")] == ["a", "b"]
     assert name not in os.environ
+
+
+SPAWN_FROM_STDIN = """
+import multiprocessing, os, sys
+from bulkinfer.engine.vllm import _environment_until_spawned
+
+if __name__ == "__main__":
+    hide = sys.argv[1] == "hide"
+    child = multiprocessing.get_context("spawn").Process(target=os.getpid)
+    if hide:
+        with _environment_until_spawned({}):
+            child.start()
+            child.join()
+    else:
+        child.start()
+        child.join()
+    import __main__
+    print(child.exitcode, __main__.__file__)
+"""
+
+
+@pytest.mark.parametrize("hide", [True, False])
+def test_a_script_from_standard_input_can_spawn_the_engines_processes(hide: bool) -> None:
+    """``python -`` (``__main__.__file__ == "<stdin>"``): a spawned child
+    fails to run the parent's main file again (as vLLM's engine core did)
+    unless the engine's start hides it; it is back afterwards."""
+    import subprocess
+    import sys
+
+    proc = subprocess.run(
+        [sys.executable, "-", "hide" if hide else "plain"],
+        input=SPAWN_FROM_STDIN,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    exitcode, main_file = proc.stdout.split()
+    assert (exitcode, main_file) == ("0" if hide else "1", "<stdin>")
+    assert ("No such file or directory" in proc.stderr) == (not hide)
