@@ -5,13 +5,10 @@ from vLLM's own limits (with where in vLLM each comes from)."""
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from bulkinfer.errors import ConfigError
-
-if TYPE_CHECKING:
-    from bulkinfer.config import Settings
-
+from bulkinfer.settings import Settings
 
 # Seeds, as half-open ranges [low, high).
 #
