@@ -94,7 +94,8 @@ def write_rows(path: Path, rows: int) -> None:
 def measure(rows: int, max_tokens: int) -> dict[str, Any]:
     """One run through the instant engine; the report's figures."""
     from bulkinfer import load_settings
-    from bulkinfer.jobs.output_files import RunPaths
+    from bulkinfer.io.output_files import RunPaths
+    from bulkinfer.jobs.context import RunContext
     from bulkinfer.jobs.run import run
 
     with tempfile.TemporaryDirectory() as tmp:
@@ -102,7 +103,9 @@ def measure(rows: int, max_tokens: int) -> dict[str, Any]:
         write_rows(src, rows)
         settings = load_settings(None, {"sampling.max_tokens": max_tokens})
         report = run(
-            RunPaths.build(src, Path(tmp) / "out.jsonl"), settings, engine_factory=lambda m, s: InstantEngine()
+            RunPaths.build(src, Path(tmp) / "out.jsonl"),
+            settings,
+            RunContext(engine_factory=lambda m, s: InstantEngine()),
         ).report
     tput, seconds = report["throughput"], report["seconds"]
     return {

@@ -110,6 +110,7 @@ def _replayed(recording: dict[str, Any], prior_from: Path | None, same_job: bool
     yields (time, the progress) at most once a second of that clock."""
     import io
 
+    from bulkinfer.report.calibration import LengthPrior
     from bulkinfer.report.eta import WorkEstimate
     from bulkinfer.report.progress import Progress
 
@@ -127,9 +128,8 @@ def _replayed(recording: dict[str, Any], prior_from: Path | None, same_job: bool
         stream=io.StringIO(),
         force_plain=True,
         clock=lambda: clock[0],
-        prior=prior,
+        prior=LengthPrior(prior, same_job),
         max_running=recording["report"]["engine"].get("max_num_seqs"),
-        prior_same_job=same_job,
     )
     last = -1.0
     for event in events:

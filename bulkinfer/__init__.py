@@ -17,9 +17,12 @@ and run in any thread; stop one from another thread with a
         for name in ("a.jsonl", "b.jsonl"):
             bulkinfer.run(name, engine=engine, max_tokens=64)
 
-Option names (``**overrides``) are ``bulkinfer run``'s flags with
-underscores (``max_tokens``, ``max_num_seqs``, ``order``, ...); any other
-vLLM ``EngineArgs`` field goes in ``engine_args``.
+Option names (``**options``) are ``bulkinfer run``'s flags with
+underscores (``max_tokens``, ``max_num_seqs``, ``order``, ...) and the
+invocation's choices (``overwrite``, ``resume``, ``stop``, ``verbose``,
+``progress_plain``, ``observer``: a :class:`RunObserver` told when the engine
+is ready and rows finish); any other vLLM ``EngineArgs`` field goes in
+``engine_args``.
 
 Importing this module imports neither vLLM nor torch.
 """
@@ -34,6 +37,7 @@ from bulkinfer.config import Settings, load_settings
 from bulkinfer.stop import StopToken
 
 if TYPE_CHECKING:
+    from bulkinfer.jobs.context import RunContext, RunObserver
     from bulkinfer.jobs.eval import EvalResult
     from bulkinfer.jobs.run import RunReport
     from bulkinfer.jobs.shared_engine import SharedEngine
@@ -41,6 +45,7 @@ if TYPE_CHECKING:
 __version__ = "0.1.0"
 __all__ = [
     "EvalResult",
+    "RunObserver",
     "RunReport",
     "Settings",
     "SharedEngine",
@@ -57,26 +62,22 @@ __all__ = [
 def _settings(
     settings: Settings | None, overrides: Mapping[str, Any], engine_args: Mapping[str, Any] | None
 ) -> Settings:
-    """``settings`` (default: the built-in defaults) with flat option overrides.
+    """``settings`` (default: the built-in defaults) with flat option overrides
+    (:func:`bulkinfer.config.option_overrides`).
 
     Raises:
         ConfigError: an unknown option name (naming the closest), or an invalid value.
     """
-    from bulkinfer.config import option_keys, with_overrides
-    from bulkinfer.errors import ConfigError, closest
+    from bulkinfer.config import option_overrides, with_overrides
 
-    keys = option_keys()
-    dotted: dict[str, Any] = {}
-    origins: dict[str, str] = {}
-    for name, value in overrides.items():
-        if name not in keys:
-            known = "; known: " + ", ".join(sorted(keys))
-            raise ConfigError(f"unknown option {name!r}{closest(name, keys, known)}")
-        dotted[keys[name]] = tuple(value) if name in ("stop", "stop_token_ids") and value is not None else value
-        origins[keys[name]] = name
-    dotted.update({f"engine.{name}": value for name, value in (engine_args or {}).items()})
-    origins.update({f"engine.{name}": f"engine_args[{name!r}]" for name in engine_args or {}})
+    options = {**overrides, **{f"engine.{name}": value for name, value in (engine_args or {}).items()}}
+    dotted, origins = option_overrides(options, _named)
     return with_overrides(settings or load_settings(), dotted, origins)
+
+
+def _named(option: str) -> str:
+    """How a caller of this module named an option: its keyword, or ``engine_args['KEY']``."""
+    return f"engine_args[{option.removeprefix('engine.')!r}]" if option.startswith("engine.") else option
 
 
 def _engine_overrides(overrides: Mapping[str, Any], engine_args: Mapping[str, Any] | None) -> dict[str, Any]:
@@ -88,21 +89,36 @@ def _engine_overrides(overrides: Mapping[str, Any], engine_args: Mapping[str, An
     return {**found, **{f"engine_args[{n!r}]": v for n, v in (engine_args or {}).items()}}
 
 
-def _on_engine(
-    engine: SharedEngine | None,
-    settings: Settings | None,
-    overrides: Mapping[str, Any],
-    engine_args: Mapping[str, Any] | None,
-) -> tuple[Settings, Any]:
-    """The run's settings and engine factory: its own engine (the default),
-    or ``engine``, whose settings a run may not change (ConfigError)."""
-    if engine is None:
-        from bulkinfer.engine.factory import vllm_engine
+# Keyword arguments of evaluate that say how to score: EvalOptions' fields.
+EVAL_OPTIONS = ("predictions", "perplexity", "bootstrap", "fail_under")
+# Keyword arguments of run, embed and evaluate that are about the invocation: RunContext's fields.
+CONTEXT_OPTIONS = ("overwrite", "resume", "stop", "verbose", "progress_plain", "observer")
 
-        return _settings(settings, overrides, engine_args), vllm_engine
+
+def _prepare(
+    settings: Settings | None,
+    options: Mapping[str, Any],
+    engine_args: Mapping[str, Any] | None,
+    engine: SharedEngine | None,
+) -> tuple[Settings, RunContext]:
+    """A job's settings and :class:`~bulkinfer.jobs.context.RunContext` from
+    a public function's arguments: ``options`` holds the context's fields
+    (:data:`CONTEXT_OPTIONS`) and the settings overrides; the engine is
+    ``engine`` (whose settings a run may not change) or the run's own.
+
+    Raises:
+        ConfigError: an unknown option; an engine setting with ``engine``;
+            both ``overwrite`` and ``resume``.
+    """
+    from bulkinfer.jobs.context import RunContext
+
+    given = {name: options[name] for name in CONTEXT_OPTIONS if options.get(name) is not None}
+    overrides = {name: value for name, value in options.items() if name not in CONTEXT_OPTIONS}
+    if engine is None:
+        return _settings(settings, overrides, engine_args), RunContext(**given)
     run_only = {n: v for n, v in overrides.items() if n not in _engine_overrides(overrides, None)}
     base = engine.settings_for(settings, _engine_overrides(overrides, engine_args))
-    return _settings(base, run_only, None), engine
+    return _settings(base, run_only, None), RunContext(**given, engine_factory=engine)
 
 
 def open_engine(
@@ -133,14 +149,9 @@ def run(
     output_path: str | Path | None = None,
     settings: Settings | None = None,
     *,
-    overwrite: bool = False,
-    resume: bool = False,
     engine_args: Mapping[str, Any] | None = None,
     engine: SharedEngine | None = None,
-    stop: StopToken | None = None,
-    progress_plain: bool = False,
-    verbose: bool = False,
-    **overrides: Any,
+    **options: Any,
 ) -> RunReport:
     """Generate a completion for every row of ``input_path`` (JSONL or
     Parquet): ``bulkinfer run``. Writes ``OUT`` (default
@@ -151,14 +162,19 @@ def run(
     Args:
         settings: a :class:`Settings` (e.g. from :func:`load_settings` on a
             TOML file); built-in defaults when None.
-        overwrite, resume: as ``--overwrite`` / ``--resume``.
         engine_args: any other vLLM ``EngineArgs`` fields
             (``{"enable_prefix_caching": False}``), as ``--engine-arg``.
         engine: an engine from :func:`open_engine` to run on instead of
             starting one; the run then takes no model or engine option.
-        stop: set it (from any thread) to stop the run cleanly: finished
-            rows stay on disk, resume with ``resume=True``.
-        **overrides: ``bulkinfer run`` options by name (``max_tokens=64``).
+        **options: the invocation's choices (:data:`CONTEXT_OPTIONS`, see
+            :class:`~bulkinfer.jobs.context.RunContext`): ``overwrite`` and
+            ``resume`` as ``--overwrite`` / ``--resume``; ``stop``, a
+            :class:`StopToken` to set (from any thread) to stop the run
+            cleanly (finished rows stay on disk, resume with ``resume=True``);
+            ``verbose``, ``progress_plain``; ``observer``, a
+            :class:`~bulkinfer.jobs.context.RunObserver` told when the engine
+            is ready and rows finish. Any other: a ``bulkinfer run`` option
+            by name (``max_tokens=64``).
 
     Returns:
         The :class:`RunReport`: the report and the exit code the CLI would end
@@ -169,21 +185,12 @@ def run(
         OutputExistsError, LockHeldError, OutputWriteError, Interrupted: as
         :func:`bulkinfer.jobs.run.run` (exit codes 2, 4, 5, 6, 7, 9, 128+N).
     """
-    from bulkinfer.jobs.output_files import RunPaths
+    from bulkinfer.io.output_files import RunPaths
     from bulkinfer.jobs.run import run as run_job
 
+    run_settings, context = _prepare(settings, options, engine_args, engine)
     paths = RunPaths.build(Path(input_path), Path(output_path) if output_path is not None else None)
-    run_settings, engine_factory = _on_engine(engine, settings, overrides, engine_args)
-    return run_job(
-        paths,
-        run_settings,
-        overwrite=overwrite,
-        resume=resume,
-        engine_factory=engine_factory,
-        progress_plain=progress_plain,
-        verbose=verbose,
-        stop=stop,
-    )
+    return run_job(paths, run_settings, context)
 
 
 def embed(
@@ -192,13 +199,8 @@ def embed(
     settings: Settings | None = None,
     *,
     truncate: bool = False,
-    overwrite: bool = False,
-    resume: bool = False,
     engine_args: Mapping[str, Any] | None = None,
-    stop: StopToken | None = None,
-    progress_plain: bool = False,
-    verbose: bool = False,
-    **overrides: Any,
+    **options: Any,
 ) -> RunReport:
     """Embed every row of ``input_path`` (JSONL or Parquet: rows with ``id``
     and ``text`` or ``input``, or OpenAI ``/v1/embeddings`` batch lines):
@@ -211,7 +213,8 @@ def embed(
     Args:
         truncate: cut an input over the model's ``max_seq_length`` tokens
             to it (``--truncate``) instead of failing its row.
-        Others: as :func:`run` (``**overrides``: ``bulkinfer embed``'s options by name).
+        Others: as :func:`run` (``**options``: the invocation's choices and
+            ``bulkinfer embed``'s options by name).
 
     Returns:
         The :class:`RunReport` (exit code 0, or 3 when some rows failed).
@@ -219,22 +222,13 @@ def embed(
     Raises:
         As :func:`run`.
     """
+    from bulkinfer.io.output_files import RunPaths
     from bulkinfer.jobs.embed import DEFAULT_SUFFIX
     from bulkinfer.jobs.embed import embed as embed_job
-    from bulkinfer.jobs.output_files import RunPaths
 
+    embed_settings, context = _prepare(settings, options, engine_args, None)
     out = Path(output_path) if output_path is not None else None
-    paths = RunPaths.build(Path(input_path), out, DEFAULT_SUFFIX)
-    return embed_job(
-        paths,
-        _settings(settings, overrides, engine_args),
-        truncate=truncate,
-        overwrite=overwrite,
-        resume=resume,
-        progress_plain=progress_plain,
-        verbose=verbose,
-        stop=stop,
-    )
+    return embed_job(RunPaths.build(Path(input_path), out, DEFAULT_SUFFIX), embed_settings, context, truncate)
 
 
 def plan(input_path: str | Path, settings: Settings | None = None, **overrides: Any) -> dict[str, Any]:
@@ -258,28 +252,23 @@ def evaluate(
     output_path: str | Path | None = None,
     settings: Settings | None = None,
     *,
-    predictions: str | Path | None = None,
-    perplexity: bool = False,
-    bootstrap: int = 0,
-    fail_under: Mapping[str, float] | None = None,
-    overwrite: bool = False,
-    resume: bool = False,
     engine_args: Mapping[str, Any] | None = None,
     engine: SharedEngine | None = None,
-    stop: StopToken | None = None,
-    progress_plain: bool = False,
-    verbose: bool = False,
-    **overrides: Any,
+    **options: Any,
 ) -> EvalResult:
     """Generate completions for a golden set (or take ``predictions``) and
     score them against its references: ``bulkinfer eval``. Writes the scored
     rows (default ``GOLDEN_STEM.out.jsonl``) and ``OUT.eval.json``.
 
     Args:
-        perplexity: also the perplexity of each reference given its prompt.
-        bootstrap: paired bootstrap resamples for 95% intervals (0: none).
-        fail_under: metric -> bar (``{"bleu": 20}``): exit code 8 below it.
         engine: as :func:`run` (the perplexity pass uses it too).
+        **options: the scoring options (:data:`EVAL_OPTIONS`, see
+            :class:`~bulkinfer.jobs.eval.EvalOptions`): ``predictions`` (a
+            file to score instead of generating), ``perplexity`` (also the
+            perplexity of each reference given its prompt), ``bootstrap``
+            (paired resamples for 95% intervals; 0: none), ``fail_under``
+            (metric -> bar, ``{"bleu": 20}``: exit code 8 below it); then as
+            :func:`run`'s.
         the others: as :func:`run`.
 
     Returns:
@@ -290,25 +279,13 @@ def evaluate(
         as :func:`run`; ConfigError when no prediction matches a golden id.
     """
     from bulkinfer.io.formats import default_output
-    from bulkinfer.jobs.eval import run_eval
+    from bulkinfer.jobs.eval import EvalOptions, run_eval
 
     golden = Path(golden)
-    eval_settings, engine_factory = _on_engine(engine, settings, overrides, engine_args)
-    return run_eval(
-        golden,
-        Path(output_path) if output_path is not None else default_output(golden),
-        eval_settings,
-        predictions=Path(predictions) if predictions is not None else None,
-        perplexity=perplexity,
-        bootstrap=bootstrap,
-        fail_under=dict(fail_under) if fail_under else None,
-        overwrite=overwrite,
-        resume=resume,
-        progress_plain=progress_plain,
-        engine_factory=engine_factory,
-        verbose=verbose,
-        stop=stop,
-    )
+    scoring = EvalOptions(**{name: options.pop(name) for name in EVAL_OPTIONS if name in options})
+    eval_settings, context = _prepare(settings, options, engine_args, engine)
+    out = Path(output_path) if output_path is not None else default_output(golden)
+    return run_eval(golden, out, eval_settings, context, scoring)
 
 
 def __getattr__(name: str) -> Any:
@@ -321,6 +298,10 @@ def __getattr__(name: str) -> Any:
         from bulkinfer.jobs.eval import EvalResult
 
         return EvalResult
+    if name == "RunObserver":
+        from bulkinfer.jobs.context import RunObserver
+
+        return RunObserver
     if name == "SharedEngine":
         from bulkinfer.jobs.shared_engine import SharedEngine
 

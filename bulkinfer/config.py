@@ -17,12 +17,12 @@ from __future__ import annotations
 
 import dataclasses
 import tomllib
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 
 from bulkinfer.checks import validate
-from bulkinfer.errors import ConfigError, InputFileError
+from bulkinfer.errors import ConfigError, InputFileError, closest
 from bulkinfer.settings import (
     DEFAULT_BUCKETS,
     EngineSettings,
@@ -65,6 +65,45 @@ def option_keys() -> dict[str, str]:
         "ray": "ray.address",
         **{f"ray_{f.name}": f"ray.{f.name}" for f in dataclasses.fields(RaySettings) if f.name != "address"},
     }
+
+
+# Options given as lists whose setting is a tuple (settings are frozen).
+_TUPLE_OPTIONS = ("stop", "stop_token_ids")
+
+
+def option_overrides(
+    options: Mapping[str, Any], origin: Callable[[str], str] = str
+) -> tuple[dict[str, Any], dict[str, str]]:
+    """Options by flat name -> the dotted settings overrides they make and
+    what the user typed for each (for :func:`load_settings` and
+    :func:`with_overrides`): the one translation, for the CLI's flags and
+    :mod:`bulkinfer`'s keyword arguments alike.
+
+    Args:
+        options: :func:`option_keys` names (``max_tokens``, ``dtype``, ...)
+            or ``engine.FIELD`` for any other vLLM ``EngineArgs`` field;
+            a None value is an option not given.
+        origin: how the user named an option (``--max-tokens``); the name
+            itself by default.
+
+    Raises:
+        ConfigError: an unknown option name (naming the closest).
+    """
+    keys = option_keys()
+    dotted: dict[str, Any] = {}
+    origins: dict[str, str] = {}
+    for name, value in options.items():
+        if value is None:
+            continue
+        if name.startswith("engine.") and name.count(".") == 1:
+            key = name
+        elif name in keys:
+            key = keys[name]
+        else:
+            raise ConfigError(f"unknown option {name!r}{closest(name, keys, '; known: ' + ', '.join(sorted(keys)))}")
+        dotted[key] = tuple(value) if name in _TUPLE_OPTIONS else value
+        origins[key] = origin(name)
+    return dotted, origins
 
 
 _SECTIONS: dict[str, type] = {

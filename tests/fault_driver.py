@@ -18,7 +18,8 @@ from fakes import FakeEngine, without_native_bfloat16
 from bulkinfer.cli import StopSignals
 from bulkinfer.config import load_settings
 from bulkinfer.errors import BulkinferError
-from bulkinfer.jobs.output_files import RunPaths
+from bulkinfer.io.output_files import RunPaths
+from bulkinfer.jobs.context import RunContext
 from bulkinfer.jobs.run import run
 
 
@@ -43,10 +44,7 @@ def main() -> int:
             result = run(
                 RunPaths.build(args.input, args.output),
                 settings,
-                resume=args.resume,
-                engine_factory=factory,
-                progress_plain=True,
-                stop=stop,
+                RunContext(resume=args.resume, engine_factory=factory, progress_plain=True, stop=stop),
             )
     except BulkinferError as exc:
         print(f"bulkinfer: error: {exc}", file=sys.stderr)

@@ -277,7 +277,7 @@ def test_eval_bad_fail_under_exits_2(tmp_path: Path) -> None:
 def test_every_override_option_reaches_its_setting() -> None:
     import inspect
 
-    from bulkinfer.cli import NEGATIONS, OVERRIDES, _overrides, run
+    from bulkinfer.cli import NEGATIONS, OVERRIDES, run, settings_from_flags
     from bulkinfer.config import load_settings
 
     # Every mapped option is an option of `run`, and every target is a real setting.
@@ -328,7 +328,7 @@ def test_every_override_option_reaches_its_setting() -> None:
         "not_a_setting": "ignored",
     }
     assert set(values) - {"not_a_setting"} == set(OVERRIDES)
-    s = load_settings(None, _overrides(values))
+    s = settings_from_flags(None, values)
     assert (s.model, s.apply_chat_template) == ("/m", True)
     assert (s.sampling.max_tokens, s.sampling.temperature, s.sampling.top_p) == (7, 0.5, 0.9)
     assert (s.sampling.stop, s.sampling.ignore_eos) == (("END", "###"), True)
@@ -345,7 +345,7 @@ def test_every_override_option_reaches_its_setting() -> None:
     assert (s.ray.address, s.ray.cpus_per_replica, s.ray.max_restarts) == ("auto", 4, -1)
     assert (s.plan.output_order, s.plan.prefix_aware) == ("completion", False)
     # Options not given (None) keep the defaults.
-    assert load_settings(None, _overrides(dict.fromkeys(OVERRIDES))) == load_settings()
+    assert settings_from_flags(None, dict.fromkeys(OVERRIDES)) == load_settings()
 
 
 def test_version_names_bulkinfer_vllm_torch_and_the_device() -> None:
@@ -379,12 +379,9 @@ def _installed(dist: str) -> bool:
 
 
 def _fake_engines(monkeypatch: pytest.MonkeyPatch) -> list[str]:
-    """Every command's engine factory (run's and eval's) becomes a FakeEngine
+    """Every command's engine factory (a RunContext's default) becomes a FakeEngine
     builder; the list records each model an engine was built for."""
     from fakes import FakeEngine
-
-    import bulkinfer.jobs.eval
-    import bulkinfer.jobs.run
 
     built: list[str] = []
 
@@ -392,8 +389,7 @@ def _fake_engines(monkeypatch: pytest.MonkeyPatch) -> list[str]:
         built.append(model)
         return FakeEngine()
 
-    for function in (bulkinfer.jobs.run.run, bulkinfer.jobs.eval.run_eval):
-        monkeypatch.setitem(function.__kwdefaults__, "engine_factory", factory)
+    monkeypatch.setattr("bulkinfer.jobs.context.vllm_engine", factory)  # every RunContext's default
     return built
 
 
@@ -517,7 +513,7 @@ def test_resume_and_overwrite_together_exit_2(command: str, tmp_path: Path, monk
 
 
 def test_a_refused_resume_names_the_changed_flag(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    from bulkinfer.jobs.output_files import OutputFiles
+    from bulkinfer.io.output_files import OutputFiles
 
     _fake_engines(monkeypatch)
     src = tmp_path / "in.jsonl"
@@ -530,7 +526,7 @@ def test_a_refused_resume_names_the_changed_flag(tmp_path: Path, monkeypatch: py
     import orjson
 
     from bulkinfer.config import load_settings
-    from bulkinfer.jobs.output_files import input_identity, results_settings, settings_fingerprint
+    from bulkinfer.io.output_files import input_identity, results_settings, settings_fingerprint
 
     settings = load_settings(None, {"sampling.max_tokens": 8})
     files.journal.write_bytes(

@@ -21,10 +21,10 @@ from bulkinfer.cli import commands  # noqa: F401
 from bulkinfer.cli import serve_command  # noqa: F401
 
 # isort: on
-from bulkinfer.cli.options import NEGATIONS, OVERRIDES, _overrides
+from bulkinfer.cli.options import NEGATIONS, OVERRIDES, settings_from_flags
 from bulkinfer.cli.signals import StopSignals, _stopped_by_signal
 
-__all__ = ["NEGATIONS", "OVERRIDES", "StopSignals", "_overrides", "app", "main", "run"]
+__all__ = ["NEGATIONS", "OVERRIDES", "StopSignals", "app", "main", "run", "settings_from_flags"]
 
 
 def main() -> None:

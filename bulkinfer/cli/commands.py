@@ -25,11 +25,10 @@ from bulkinfer.cli.options import (
     ResumeOption,
     TemperatureOption,
     VerboseOption,
-    _origins,
-    _overrides,
     described,
+    settings_from_flags,
 )
-from bulkinfer.cli.signals import StopSignals, fail
+from bulkinfer.cli.signals import StopSignals, fail, invoke
 from bulkinfer.errors import EXIT_PARTIAL, BulkinferError, InputFileError
 
 EVAL_EXAMPLES = (
@@ -102,35 +101,21 @@ def eval_command(
     output_order: OutputOrderOption = None,
 ) -> None:
     """Run GOLDEN through the model (or take --predictions) and score it: BLEU, chrF, ROUGE, exact match, perplexity."""
-    overrides, origins = _overrides(locals()), _origins(locals())  # first: only the options are local yet
+    options = dict(locals())  # first: only the options are local yet
     from rich.console import Console
 
-    from bulkinfer.config import load_settings
-    from bulkinfer.io.formats import default_output
-    from bulkinfer.jobs.eval import eval_path, load_eval, print_eval, run_eval
+    import bulkinfer
+    from bulkinfer.jobs.eval import eval_path, load_eval
     from bulkinfer.metrics.bars import parse_fail_under
+    from bulkinfer.report.eval_view import print_eval
 
     try:
         bars = parse_fail_under(fail_under) if fail_under else None
         previous = load_eval(compare) if compare else None
-        settings = load_settings(config, overrides, origins)
-        with StopSignals() as stop_token:
-            result = run_eval(
-                golden,
-                output or default_output(golden),
-                settings,
-                predictions=predictions,
-                perplexity=perplexity,
-                bootstrap=bootstrap,
-                fail_under=bars,
-                overwrite=overwrite,
-                resume=resume,
-                progress_plain=plain_progress,
-                verbose=verbose,
-                stop=stop_token,
-            )
     except BulkinferError as exc:
         fail(exc)
+    scoring = {"predictions": predictions, "perplexity": perplexity, "bootstrap": bootstrap, "fail_under": bars}
+    result = invoke(options, bulkinfer.evaluate, golden, output, **scoring)
     print_eval(result.report, previous, Console())
     typer.echo(f"written: {result.report['output']}, {eval_path(Path(result.report['output']))}")
     for line in result.below_bar:
@@ -177,16 +162,15 @@ def plan(
     strict: Annotated[bool, typer.Option("--strict", help=described("Exit 3 when any row would fail.", "off"))] = False,
 ) -> None:
     """Dry run: row counts, failures, prompt lengths, buckets, padding and a time estimate. Loads no engine."""
-    overrides, origins = _overrides(locals()), _origins(locals())  # first: only the options are local yet
+    options = dict(locals())  # first: only the options are local yet
     from rich.console import Console
 
-    from bulkinfer.config import load_settings
     from bulkinfer.jobs.plan import plan_file
     from bulkinfer.report.stats import write_report
     from bulkinfer.report.terminal import print_plan
 
     try:
-        result = plan_file(input_path, load_settings(config, overrides, origins))
+        result = plan_file(input_path, settings_from_flags(config, options))
     except BulkinferError as exc:
         fail(exc)
     print_plan(result, Console())
@@ -215,13 +199,13 @@ def calibrate(
     ] = False,
 ) -> None:
     """Measure this machine: the dtype, optionally the scheduler limits, and throughput (for `plan`)."""
-    from bulkinfer.config import load_settings
+    options = dict(locals())  # first: only the options are local yet
     from bulkinfer.jobs.calibrate import calibrate as run_calibration
 
     try:
         with StopSignals() as stop_token:
             result = run_calibration(
-                load_settings(config, {"model": model}, {"model": "--model"}),
+                settings_from_flags(config, options),
                 verbose=verbose,
                 stop=stop_token,
                 tune_scheduler=tune,
@@ -277,7 +261,8 @@ def report(
         path.name.removesuffix(".json").removesuffix(".report").removesuffix(".eval") + ".report.html"
     )
     if "scores" in data:
-        from bulkinfer.jobs.eval import print_eval, read_predictions, write_eval_html
+        from bulkinfer.jobs.eval import read_predictions
+        from bulkinfer.report.eval_view import print_eval, write_eval_html
 
         output = Path(data["output"])
         records = read_predictions(output) if output.is_file() else []

@@ -22,13 +22,10 @@ from bulkinfer.cli.options import (
     ResumeOption,
     VerboseOption,
     WindowRowsOption,
-    _origins,
-    _overrides,
     described,
 )
 from bulkinfer.cli.run_command import summarize
-from bulkinfer.cli.signals import StopSignals, fail
-from bulkinfer.errors import BulkinferError
+from bulkinfer.cli.signals import invoke
 
 EXAMPLES = (
     "bulkinfer embed docs.jsonl",
@@ -94,26 +91,6 @@ def embed(
     output_order: OutputOrderOption = None,
 ) -> None:
     """Embed every row of INPUT; write OUT (default Parquet), OUT.errors.jsonl and OUT.report.json."""
-    options = dict(locals())  # first: only the options are local yet
-    from bulkinfer.config import load_settings
-    from bulkinfer.jobs.embed import DEFAULT_SUFFIX
-    from bulkinfer.jobs.embed import embed as embed_job
-    from bulkinfer.jobs.output_files import RunPaths
+    import bulkinfer
 
-    try:
-        settings = load_settings(config, _overrides(options), _origins(options))
-        paths = RunPaths.build(input_path, output, DEFAULT_SUFFIX)
-        with StopSignals() as stop_token:
-            result = embed_job(
-                paths,
-                settings,
-                truncate=truncate,
-                overwrite=overwrite,
-                resume=resume,
-                progress_plain=plain_progress,
-                verbose=verbose,
-                stop=stop_token,
-            )
-    except BulkinferError as exc:
-        fail(exc)
-    summarize(result, paths.output)
+    summarize(invoke(dict(locals()), bulkinfer.embed, input_path, output, truncate=truncate))

@@ -16,7 +16,8 @@ from typing import Annotated, Any, Literal
 
 import typer
 
-from bulkinfer.config import DEFAULT_BUCKETS, EngineSettings, PlanSettings, SamplingDefaults, option_keys
+from bulkinfer.config import DEFAULT_BUCKETS, EngineSettings, PlanSettings, SamplingDefaults, Settings, option_keys
+from bulkinfer.stop import StopToken
 
 _SAMPLING, _ENGINE, _PLAN = SamplingDefaults(), EngineSettings(), PlanSettings()
 
@@ -631,14 +632,12 @@ OutputOrderOption = Annotated[
 ]
 
 
-# Command-line option -> the dotted settings key it overrides (see bulkinfer.config.load_settings):
-# every engine and plan setting has an option of the same name; `--seed` is the engine's seed;
-# `--quantization` is one of vLLM's EngineArgs bulkinfer passes through (engine.extra_args).
-# `--json-schema`, `--choice` and `--regex` make `sampling.structured_outputs` (see _structured).
-OVERRIDES = {
-    **{name: key for name, key in option_keys().items() if name != "structured_outputs"},
-    "quantization": "engine.quantization",
-}
+# Command-line options that override a setting of the same name (see
+# bulkinfer.config.option_overrides): every sampling default, engine and plan
+# setting has one; `--seed` is the engine's seed; `--quantization` is one of
+# vLLM's EngineArgs bulkinfer passes through (engine.extra_args). `--json-schema`,
+# `--choice` and `--regex` make `sampling.structured_outputs` (see _structured).
+OVERRIDES = frozenset({*option_keys()} - {"structured_outputs"} | {"quantization"})
 
 
 # Flag that sets a setting to False -> the option (in OVERRIDES) that sets it to True.
@@ -724,49 +723,64 @@ def _flag(name: str) -> str:
     return "--" + name.replace("_", "-")
 
 
-def _origins(options: dict[str, Any]) -> dict[str, str]:
-    """What the user typed for each override :func:`_overrides` makes, by
-    dotted key (``{"plan.order": "--order"}``), for error messages."""
-    origins = {
-        OVERRIDES[name]: _flag(name) for name, value in options.items() if name in OVERRIDES and value is not None
+def settings_from_flags(config: Path | None, options: dict[str, Any]) -> Settings:
+    """The command's settings: the defaults, ``config`` (a TOML file) and the
+    flags given among ``options`` (the command's ``locals()``; None means
+    "not given"), through :func:`bulkinfer.config.option_overrides`, with
+    errors naming the flag as typed (``--max-tokens``, ``--raw-prompts``,
+    ``--engine-arg KEY``).
+
+    Raises:
+        typer.BadParameter: a flag and its negation both given, or a flag's
+            text that cannot be read (exit 2).
+        ConfigError, InputFileError: as :func:`bulkinfer.config.load_settings`.
+    """
+    from bulkinfer.config import load_settings, option_overrides
+
+    flat, typed = _flag_options(options)
+    dotted, origins = option_overrides(flat, lambda name: typed.get(name) or _flag(name))
+    return load_settings(config, dotted, origins)
+
+
+def invocation(options: dict[str, Any], stop: StopToken) -> dict[str, Any]:
+    """The invocation's choices among a command's ``options`` (its
+    ``locals()``), as :mod:`bulkinfer`'s functions take them (the fields of
+    :class:`~bulkinfer.jobs.context.RunContext`), with the CLI's ``stop`` token."""
+    return {
+        "overwrite": options["overwrite"],
+        "resume": options["resume"],
+        "progress_plain": options["plain_progress"],
+        "verbose": options["verbose"],
+        "stop": stop,
     }
-    origins.update({OVERRIDES[name]: _flag(neg) for neg, name in NEGATIONS.items() if options.get(neg)})
-    for item in options.get("engine_arg") or ():
-        key = item.partition("=")[0].strip()
-        origins[f"engine.{key.replace('-', '_')}"] = f"--engine-arg {key}"
-    for name in STRUCTURED_FLAGS:
-        if options.get(name) is not None:
-            origins["sampling.structured_outputs"] = _flag(name)
-    return origins
 
 
-def _overrides(options: dict[str, Any]) -> dict[str, Any]:
-    """Settings overrides from a command's options (its ``locals()``): every
-    option named in :data:`OVERRIDES` or :data:`NEGATIONS`; ``None`` means
-    "not given".
+def _flag_options(options: dict[str, Any]) -> tuple[dict[str, Any], dict[str, str]]:
+    """The flags among ``options`` as :func:`bulkinfer.config.option_overrides`
+    takes them (option name, or ``engine.FIELD``, -> value), and the flag the
+    user typed for those named otherwise.
 
     Raises:
         typer.BadParameter: a flag and its negation both given (exit 2).
     """
-    values = {OVERRIDES[name]: value for name, value in options.items() if name in OVERRIDES}
+    flat = {name: value for name, value in options.items() if name in OVERRIDES and name != "quantization"}
+    typed: dict[str, str] = {}
     for negation, name in NEGATIONS.items():
         if options.get(negation):
             if options.get(name):
                 raise typer.BadParameter(f"give {_flag(name)} or {_flag(negation)}, not both")
-            values[OVERRIDES[name]] = False
+            flat[name], typed[name] = False, _flag(negation)
     for item in options.get("engine_arg") or ():
         key, value = _engine_arg(item)
-        values[f"engine.{key}"] = value
-    if "sampling.stop" in values:
-        values["sampling.stop"] = tuple(values["sampling.stop"]) if values["sampling.stop"] else None
-    if "sampling.stop_token_ids" in values:
-        ids = values["sampling.stop_token_ids"]
-        values["sampling.stop_token_ids"] = tuple(ids) if ids else None
-    if "sampling.logit_bias" in values:
-        values["sampling.logit_bias"] = _logit_bias(values["sampling.logit_bias"])
+        flat[f"engine.{key}"], typed[f"engine.{key}"] = value, f"--engine-arg {key}"
+    if options.get("quantization") is not None:
+        flat["engine.quantization"], typed["engine.quantization"] = options["quantization"], "--quantization"
+    for name in ("stop", "stop_token_ids"):
+        flat[name] = flat.get(name) or None  # an empty list: not given
+    flat["logit_bias"] = _logit_bias(flat.get("logit_bias"))
+    flat["buckets"] = _buckets(flat.get("buckets"))
     structured = _structured(options)
     if structured is not None:
-        values["sampling.structured_outputs"] = structured
-    if "plan.buckets" in values:
-        values["plan.buckets"] = _buckets(values["plan.buckets"])
-    return values
+        flat["structured_outputs"] = structured
+        typed["structured_outputs"] = next(_flag(name) for name in STRUCTURED_FLAGS if options.get(name) is not None)
+    return flat, typed

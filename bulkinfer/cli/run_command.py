@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-from pathlib import Path
 from typing import TYPE_CHECKING, NoReturn
 
 import typer
@@ -64,11 +63,8 @@ from bulkinfer.cli.options import (
     TrustRemoteCodeOption,
     VerboseOption,
     WindowRowsOption,
-    _origins,
-    _overrides,
 )
-from bulkinfer.cli.signals import StopSignals, fail
-from bulkinfer.errors import BulkinferError
+from bulkinfer.cli.signals import invoke
 
 if TYPE_CHECKING:
     from bulkinfer.jobs.run import RunReport
@@ -143,38 +139,20 @@ def run(
     output_order: OutputOrderOption = None,
 ) -> None:
     """Generate a completion for every row of INPUT; write OUT, OUT.errors.jsonl and OUT.report.json."""
-    options = dict(locals())  # first: only the options are local yet
-    from bulkinfer.config import load_settings
-    from bulkinfer.jobs.output_files import RunPaths
-    from bulkinfer.jobs.run import run as run_job
+    import bulkinfer
 
-    try:
-        settings = load_settings(config, _overrides(options), _origins(options))
-        paths = RunPaths.build(input_path, output)
-        with StopSignals() as stop_token:
-            result = run_job(
-                paths,
-                settings,
-                overwrite=overwrite,
-                resume=resume,
-                progress_plain=plain_progress,
-                verbose=verbose,
-                stop=stop_token,
-            )
-    except BulkinferError as exc:
-        fail(exc)
-    summarize(result, paths.output)
+    summarize(invoke(dict(locals()), bulkinfer.run, input_path, output))
 
 
-def summarize(result: RunReport, output: Path) -> NoReturn:
-    """Print the run's summary (or that ``output`` was already complete) and
+def summarize(result: RunReport) -> NoReturn:
+    """Print the run's summary (or that its output was already complete) and
     exit with the run's exit code (``run`` and ``embed``)."""
     from rich.console import Console
 
     from bulkinfer.report.terminal import print_summary
 
     if result.report.get("already_complete"):
-        typer.echo(f"bulkinfer: {output} is already complete; nothing to do")
+        typer.echo(f"bulkinfer: {result.output} is already complete; nothing to do")
     else:
         print_summary(result.report, Console())
     raise typer.Exit(code=result.exit_code)

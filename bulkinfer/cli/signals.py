@@ -4,12 +4,15 @@ from __future__ import annotations
 
 import os
 import signal
-from typing import Any, NoReturn
+from collections.abc import Callable
+from typing import Any, NoReturn, TypeVar
 
 import typer
 
 from bulkinfer.errors import BulkinferError, Interrupted
 from bulkinfer.stop import StopToken
+
+T = TypeVar("T")
 
 
 def fail(exc: BulkinferError) -> NoReturn:
@@ -69,3 +72,21 @@ class StopSignals:
 
             kill_all_now()  # an engine being started dies now, not after vLLM's graceful shutdown
             raise Interrupted(signum, f"stopped by {name} before any row was run")
+
+
+def invoke(options: dict[str, Any], job: Callable[..., T], *args: Any, **kwargs: Any) -> T:
+    """``job(*args, settings, **kwargs, ...)`` (one of :mod:`bulkinfer`'s
+    functions) for a command: its settings from the command's ``options``
+    (its ``locals()``: ``--config`` and the flags, see
+    :func:`~bulkinfer.cli.options.settings_from_flags`), its invocation's
+    choices (``--overwrite``, ``--resume``, ...), SIGINT, SIGTERM and SIGHUP
+    as its stop token. A :class:`BulkinferError` ends the command with its
+    message and exit code (:func:`fail`)."""
+    from bulkinfer.cli.options import invocation, settings_from_flags
+
+    try:
+        settings = settings_from_flags(options.get("config"), options)
+        with StopSignals() as stop:
+            return job(*args, settings, **kwargs, **invocation(options, stop))
+    except BulkinferError as exc:
+        fail(exc)

@@ -110,37 +110,41 @@ class KeptEngine:
         calls ignore their ``settings``: the engine keeps the first run's."""
         return _Unclosed(self.get(model_path, settings))
 
+    def for_runs(self) -> EngineFactory:
+        """An engine factory for many runs (a server's batches) that returns
+        :meth:`reused`'s engine and says it outlives each run
+        (``outlives_run``: a run neither sizes it to its job nor captures
+        the output of its processes)."""
+        return _ReusedFactory(self)
+
     def close(self) -> None:
         if self.engine is not None:
             self.engine.close()
             self.engine = None
 
 
+class _ReusedFactory:
+    """:meth:`KeptEngine.reused` as an engine factory of an engine that outlives the runs."""
+
+    outlives_run = True
+
+    def __init__(self, kept: KeptEngine):
+        self._kept = kept
+
+    def __call__(self, model_path: str, settings: Settings) -> Engine:
+        return self._kept.reused(model_path, settings)
+
+
 class _Unclosed:
     """``engine`` with ``close()`` left to its :class:`KeptEngine`."""
 
     def __init__(self, engine: Engine):
-        self.max_model_len, self.max_num_seqs = engine.max_model_len, engine.max_num_seqs
-        self.add, self.step, self.has_unfinished = engine.add, engine.step, engine.has_unfinished
         self._engine = engine
 
-    @property
-    def settings(self) -> dict[str, Any]:
-        return self._engine.settings  # read at report time: replicas' counts grow during the run
-
-    @property
-    def generated_tokens(self) -> int:
-        return self._engine.generated_tokens
-
-    @property
-    def prefilled_tokens(self) -> int:
-        return self._engine.prefilled_tokens
-
-    def running_lengths(self) -> list[int]:
-        return self._engine.running_lengths()
-
-    def abort_unfinished(self) -> None:
-        self._engine.abort_unfinished()
+    def __getattr__(self, name: str) -> Any:
+        """Everything but ``close()`` is the kept engine's, read when asked
+        (its ``settings`` at report time: replicas' counts grow during the run)."""
+        return getattr(self._engine, name)
 
     def close(self) -> None:
         """The run is over: the requests it left (a stopped run's) are aborted,

@@ -9,19 +9,23 @@ Importing this module does not import vLLM or torch; :class:`VllmEngine` does.
 
 from __future__ import annotations
 
-import contextlib
 import dataclasses
-import os
 import queue
-import signal
 import threading
 import time
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 
 from bulkinfer.config import EngineSettings
 from bulkinfer.engine.args import available_memory_bytes, configure_environment, detect_device, resolve_engine_args
+from bulkinfer.engine.processes import (
+    alive,
+    engine_processes,
+    environment_until_spawned,
+    exit_description,
+    process_name,
+)
 from bulkinfer.engine.sampling import StreamedOutputs, pooling_params, sampling_params
 from bulkinfer.engine.starts import engine_start
 from bulkinfer.errors import BulkinferError, ConfigError, EngineError
@@ -71,16 +75,6 @@ class _Stepper:
 
     def stop(self) -> None:
         self._go.put(False)
-
-
-def _exit_description(code: int | None) -> str:
-    if code is None:
-        return "exited"
-    if code < 0:
-        name = signal.Signals(-code).name if -code in signal.Signals.__members__.values() else str(-code)
-        hint = " (the out-of-memory killer sends this: see `dmesg`)" if -code == signal.SIGKILL else ""
-        return f"was killed by {name}{hint}"
-    return f"exited with code {code}"
 
 
 class VllmEngine:
@@ -149,7 +143,7 @@ class VllmEngine:
         self._watchdog = Watchdog()  # before any engine process exists
         try:
             start = engine_start(str(model), args.get("runner") or "generate")
-            with _environment_until_spawned(environment or {}), start:
+            with environment_until_spawned(environment or {}), start:
                 self._engine = LLMEngine.from_engine_args(EngineArgs(**args), usage_context=UsageContext.LLM_CLASS)
         except BaseException as exc:
             self._watchdog.kill()
@@ -165,8 +159,8 @@ class VllmEngine:
         # another replica's, which may start meanwhile, nor multiprocessing's
         # resource tracker, which stays until this process exits and cleans up
         # after the others).
-        self._processes = _engine_processes(self._core_processes, earlier | {self._watchdog.pid})
-        self._names = {p.pid: _name(p) for p in self._processes}
+        self._processes = engine_processes(self._core_processes, earlier | {self._watchdog.pid})
+        self._names = {p.pid: process_name(p) for p in self._processes}
         self._stepper = _Stepper(self._engine.step, step_done)
         self._buffered: list[Completion] = []
         self._unfinished: set[str] = set()  # request ids added and not yet returned finished
@@ -327,12 +321,12 @@ class VllmEngine:
         engine dead, naming the process and how it ended (the one whose exit
         code is known first: the engine core, vLLM's child)."""
         resources = getattr(getattr(self._engine, "engine_core", None), "resources", None)
-        dead = [proc for proc in self._processes if not _alive(proc)]
+        dead = [proc for proc in self._processes if not alive(proc)]
         if not dead and getattr(resources, "engine_dead", False):
             deadline = time.monotonic() + 1.0  # vLLM noticed first: let the process table catch up
             while not dead and time.monotonic() < deadline:
                 time.sleep(0.05)
-                dead = [proc for proc in self._processes if not _alive(proc)]
+                dead = [proc for proc in self._processes if not alive(proc)]
             if not dead:
                 raise EngineError("the vLLM engine core died; finished rows are kept: continue with --resume")
         if dead:
@@ -340,7 +334,7 @@ class VllmEngine:
             proc = next((p for p in dead if codes[p.pid] is not None), dead[0])
             raise EngineError(
                 f"the vLLM engine process {self._names.get(proc.pid, '')} (pid {proc.pid}) "
-                f"{_exit_description(codes[proc.pid])}; finished rows are kept: continue with --resume"
+                f"{exit_description(codes[proc.pid])}; finished rows are kept: continue with --resume"
             )
 
     def _exit_code(self, pid: int) -> int | None:
@@ -393,7 +387,7 @@ class VllmEngine:
             closer = threading.Thread(target=core.shutdown, name="bulkinfer-engine-close", daemon=True)
             closer.start()
             closer.join(CLOSE_TIMEOUT_S)
-        if any(_alive(p) for p in self._processes):
+        if any(alive(p) for p in self._processes):
             self._watchdog.kill()
         else:
             self._watchdog.close()
@@ -416,112 +410,3 @@ def import_vllm() -> None:
         from vllm.usage.usage_lib import UsageContext  # noqa: F401
     except ImportError as exc:
         raise EngineError(f"vLLM is not installed ({exc}); run `make install`") from None
-
-
-# One engine start at a time sets its environment, until its engine core process is spawned with it.
-_SPAWNING = threading.Lock()
-
-
-@contextlib.contextmanager
-def _environment_until_spawned(variables: Mapping[str, str]) -> Iterator[None]:
-    """``variables`` set in ``os.environ`` until this process has started a
-    new ``multiprocessing`` process (vLLM's engine core, which inherits them)
-    or the block ends, then restored. Starts in other threads wait meanwhile
-    (:data:`_SPAWNING`), then go on while this one waits for its engine to
-    load: replicas load side by side, each with its own variables.
-
-    Meanwhile a ``__main__.__file__`` that is no file (``"<stdin>"`` under
-    ``python -``) is hidden: the spawn start method runs the parent's main
-    file again in the child (Python's multiprocessing docs, "Safe importing
-    of main module"), and vLLM's engine core failed with FileNotFoundError
-    on ``<stdin>``; without one the child starts as under ``python -c``."""
-    import multiprocessing
-    import sys
-
-    _SPAWNING.acquire()
-    before = set(_children(multiprocessing))
-    saved = {name: os.environ.get(name) for name in variables}
-    os.environ.update(variables)
-    main = sys.modules.get("__main__")
-    main_file = getattr(main, "__file__", None)
-    hidden = isinstance(main_file, str) and not os.path.isfile(main_file)
-    if hidden:
-        del main.__file__  # type: ignore[union-attr]
-    once, ended = threading.Lock(), threading.Event()
-
-    def restore() -> None:
-        if once.acquire(blocking=False):  # the first of the watcher and the block's end
-            for name, value in saved.items():
-                if value is None:
-                    os.environ.pop(name, None)
-                else:
-                    os.environ[name] = value
-            if hidden:
-                main.__file__ = main_file  # type: ignore[union-attr]
-            _SPAWNING.release()
-
-    def watch() -> None:
-        while not ended.wait(0.05):
-            if set(_children(multiprocessing)) - before:
-                restore()
-                return
-
-    watcher = threading.Thread(target=watch, name="bulkinfer-engine-spawn", daemon=True)
-    watcher.start()
-    try:
-        yield
-    finally:
-        ended.set()
-        restore()
-
-
-def _children(multiprocessing: Any) -> list[Any]:
-    """The processes ``multiprocessing`` started in this process, alive
-    (another thread may be starting one: the set is read again)."""
-    for _ in range(100):
-        try:
-            return list(multiprocessing.active_children())
-        except RuntimeError:  # "Set changed size during iteration"
-            continue
-    return []
-
-
-def _engine_processes(cores: Mapping[int, Any], earlier: set[int]) -> list[Any]:
-    """psutil processes of the engine cores ``cores`` (pid -> handle) and
-    their descendants (the workers); where vLLM gave no handles, this
-    process's descendants but ``earlier`` (those that were there before, and
-    the watchdog). The resource tracker is never one."""
-    import psutil
-
-    found = []
-    for pid in cores:
-        try:
-            core = psutil.Process(pid)
-            found += [core, *core.children(recursive=True)]
-        except psutil.Error:
-            continue
-    if not cores:
-        found = [p for p in psutil.Process().children(recursive=True) if p.pid not in earlier]
-    return [p for p in found if "resource_tracker" not in " ".join(_cmdline(p))]
-
-
-def _alive(proc: Any) -> bool:
-    """A psutil process that still runs (a zombie has exited)."""
-    try:
-        return bool(proc.is_running() and proc.status() != "zombie")
-    except Exception:  # psutil.NoSuchProcess and kin
-        return False
-
-
-def _name(proc: Any) -> str:
-    try:
-        return str(proc.name())
-    except Exception:
-        return ""
-
-
-def _cmdline(proc: Any) -> list[str]:
-    try:
-        return list(proc.cmdline())
-    except Exception:
-        return []

@@ -17,7 +17,8 @@ from bulkinfer.engine.base import EngineFactory
 from bulkinfer.engine.factory import vllm_engine
 from bulkinfer.engine.log import EngineLog
 from bulkinfer.errors import EngineError, ModelError
-from bulkinfer.jobs.output_files import RunPaths
+from bulkinfer.io.output_files import RunPaths
+from bulkinfer.jobs.context import RunContext
 from bulkinfer.jobs.run import run
 from bulkinfer.jobs.tune import TOPICS, dtype_machine, print_to_stderr, probe_dtype, tune
 from bulkinfer.models import resolve_model
@@ -76,7 +77,8 @@ def calibrate(
                     probe = record_choice("dtype", model, dtype_machine(), result)
                 if tune_scheduler:
                     tuned = tune(model, settings, engine_factory, say=print_to_stderr)
-                report = run(paths, fixed, engine_factory=engine_factory, verbose=verbose, stop=stop).report
+                context = RunContext(stop=stop or StopToken(), verbose=verbose, engine_factory=engine_factory)
+                report = run(paths, fixed, context).report
             except (EngineError, ModelError) as exc:
                 raise log.explain(exc) from exc
     entry = record_calibration(report, this_machine(), source="calibrate")

@@ -22,32 +22,19 @@ from typing import Any
 
 from bulkinfer.config import Settings
 from bulkinfer.default_model import DEFAULT_ENCODER
-from bulkinfer.engine.base import Engine, EngineFactory
-from bulkinfer.engine.factory import vllm_engine
-from bulkinfer.jobs.output_files import RunPaths
+from bulkinfer.engine.base import Engine
+from bulkinfer.io.output_files import RunPaths
+from bulkinfer.jobs.context import RunContext
 from bulkinfer.jobs.run import Job, RunReport, run
-from bulkinfer.models import TokenizerFactory, encoder_config, load_tokenizer
+from bulkinfer.models import encoder_config
 from bulkinfer.prep.embeddings import TEXT_FIELDS, EmbedPlanner, to_embed_request
 from bulkinfer.prep.planner import Planner
-from bulkinfer.stop import StopToken
 
 # Where ``bulkinfer embed`` writes without -o: Parquet beside the input.
 DEFAULT_SUFFIX = ".embeddings.parquet"
 
 
-def embed(
-    paths: RunPaths,
-    settings: Settings,
-    *,
-    truncate: bool = False,
-    overwrite: bool = False,
-    resume: bool = False,
-    engine_factory: EngineFactory = vllm_engine,
-    tokenizer_factory: TokenizerFactory = load_tokenizer,
-    progress_plain: bool = False,
-    verbose: bool = False,
-    stop: StopToken | None = None,
-) -> RunReport:
+def embed(paths: RunPaths, settings: Settings, context: RunContext | None = None, truncate: bool = False) -> RunReport:
     """Embed every row of ``paths.input``; write the output (one vector per
     row, see :func:`bulkinfer.io.records.embedding_record`), errors, report
     (``OUT.report.json``: rows/s and prompt tokens/s in ``throughput``,
@@ -62,8 +49,8 @@ def embed(
     as sentence-transformers does). ``truncate`` is part of what
     ``--resume`` checks.
 
-    Returns and raises as :func:`bulkinfer.jobs.run.run` (exit 0, or 3 when
-    some rows failed).
+    ``context``: the invocation's choices, as for :func:`bulkinfer.jobs.run.run`.
+    Returns and raises as that function (exit 0, or 3 when some rows failed).
     """
     job = Job(
         parse=to_embed_request,
@@ -75,18 +62,7 @@ def embed(
         text_columns=TEXT_FIELDS,
         consumed=frozenset({"id", *TEXT_FIELDS}),
     )
-    return run(
-        paths,
-        embedding_settings(settings),
-        overwrite=overwrite,
-        resume=resume,
-        engine_factory=engine_factory,
-        tokenizer_factory=tokenizer_factory,
-        progress_plain=progress_plain,
-        verbose=verbose,
-        stop=stop,
-        job=job,
-    )
+    return run(paths, embedding_settings(settings), context, job=job)
 
 
 def embedding_settings(settings: Settings) -> Settings:

@@ -6,7 +6,10 @@ the output or errors spool; progress and the run's counters observe it all.
 
 from __future__ import annotations
 
+import dataclasses
+import time
 from collections.abc import Iterable, Iterator
+from dataclasses import dataclass
 from typing import Any
 
 from bulkinfer.config import Settings
@@ -15,9 +18,10 @@ from bulkinfer.engine.base import Engine
 from bulkinfer.engine.feed import FeedStopped, feed
 from bulkinfer.io import records
 from bulkinfer.io.inputs import count_rows
+from bulkinfer.io.output_files import OutputFiles, RunPaths
 from bulkinfer.io.readers import RawRow, Reader
 from bulkinfer.io.spool import Spool
-from bulkinfer.jobs.output_files import OutputFiles, RunPaths
+from bulkinfer.jobs.context import RunContext
 from bulkinfer.prep.planner import Planner
 from bulkinfer.prep.rows import passthrough_fields, to_request
 from bulkinfer.prep.windows import RowParser, iter_windows
@@ -26,6 +30,21 @@ from bulkinfer.report.progress import Progress
 from bulkinfer.report.stats import RunStats
 from bulkinfer.schema import Completion, Done, Request, RowError
 from bulkinfer.stop import StopToken
+
+
+@dataclass(frozen=True, slots=True)
+class Attempt:
+    """One attempt at a job, with its output's lock held and its journal
+    written: ``done`` holds what an interrupted attempt finished; ``rows``
+    the input's rows (as the job checks them) read by ``reader``;
+    ``started``: :func:`time.monotonic` when the run began (seconds)."""
+
+    paths: RunPaths
+    files: OutputFiles
+    done: Done
+    reader: Reader
+    rows: Iterator[RawRow]
+    started: float = dataclasses.field(default_factory=time.monotonic)
 
 
 class Generation:
@@ -40,36 +59,32 @@ class Generation:
 
     def __init__(
         self,
-        paths: RunPaths,
-        files: OutputFiles,
-        done: Done,
+        attempt: Attempt,
         settings: Settings,
         engine: Engine,
         planner: Planner,
-        progress_plain: bool = False,
+        context: RunContext,
         input_rows: int | None = None,
         length_prior: LengthPrior | None = None,
         parse: RowParser = to_request,
     ):
-        self.paths, self.files, self.done, self.settings = paths, files, done, settings
-        self.parse = parse
-        self.engine, self.planner = engine, planner
+        self.paths, self.files, self.done = attempt.paths, attempt.files, attempt.done
+        self.reader, self.settings, self.parse = attempt.reader, settings, parse
+        self.engine, self.planner, self.observer, self.stop = engine, planner, context.observer, context.stop
         self.max_in_flight = settings.plan.max_in_flight or 2 * engine.max_num_seqs
         self.model_name = settings.model or DEFAULT_MODEL
+        done = self.done
         resumed = bool(done.completed or done.failed)
-        self.spool = Spool(files.spool, append=resumed, already=done.completed)
-        self.errors = Spool(files.errors_spool, append=resumed, already=done.failed)
-        total = input_rows if input_rows is not None else count_rows(paths.input)
+        self.spool = Spool(self.files.spool, append=resumed, already=done.completed)
+        self.errors = Spool(self.files.errors_spool, append=resumed, already=done.failed)
+        total = input_rows if input_rows is not None else count_rows(self.paths.input)
         if total is not None:  # rows left for this attempt (blank lines included: an estimate)
             total = max(total - done.completed - done.failed, 0)
-        prior = length_prior or LengthPrior([], same_job=False)
         self.progress = Progress(
-            total,
-            force_plain=progress_plain,
-            prior=prior.lengths,
-            prior_same_job=prior.same_job,
-            max_running=engine.max_num_seqs,
+            total, force_plain=context.progress_plain, prior=length_prior, max_running=engine.max_num_seqs
         )
+        # rows ended and not yet told to the observer: completed, failed, completion tokens
+        self._untold = [0, 0, 0]
         self.stats = RunStats()
         # the engine's live counts when this run started (an engine may be reused)
         self._engine_base = (engine.generated_tokens, engine.prefilled_tokens)
@@ -78,17 +93,18 @@ class Generation:
         """Record a failed row; ``planned``: it failed in the engine, after planning."""
         self.errors.add(error.line, records.error_record(error))
         self.progress.update(failed=1, planned=planned)
+        self._untold[1] += 1
 
-    def run(self, rows: Iterable[RawRow], stop: StopToken) -> None:
+    def run(self, rows: Iterable[RawRow]) -> None:
         """Feed every row and collect every result; then publish.
 
         Raises:
             EngineError: the engine died (finished rows stay in the spools).
-            Interrupted: ``stop`` was set (likewise).
+            Interrupted: the context's ``stop`` was set (likewise).
             OSError: a spool or final file cannot be written (likewise).
         """
         try:
-            self._feed(rows, stop)
+            self._feed(rows, self.stop)
         except BaseException:
             self._close(failed=True)
             raise
@@ -141,6 +157,8 @@ class Generation:
         self.spool.add(request.line, records.output_record(request, completion, self.model_name))
         self.stats.finished(completion, request.structured)
         self.progress.update(done=1, completion_tokens=completion.completion_tokens)
+        self._untold[0] += 1
+        self._untold[2] += completion.completion_tokens
 
     def _stepped(self, finished: list[Completion]) -> None:
         """After an engine step: flush what finished; the engine's live token
@@ -149,15 +167,24 @@ class Generation:
             with self.stats.timed("write"):
                 self.spool.flush()
                 self.errors.flush()
+        self._tell()
         generated = self.engine.generated_tokens - self._engine_base[0]
         prefilled = self.engine.prefilled_tokens - self._engine_base[1]
         self.progress.tick(generated, prefilled, self.engine.running_lengths())
         self.stats.sample(generated, prefilled)
 
+    def _tell(self) -> None:
+        """Tell the observer the rows that ended since it was last told."""
+        if any(self._untold):
+            completed, failed, tokens = self._untold
+            self._untold = [0, 0, 0]
+            self.observer.rows_finished(completed, failed, tokens)
+
     def _close(self, failed: bool = False) -> None:
         """Close the progress display and the spools; after a failure
         (``failed``) without raising, keeping what reached the disk."""
         self.progress.close()
+        self._tell()
         if failed:
             self.spool.abandon()
             self.errors.abandon()
@@ -165,30 +192,31 @@ class Generation:
             self.spool.close()
             self.errors.close()
 
-    def report(self, reader: Reader, model_path: str, load_s: float, total_s: float) -> dict[str, Any]:
+    def report(self, model_path: str, load_s: float, total_s: float) -> dict[str, Any]:
         """The run report (see :mod:`bulkinfer.report.stats` for the keys)
         and ``passthrough_fields`` (see :func:`~bulkinfer.prep.rows.passthrough_fields`)."""
-        report = self.stats.report(
-            paths={"input": self.paths.input, "output": self.paths.output, "errors": self.paths.errors},
-            model=self.model_name,
-            model_path=model_path,
-            counts=(self.spool.count, self.errors.count, reader.blank_lines),
-            done=self.done,
-            load_s=load_s,
-            total_s=total_s,
-            padding=self.planner.padding.to_report(),
-            prefix=self.planner.prefix.to_report() if self.planner.prefix is not None else None,
-            plan={
-                "order": self.settings.plan.order,
-                "prefix_aware": self.settings.plan.prefix_aware and self.planner.prefix is not None,
-                "output_order": self.settings.plan.output_order,
-                "window_rows": self.settings.plan.window_rows,
+        plan = self.settings.plan
+        engine = self.engine.settings
+        counts = (self.spool.count, self.errors.count, self.reader.blank_lines)
+        prefix = self.planner.prefix.to_report() if self.planner.prefix is not None else None
+        report = {
+            **{name: str(getattr(self.paths, name)) for name in ("input", "output", "errors")},
+            "model": self.model_name,
+            "model_path": model_path,
+            **self.stats.report(counts, self.done, load_s, total_s, prefix),
+            **self.planner.padding.to_report(),
+            "plan": {
+                "order": plan.order,
+                "prefix_aware": plan.prefix_aware and self.planner.prefix is not None,
+                "output_order": plan.output_order,
+                "window_rows": plan.window_rows,
                 "max_in_flight": self.max_in_flight,
-                "bucket_bounds": list(self.settings.plan.buckets),
+                "bucket_bounds": list(plan.buckets),
             },
-            engine=self.engine.settings,
-            sampling=self.settings.to_dict()["sampling"],
-            chat_template_applied=self.settings.apply_chat_template,
-        )
+            "engine": engine,
+            "sampling": self.settings.to_dict()["sampling"],
+            "chat_template_applied": self.settings.apply_chat_template,
+            "structured_outputs": self.stats.structured_report(engine.get("structured_outputs_backend")),
+        }
         report["passthrough_fields"] = passthrough_fields(self.planner.passthrough)
         return report

@@ -22,28 +22,27 @@ from typing import Any
 
 import orjson
 
-from bulkinfer.config import Settings, with_engine
+from bulkinfer.config import Settings
 from bulkinfer.default_model import DEFAULT_MODEL
-from bulkinfer.engine.args import detect_device, sized_kv_cache, this_machine
-from bulkinfer.engine.base import Engine, EngineFactory, NoEngine
-from bulkinfer.engine.factory import vllm_engine
+from bulkinfer.engine.args import this_machine
+from bulkinfer.engine.base import Engine, NoEngine
 from bulkinfer.engine.log import EngineLog
 from bulkinfer.errors import (
     EXIT_OK,
     EXIT_PARTIAL,
     BulkinferError,
-    ConfigError,
     EngineError,
     InputFileError,
     ModelError,
     write_error,
 )
-from bulkinfer.io.inputs import InputScan, scan_input
-from bulkinfer.io.readers import PROMPT_COLUMNS, RawRow, Reader, open_reader
-from bulkinfer.jobs.generation import Generation
-from bulkinfer.jobs.output_files import OutputFiles, RunPaths, input_identity, results_settings, same_file
-from bulkinfer.jobs.tune import measured_settings, print_to_stderr
-from bulkinfer.models import TokenizerFactory, load_tokenizer, resolve_model
+from bulkinfer.io.inputs import scan_input
+from bulkinfer.io.output_files import OutputFiles, RunPaths, input_identity, results_settings, same_file
+from bulkinfer.io.readers import PROMPT_COLUMNS, RawRow, open_reader
+from bulkinfer.jobs.context import RunContext
+from bulkinfer.jobs.engine_choice import choose_engine_settings
+from bulkinfer.jobs.generation import Attempt, Generation
+from bulkinfer.models import resolve_model
 from bulkinfer.prep.planner import Planner
 from bulkinfer.prep.prefix import prefix_block_tokens
 from bulkinfer.prep.rows import CONSUMED_FIELDS, to_request
@@ -51,8 +50,6 @@ from bulkinfer.prep.windows import RowParser
 from bulkinfer.report.calibration import length_prior, record_calibration
 from bulkinfer.report.html import write_run_html
 from bulkinfer.report.stats import peak_rss_bytes, write_report
-from bulkinfer.schema import Done
-from bulkinfer.stop import StopToken
 
 
 def _generation_planner(tokenizer: Any, settings: Settings, engine: Engine, model_path: str) -> Planner:
@@ -78,7 +75,7 @@ class Job:
     - ``consumed``: the row fields ``parse`` reads (with ``passthrough = false``
       a Parquet input's other columns are not read);
     - ``sized_kv_cache``: with ``calibrate``, on CPU, a KV cache sized to the
-      input (:func:`job_tokens`); off where the engine outlives the job (a
+      input (:func:`~bulkinfer.jobs.engine_choice.job_tokens`); off where the engine outlives the job (a
       server's, which the first batch would size for all).
     """
 
@@ -107,6 +104,7 @@ class RunReport:
 
     report: dict[str, Any]
     exit_code: int
+    output: Path | None = None  # the output file
 
     @property
     def completed(self) -> int:
@@ -122,14 +120,8 @@ class RunReport:
 def run(
     paths: RunPaths,
     settings: Settings,
+    context: RunContext | None = None,
     *,
-    overwrite: bool = False,
-    resume: bool = False,
-    engine_factory: EngineFactory = vllm_engine,
-    tokenizer_factory: TokenizerFactory = load_tokenizer,
-    progress_plain: bool = False,
-    verbose: bool = False,
-    stop: StopToken | None = None,
     check_row: Callable[[RawRow], RawRow] | None = None,
     job: Job = GENERATE,
 ) -> RunReport:
@@ -137,14 +129,21 @@ def run(
     errors and report files. Returns the report and the exit code
     (:data:`EXIT_OK`, or :data:`EXIT_PARTIAL` when some rows failed).
 
-    With ``resume``, rows an interrupted run finished are kept and skipped;
+    ``context``: the invocation's choices (overwrite or resume, stop token,
+    verbosity, progress style, engine and tokenizer factories, observer);
+    a default :class:`RunContext` when None.
+
+    With ``context.resume``, rows an interrupted run finished are kept and skipped;
     on a complete output it does nothing (exit 0). An input with no rows
     loads no model: it writes an empty output, errors and report files.
     A run that fails before any row finished leaves no journal or spool
     behind, so the next run (with or without ``--resume``) starts clean.
 
     What the engine and its libraries print goes to ``OUT.log`` (appended to
-    on resume), unless ``verbose`` (see :mod:`bulkinfer.engine.log`); an
+    on resume), unless ``context.verbose`` or the engine outlives the run (a
+    shared or a server's engine: its processes' output is the process's, and
+    a run that is one of several in a process changes no file descriptor;
+    see :mod:`bulkinfer.engine.log`); an
     engine or model failure's message then ends with the engine's last
     error line and the log's path.
 
@@ -169,14 +168,12 @@ def run(
     returns it or an error row (``RawRow.error`` set): ``eval`` turns a row
     without a reference into a row error that is never generated.
 
-    ``engine_factory(model_path, settings)`` builds the engine,
-    ``tokenizer_factory(model_path, trust_remote_code)`` loads the tokenizer
-    (tests inject their own). Touches no process-wide state but the engine's
-    log capture (file descriptors 1 and 2, see :mod:`bulkinfer.engine.log`):
-    it runs in any thread.
+    Touches no process-wide state but the engine's log capture (file
+    descriptors 1 and 2, see :mod:`bulkinfer.engine.log`): it runs in any thread.
     """
     started = time.monotonic()
-    check_resume_overwrite(resume, overwrite)
+    context = context or RunContext()
+    resume, overwrite = context.resume, context.overwrite
     reader = open_reader(paths.input, None if settings.passthrough else job.consumed, job.text_columns)
     if settings.model not in (None, DEFAULT_MODEL):
         resolve_model(settings.model)  # a model that cannot be found fails here, before any file is written
@@ -184,29 +181,21 @@ def run(
     make_output_dir(paths.output)
     with files.locked():
         try:
-            if resume and files.is_complete():  # resume excludes overwrite (check_resume_overwrite)
+            if resume and files.is_complete():  # resume excludes overwrite (RunContext)
                 files.discard_partial()
                 report = orjson.loads(paths.report.read_bytes()) if paths.report.exists() else {}
-                return RunReport({**report, "already_complete": True}, EXIT_OK)
+                return RunReport({**report, "already_complete": True}, EXIT_OK, paths.output)
             results = {**results_settings(settings), **job.journal}
             done = files.start(input_identity(paths.input), results, resume, overwrite)
+            context.observer.started(done.completed, done.failed)
             resumed = bool(done.completed or done.failed)
+            quiet = context.verbose or context.engine_outlives_run
             try:
-                with EngineLog(files.log, verbose, append=resumed) as log:
+                with EngineLog(files.log, quiet, append=resumed) as log:
                     try:
-                        report = _run_locked(
-                            paths,
-                            files,
-                            done,
-                            settings,
-                            reader,
-                            (engine_factory, tokenizer_factory),
-                            progress_plain,
-                            started,
-                            stop or StopToken(),
-                            check_row,
-                            job,
-                        )
+                        rows = map(check_row, reader) if check_row is not None else iter(reader)
+                        attempt = Attempt(paths, files, done, reader, rows, started)
+                        report = _run_locked(attempt, job, settings, context)
                     except (EngineError, ModelError) as exc:
                         raise log.explain(exc) from exc
             except BaseException:
@@ -214,41 +203,9 @@ def run(
                 raise
         except OSError as exc:
             raise _os_error(exc, paths) from exc
+    context.observer.finished(report)
     code = EXIT_PARTIAL if report["request_counts"]["failed"] else EXIT_OK
-    return RunReport(report, code)
-
-
-def check_resume_overwrite(resume: bool, overwrite: bool) -> None:
-    """Raises ConfigError when both are asked: continuing a run and starting it over contradict."""
-    if resume and overwrite:
-        raise ConfigError("give --resume (continue the interrupted run) or --overwrite (start over), not both")
-
-
-def with_priority_scheduling(settings: Settings, rows_set_priority: bool) -> Settings:
-    """``settings`` with vLLM's ``scheduling_policy = "priority"`` when rows
-    may set a ``priority`` (or ``[sampling] priority`` is set), unless
-    ``[engine] scheduling_policy`` is given: vLLM refuses a request's
-    priority under its default first-come-first-served policy."""
-    extra = settings.engine.extra_args
-    if "scheduling_policy" in extra or not (rows_set_priority or settings.sampling.priority):
-        return settings
-    return with_engine(settings, extra_args={**extra, "scheduling_policy": "priority"})
-
-
-# Tokens a row's chat template adds beyond its JSON bytes / 2 (and its n x max_tokens completion tokens).
-TEMPLATE_TOKENS = 64
-
-
-def job_tokens(settings: Settings, scan: InputScan) -> int | None:
-    """About how many tokens a job's prompts and completions take: the
-    input's ``scan.bytes / 2`` plus ``rows x (n x max_tokens +
-    TEMPLATE_TOKENS)``, generous on purpose (English runs ~4 bytes a token);
-    None when the input's size is unknown or the engines run on other
-    machines (a Ray cluster's)."""
-    if scan.rows is None or scan.bytes is None or settings.ray.address not in (None, "local"):
-        return None  # unknown size; or a cluster's machines, whose memory this one does not know
-    sampling = settings.sampling
-    return scan.bytes // 2 + scan.rows * (sampling.n * sampling.max_tokens + TEMPLATE_TOKENS)
+    return RunReport(report, code, paths.output)
 
 
 def make_output_dir(out: Path) -> None:
@@ -281,24 +238,11 @@ def _os_error(exc: OSError, paths: RunPaths) -> BulkinferError:
     return write_error(exc, None if exc.filename is not None else paths.output.parent)
 
 
-def _run_locked(
-    paths: RunPaths,
-    files: OutputFiles,
-    done: Done,
-    settings: Settings,
-    reader: Reader,
-    factories: tuple[EngineFactory, TokenizerFactory],
-    progress_plain: bool,
-    started: float,
-    stop: StopToken,
-    check_row: Callable[[RawRow], RawRow] | None,
-    job: Job,
-) -> dict[str, Any]:
+def _run_locked(attempt: Attempt, job: Job, settings: Settings, context: RunContext) -> dict[str, Any]:
     """The body of :func:`run`, with the lock held and the journal written."""
-    engine_factory, tokenizer_factory = factories
+    paths = attempt.paths
     scan = scan_input(paths.input)
-    rows = map(check_row, reader) if check_row is not None else iter(reader)
-    first = next(rows, None)
+    first = next(attempt.rows, None)
     if first is None:  # no rows at all: no model to load
         model: str = ""
         engine: Engine = NoEngine()
@@ -306,31 +250,21 @@ def _run_locked(
         engine_choice: dict[str, Any] = {}
     else:
         model = resolve_model(settings.model)
-        tokenizer = tokenizer_factory(model, settings.engine.trust_remote_code)
-        engine_choice = {}
-        if job.calibrate:  # the dtype probe and the tuning measure generation
-            # the probe starts engines of its own: never a kept engine (serve and eval pass one), which it would reuse
-            device = detect_device()
-            settings, engine_choice = measured_settings(model, settings, device, vllm_engine, print_to_stderr)
-            # an engine that outlives the run (a shared one) is not sized to it
-            sized = job.sized_kv_cache and device == "cpu" and not getattr(engine_factory, "outlives_run", False)
-            tokens = job_tokens(settings, scan) if sized else None
-            if tokens is not None and (kv := sized_kv_cache(model, settings.engine, tokens)):
-                settings = with_engine(settings, kv_cache_memory_bytes=kv["kv_cache_memory_bytes"])
-                engine_choice["kv_cache"] = kv
-        engine = engine_factory(model, with_priority_scheduling(settings, scan.mentions_priority))
+        tokenizer = context.tokenizer_factory(model, settings.engine.trust_remote_code)
+        sized = job.sized_kv_cache and not context.engine_outlives_run  # an engine that outlives the job: not sized
+        settings, engine_choice = choose_engine_settings(model, settings, scan, job.calibrate, sized)
+        engine = context.engine_factory(model, settings)
+        context.observer.engine_ready()
     settings = settings.resolve_chat_template(tokenizer)
-    load_s = time.monotonic() - started
+    load_s = time.monotonic() - attempt.started
     try:
         planner = job.planner(tokenizer, settings, engine, model)
         prior = length_prior(model, str(paths.output))
-        generation = Generation(
-            paths, files, done, settings, engine, planner, progress_plain, scan.rows, prior, job.parse
-        )
-        generation.run(itertools.chain([first], rows) if first is not None else (), stop)
+        generation = Generation(attempt, settings, engine, planner, context, scan.rows, prior, job.parse)
+        generation.run(itertools.chain([first], attempt.rows) if first is not None else ())
     finally:
         engine.close()
-    report = generation.report(reader, model, load_s, time.monotonic() - started)
+    report = generation.report(model, load_s, time.monotonic() - attempt.started)
     report["engine_choice"] = engine_choice
     report["peak_rss_bytes"] = peak_rss_bytes()
     if job.describe is not None:

@@ -6,7 +6,7 @@ Both are stored per model and machine in the calibration store
 
 **The dtype probe.** A dtype is used only if it is right: each candidate
 (float32, bfloat16) scores the same fixed reference text through vLLM's
-``prompt_logprobs`` (:func:`bulkinfer.metrics.perplexity.reference_nll`, as
+``prompt_logprobs`` (:func:`bulkinfer.jobs.perplexity.reference_nll`, as
 ``eval --perplexity`` does) and generates a short fixed workload; a
 candidate whose perplexity differs from float32's by more than
 :data:`PROBE_TOLERANCE` is refused, and of the others the fastest runs.
@@ -42,7 +42,7 @@ from bulkinfer.engine.base import Engine, EngineFactory
 from bulkinfer.engine.feed import FeedStopped, feed
 from bulkinfer.engine.log import terminal
 from bulkinfer.errors import EngineError
-from bulkinfer.metrics.perplexity import reference_nll
+from bulkinfer.jobs.perplexity import reference_nll
 from bulkinfer.models import load_tokenizer
 from bulkinfer.prep.planner import Planner
 from bulkinfer.report.calibration import record_choice, stored_choice

@@ -30,10 +30,11 @@ from __future__ import annotations
 import datetime as dt
 import os
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
 from typing import IO, Any
 
 from bulkinfer.engine.log import terminal
+from bulkinfer.report.calibration import LengthPrior
 from bulkinfer.report.eta import WorkEstimate
 
 PLAIN_INTERVAL_S = 10.0
@@ -54,8 +55,8 @@ class Progress:
         tokens: which tokens the tokens/s counts (``completion``, or
             ``reference`` for the perplexity pass).
         clock: seconds, monotonic (tests pass a fake one).
-        prior, max_running, prior_same_job: for the ETA, see
-            :class:`WorkEstimate` (``prior_same_job`` is its ``same_job``).
+        prior, max_running: for the ETA, see :class:`WorkEstimate` (an
+            earlier run's completion lengths, and whether it was this job).
     """
 
     def __init__(
@@ -66,9 +67,8 @@ class Progress:
         task: str = "generating",
         tokens: str = "completion",
         clock: Callable[[], float] = time.monotonic,
-        prior: Sequence[int] = (),
+        prior: LengthPrior | None = None,
         max_running: int | None = None,
-        prior_same_job: bool = False,
     ):
         self.total = total
         self.task, self.tokens = task, tokens
@@ -79,7 +79,8 @@ class Progress:
         self.completion_tokens = 0
         self._failed_unplanned = 0
         self._start = clock()
-        self.work = WorkEstimate(self._start, prior, max_running, same_job=prior_same_job)
+        lengths, same_job = prior or LengthPrior([], same_job=False)
+        self.work = WorkEstimate(self._start, lengths, max_running, same_job=same_job)
         self._last_line = self._start
         self._interval = _plain_interval()
         # (when, ETA s, expected final completion tok/s): computed at most once a second

@@ -186,35 +186,20 @@ class RunStats:
         )
 
     def report(
-        self,
-        *,
-        paths: dict[str, Path],
-        model: str,
-        model_path: str,
-        counts: tuple[int, int, int],
-        done: Done,
-        load_s: float,
-        total_s: float,
-        padding: dict[str, Any],
-        plan: dict[str, Any],
-        prefix: dict[str, Any] | None,
-        engine: dict[str, Any],
-        sampling: dict[str, Any],
-        chat_template_applied: bool | str,
+        self, counts: tuple[int, int, int], done: Done, load_s: float, total_s: float, prefix: dict[str, Any] | None
     ) -> dict[str, Any]:
-        """The run report. ``counts``: (completed, failed, skipped blank
-        lines) of the whole output, resumed rows included, as are ``tokens``
-        and ``request_counts``; ``throughput``, ``buckets``,
-        ``padding_efficiency`` and ``prefix_cache`` cover the rows this
-        attempt ran. ``prefix``: the planner's estimate of shareable prefix
-        tokens (:class:`~bulkinfer.prep.prefix.PrefixStats`), or None."""
+        """The run report's figures this object measured. ``counts``:
+        (completed, failed, skipped blank lines) of the whole output, resumed
+        rows included, as are ``tokens`` and ``request_counts``; ``load_s``
+        and ``total_s``: seconds of the model load and of the whole run;
+        ``throughput``, ``prefix_cache``, ``finish_reasons``,
+        ``structured_outputs`` and the histograms cover the rows this attempt
+        ran. ``prefix``: the planner's estimate of shareable prefix tokens
+        (:class:`~bulkinfer.prep.prefix.PrefixStats`), or None."""
         completed, failed, skipped = counts
         ran = completed - done.completed
         seconds = {"load": load_s, **self.seconds, "total": total_s}
         return {
-            **{name: str(path) for name, path in paths.items()},
-            "model": model,
-            "model_path": model_path,
             "rows": completed + failed + skipped,
             "request_counts": {
                 "total": completed + failed + skipped,
@@ -230,16 +215,16 @@ class RunStats:
             "seconds": seconds,
             "throughput": throughput(ran, self.prompt_tokens, self.completion_tokens, seconds["generate"]),
             "throughput_end_to_end": throughput(ran, self.prompt_tokens, self.completion_tokens, total_s),
-            **padding,
             "prefix_cache": prefix_cache(self.cached_tokens, self.prompt_tokens, prefix),
-            "plan": plan,
-            "engine": engine,
-            "sampling": sampling,
-            "chat_template_applied": chat_template_applied,
             "finish_reasons": dict(self.finish_reasons.most_common()),
-            "structured_outputs": self.structured.to_dict(engine.get("structured_outputs_backend")),
             "completion_length_histogram": [
                 {"range": bucket_label(i, LENGTH_BINS), "rows": n} for i, n in sorted(self.completion_lengths.items())
             ],
             "tokens_over_time": self.series.to_dict(seconds["generate"], self.completion_tokens, self.prompt_tokens),
         }
+
+    def structured_report(self, backend: str | None) -> dict[str, Any] | None:
+        """The report's ``structured_outputs``: the constrained rows and their
+        validity, by kind (see :mod:`bulkinfer.report.structured`); ``backend``:
+        the engine's structured-output backend; None when no row had a constraint."""
+        return self.structured.to_dict(backend)

@@ -1,12 +1,9 @@
-"""Live ``request_counts`` of a running batch: a thread that counts the
-finished lines of the run's spools (see :mod:`bulkinfer.jobs.output_files`)
-every ``interval`` seconds and writes them, and the completion tokens/s
-since the engine was ready, to the store; and :class:`RowTally`, which counts
-them (and their tokens).
-
-Spools only grow while a run holds them (one complete line per finished
-row), so each file is read from where the last count stopped: the cost is
-the bytes written since, not the spool's size.
+"""Live ``request_counts`` and ``throughput`` of a running batch:
+:class:`LiveCounts` observes the batch's run (a
+:class:`~bulkinfer.jobs.context.RunObserver`: rows finished and their
+tokens, engine ready) and writes its counts to the store every ``interval``
+seconds from a thread of its own, so that the run's thread never waits on
+the database.
 """
 
 from __future__ import annotations
@@ -14,100 +11,79 @@ from __future__ import annotations
 import threading
 import time
 from collections.abc import Callable
-from pathlib import Path
 from typing import Any
 
-import orjson
-
-from bulkinfer.io.records import parse_output
-from bulkinfer.io.spool import spool_line
-from bulkinfer.jobs.output_files import OutputFiles
+from bulkinfer.jobs.context import RunObserver
 from bulkinfer.serve.store import Store
 
 
-class RowTally:
-    """The finished rows of a JSONL file that only grows (a spool, or a
-    published output or errors file): its complete lines (ending in a
-    newline), and the prompt and completion tokens of the completed rows
-    among them (an error record has none). Each :meth:`read` starts where
-    the last one stopped; all 0 while the file is missing."""
-
-    def __init__(self, path: Path):
-        self.path, self.offset = path, 0
-        self.rows = self.prompt_tokens = self.completion_tokens = 0
-
-    def read(self) -> RowTally:
-        """Count what was added since the last read; returns ``self``."""
-        try:
-            with open(self.path, "rb") as f:
-                f.seek(self.offset)
-                data = f.read()
-        except FileNotFoundError:
-            return self
-        end = data.rfind(b"\n") + 1  # a torn last line counts once it is whole
-        for raw in data[:end].splitlines():
-            if text := raw.strip():
-                self.rows += 1
-                self._add_tokens(text)
-        self.offset += end
-        return self
-
-    def _add_tokens(self, text: bytes) -> None:
-        try:
-            row = parse_output(orjson.loads(spool_line(text)[1]))
-        except (ValueError, TypeError, AttributeError):  # not JSON, or not an object: a row whose tokens are unknown
-            return
-        if row is not None:
-            self.prompt_tokens += row.prompt_tokens
-            self.completion_tokens += row.completion_tokens
-
-
-class LiveCounts(threading.Thread):
+class LiveCounts(RunObserver):
     """Writes ``request_counts`` (``{"total", "completed", "failed"}``) and
-    ``throughput`` of batch ``batch_id`` (run into ``out``) to ``store`` every
-    ``interval`` seconds until :meth:`finish`. ``total`` is the validated
-    number of requests; ``throughput`` is :func:`live_throughput` of the
-    completion tokens of the rows finished since this thread was made, or
-    since :meth:`engine_ready` (a resumed run's earlier rows are not counted),
-    over the seconds since then (``clock``: seconds)."""
+    ``throughput`` of batch ``batch_id`` to ``store`` every ``interval``
+    seconds until :meth:`finish`. ``total`` is the validated number of
+    requests; the counts include the rows an interrupted attempt finished
+    (:meth:`started`); ``throughput`` is :func:`live_throughput` of the
+    completion tokens of the rows finished since :meth:`engine_ready` (or
+    since this object was made) over the seconds since then (``clock``: seconds)."""
 
     def __init__(
         self,
         store: Store,
         batch_id: str,
-        out: Path,
         total: int,
         interval: float = 1.0,
         clock: Callable[[], float] = time.monotonic,
     ):
-        super().__init__(name=f"bulkinfer-counts-{batch_id}", daemon=True)
-        files = OutputFiles(out)
+        self._thread = threading.Thread(
+            target=self._write_until_finished, name=f"bulkinfer-counts-{batch_id}", daemon=True
+        )
         self.store, self.batch_id, self.total, self.interval, self.clock = store, batch_id, total, interval, clock
-        self.completed, self.failed = RowTally(files.spool).read(), RowTally(files.errors_spool)
-        self._since = (clock(), self.completed.completion_tokens)
+        self.completed = self.failed = self.completion_tokens = 0
+        self._lock = threading.Lock()
+        self._since = (clock(), 0)  # (when the rate counts from, completion tokens then)
         self._done = threading.Event()
 
-    def run(self) -> None:
-        while not self._done.wait(self.interval):
-            self.tick()
+    # RunObserver: called from the run's thread
 
-    def tick(self) -> None:
-        """Count what finished since the last tick and write it to the store."""
-        counts = {"total": self.total, "completed": self.completed.read().rows, "failed": self.failed.read().rows}
-        started, tokens = self._since
-        rate = (self.completed.completion_tokens - tokens) / max(self.clock() - started, 1e-9)
-        self.store.update(self.batch_id, request_counts=counts, throughput=live_throughput(rate))
+    def started(self, resumed_completed: int, resumed_failed: int) -> None:
+        with self._lock:
+            self.completed, self.failed = resumed_completed, resumed_failed
 
     def engine_ready(self) -> None:
         """The run's engine is up (the server's first batch waits for the
         model to load): the rate counts from now."""
-        self._since = (self.clock(), self.completed.completion_tokens)
+        with self._lock:
+            self._since = (self.clock(), self.completion_tokens)
+
+    def rows_finished(self, completed: int, failed: int, completion_tokens: int) -> None:
+        with self._lock:
+            self.completed += completed
+            self.failed += failed
+            self.completion_tokens += completion_tokens
+
+    # the thread
+
+    def start(self) -> None:
+        """Start writing the counts every ``interval`` seconds."""
+        self._thread.start()
+
+    def _write_until_finished(self) -> None:
+        while not self._done.wait(self.interval):
+            self.tick()
+
+    def tick(self) -> None:
+        """Write the counts so far to the store."""
+        with self._lock:
+            counts = {"total": self.total, "completed": self.completed, "failed": self.failed}
+            started, tokens = self._since
+            rate = (self.completion_tokens - tokens) / max(self.clock() - started, 1e-9)
+        self.store.update(self.batch_id, request_counts=counts, throughput=live_throughput(rate))
 
     def finish(self) -> None:
         """Stop counting; returns once no further write can come."""
         self._done.set()
-        if self.is_alive():
-            self.join()
+        if self._thread.is_alive():
+            self._thread.join()
 
 
 def live_throughput(completion_tokens_per_s: float) -> dict[str, Any]:

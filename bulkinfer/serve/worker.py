@@ -5,9 +5,10 @@ the model loads once per server).
 
 A batch's run writes ``DATA/batches/BATCH_ID/output.jsonl`` and its
 siblings (errors, report, spools, journal; see
-:mod:`bulkinfer.jobs.output_files`). Lifecycle: ``validating`` (the input
+:mod:`bulkinfer.io.output_files`). Lifecycle: ``validating`` (the input
 is checked, :mod:`bulkinfer.serve.validate`) -> ``in_progress`` (the run)
-(``request_counts`` updated each second, :mod:`bulkinfer.serve.progress`)
+(``request_counts`` updated each second from the run's observer,
+:mod:`bulkinfer.serve.progress`)
 -> ``finalizing`` (output and errors registered as files; ``usage``: the
 report's tokens) -> ``completed``;
 or ``failed`` (bad input, engine failure), ``expired`` (picked up after
@@ -28,13 +29,14 @@ from pathlib import Path
 from typing import Any, Protocol
 
 from bulkinfer.config import Settings
-from bulkinfer.engine.base import Engine, EngineFactory, KeptEngine
+from bulkinfer.engine.base import EngineFactory, KeptEngine
 from bulkinfer.errors import BulkinferError, Interrupted
-from bulkinfer.jobs.output_files import OutputFiles, RunPaths
+from bulkinfer.io.output_files import OutputFiles, Published, RunPaths
+from bulkinfer.jobs.context import RunContext
 from bulkinfer.jobs.run import GENERATE, run
 from bulkinfer.models import TokenizerFactory, load_tokenizer
 from bulkinfer.serve.objects import usage_object
-from bulkinfer.serve.progress import LiveCounts, RowTally, report_throughput
+from bulkinfer.serve.progress import LiveCounts, report_throughput
 from bulkinfer.serve.store import Store, now
 from bulkinfer.serve.validate import MAX_LINES, batch_error, validate_input
 from bulkinfer.stop import StopToken
@@ -145,26 +147,19 @@ class BatchWorker(threading.Thread):
             return
         paths = RunPaths.build(self._input_path(batch), self.store.batch_dir(batch_id) / "output.jsonl")
         validated = self.store.batch(None, batch_id)
-        live = LiveCounts(self.store, batch_id, paths.output, validated["request_counts"]["total"] if validated else 0)
+        live = LiveCounts(self.store, batch_id, validated["request_counts"]["total"] if validated else 0)
         live.start()
-
-        def engine(model: str, settings: Settings) -> Engine:
-            kept = self.engine.reused(model, settings)
-            live.engine_ready()
-            return kept
-
+        # the kept engine outlives the run: its output stays the server's (no file descriptor is captured)
+        context = RunContext(
+            resume=resume,
+            stop=token,
+            progress_plain=True,
+            engine_factory=self.engine.for_runs(),
+            tokenizer_factory=self.tokenizer_factory,
+            observer=live,
+        )
         try:
-            result = run(
-                paths,
-                self.settings,
-                resume=resume,
-                engine_factory=engine,
-                tokenizer_factory=self.tokenizer_factory,
-                progress_plain=True,
-                verbose=True,  # the engine's output stays on the server's stdout/stderr: no fd capture in a thread
-                stop=token,
-                job=SERVED,
-            )
+            result = run(paths, self.settings, context, job=SERVED)
         except Interrupted:
             return  # cancelled (the caller publishes it), or shutting down (stays in_progress: resumed at start)
         except BulkinferError as exc:
@@ -220,7 +215,7 @@ class BatchWorker(threading.Thread):
                     for spool in (files.spool, files.errors_spool):
                         spool.touch()
                     files.finish(self.settings.plan.output_order)
-            self.store.update(batch_id, **_published(files, batch["request_counts"]["total"]))
+            self.store.update(batch_id, **_published(files.published(), batch["request_counts"]["total"]))
             self._register_outputs(batch, RunPaths(out, out), "cancelled", ("cancelling",))
         else:
             self.store.move(batch_id, ("cancelling",), "cancelled")
@@ -248,11 +243,10 @@ def _finished(report: dict[str, Any]) -> dict[str, Any]:
     }
 
 
-def _published(files: OutputFiles, total: int) -> dict[str, Any]:
+def _published(published: Published, total: int) -> dict[str, Any]:
     """``request_counts`` and ``usage`` of a published output and errors
     (a cancelled batch's: its run wrote no report)."""
-    out, errors = RowTally(files.out).read(), RowTally(files.errors).read()
     return {
-        "request_counts": {"total": total, "completed": out.rows, "failed": errors.rows},
-        "usage": usage_object(out.prompt_tokens, out.completion_tokens),
+        "request_counts": {"total": total, "completed": published.completed, "failed": published.failed},
+        "usage": usage_object(published.prompt_tokens, published.completion_tokens),
     }

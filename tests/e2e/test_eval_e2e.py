@@ -17,8 +17,8 @@ from rich.console import Console
 
 import bulkinfer as api
 from bulkinfer.errors import EXIT_BELOW_BAR
-from bulkinfer.jobs.eval import print_eval
 from bulkinfer.metrics.text import METRICS
+from bulkinfer.report.eval_view import print_eval
 
 pytestmark = pytest.mark.e2e
 

@@ -19,7 +19,8 @@ from fakes import FakeEngine
 from bulkinfer.config import load_settings
 from bulkinfer.engine.replicas import ReplicaLost, Replicas, replica_environments
 from bulkinfer.errors import ConfigError, EngineError
-from bulkinfer.jobs.output_files import RunPaths
+from bulkinfer.io.output_files import RunPaths
+from bulkinfer.jobs.context import RunContext
 from bulkinfer.jobs.run import run
 from bulkinfer.schema import Completion, Request
 
@@ -164,7 +165,7 @@ def test_a_run_through_replicas_writes_every_row_once_and_reports_each_replica(t
         engines.extend([FakeEngine(), FakeEngine()])
         return Replicas(engines)
 
-    result = run(RunPaths.build(src, tmp_path / "out.jsonl"), load_settings(), engine_factory=factory)
+    result = run(RunPaths.build(src, tmp_path / "out.jsonl"), load_settings(), RunContext(engine_factory=factory))
     ids = [orjson.loads(line)["id"] for line in (tmp_path / "out.jsonl").read_bytes().splitlines()]
     assert sorted(ids) == sorted(r["id"] for r in rows)
     replicas = result.report["engine"]["replicas"]
@@ -185,7 +186,9 @@ def run_through(replicas: Callable[[], Replicas], tmp_path: Path, rows: int) -> 
 
     src = tmp_path / "in.jsonl"
     src.write_bytes(b"".join(orjson.dumps({"id": f"r{i}", "prompt": "hi " * (i + 1)}) + b"\n" for i in range(rows)))
-    result = run(RunPaths.build(src, tmp_path / "out.jsonl"), load_settings(), engine_factory=lambda m, s: replicas())
+    result = run(
+        RunPaths.build(src, tmp_path / "out.jsonl"), load_settings(), RunContext(engine_factory=lambda m, s: replicas())
+    )
     out = io.StringIO()
     print_summary(result.report, Console(file=out, width=200))
     write_run_html(result.report, tmp_path / "r.html")
@@ -291,7 +294,7 @@ def test_replica_starts_overlap_each_spawning_with_its_own_environment(tmp_path:
     engine loads; each child sees its own value; the environment is restored."""
     import multiprocessing
 
-    from bulkinfer.engine.vllm import _environment_until_spawned
+    from bulkinfer.engine.processes import environment_until_spawned
 
     spawn = multiprocessing.get_context("spawn")
     name = "BULKINFER_TEST_REPLICA"
@@ -299,7 +302,7 @@ def test_replica_starts_overlap_each_spawning_with_its_own_environment(tmp_path:
     overlapped: list[bool] = []
 
     def start(value: str) -> None:
-        with _environment_until_spawned({name: value}):
+        with environment_until_spawned({name: value}):
             child = spawn.Process(target=os.system, args=(f"echo ${name} > {tmp_path / value}; sleep 1",))
             child.start()
             if value == "a":
@@ -323,13 +326,13 @@ def test_replica_starts_overlap_each_spawning_with_its_own_environment(tmp_path:
 
 SPAWN_FROM_STDIN = """
 import multiprocessing, os, sys
-from bulkinfer.engine.vllm import _environment_until_spawned
+from bulkinfer.engine.processes import environment_until_spawned
 
 if __name__ == "__main__":
     hide = sys.argv[1] == "hide"
     child = multiprocessing.get_context("spawn").Process(target=os.getpid)
     if hide:
-        with _environment_until_spawned({}):
+        with environment_until_spawned({}):
             child.start()
             child.join()
     else:

@@ -20,7 +20,8 @@ from vllm.entrypoints.launchers.run_batch import BatchRequestOutput
 from bulkinfer.config import load_settings
 from bulkinfer.errors import EXIT_OK, EXIT_PARTIAL, InputFileError
 from bulkinfer.io import readers
-from bulkinfer.jobs.output_files import RunPaths
+from bulkinfer.io.output_files import RunPaths
+from bulkinfer.jobs.context import RunContext
 from bulkinfer.jobs.run import run
 
 
@@ -54,7 +55,7 @@ def run_file(tmp_path: Path, data: bytes, name: str = "in.jsonl") -> tuple[RunPa
     src = tmp_path / name
     src.write_bytes(data)
     paths = RunPaths.build(src, tmp_path / "out.jsonl")
-    result = run(paths, load_settings(), engine_factory=lambda m, s: FakeEngine())
+    result = run(paths, load_settings(), RunContext(engine_factory=lambda m, s: FakeEngine()))
     outputs = [orjson.loads(line) for line in paths.output.read_bytes().splitlines()]
     errors = [orjson.loads(line) for line in paths.errors.read_bytes().splitlines()]
     counts = result.report["request_counts"]
@@ -98,7 +99,7 @@ def test_blank_lines_are_counted_as_skipped(tmp_path: Path) -> None:
     src = tmp_path / "in.jsonl"
     src.write_bytes(good(0) + b"\n\n  \n" + good(1) + b"\n")
     paths = RunPaths.build(src, tmp_path / "out.jsonl")
-    result = run(paths, load_settings(), engine_factory=lambda m, s: FakeEngine())
+    result = run(paths, load_settings(), RunContext(engine_factory=lambda m, s: FakeEngine()))
     assert result.report["request_counts"] == {"total": 4, "completed": 2, "failed": 0, "skipped": 2}
 
 
@@ -134,7 +135,7 @@ def test_parquet_without_prompt_column_fails_before_the_model(tmp_path: Path) ->
     pq.write_table(pa.table({"id": ["a"], "text": ["hi"]}), src)
     paths = RunPaths.build(src, tmp_path / "out.jsonl")
     with pytest.raises(InputFileError, match="columns found: id, text"):
-        run(paths, load_settings(), engine_factory=never_engine)
+        run(paths, load_settings(), RunContext(engine_factory=never_engine))
     assert not paths.output.exists() and not list(tmp_path.glob(".out*"))
 
 
@@ -145,7 +146,7 @@ def test_unreadable_parquet_fails_cleanly(tmp_path: Path, damage: str) -> None:
     src.write_bytes(src.read_bytes()[:-30] if damage == "truncated" else b"id,prompt\na,hi\n")
     paths = RunPaths.build(src, tmp_path / "out.jsonl")
     with pytest.raises(InputFileError, match="not a readable Parquet file"):
-        run(paths, load_settings(), engine_factory=never_engine)
+        run(paths, load_settings(), RunContext(engine_factory=never_engine))
     assert not paths.output.exists() and not list(tmp_path.glob(".out*"))
 
 
@@ -154,7 +155,7 @@ def test_parquet_rows_route_by_row_number(tmp_path: Path) -> None:
     table = pa.table({"id": ["a", "b", "c", "d"], "prompt": ["hi", "", "yo", "hey"], "max_tokens": [4, 4, 4, 0]})
     pq.write_table(table, src, row_group_size=2)
     paths = RunPaths.build(src, tmp_path / "out.jsonl")
-    run(paths, load_settings(), engine_factory=lambda m, s: FakeEngine())
+    run(paths, load_settings(), RunContext(engine_factory=lambda m, s: FakeEngine()))
     errors = [orjson.loads(line) for line in paths.errors.read_bytes().splitlines()]
     assert sorted((e["line"], e["id"], e["error"]["type"]) for e in errors) == [
         (2, "b", "invalid_field"),

@@ -15,8 +15,9 @@ from fakes import FakeEngine
 
 from bulkinfer.config import Settings
 from bulkinfer.errors import ConfigError, Interrupted
+from bulkinfer.io.output_files import RunPaths
+from bulkinfer.jobs.context import RunContext
 from bulkinfer.jobs.embed import embed
-from bulkinfer.jobs.output_files import RunPaths
 from bulkinfer.schema import Completion, Request
 from bulkinfer.stop import StopToken
 
@@ -60,7 +61,7 @@ def write(path: Path) -> Path:
 
 def test_every_row_is_one_record_and_the_vectors_are_a_fixed_size_list(tmp_path: Path) -> None:
     paths = RunPaths(write(tmp_path / "in.jsonl"), tmp_path / "out.parquet")
-    result = embed(paths, Settings(), engine_factory=lambda model, settings: FakeEncoder())
+    result = embed(paths, Settings(), RunContext(engine_factory=lambda model, settings: FakeEncoder()))
     assert (result.exit_code, result.completed, result.failed) == (3, 3, 2)
     table = pq.read_table(paths.output)
     assert table.schema.field("embedding").type == pa.list_(pa.float32(), 3)
@@ -80,10 +81,10 @@ def test_resume_refuses_another_truncate_and_completes_with_the_same(tmp_path: P
     paths = RunPaths(write(tmp_path / "in.jsonl"), tmp_path / "out.jsonl")
     stop = StopToken()
     with pytest.raises(Interrupted):
-        embed(paths, Settings(), engine_factory=lambda m, s: FakeEncoder(stop_at=(1, stop)), stop=stop)
+        embed(paths, Settings(), RunContext(engine_factory=lambda m, s: FakeEncoder(stop_at=(1, stop)), stop=stop))
     with pytest.raises(ConfigError, match=r"embed\.truncate: false -> true"):
-        embed(paths, Settings(), truncate=True, resume=True, engine_factory=lambda m, s: FakeEncoder())
-    result = embed(paths, Settings(), resume=True, engine_factory=lambda m, s: FakeEncoder())
+        embed(paths, Settings(), RunContext(resume=True, engine_factory=lambda m, s: FakeEncoder()), True)
+    result = embed(paths, Settings(), RunContext(resume=True, engine_factory=lambda m, s: FakeEncoder()))
     assert (result.completed, result.failed) == (3, 2)
     ids = [r.get("custom_id") or r.get("id") for r in map(orjson.loads, paths.output.read_bytes().splitlines())]
     assert ids == ["a", "c", "e"]

@@ -20,7 +20,8 @@ from vllm.entrypoints.launchers.run_batch import BatchRequestOutput
 from bulkinfer.config import Settings, load_settings
 from bulkinfer.errors import EXIT_PARTIAL, Interrupted
 from bulkinfer.io import spool as spool_module
-from bulkinfer.jobs.output_files import RunPaths
+from bulkinfer.io.output_files import RunPaths
+from bulkinfer.jobs.context import RunContext
 from bulkinfer.jobs.run import run
 from bulkinfer.stop import StopToken
 
@@ -49,7 +50,7 @@ def ids(path: Path) -> list[str]:
 def test_the_default_output_is_in_input_order(tmp_path: Path) -> None:
     src, expected = mixed_lengths(tmp_path)
     paths = RunPaths.build(src, tmp_path / "out.jsonl")
-    result = run(paths, settings(), engine_factory=lambda m, s: FakeEngine())
+    result = run(paths, settings(), RunContext(engine_factory=lambda m, s: FakeEngine()))
     assert ids(paths.output) == expected
     assert result.report["plan"]["output_order"] == "input"
     assert sorted(p.name for p in tmp_path.glob(".out*")) == [".out.lock"]  # no spool, run or temporary left
@@ -58,7 +59,7 @@ def test_the_default_output_is_in_input_order(tmp_path: Path) -> None:
 def test_completion_order_keeps_the_order_rows_finished_in(tmp_path: Path) -> None:
     src, expected = mixed_lengths(tmp_path)
     paths = RunPaths.build(src, tmp_path / "out.jsonl")
-    result = run(paths, settings(output_order="completion"), engine_factory=lambda m, s: FakeEngine())
+    result = run(paths, settings(output_order="completion"), RunContext(engine_factory=lambda m, s: FakeEngine()))
     got = ids(paths.output)
     assert sorted(got) == sorted(expected) and got != expected
     lengths = [orjson.loads(line)["prompt_tokens"] for line in paths.output.read_bytes().splitlines()]
@@ -71,9 +72,13 @@ def test_a_resumed_run_is_in_input_order_with_every_row_once(tmp_path: Path) -> 
     paths = RunPaths.build(src, tmp_path / "out.jsonl")
     stop = StopToken()
     with pytest.raises(Interrupted):
-        run(paths, settings(window_rows=300), engine_factory=lambda m, s: FakeEngine(stop_at=(150, stop)), stop=stop)
+        run(
+            paths,
+            settings(window_rows=300),
+            RunContext(engine_factory=lambda m, s: FakeEngine(stop_at=(150, stop)), stop=stop),
+        )
     assert not paths.output.exists()
-    result = run(paths, settings(window_rows=300), resume=True, engine_factory=lambda m, s: FakeEngine())
+    result = run(paths, settings(window_rows=300), RunContext(resume=True, engine_factory=lambda m, s: FakeEngine()))
     assert result.report["resumed"]["completed"] >= 300  # the first attempt finished rows of two windows
     assert ids(paths.output) == expected
 
@@ -86,7 +91,7 @@ def test_the_errors_file_is_in_input_order_too(tmp_path: Path) -> None:
     src.write_bytes(b"".join(lines))
     rejected = {"r2", "r77", "r201"}  # row errors from the engine, in completion order
     paths = RunPaths.build(src, tmp_path / "out.jsonl")
-    result = run(paths, settings(), engine_factory=lambda m, s: FakeEngine(reject=rejected))
+    result = run(paths, settings(), RunContext(engine_factory=lambda m, s: FakeEngine(reject=rejected)))
     assert result.exit_code == EXIT_PARTIAL
     errors = [orjson.loads(line) for line in paths.errors.read_bytes().splitlines()]
     assert [e["line"] for e in errors] == [3, 6, 78, 151, 202, 300]
@@ -107,7 +112,7 @@ def test_parquet_output_is_in_input_order_through_several_spilled_runs(
     monkeypatch.setattr(spool_module, "_spill", counted)
     src, expected = mixed_lengths(tmp_path, 500)
     paths = RunPaths.build(src, tmp_path / "out.parquet")
-    run(paths, settings(), engine_factory=lambda m, s: FakeEngine())
+    run(paths, settings(), RunContext(engine_factory=lambda m, s: FakeEngine()))
     assert ids(paths.output) == expected
     assert [p.name for p in spilled] == [f".out.parquet.partial.jsonl.run-{k}.tmp" for k in range(8)]  # 500 / 64
     assert sorted(p.name for p in tmp_path.glob(".out*")) == [".out.lock"]  # runs and temporaries removed
@@ -127,7 +132,7 @@ def test_openai_batch_output_lines_are_in_input_order_and_unchanged_in_shape(tmp
     src = tmp_path / "batch.jsonl"
     src.write_bytes(b"".join(orjson.dumps(line) + b"\n" for line in lines))
     paths = RunPaths.build(src, tmp_path / "batch.out.jsonl")
-    run(paths, settings(), engine_factory=lambda m, s: FakeEngine())
+    run(paths, settings(), RunContext(engine_factory=lambda m, s: FakeEngine()))
     records = [orjson.loads(line) for line in paths.output.read_bytes().splitlines()]
     assert [r["custom_id"] for r in records] == [f"req-{i}" for i in range(120)]
     assert all(set(r) == {"id", "custom_id", "response", "error"} for r in records)

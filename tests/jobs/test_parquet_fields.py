@@ -16,7 +16,8 @@ import pytest
 from fakes import FakeEngine
 
 from bulkinfer.config import load_settings
-from bulkinfer.jobs.output_files import RunPaths
+from bulkinfer.io.output_files import RunPaths
+from bulkinfer.jobs.context import RunContext
 from bulkinfer.jobs.run import run
 from bulkinfer.prep.rows import CONSUMED_FIELDS, SAMPLING_FIELDS
 from bulkinfer.schema import Request
@@ -77,7 +78,7 @@ def test_every_sampling_field_reaches_the_engine(tmp_path: Path, suffix: str, pa
         src.write_bytes(orjson.dumps(row) + b"\n")
     engine = Recording()
     settings = load_settings(None, {"passthrough": passthrough, "engine.scheduling_policy": "priority"})
-    result = run(RunPaths.build(src, tmp_path / "out.jsonl"), settings, engine_factory=lambda m, s: engine)
+    result = run(RunPaths.build(src, tmp_path / "out.jsonl"), settings, RunContext(engine_factory=lambda m, s: engine))
     assert result.report["request_counts"]["completed"] == 1
     (request,) = engine.requests
     assert (request.max_tokens, request.temperature, request.top_p, request.seed) == (5, 0.5, 0.9, 7)

@@ -32,8 +32,9 @@ from bulkinfer.errors import (
     OutputExistsError,
     OutputWriteError,
 )
+from bulkinfer.io.output_files import OutputFiles, RunPaths
 from bulkinfer.io.spool import spool_records
-from bulkinfer.jobs.output_files import OutputFiles, RunPaths
+from bulkinfer.jobs.context import RunContext
 from bulkinfer.jobs.run import run
 
 HERE = Path(__file__).resolve().parents[1]  # tests/, where fault_driver.py is
@@ -89,15 +90,23 @@ def test_jsonl_and_parquet_outputs_of_one_stem_share_one_lock(tmp_path: Path) ->
     src = write_rows(tmp_path / "in.jsonl", 4)
     with OutputFiles(tmp_path / "r.jsonl").locked():
         with pytest.raises(LockHeldError, match="another bulkinfer run"):
-            run(RunPaths.build(src, tmp_path / "r.parquet"), settings(), engine_factory=lambda m, s: FakeEngine())
+            run(
+                RunPaths.build(src, tmp_path / "r.parquet"),
+                settings(),
+                RunContext(engine_factory=lambda m, s: FakeEngine()),
+            )
 
 
 def test_an_output_of_the_same_stem_in_another_format_is_not_clobbered(tmp_path: Path) -> None:
     src = write_rows(tmp_path / "in.jsonl", 4)
-    run(RunPaths.build(src, tmp_path / "r.jsonl"), settings(), engine_factory=lambda m, s: FakeEngine())
+    run(RunPaths.build(src, tmp_path / "r.jsonl"), settings(), RunContext(engine_factory=lambda m, s: FakeEngine()))
     report_before = (tmp_path / "r.report.json").read_bytes()
     with pytest.raises(OutputExistsError, match=r"r\.jsonl shares r\.errors\.jsonl and r\.report\.json"):
-        run(RunPaths.build(src, tmp_path / "r.parquet"), settings(), engine_factory=lambda m, s: FakeEngine())
+        run(
+            RunPaths.build(src, tmp_path / "r.parquet"),
+            settings(),
+            RunContext(engine_factory=lambda m, s: FakeEngine()),
+        )
     assert (tmp_path / "r.report.json").read_bytes() == report_before
     assert not (tmp_path / "r.parquet").exists()
 
@@ -109,11 +118,11 @@ def test_engine_death_keeps_finished_rows_and_resume_completes(tmp_path: Path) -
     paths = RunPaths.build(write_rows(tmp_path / "in.jsonl", 12), tmp_path / "out.jsonl")
     engine = FakeEngine(crash_at=3)
     with pytest.raises(EngineError) as info:
-        run(paths, settings(), engine_factory=lambda m, s: engine)
+        run(paths, settings(), RunContext(engine_factory=lambda m, s: engine))
     assert info.value.exit_code == 5 and engine.closed
     spool = tmp_path / ".out.jsonl.partial.jsonl"
     assert len(ids(spool)) == 4  # two steps of two rows finished before the crash
-    result = run(paths, settings(), resume=True, engine_factory=lambda m, s: FakeEngine())
+    result = run(paths, settings(), RunContext(resume=True, engine_factory=lambda m, s: FakeEngine()))
     assert result.exit_code == EXIT_OK and result.report["resumed"]["completed"] == 4
     assert sorted(ids(paths.output)) == sorted(f"r{i}" for i in range(12))
 
@@ -165,11 +174,11 @@ def test_a_failed_start_leaves_nothing_in_the_way(tmp_path: Path) -> None:
         raise ModelError("no such model directory: /nowhere")
 
     with pytest.raises(ModelError):
-        run(paths, settings(), engine_factory=broken)
+        run(paths, settings(), RunContext(engine_factory=broken))
     assert hidden(tmp_path) == [".out.lock"]
     # the corrected cron line, with --resume and other settings, just runs
     fixed = load_settings(None, {"sampling.max_tokens": 9})
-    result = run(paths, fixed, resume=True, engine_factory=lambda m, s: FakeEngine())
+    result = run(paths, fixed, RunContext(resume=True, engine_factory=lambda m, s: FakeEngine()))
     assert result.exit_code == EXIT_OK and len(ids(paths.output)) == 6
 
 
@@ -178,7 +187,7 @@ def test_a_journal_left_by_a_kill_before_any_row_is_no_obstacle(tmp_path: Path) 
     files = OutputFiles(paths.output)
     files.journal.write_bytes(b'{"input": {}, "settings_sha256": "other"}')
     files.spool.write_bytes(b"")
-    result = run(paths, settings(), engine_factory=lambda m, s: FakeEngine())  # no --resume, no --overwrite
+    result = run(paths, settings(), RunContext(engine_factory=lambda m, s: FakeEngine()))  # no --resume, no --overwrite
     assert result.exit_code == EXIT_OK and len(ids(paths.output)) == 3
 
 
@@ -204,14 +213,14 @@ def test_disk_full_during_the_spool_flush_exits_9_and_resume_completes(
 
     monkeypatch.setattr(writers, "failpoint", full_after_two)
     with pytest.raises(OutputWriteError) as info:
-        run(paths, settings(), engine_factory=lambda m, s: FakeEngine())
+        run(paths, settings(), RunContext(engine_factory=lambda m, s: FakeEngine()))
     assert info.value.exit_code == EXIT_WRITE
     message = str(info.value)
     assert ".out.jsonl.partial.jsonl" in message and "No space left on device" in message and "--resume" in message
     monkeypatch.delenv("BULKINFER_FAILPOINT")
     kept = ids(tmp_path / ".out.jsonl.partial.jsonl")
     assert len(kept) >= 4  # the rows flushed before the disk filled
-    result = run(paths, settings(), resume=True, engine_factory=lambda m, s: FakeEngine())
+    result = run(paths, settings(), RunContext(resume=True, engine_factory=lambda m, s: FakeEngine()))
     assert result.exit_code == EXIT_OK
     assert sorted(ids(paths.output)) == sorted(f"r{i}" for i in range(10))
 
@@ -222,7 +231,7 @@ def test_a_read_only_file_system_at_the_journal_exits_9_without_debris(
     paths = RunPaths.build(write_rows(tmp_path / "in.jsonl", 3), tmp_path / "out.jsonl")
     monkeypatch.setenv("BULKINFER_FAILPOINT", "atomic_write:EROFS:.journal.json")
     with pytest.raises(OutputWriteError, match=r"journal\.json: Read-only file system \(EROFS\); .*choose another -o"):
-        run(paths, settings(), engine_factory=lambda m, s: FakeEngine())
+        run(paths, settings(), RunContext(engine_factory=lambda m, s: FakeEngine()))
     assert hidden(tmp_path) == [".out.lock"]
 
 
@@ -231,7 +240,7 @@ def test_disk_full_at_the_html_report_warns_and_leaves_no_temporary(
 ) -> None:
     paths = RunPaths.build(write_rows(tmp_path / "in.jsonl", 3), tmp_path / "out.jsonl")
     monkeypatch.setenv("BULKINFER_FAILPOINT", "atomic_write:ENOSPC:.report.html")
-    result = run(paths, settings(), engine_factory=lambda m, s: FakeEngine())
+    result = run(paths, settings(), RunContext(engine_factory=lambda m, s: FakeEngine()))
     assert result.exit_code == EXIT_OK and paths.report.exists() and not paths.html.exists()
     assert "HTML report not written" in capfd.readouterr().err  # on the terminal, not in out.log
     assert not [p for p in tmp_path.iterdir() if p.name.endswith(".tmp")]
@@ -241,14 +250,22 @@ def test_an_output_whose_parent_is_a_file_exits_9(tmp_path: Path) -> None:
     src = write_rows(tmp_path / "in.jsonl", 2)
     (tmp_path / "afile").write_text("x")
     with pytest.raises(OutputWriteError, match=r"afile: Not a directory \(ENOTDIR\)"):
-        run(RunPaths.build(src, tmp_path / "afile" / "out.jsonl"), settings(), engine_factory=lambda m, s: FakeEngine())
+        run(
+            RunPaths.build(src, tmp_path / "afile" / "out.jsonl"),
+            settings(),
+            RunContext(engine_factory=lambda m, s: FakeEngine()),
+        )
 
 
 def test_an_output_that_is_a_directory_exits_9(tmp_path: Path) -> None:
     src = write_rows(tmp_path / "in.jsonl", 2)
     (tmp_path / "out.jsonl").mkdir()
     with pytest.raises(OutputWriteError, match=r"out\.jsonl: Is a directory \(EISDIR\)"):
-        run(RunPaths.build(src, tmp_path / "out.jsonl"), settings(), engine_factory=lambda m, s: FakeEngine())
+        run(
+            RunPaths.build(src, tmp_path / "out.jsonl"),
+            settings(),
+            RunContext(engine_factory=lambda m, s: FakeEngine()),
+        )
 
 
 # -- an empty input -----------------------------------------------------------------------------
@@ -263,7 +280,7 @@ def test_an_empty_input_finishes_without_a_model(tmp_path: Path, data: bytes) ->
     src = tmp_path / "in.jsonl"
     src.write_bytes(data)
     paths = RunPaths.build(src, tmp_path / "out.jsonl")
-    result = run(paths, settings(), engine_factory=no_engine)
+    result = run(paths, settings(), RunContext(engine_factory=no_engine))
     assert result.exit_code == EXIT_OK
     assert paths.output.read_bytes() == b"" and paths.errors.read_bytes() == b""
     assert result.report["request_counts"] == {
@@ -279,7 +296,7 @@ def test_an_empty_input_to_parquet_has_the_output_schema(tmp_path: Path) -> None
     src = tmp_path / "in.jsonl"
     src.write_bytes(b"")
     paths = RunPaths.build(src, tmp_path / "out.parquet")
-    assert run(paths, settings(), engine_factory=no_engine).exit_code == EXIT_OK
+    assert run(paths, settings(), RunContext(engine_factory=no_engine)).exit_code == EXIT_OK
     table = pq.read_table(paths.output)
     assert table.num_rows == 0
     assert [(f.name, str(f.type)) for f in table.schema] == [
@@ -295,7 +312,7 @@ def test_a_journal_of_an_older_bulkinfer_resumes_while_new_settings_keep_their_d
     """A journal written before a setting existed lacks its key: no change
     while it has its default, a change once it is set."""
     from bulkinfer.config import load_settings
-    from bulkinfer.jobs.output_files import results_settings, settings_changes
+    from bulkinfer.io.output_files import results_settings, settings_changes
 
     old = results_settings(load_settings())
     for key in ("n", "logprobs", "structured_outputs", "priority"):

@@ -28,8 +28,9 @@ from bulkinfer.errors import (
     LockHeldError,
     OutputExistsError,
 )
+from bulkinfer.io.output_files import OutputFiles, RunPaths
 from bulkinfer.io.spool import spool_records
-from bulkinfer.jobs.output_files import OutputFiles, RunPaths
+from bulkinfer.jobs.context import RunContext
 from bulkinfer.jobs.run import run
 from bulkinfer.stop import StopToken
 
@@ -47,7 +48,7 @@ def settings(**plan: Any) -> Settings:
 def test_all_rows_complete_and_in_flight_is_bounded(tmp_path: Path) -> None:
     engine = FakeEngine()
     paths = RunPaths.build(make_input(tmp_path), tmp_path / "out.jsonl")
-    result = run(paths, settings(max_in_flight=3, window_rows=7), engine_factory=lambda m, s: engine)
+    result = run(paths, settings(max_in_flight=3, window_rows=7), RunContext(engine_factory=lambda m, s: engine))
     assert result.exit_code == EXIT_OK
     ids = [orjson.loads(line)["id"] for line in paths.output.read_bytes().splitlines()]
     assert sorted(ids) == sorted(f"r{i}" for i in range(20))
@@ -72,7 +73,7 @@ def test_the_tokenizer_and_engine_come_from_the_injected_factories(tmp_path: Pat
         return FakeEngine()
 
     paths = RunPaths.build(make_input(tmp_path, 3), tmp_path / "out.jsonl")
-    result = run(paths, settings(), engine_factory=engine_factory, tokenizer_factory=tokenizer_factory)
+    result = run(paths, settings(), RunContext(engine_factory=engine_factory, tokenizer_factory=tokenizer_factory))
     model_path = result.report["model_path"]
     assert calls == [(model_path, False), (model_path, None)]
     assert result.report["chat_template_applied"] is False  # "auto" decided by the injected tokenizer
@@ -82,7 +83,7 @@ def test_the_tokenizer_and_engine_come_from_the_injected_factories(tmp_path: Pat
 def test_longest_prompts_are_fed_first_within_a_window(tmp_path: Path) -> None:
     engine = FakeEngine()
     paths = RunPaths.build(make_input(tmp_path, 6), tmp_path / "out.jsonl")
-    run(paths, settings(max_in_flight=100, output_order="completion"), engine_factory=lambda m, s: engine)
+    run(paths, settings(max_in_flight=100, output_order="completion"), RunContext(engine_factory=lambda m, s: engine))
     ids = [orjson.loads(line)["id"] for line in paths.output.read_bytes().splitlines()]
     assert ids == ["r5", "r4", "r3", "r2", "r1", "r0"]
 
@@ -90,7 +91,7 @@ def test_longest_prompts_are_fed_first_within_a_window(tmp_path: Path) -> None:
 def test_rejected_request_is_that_rows_error(tmp_path: Path) -> None:
     engine = FakeEngine(reject={"r3"})
     paths = RunPaths.build(make_input(tmp_path), tmp_path / "out.jsonl")
-    result = run(paths, settings(), engine_factory=lambda m, s: engine)
+    result = run(paths, settings(), RunContext(engine_factory=lambda m, s: engine))
     assert result.exit_code == EXIT_PARTIAL
     errors = [orjson.loads(line) for line in paths.errors.read_bytes().splitlines()]
     assert errors == [{"id": "r3", "line": 4, "error": {"type": "engine_error", "message": "ValueError: rejected"}}]
@@ -101,7 +102,7 @@ def test_engine_crash_ends_the_run_and_keeps_no_final_output(tmp_path: Path) -> 
     engine = FakeEngine(crash_at=3)
     paths = RunPaths.build(make_input(tmp_path), tmp_path / "out.jsonl")
     with pytest.raises(EngineError, match="boom"):
-        run(paths, settings(max_in_flight=2), engine_factory=lambda m, s: engine)
+        run(paths, settings(max_in_flight=2), RunContext(engine_factory=lambda m, s: engine))
     assert not paths.output.exists()
     assert engine.closed
 
@@ -109,7 +110,7 @@ def test_engine_crash_ends_the_run_and_keeps_no_final_output(tmp_path: Path) -> 
 def run_with_signals(paths: RunPaths, s: Settings, **options: Any) -> Any:
     """``run`` under the CLI's signal handling (signals -> the stop token)."""
     with StopSignals() as stop:
-        return run(paths, s, stop=stop, **options)
+        return run(paths, s, RunContext(stop=stop, **options))
 
 
 def test_sigterm_stops_feeding_flushes_and_exits_143(tmp_path: Path) -> None:
@@ -136,7 +137,7 @@ def test_a_stop_token_stops_a_run_in_another_thread_without_signal_handlers(tmp_
 
     def target() -> None:
         try:
-            run(paths, settings(max_in_flight=2), engine_factory=lambda m, s: engine, stop=stop)
+            run(paths, settings(max_in_flight=2), RunContext(engine_factory=lambda m, s: engine, stop=stop))
         except BaseException as exc:
             caught.append(exc)
 
@@ -167,7 +168,7 @@ def output_ids(paths: RunPaths) -> list[str]:
 def test_resume_after_sigterm_gives_every_row_once(tmp_path: Path) -> None:
     paths = interrupted_run(tmp_path)
     engine = FakeEngine()
-    result = run(paths, settings(max_in_flight=2), resume=True, engine_factory=lambda m, s: engine)
+    result = run(paths, settings(max_in_flight=2), RunContext(resume=True, engine_factory=lambda m, s: engine))
     assert result.exit_code == EXIT_OK
     ids = output_ids(paths)
     assert sorted(ids) == sorted(f"r{i}" for i in range(20))
@@ -182,7 +183,7 @@ def test_resume_cuts_a_torn_last_line(tmp_path: Path) -> None:
     spool = tmp_path / ".out.jsonl.partial.jsonl"
     with open(spool, "ab") as f:
         f.write(b'{"id": "r19", "completion": "tor')  # kill -9 in the middle of a write
-    run(paths, settings(), resume=True, engine_factory=lambda m, s: FakeEngine())
+    run(paths, settings(), RunContext(resume=True, engine_factory=lambda m, s: FakeEngine()))
     ids = output_ids(paths)
     assert sorted(ids) == sorted(f"r{i}" for i in range(20))
 
@@ -196,7 +197,7 @@ def test_resume_after_crash_between_the_final_renames(tmp_path: Path) -> None:
         run_with_signals(paths, settings(max_in_flight=2), engine_factory=lambda m, s: FakeEngine(signal_at=2))
     # the errors file was published, then the process died before the output's rename
     os.replace(tmp_path / ".out.errors.jsonl.partial.jsonl", paths.errors)
-    result = run(paths, settings(), resume=True, engine_factory=lambda m, s: FakeEngine())
+    result = run(paths, settings(), RunContext(resume=True, engine_factory=lambda m, s: FakeEngine()))
     assert result.exit_code == EXIT_PARTIAL
     assert sorted(output_ids(paths)) == sorted(f"r{i}" for i in range(10))
     errors = [orjson.loads(line) for line in paths.errors.read_bytes().splitlines()]
@@ -206,7 +207,7 @@ def test_resume_after_crash_between_the_final_renames(tmp_path: Path) -> None:
 def test_partial_output_without_flags_is_refused(tmp_path: Path) -> None:
     paths = interrupted_run(tmp_path)
     with pytest.raises(OutputExistsError, match="--resume"):
-        run(paths, settings(), engine_factory=lambda m, s: FakeEngine())
+        run(paths, settings(), RunContext(engine_factory=lambda m, s: FakeEngine()))
 
 
 def test_resume_with_changed_input_or_settings_is_refused(tmp_path: Path) -> None:
@@ -215,8 +216,7 @@ def test_resume_with_changed_input_or_settings_is_refused(tmp_path: Path) -> Non
         run(
             paths,
             load_settings(None, {"sampling.max_tokens": 7}),
-            resume=True,
-            engine_factory=lambda m, s: FakeEngine(),
+            RunContext(resume=True, engine_factory=lambda m, s: FakeEngine()),
         )
     old = settings().sampling.max_tokens
     assert f"--max-tokens (sampling.max_tokens): {old} -> 7" in str(info.value)  # which setting, old -> new
@@ -224,7 +224,7 @@ def test_resume_with_changed_input_or_settings_is_refused(tmp_path: Path) -> Non
     with open(paths.input, "ab") as f:
         f.write(b'{"id": "extra", "prompt": "x"}\n')
     with pytest.raises(ConfigError, match="changed since the interrupted run") as info:
-        run(paths, settings(), resume=True, engine_factory=lambda m, s: FakeEngine())
+        run(paths, settings(), RunContext(resume=True, engine_factory=lambda m, s: FakeEngine()))
     message = str(info.value)
     assert f"size {size} -> {paths.input.stat().st_size} bytes" in message
     assert "mtime_ns" not in message and "{" not in message  # plain words, no raw dicts
@@ -234,17 +234,17 @@ def test_resume_and_overwrite_together_are_refused(tmp_path: Path) -> None:
     paths = interrupted_run(tmp_path)
     before = sorted(p.name for p in tmp_path.iterdir())
     with pytest.raises(ConfigError, match="--resume .* or --overwrite .*, not both") as info:
-        run(paths, settings(), resume=True, overwrite=True, engine_factory=lambda m, s: FakeEngine())
+        run(paths, settings(), RunContext(resume=True, overwrite=True, engine_factory=lambda m, s: FakeEngine()))
     assert info.value.exit_code == 2
     assert sorted(p.name for p in tmp_path.iterdir()) == before  # nothing started over
 
 
 def test_resume_on_complete_output_does_nothing(tmp_path: Path) -> None:
     paths = RunPaths.build(make_input(tmp_path), tmp_path / "out.jsonl")
-    run(paths, settings(), engine_factory=lambda m, s: FakeEngine())
+    run(paths, settings(), RunContext(engine_factory=lambda m, s: FakeEngine()))
     before = paths.output.read_bytes()
     engine = FakeEngine()
-    result = run(paths, settings(), resume=True, engine_factory=lambda m, s: engine)
+    result = run(paths, settings(), RunContext(resume=True, engine_factory=lambda m, s: engine))
     assert result.exit_code == EXIT_OK and result.report["already_complete"]
     assert engine.steps == 0
     assert paths.output.read_bytes() == before
@@ -254,9 +254,9 @@ def test_overwrite_replaces_a_complete_output(tmp_path: Path) -> None:
     paths = RunPaths.build(make_input(tmp_path, 5), tmp_path / "out.jsonl")
     paths.output.write_text("old\n")
     with pytest.raises(OutputExistsError):
-        run(paths, settings(), engine_factory=lambda m, s: FakeEngine())
+        run(paths, settings(), RunContext(engine_factory=lambda m, s: FakeEngine()))
     assert paths.output.read_text() == "old\n"
-    run(paths, settings(), overwrite=True, engine_factory=lambda m, s: FakeEngine())
+    run(paths, settings(), RunContext(overwrite=True, engine_factory=lambda m, s: FakeEngine()))
     assert sorted(output_ids(paths)) == [f"r{i}" for i in range(5)]
 
 
@@ -264,8 +264,8 @@ def test_a_held_lock_refuses_a_second_run(tmp_path: Path) -> None:
     paths = RunPaths.build(make_input(tmp_path, 5), tmp_path / "out.jsonl")
     with OutputFiles(paths.output).locked():
         with pytest.raises(LockHeldError, match="another bulkinfer run"):
-            run(paths, settings(), engine_factory=lambda m, s: FakeEngine())
-    run(paths, settings(), engine_factory=lambda m, s: FakeEngine())  # free again
+            run(paths, settings(), RunContext(engine_factory=lambda m, s: FakeEngine()))
+    run(paths, settings(), RunContext(engine_factory=lambda m, s: FakeEngine()))  # free again
 
 
 def test_eval_perplexity_reuses_the_generation_engine_and_closes_it(tmp_path: Path) -> None:
@@ -274,7 +274,7 @@ def test_eval_perplexity_reuses_the_generation_engine_and_closes_it(tmp_path: Pa
 
     from fakes import NLL_PER_TOKEN
 
-    from bulkinfer.jobs.eval import run_eval
+    from bulkinfer.jobs.eval import EvalOptions, run_eval
 
     golden = tmp_path / "golden.jsonl"
     golden.write_bytes(
@@ -289,7 +289,13 @@ def test_eval_perplexity_reuses_the_generation_engine_and_closes_it(tmp_path: Pa
         made.append(FakeEngine())
         return made[-1]
 
-    result = run_eval(golden, tmp_path / "out.jsonl", load_settings(), perplexity=True, engine_factory=factory)
+    result = run_eval(
+        golden,
+        tmp_path / "out.jsonl",
+        load_settings(),
+        RunContext(engine_factory=factory),
+        EvalOptions(perplexity=True),
+    )
     assert len(made) == 1 and made[0].closed
     assert result.report["scores"]["perplexity"] == pytest.approx(math.exp(NLL_PER_TOKEN))
     assert result.report["scores"]["perplexity_rows"] == 5
@@ -299,15 +305,14 @@ def test_eval_perplexity_reuses_the_generation_engine_and_closes_it(tmp_path: Pa
         golden,
         tmp_path / "scored.jsonl",
         load_settings(),
-        predictions=tmp_path / "out.jsonl",
-        perplexity=True,
-        engine_factory=factory,
+        RunContext(engine_factory=factory),
+        EvalOptions(predictions=tmp_path / "out.jsonl", perplexity=True),
     )
     assert len(made) == 1 and made[0].closed
 
 
 def test_eval_closes_the_kept_engine_when_scoring_fails(tmp_path: Path) -> None:
-    from bulkinfer.jobs.eval import run_eval
+    from bulkinfer.jobs.eval import EvalOptions, run_eval
 
     golden = tmp_path / "golden.jsonl"
     golden.write_bytes(orjson.dumps({"id": "g0", "prompt": "hi", "reference": "echo g0"}) + b"\n")
@@ -318,7 +323,13 @@ def test_eval_closes_the_kept_engine_when_scoring_fails(tmp_path: Path) -> None:
         return made[-1]
 
     with pytest.raises(ConfigError, match="no prediction"):
-        run_eval(golden, tmp_path / "out.jsonl", load_settings(), perplexity=True, engine_factory=factory)
+        run_eval(
+            golden,
+            tmp_path / "out.jsonl",
+            load_settings(),
+            RunContext(engine_factory=factory),
+            EvalOptions(perplexity=True),
+        )
     assert len(made) == 1 and made[0].closed
 
 
@@ -328,7 +339,7 @@ def test_job_tokens_counts_the_input_and_every_completion(tmp_path: Path) -> Non
 
     from bulkinfer.config import RaySettings
     from bulkinfer.io.inputs import scan_input
-    from bulkinfer.jobs.run import TEMPLATE_TOKENS, job_tokens
+    from bulkinfer.jobs.engine_choice import TEMPLATE_TOKENS, job_tokens
 
     src = make_input(tmp_path, 10)
     packed = tmp_path / "in.jsonl.gz"

@@ -9,7 +9,8 @@ from fakes import FakeEngine
 
 from bulkinfer.config import EngineSettings, PlanSettings, SamplingDefaults, load_settings
 from bulkinfer.engine.args import resolve_engine_args
-from bulkinfer.jobs.output_files import RunPaths
+from bulkinfer.io.output_files import RunPaths
+from bulkinfer.jobs.context import RunContext
 from bulkinfer.jobs.run import run
 from bulkinfer.models import load_tokenizer, resolve_model
 from bulkinfer.prep.planner import Planner
@@ -39,6 +40,6 @@ def test_no_secret_from_the_environment_reaches_any_file(tmp_path: Path, monkeyp
     src = tmp_path / "in.jsonl"
     src.write_bytes(orjson.dumps({"id": "a", "prompt": "hi"}) + b"\n" + b"{bad\n")
     paths = RunPaths.build(src, tmp_path / "out.jsonl")
-    run(paths, load_settings(), engine_factory=lambda m, s: FakeEngine())
+    run(paths, load_settings(), RunContext(engine_factory=lambda m, s: FakeEngine()))
     for path in tmp_path.iterdir():
         assert secret.encode() not in path.read_bytes(), path

@@ -14,7 +14,8 @@ from browser import CHROMIUM, FLAGS, NO_CHROMIUM
 from fakes import FakeEngine
 
 from bulkinfer.config import load_settings
-from bulkinfer.jobs.output_files import RunPaths
+from bulkinfer.io.output_files import RunPaths
+from bulkinfer.jobs.context import RunContext
 from bulkinfer.jobs.run import run
 
 
@@ -24,7 +25,7 @@ def report_html(tmp_path_factory: pytest.TempPathFactory) -> Path:
     src = tmp / "in.jsonl"
     src.write_bytes(b"".join(orjson.dumps({"id": f"r{i}", "prompt": "word " * (i * 7 + 1)}) + b"\n" for i in range(40)))
     paths = RunPaths.build(src, tmp / "out.jsonl")
-    run(paths, load_settings(), engine_factory=lambda m, s: FakeEngine(step_delay=0.01))
+    run(paths, load_settings(), RunContext(engine_factory=lambda m, s: FakeEngine(step_delay=0.01)))
     return paths.html
 
 

@@ -16,7 +16,8 @@ from rich.console import Console
 
 from bulkinfer.config import load_settings
 from bulkinfer.engine.sampling import StreamedOutputs
-from bulkinfer.jobs.output_files import RunPaths
+from bulkinfer.io.output_files import RunPaths
+from bulkinfer.jobs.context import RunContext
 from bulkinfer.jobs.run import run
 from bulkinfer.report.terminal import print_summary
 from bulkinfer.schema import Completion
@@ -60,7 +61,9 @@ def test_the_hit_rate_is_cached_over_prompt_tokens_of_the_finished_rows(tmp_path
     src.write_bytes(b"".join(orjson.dumps(r) + b"\n" for r in rows))
     engine = CachingEngine()
     settings = load_settings(overrides={"apply_chat_template": False, "sampling.max_tokens": 1})
-    report = run(RunPaths.build(src, tmp_path / "out.jsonl"), settings, engine_factory=lambda m, s: engine).report
+    report = run(
+        RunPaths.build(src, tmp_path / "out.jsonl"), settings, RunContext(engine_factory=lambda m, s: engine)
+    ).report
     cache = report["prefix_cache"]
     prompt = report["tokens"]["prompt"]
     outputs = [orjson.loads(line) for line in (tmp_path / "out.jsonl").read_bytes().splitlines()]

@@ -11,6 +11,7 @@ from dataclasses import dataclass, field
 
 import pytest
 
+from bulkinfer.report.calibration import LengthPrior
 from bulkinfer.report.eta import OVERHEAD_TOKENS, PREFILL_WEIGHT, WorkEstimate
 from bulkinfer.report.progress import Progress
 
@@ -205,7 +206,9 @@ def test_with_an_earlier_runs_lengths_the_eta_is_close_from_10_percent_on() -> N
     prior = earlier.work.length_quantiles()
     assert len(prior) == 101 and prior[0] == min(n for _, n in rows) and prior[-1] == max(n for _, n in rows)
     again = Simulation(rows, 256, 128)
-    progress = Progress(len(rows), stream=io.StringIO(), force_plain=True, clock=again.clock, prior=prior)
+    progress = Progress(
+        len(rows), stream=io.StringIO(), force_plain=True, clock=again.clock, prior=LengthPrior(prior, same_job=False)
+    )
     again.run(progress)
     errors = again.errors_at((0.10, 0.25, 0.50, 0.75))
     assert all(abs(e) <= 0.35 for e in errors), errors
@@ -251,7 +254,7 @@ def test_the_same_job_run_again_expects_its_earlier_total_not_the_rows_done_so_f
     def half_time_error(same_job: bool) -> float:
         again = Simulation(rows, 64, 256)
         progress = Progress(
-            len(rows), stream=io.StringIO(), force_plain=True, clock=again.clock, prior=prior, prior_same_job=same_job
+            len(rows), stream=io.StringIO(), force_plain=True, clock=again.clock, prior=LengthPrior(prior, same_job)
         )
         again.run(progress)
         return again.errors_at((0.50,))[0]

@@ -17,7 +17,8 @@ from typer.testing import CliRunner
 
 from bulkinfer.cli import app
 from bulkinfer.config import load_settings
-from bulkinfer.jobs.output_files import RunPaths
+from bulkinfer.io.output_files import RunPaths
+from bulkinfer.jobs.context import RunContext
 from bulkinfer.jobs.run import run
 from bulkinfer.report import html as report_html
 from bulkinfer.report import stats
@@ -66,7 +67,7 @@ def test_the_token_series_rises_with_the_engines_live_counts_before_any_row_fini
     monkeypatch.setattr(stats, "SERIES_INTERVAL_S", 0.0)  # a point after every step
     engine = StreamingEngine()
     paths = RunPaths.build(_rows(tmp_path / "in.jsonl", 4), tmp_path / "out.jsonl")
-    result = run(paths, load_settings(), engine_factory=lambda m, s: engine)
+    result = run(paths, load_settings(), RunContext(engine_factory=lambda m, s: engine))
     assert engine.finished_steps == [TOKENS_PER_ROW]  # every row finished on the last step
     series = result.report["tokens_over_time"]
     completion, prompt = series["completion_tokens"], series["prompt_tokens"]
@@ -107,7 +108,7 @@ def run_report(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
     tmp = tmp_path_factory.mktemp("contents")
     paths = RunPaths.build(_rows(tmp / "in.jsonl", 30), tmp / "out.jsonl")
     settings = load_settings(overrides={"sampling.max_tokens": 77, "sampling.temperature": 0.3})
-    report = run(paths, settings, engine_factory=lambda m, s: FakeEngine()).report
+    report = run(paths, settings, RunContext(engine_factory=lambda m, s: FakeEngine())).report
     report["engine"] = {**report["engine"], "kv_cache_memory_bytes": 5996930048}
     report["peak_rss_bytes"] = {"bulkinfer": 722526208, "children": 8121188352}
     return report

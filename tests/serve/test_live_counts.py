@@ -1,6 +1,8 @@
-"""Progress of a running batch: its rows and tokens counted from the run's
-spools (only what was added since the last count), and the live
-``request_counts`` and completion tokens/s written to the store."""
+"""Progress of a running batch: the run's observer (rows finished, their
+completion tokens, engine ready) counted and written to the store as the
+live ``request_counts`` and completion tokens/s; a run tells its observer
+every row once, resumed ones included; the published files counted for a
+cancelled batch."""
 
 from __future__ import annotations
 
@@ -8,47 +10,93 @@ from pathlib import Path
 from typing import Any
 
 import orjson
+import pytest
+from fakes import FakeEngine
 
-from bulkinfer.jobs.output_files import OutputFiles
-from bulkinfer.serve.progress import LiveCounts, RowTally
+from bulkinfer.config import load_settings
+from bulkinfer.errors import Interrupted
+from bulkinfer.io.output_files import OutputFiles, Published, RunPaths
+from bulkinfer.jobs.context import RunContext, RunObserver
+from bulkinfer.jobs.run import run
+from bulkinfer.serve.progress import LiveCounts
 from bulkinfer.serve.store import Store
-
-
-def output_row(custom_id: str, prompt_tokens: int, completion_tokens: int) -> dict[str, Any]:
-    usage = {"prompt_tokens": prompt_tokens, "completion_tokens": completion_tokens}
-    return {"custom_id": custom_id, "response": {"body": {"choices": [{"message": {"content": "x"}}], "usage": usage}}}
-
-
-def test_a_row_tally_reads_only_whole_lines_and_only_what_was_added(tmp_path: Path) -> None:
-    spool = tmp_path / "s.jsonl"
-    tally = RowTally(spool)
-    assert tally.read().rows == 0  # not there yet
-    row = output_row("a", 5, 2)
-    spool.write_bytes(b"[1,{}]\n" + orjson.dumps([2, row]) + b'\n[3,{"a"')
-    assert (tally.read().rows, tally.prompt_tokens, tally.completion_tokens) == (2, 5, 2)  # the torn line waits
-    with open(spool, "ab") as f:
-        f.write(b":1}]\n" + orjson.dumps(row) + b"\nnot json\n")  # a published (bare) record; a damaged line
-    assert (tally.read().rows, tally.prompt_tokens, tally.completion_tokens) == (5, 10, 4)
-    assert tally.offset == spool.stat().st_size
+from bulkinfer.stop import StopToken
 
 
 def test_live_counts_write_counts_and_the_completion_tokens_per_s_of_this_attempt(tmp_path: Path) -> None:
     store = Store(tmp_path)
     batch = store.add_batch("alice", "file-x", "/v1/chat/completions", "24h", None, "tiny")
-    files = OutputFiles(store.batch_dir(batch["id"]) / "output.jsonl")
-    files.out.parent.mkdir(parents=True)
-    files.spool.write_bytes(orjson.dumps([1, output_row("resumed", 9, 50)]) + b"\n")  # an earlier attempt's row
     now = [90.0]
-    live = LiveCounts(store, batch["id"], files.out, total=4, clock=lambda: now[0])
+    live = LiveCounts(store, batch["id"], total=5, clock=lambda: now[0])
+    live.started(resumed_completed=1, resumed_failed=0)  # an earlier attempt's row
     now[0] = 100.0
     live.engine_ready()  # the 10 s of model load are not counted
-    with open(files.spool, "ab") as f:
-        f.write(orjson.dumps([2, output_row("b", 3, 6)]) + b"\n" + orjson.dumps([3, output_row("c", 3, 4)]) + b"\n")
-    files.errors_spool.write_bytes(orjson.dumps([4, {"custom_id": "d", "error": {}}]) + b"\n")
+    live.rows_finished(completed=2, failed=0, completion_tokens=10)
+    live.rows_finished(completed=0, failed=1, completion_tokens=0)
     now[0] = 104.0
     live.tick()
     found = store.batch("alice", batch["id"])
     assert found is not None
-    assert found["request_counts"] == {"total": 4, "completed": 3, "failed": 1}
-    assert found["throughput"] == {"completion_tokens_per_s": 2.5, "measured": "live"}  # (6 + 4) tokens / 4 s
+    assert found["request_counts"] == {"total": 5, "completed": 3, "failed": 1}
+    assert found["throughput"] == {"completion_tokens_per_s": 2.5, "measured": "live"}  # 10 tokens / 4 s
     store.close()
+
+
+class Recorder(RunObserver):
+    """Every event a run tells, in order."""
+
+    def __init__(self) -> None:
+        self.events: list[tuple[Any, ...]] = []
+
+    def started(self, resumed_completed: int, resumed_failed: int) -> None:
+        self.events.append(("started", resumed_completed, resumed_failed))
+
+    def engine_ready(self) -> None:
+        self.events.append(("engine_ready",))
+
+    def rows_finished(self, completed: int, failed: int, completion_tokens: int) -> None:
+        self.events.append(("rows", completed, failed, completion_tokens))
+
+    def finished(self, report: dict[str, Any]) -> None:
+        self.events.append(("finished", report["request_counts"]["completed"], report["request_counts"]["failed"]))
+
+    def rows(self) -> tuple[int, int, int]:
+        found = [e[1:] for e in self.events if e[0] == "rows"]
+        return tuple(sum(column) for column in zip(*found, strict=True)) if found else (0, 0, 0)  # type: ignore[return-value]
+
+
+def test_a_run_tells_its_observer_every_row_once_with_its_tokens_also_across_a_resume(tmp_path: Path) -> None:
+    src = tmp_path / "in.jsonl"
+    lines = [{"id": f"r{i}", "prompt": "x" * (i + 1)} for i in range(12)] + [{"id": "bad", "prompt": 7}]
+    src.write_bytes(b"".join(orjson.dumps(row) + b"\n" for row in lines))
+    paths = RunPaths.build(src, tmp_path / "out.jsonl")
+    settings = load_settings(None, {"plan.max_in_flight": 2})
+    first, stop = Recorder(), StopToken()
+    context = RunContext(engine_factory=lambda m, s: FakeEngine(stop_at=(5, stop)), stop=stop, observer=first)
+    with pytest.raises(Interrupted):  # the stop token is set after the engine's 5th step
+        run(paths, settings, context)
+    assert first.events[:2] == [("started", 0, 0), ("engine_ready",)]
+    done_first = first.rows()
+    assert done_first[0] >= 5 and done_first[1] == 1  # the bad row fails before the engine
+    second = Recorder()
+    result = run(paths, settings, RunContext(resume=True, engine_factory=lambda m, s: FakeEngine(), observer=second))
+    assert second.events[0] == ("started", done_first[0], done_first[1])
+    assert second.events[-1] == ("finished", 12, 1)
+    completed, failed, tokens = second.rows()
+    assert (done_first[0] + completed, done_first[1] + failed) == (12, 1)  # every row told once
+    records = [orjson.loads(line) for line in paths.output.read_bytes().splitlines()]
+    told = first.rows()[2] + tokens
+    assert told == sum(r["completion_tokens"] for r in records)
+    assert result.report["request_counts"]["completed"] == 12
+
+
+def test_published_counts_the_rows_and_tokens_of_the_published_files(tmp_path: Path) -> None:
+    files = OutputFiles(tmp_path / "output.jsonl")
+    assert files.published() == Published(0, 0, 0, 0)  # nothing published yet
+    usage = {"prompt_tokens": 5, "completion_tokens": 2}
+    row = {"custom_id": "a", "response": {"body": {"choices": [{"message": {"content": "x"}}], "usage": usage}}}
+    files.out.write_bytes(orjson.dumps(row) + b"\n" + orjson.dumps({**row, "custom_id": "b"}) + b"\n")
+    files.errors.write_bytes(orjson.dumps({"custom_id": "c", "error": {"message": "no"}}) + b"\n")
+    published = files.published()
+    assert (published.completed, published.failed) == (2, 1)
+    assert (published.prompt_tokens, published.completion_tokens) == (10, 4)

@@ -11,6 +11,7 @@ stride: a row that does not fit the context is not scored).
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -31,6 +32,31 @@ class ReferenceNLL:
 
     scored: dict[str, tuple[float, int]] = field(default_factory=dict)
     failed: dict[str, str] = field(default_factory=dict)
+
+    def row_fields(self, row_id: str) -> dict[str, Any]:
+        """The fields row ``row_id``'s scored record gets: ``perplexity``
+        (exp(NLL / tokens)), or ``perplexity_error`` (why not); none when the
+        row was not in the pass."""
+        if row_id in self.scored:
+            total, count = self.scored[row_id]
+            return {"perplexity": math.exp(total / count)}
+        if row_id in self.failed:
+            return {"perplexity_error": self.failed[row_id]}
+        return {}
+
+    def corpus_fields(self) -> dict[str, Any]:
+        """The corpus figures of the eval's ``scores``: ``perplexity``
+        (exp(total NLL / total reference tokens); None when no row was
+        scored), ``perplexity_rows``, ``perplexity_tokens`` (reference tokens)
+        and ``perplexity_failed`` (rows)."""
+        total_nll = sum(nll for nll, _ in self.scored.values())
+        total_tokens = sum(tokens for _, tokens in self.scored.values())
+        return {
+            "perplexity": math.exp(total_nll / total_tokens) if total_tokens else None,
+            "perplexity_rows": len(self.scored),
+            "perplexity_tokens": total_tokens,
+            "perplexity_failed": len(self.failed),
+        }
 
 
 def reference_nll(

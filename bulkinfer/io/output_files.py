@@ -44,7 +44,7 @@ from bulkinfer.config import OutputOrder, Settings, option_keys
 from bulkinfer.errors import ConfigError, LockHeldError, OutputExistsError, write_error
 from bulkinfer.io import formats
 from bulkinfer.io.files import atomic_write, failpoint, publish_path
-from bulkinfer.io.records import parse_output
+from bulkinfer.io.records import parse_output, read_records
 from bulkinfer.io.spool import Spool, ordered_path, publish_spool, read_spool, run_paths, spool_records
 from bulkinfer.schema import Done
 
@@ -370,6 +370,34 @@ class OutputFiles:
         failpoint("after_publish")
         self.journal.unlink(missing_ok=True)
 
+    def published(self) -> Published:
+        """The rows of the published output and errors files, and the tokens
+        of the completed ones (all 0 for a file not there).
+
+        Raises:
+            OSError: a file cannot be read.
+        """
+        completed = prompt = completion = 0
+        if self.out.exists():
+            for record in read_records(self.out):
+                completed += 1
+                if (row := parse_output(record)) is not None:
+                    prompt, completion = prompt + row.prompt_tokens, completion + row.completion_tokens
+        failed = sum(1 for _ in read_records(self.errors)) if self.errors.exists() else 0
+        return Published(completed, failed, prompt, completion)
+
+
+@dataclass(frozen=True, slots=True)
+class Published:
+    """What a run's published files hold: ``completed`` rows (output records),
+    ``failed`` rows (error records), and the completed rows' ``prompt_tokens``
+    and ``completion_tokens`` (tokens)."""
+
+    completed: int
+    failed: int
+    prompt_tokens: int
+    completion_tokens: int
+
 
 @dataclass(frozen=True, slots=True)
 class RunPaths:
@@ -397,7 +425,7 @@ class RunPaths:
         Raises:
             ConfigError: the output has an unknown suffix, or a path the run
                 writes (output, errors, report, spool, journal, lock; see
-                :meth:`bulkinfer.jobs.output_files.OutputFiles.paths`) is the input,
+                :meth:`bulkinfer.io.output_files.OutputFiles.paths`) is the input,
                 by name, symlink or hard link.
         """
         out = output if output is not None else formats.default_output(input_path, default_suffix)

@@ -1,0 +1,81 @@
+"""Which engine settings a job runs with: the one place that decides them.
+
+From what the user gave and what was measured on this machine:
+
+- the dtype (the probe's stored decision, see :mod:`bulkinfer.jobs.tune`)
+  and the scheduler limits ``calibrate --tune`` measured, on CPU;
+- the KV cache sized to the job (:func:`job_tokens`), on CPU, when the
+  engine lives as long as the job;
+- vLLM's priority scheduling when rows may set a ``priority``.
+
+The engine itself is then built by the run's engine factory (by default
+:func:`bulkinfer.engine.factory.vllm_engine`, which picks a backend from
+:data:`bulkinfer.engine.factory.BACKENDS`).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from bulkinfer.config import Settings, with_engine
+from bulkinfer.engine.args import detect_device, sized_kv_cache
+from bulkinfer.engine.factory import vllm_engine
+from bulkinfer.io.inputs import InputScan
+from bulkinfer.jobs.tune import measured_settings, print_to_stderr
+
+# Tokens a row's chat template adds beyond its JSON bytes / 2 (and its n x max_tokens completion tokens).
+TEMPLATE_TOKENS = 64
+
+
+def choose_engine_settings(
+    model: str, settings: Settings, scan: InputScan, measure: bool, size_kv_cache: bool
+) -> tuple[Settings, dict[str, Any]]:
+    """``settings`` for the engine of a job on ``model`` (a local path) with
+    input ``scan``, and the report's ``engine_choice`` (what was chosen and why).
+
+    Args:
+        measure: apply what was measured for generation on this machine (the
+            dtype probe, run now if never stored; the tuned scheduler limits).
+        size_kv_cache: on CPU, a KV cache sized to the job's tokens instead of
+            vLLM's default (off when the engine outlives the job).
+
+    Raises:
+        EngineError: the dtype probe's engine fails.
+    """
+    choice: dict[str, Any] = {}
+    if measure:
+        # the probe starts engines of its own: never a kept engine (serve and eval pass one), which it would reuse
+        device = detect_device()
+        settings, choice = measured_settings(model, settings, device, vllm_engine, print_to_stderr)
+        tokens = job_tokens(settings, scan) if size_kv_cache and device == "cpu" else None
+        if tokens is not None and (kv := sized_kv_cache(model, settings.engine, tokens)):
+            settings = with_engine(settings, kv_cache_memory_bytes=kv["kv_cache_memory_bytes"])
+            choice["kv_cache"] = kv
+    return with_priority_scheduling(settings, scan.mentions_priority), choice
+
+
+def with_priority_scheduling(settings: Settings, rows_set_priority: bool) -> Settings:
+    """``settings`` with vLLM's ``scheduling_policy = "priority"`` when rows
+    may set a ``priority`` (or ``[sampling] priority`` is set), unless
+    ``[engine] scheduling_policy`` is given: vLLM refuses a request's
+    priority under its default first-come-first-served policy."""
+    extra = settings.engine.extra_args
+    if "scheduling_policy" in extra or not (rows_set_priority or settings.sampling.priority):
+        return settings
+    return with_engine(settings, extra_args={**extra, "scheduling_policy": "priority"})
+
+
+# Tokens a row's chat template adds beyond its JSON bytes / 2 (and its n x max_tokens completion tokens).
+TEMPLATE_TOKENS = 64
+
+
+def job_tokens(settings: Settings, scan: InputScan) -> int | None:
+    """About how many tokens a job's prompts and completions take: the
+    input's ``scan.bytes / 2`` plus ``rows x (n x max_tokens +
+    TEMPLATE_TOKENS)``, generous on purpose (English runs ~4 bytes a token);
+    None when the input's size is unknown or the engines run on other
+    machines (a Ray cluster's)."""
+    if scan.rows is None or scan.bytes is None or settings.ray.address not in (None, "local"):
+        return None  # unknown size; or a cluster's machines, whose memory this one does not know
+    sampling = settings.sampling
+    return scan.bytes // 2 + scan.rows * (sampling.n * sampling.max_tokens + TEMPLATE_TOKENS)
