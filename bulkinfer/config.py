@@ -127,6 +127,8 @@ def _build(cls: type, where: str, values: Mapping[str, Any]) -> Any:
         known = {f.name for f in dataclasses.fields(cls)} - {"extra_args"}
         extra = {**values.get("extra_args", {}), **{k: v for k, v in values.items() if k not in known | {"extra_args"}}}
         values = {**{k: v for k, v in values.items() if k in known}, "extra_args": extra}
+    if cls is SamplingDefaults and isinstance(values.get("stop"), str) and values["stop"]:  # one, as in a row
+        values = {**values, "stop": (values["stop"],)}
     _check_keys(where, cls, values)
     converted = {k: tuple(v) if isinstance(v, list) and k != "extra_args" else v for k, v in values.items()}
     return cls(**converted)

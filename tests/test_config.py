@@ -198,7 +198,7 @@ def test_missing_and_malformed_files(tmp_path: Path) -> None:
         ({"plan.window_rows": "many"}, "plan.window_rows"),
         ({"plan.window_rows": 2.5}, "plan.window_rows"),
         ({"sampling.max_tokens": True}, "sampling.max_tokens"),
-        ({"sampling.stop": "###"}, "sampling.stop"),
+        ({"sampling.stop": ""}, "sampling.stop"),
         ({"plan.buckets": [16, "32"]}, "plan.buckets"),
         ({"engine.gpu_memory_utilization": "0.5"}, "engine.gpu_memory_utilization"),
         ({"engine.tensor_parallel_size": "2"}, "engine.tensor_parallel_size"),
@@ -247,7 +247,10 @@ def test_bad_range_in_toml(tmp_path: Path) -> None:
         ("[sampling]\nseed = 1.5\n", "sampling.seed must be an integer in [0, 2**63), got 1.5"),
         ("[sampling]\nseed = -3\n", "sampling.seed must be an integer in [0, 2**63), got -3"),
         ("[sampling]\nseed = true\n", "sampling.seed must be an integer in [0, 2**63), got True"),
-        ('[sampling]\nstop = ["###", ""]\n', "sampling.stop must be a list of non-empty strings, got ['###', '']"),
+        (
+            '[sampling]\nstop = ["###", ""]\n',
+            "sampling.stop must be a non-empty string or a list of non-empty strings, got ['###', '']",
+        ),
         ("[engine]\nseed = 4294967296\n", "engine.seed must be an integer in [0, 2**32), got 4294967296"),
         (
             "[engine]\nkv_cache_memory_bytes = 0\n",
@@ -265,11 +268,17 @@ def test_bad_values_in_toml_are_named_with_the_value(tmp_path: Path, toml: str, 
     assert info.value.exit_code == EXIT_USAGE
 
 
+def test_one_stop_string_is_a_list_of_one_as_in_a_row(tmp_path: Path) -> None:
+    # [sampling] stop takes what a row's stop takes (one table: bulkinfer.fields.FIELDS)
+    assert load_settings(write_toml(tmp_path, '[sampling]\nstop = "###"\n')).sampling.stop == ("###",)
+    assert load_settings(None, {"sampling.stop": "END"}).sampling.stop == ("END",)
+
+
 def test_long_values_are_cut_in_messages() -> None:
     with pytest.raises(ConfigError) as info:
         load_settings(None, {"sampling.stop": ["x" * 200, ""]})
     message = str(info.value)
-    assert message.startswith("sampling.stop must be a list of non-empty strings, got ['xxx")
+    assert message.startswith("sampling.stop must be a non-empty string or a list of non-empty strings, got ['xxx")
     assert message.endswith("...") and len(message) < 160
 
 

@@ -15,57 +15,85 @@ Two row shapes are accepted (both may appear in one file):
   ``custom_id``, ``method``, ``url`` (``/v1/chat/completions`` or
   ``/v1/completions``; a ``/v1/embeddings`` line is an error record that
   says to run it with ``bulkinfer embed``) and ``body`` with ``messages`` or ``prompt`` and the
-  same fields (``max_completion_tokens`` is read as ``max_tokens``;
-  completions take ``logprobs: k``). A body field outside these and the
+  same fields (but ``top_logprobs`` and ``max_completion_tokens`` on
+  ``/v1/completions``; completions take ``logprobs: k``). A body field outside these and the
   harmless metadata (:data:`HARMLESS_BODY_FIELDS`) is an
   ``unsupported_field`` error: never ignored.
 
-Ranges follow OpenAI's API reference and vLLM's ``SamplingParams``
-(:data:`bulkinfer.checks.REQUEST_FIELDS`); an out-of-range value is an
-``invalid_field`` error naming the field.
+Which fields each shape reads, their ranges (OpenAI's API reference and
+vLLM's ``SamplingParams``) and where they go in vLLM are one table,
+:data:`bulkinfer.fields.FIELDS`; an out-of-range value is an
+``invalid_field`` error naming the field. ``max_completion_tokens`` (OpenAI's
+newer name) is read as ``max_tokens``; given both, they must agree.
 """
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Mapping
 from typing import Any
 
-from bulkinfer.checks import MAX_TOP_LOGPROBS, REQUEST_FIELDS, SEED_RANGE, schema_problem, structured_problem
 from bulkinfer.config import SamplingDefaults, Settings
+from bulkinfer.fields import (
+    CHAT,
+    COMPLETIONS,
+    CONFIG,
+    FIELDS,
+    MAX_TOP_LOGPROBS,
+    ROW,
+    InputPath,
+    RequestField,
+    fields_of,
+    is_int,
+    schema_problem,
+    shown,
+)
 from bulkinfer.schema import CHAT_URL, COMPLETIONS_URL, EMBEDDINGS_URL, Request, RowInvalid
 
 ROLES = frozenset({"system", "developer", "user", "assistant", "tool"})
-# The fields of a request that shape its completion (rows, OpenAI bodies).
-SAMPLING_FIELDS = frozenset(
-    {"max_tokens", "temperature", "top_p", "seed", "stop", "ignore_eos", "logprobs", "response_format"}
-    | {"structured_outputs"}
-    | set(REQUEST_FIELDS)
-)
+# The fields of a bulkinfer row that shape its completion (bulkinfer.fields.FIELDS).
+SAMPLING_FIELDS = fields_of(ROW)
 CONSUMED_FIELDS = frozenset({"id", "prompt", "messages"} | SAMPLING_FIELDS)
-# OpenAI body fields read (besides the sampling ones), by endpoint; and fields
+# OpenAI body fields read, by endpoint (bulkinfer.fields.FIELDS); and fields
 # that do not change the output, accepted and not used (``stream`` only when false).
 BODY_FIELDS = {
-    CHAT_URL: frozenset({"messages", "max_completion_tokens"} | SAMPLING_FIELDS),
-    COMPLETIONS_URL: frozenset({"prompt"} | SAMPLING_FIELDS) - {"top_logprobs"},
+    CHAT_URL: frozenset({"messages"} | fields_of(CHAT)),
+    COMPLETIONS_URL: frozenset({"prompt"} | fields_of(COMPLETIONS)),
 }
 HARMLESS_BODY_FIELDS = frozenset(
     {"model", "user", "metadata", "store", "service_tier", "safety_identifier", "prompt_cache_key", "stream"}
 )
-
-
-def _is_int(value: Any) -> bool:
-    return isinstance(value, int) and not isinstance(value, bool)
-
-
-def _is_number(value: Any) -> bool:
-    return isinstance(value, int | float) and not isinstance(value, bool)
+# The fields that are Request attributes of their own; the other SamplingParams
+# arguments go to Request.options.
+_REQUEST_ATTRIBUTES = frozenset(f.name for f in dataclasses.fields(Request)) & set(FIELDS)
+# The fields taken as they are: the row's value, checked, else the [sampling]
+# default. max_tokens, logprobs and the structured outputs have rules of their own.
+_PLAIN = tuple(
+    name
+    for name, f in FIELDS.items()
+    if f.accepts(CONFIG) and f.target != "structured" and name not in ("max_tokens", "logprobs")
+)
 
 
 def field_error(name: str, expected: str, value: Any, row_id: str | None, openai: bool) -> RowInvalid:
-    shown = repr(value)
-    if len(shown) > 80:
-        shown = shown[:77] + "..."
-    return RowInvalid("invalid_field", f"field '{name}': expected {expected}, got {shown}", row_id, openai)
+    """An ``invalid_field`` error: field ``name`` was ``value``, not ``expected``."""
+    return RowInvalid("invalid_field", f"field '{name}': expected {expected}, got {shown(value)}", row_id, openai)
+
+
+def checked(field: RequestField, value: Any, row_id: str | None, openai: bool, name: str | None = None) -> Any:
+    """``value``, when it is valid as ``field`` (its range in the table of
+    request fields).
+
+    Raises:
+        RowInvalid: ``invalid_field``, naming the field (as ``name``, when given).
+    """
+    name = name or field.name
+    problem = field.problem(value) if field.problem is not None else None
+    if problem:
+        raise RowInvalid("invalid_field", f"field '{name}': {problem}", row_id, openai)
+    if not field.valid(value):
+        raise field_error(name, field.expected, value, row_id, openai)
+    return value
 
 
 def _text_content(content: Any) -> str | None:
@@ -98,99 +126,73 @@ def _parse_messages(value: Any, row_id: str | None, openai: bool) -> list[dict[s
     return messages
 
 
-def _sampling(source: dict[str, Any], defaults: SamplingDefaults, row_id: str | None, kind: str) -> dict[str, Any]:
+def _sampling(
+    source: dict[str, Any], defaults: SamplingDefaults, row_id: str | None, path: InputPath
+) -> dict[str, Any]:
     """The request's sampling fields (Request keyword arguments), defaults
-    filled in; ``kind``: ``"row"`` (a bulkinfer row) or the OpenAI line's ``url``."""
-    openai = kind != "row"
-    max_tokens_field = "max_tokens"
-    max_tokens = source.get("max_tokens")
-    if max_tokens is None and openai and source.get("max_completion_tokens") is not None:
-        max_tokens_field, max_tokens = "max_completion_tokens", source["max_completion_tokens"]
-    if max_tokens is None:
-        max_tokens = defaults.max_tokens
-    elif not _is_int(max_tokens) or max_tokens < 1:
-        raise field_error(max_tokens_field, "an integer >= 1", max_tokens, row_id, openai)
-    temperature = source.get("temperature")
-    if temperature is None:
-        temperature = defaults.temperature
-    elif not _is_number(temperature) or not 0 <= temperature <= 2:
-        raise field_error("temperature", "a number in [0, 2]", temperature, row_id, openai)
-    top_p = source.get("top_p")
-    if top_p is None:
-        top_p = defaults.top_p
-    elif not _is_number(top_p) or not 0 < top_p <= 1:
-        raise field_error("top_p", "a number in (0, 1]", top_p, row_id, openai)
-    seed = source.get("seed")
-    if seed is None:
-        seed = defaults.seed
-    elif not _is_int(seed) or not SEED_RANGE[0] <= seed < SEED_RANGE[1]:
-        raise field_error("seed", "an integer in [0, 2**63)", seed, row_id, openai)
-    stop = source.get("stop")
-    if stop is None:
-        stop_t = defaults.stop
-    elif isinstance(stop, str):
-        stop_t = (stop,)
-    elif isinstance(stop, list) and all(isinstance(s, str) for s in stop):
-        stop_t = tuple(stop)
-    else:
-        raise field_error("stop", "a string or a list of strings", stop, row_id, openai)
-    ignore_eos = source.get("ignore_eos")
-    if ignore_eos is None:
-        ignore_eos = defaults.ignore_eos
-    elif not isinstance(ignore_eos, bool):
-        raise field_error("ignore_eos", "true or false", ignore_eos, row_id, openai)
-    options: dict[str, Any] = {}
-    for name, (ok, expected) in REQUEST_FIELDS.items():
-        if name in ("top_logprobs", "priority"):
-            continue
+    filled in; ``path``: ``ROW`` (a bulkinfer row), ``CHAT`` or ``COMPLETIONS``
+    (an OpenAI line's body, which :func:`openai_line` has limited to the
+    fields its endpoint takes).
+
+    Raises:
+        RowInvalid: a field out of its range (:data:`bulkinfer.fields.FIELDS`), naming it."""
+    openai = path != ROW
+    values = {}
+    for name in _PLAIN:
         value = source.get(name)
-        if value is None:
-            value = getattr(defaults, name)
-        elif not ok(value):
-            raise field_error(name, expected, value, row_id, openai)
-        options[name] = value
-    if options["min_tokens"] > max_tokens:
+        values[name] = getattr(defaults, name) if value is None else checked(FIELDS[name], value, row_id, openai)
+    max_tokens = _max_tokens(source, defaults, row_id, openai)
+    stop = values.pop("stop")
+    values["stop"] = (stop,) if isinstance(stop, str) else tuple(stop)
+    values["temperature"], values["top_p"] = float(values["temperature"]), float(values["top_p"])
+    if values["min_tokens"] > max_tokens:
         raise field_error(
-            "min_tokens", f"an integer <= max_tokens ({max_tokens})", options["min_tokens"], row_id, openai
+            "min_tokens", f"an integer <= max_tokens ({max_tokens})", values["min_tokens"], row_id, openai
         )
-    options["stop_token_ids"] = list(options["stop_token_ids"]) or None
-    bias = options.pop("logit_bias")
-    options["logit_bias"] = {int(k): float(v) for k, v in bias.items()} if bias else None
-    options["logprobs"] = _logprobs(source, defaults, kind, row_id)
-    priority = source.get("priority")
-    if priority is None:
-        priority = defaults.priority
-    elif not REQUEST_FIELDS["priority"][0](priority):
-        raise field_error("priority", REQUEST_FIELDS["priority"][1], priority, row_id, openai)
+    values["stop_token_ids"] = list(values["stop_token_ids"]) or None
+    bias = values["logit_bias"]
+    values["logit_bias"] = {int(k): float(v) for k, v in bias.items()} if bias else None
+    options = {name: values.pop(name) for name in list(values) if name not in _REQUEST_ATTRIBUTES}
+    options["logprobs"] = _logprobs(source, defaults, path, row_id)
     return {
+        **values,
         "max_tokens": max_tokens,
-        "temperature": float(temperature),
-        "top_p": float(top_p),
-        "seed": seed,
-        "stop": stop_t,
-        "ignore_eos": ignore_eos,
         "options": options,
         "structured": _structured(source, defaults, row_id, openai),
-        "priority": priority,
     }
 
 
-def _logprobs(source: dict[str, Any], defaults: SamplingDefaults, kind: str, row_id: str | None) -> int | None:
+def _max_tokens(source: dict[str, Any], defaults: SamplingDefaults, row_id: str | None, openai: bool) -> int:
+    """``max_tokens``, or OpenAI's newer name ``max_completion_tokens`` (which
+    vLLM's chat server reads first); both given must agree; else the default.
+
+    Raises:
+        RowInvalid: not an integer >= 1, or two values that differ."""
+    given = [(name, source[name]) for name in ("max_completion_tokens", "max_tokens") if source.get(name) is not None]
+    if not given:
+        return defaults.max_tokens
+    if len(given) == 2 and given[0][1] != given[1][1]:
+        raise RowInvalid(
+            "invalid_row",
+            "give 'max_tokens' or 'max_completion_tokens', not both with different values",
+            row_id,
+            openai,
+        )
+    name, value = given[0]
+    return int(checked(FIELDS[name], value, row_id, openai))
+
+
+def _logprobs(source: dict[str, Any], defaults: SamplingDefaults, path: InputPath, row_id: str | None) -> int | None:
     """The top alternatives to return per completion token (vLLM's
     ``SamplingParams.logprobs``), or None for no log-probabilities.
 
     OpenAI chat (and bulkinfer rows): ``logprobs: true`` with an optional
     ``top_logprobs: k`` (0 when absent); OpenAI completions: ``logprobs: k``.
     A bulkinfer row may also give ``logprobs: k`` directly."""
-    openai = kind != "row"
+    openai = path != ROW
     logprobs, top = source.get("logprobs"), source.get("top_logprobs")
-    ok, expected = REQUEST_FIELDS["top_logprobs"]
-    if kind == COMPLETIONS_URL or (kind == "row" and _is_int(logprobs)):
-        if logprobs is None:
-            return defaults.logprobs
-        if not ok(logprobs):
-            raise field_error("logprobs", expected, logprobs, row_id, openai)
-        return int(logprobs)
+    if path == COMPLETIONS or (path == ROW and is_int(logprobs)):
+        return defaults.logprobs if logprobs is None else int(checked(FIELDS["logprobs"], logprobs, row_id, openai))
     if top is not None and logprobs is not True:
         raise field_error("top_logprobs", "used with logprobs: true", top, row_id, openai)
     if logprobs is None:
@@ -200,11 +202,7 @@ def _logprobs(source: dict[str, Any], defaults: SamplingDefaults, kind: str, row
     if logprobs is not True:
         expected_lp = "true or false" if openai else f"true, false or an integer in [0, {MAX_TOP_LOGPROBS}]"
         raise field_error("logprobs", expected_lp, logprobs, row_id, openai)
-    if top is None:
-        return 0
-    if not ok(top):
-        raise field_error("top_logprobs", expected, top, row_id, openai)
-    return int(top)
+    return 0 if top is None else int(checked(FIELDS["top_logprobs"], top, row_id, openai))
 
 
 def _structured(
@@ -218,21 +216,14 @@ def _structured(
     if response_format is not None and structured is not None:
         raise RowInvalid("invalid_row", "give 'response_format' or 'structured_outputs', not both", row_id, openai)
     if structured is not None:
-        problem = structured_problem(structured)
-        if problem:
-            raise RowInvalid("invalid_field", f"field 'structured_outputs': {problem}", row_id, openai)
-        return dict(structured)
+        return dict(checked(FIELDS["structured_outputs"], structured, row_id, openai))
     if response_format is None:
         return dict(defaults.structured_outputs) if defaults.structured_outputs else None
-    kind = response_format.get("type") if isinstance(response_format, dict) else None
+    kind = checked(FIELDS["response_format"], response_format, row_id, openai)["type"]
     if kind == "text":
         return None
     if kind == "json_object":
         return {"json_object": True}
-    if kind != "json_schema":
-        raise field_error(
-            "response_format", "{type: text | json_object | json_schema}", response_format, row_id, openai
-        )
     spec = response_format.get("json_schema")
     if not isinstance(spec, dict):
         raise field_error("response_format.json_schema", "an object with a schema", spec, row_id, openai)
@@ -259,7 +250,7 @@ def row_id_of(data: dict[str, Any], line: int) -> str:
         return str(line)
     if isinstance(raw_id, str) and raw_id:
         return raw_id
-    if _is_int(raw_id):
+    if is_int(raw_id):
         return str(raw_id)
     raise field_error("id", "a non-empty string or an integer", raw_id, None, False)
 
@@ -299,7 +290,7 @@ def parse_row(data: Any, seq: int, line: int, defaults: SamplingDefaults) -> Req
         prompt=prompt,
         messages=messages,
         passthrough=passthrough,
-        **_sampling(data, defaults, row_id, "row"),
+        **_sampling(data, defaults, row_id, ROW),
     )
 
 
@@ -371,7 +362,7 @@ def _parse_openai(data: dict[str, Any], seq: int, line: int, defaults: SamplingD
         prompt=prompt,
         messages=messages,
         openai_url=url,
-        **_sampling(body, defaults, custom_id, url),
+        **_sampling(body, defaults, custom_id, CHAT if url == CHAT_URL else COMPLETIONS),
         passthrough={"model": body["model"]} if isinstance(body.get("model"), str) else {},
     )
 

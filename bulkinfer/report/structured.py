@@ -18,7 +18,7 @@ from typing import Any
 
 import orjson
 
-from bulkinfer.checks import STRUCTURED_KINDS
+from bulkinfer.fields import STRUCTURED_KINDS
 
 # Distinct schemas whose compiled validators are kept (a job has one or a few).
 VALIDATORS_KEPT = 64

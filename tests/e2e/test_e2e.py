@@ -46,8 +46,9 @@ def mixed(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
     rows.extend({"id": f"prompt-capital-{c}", "prompt": f"What is the capital of {c.title()}?"} for c in CAPITALS)
     # a row with a priority: the run starts vLLM with its priority scheduling (FCFS refuses priorities)
     rows.append({"id": "urgent", "prompt": "Say hello.", "max_tokens": 4, "priority": -1})
-    # a poison row: vLLM's SamplingParams rejects it (VLLMValidationError); only this row fails
-    rows.append({"id": "poison-stop", "prompt": "hi", "stop": [""]})
+    # a poison row: vLLM rejects it when it is added (SamplingParams.verify against the model's
+    # vocabulary: VLLMValidationError), bulkinfer's own checks cannot; only this row fails
+    rows.append({"id": "poison-stop", "prompt": "hi", "stop_token_ids": [10**9]})
     src = tmp / "mixed.jsonl"
     write_jsonl(src, rows)
     out = tmp / "res" / "out.jsonl"
@@ -123,7 +124,7 @@ def test_every_row_exactly_once(mixed: dict[str, Any]) -> None:
     by_line = {e["line"]: e for e in errors}
     poison = by_line[len(mixed["rows"])]
     assert poison["id"] == "poison-stop" and poison["error"]["type"] == "engine_error"
-    assert "stop cannot contain an empty string" in poison["error"]["message"]
+    assert "out-of-vocab" in poison["error"]["message"]
     assert by_line[4]["error"]["type"] == "invalid_field" and "max_tokens" in by_line[4]["error"]["message"]
     assert by_line[8]["error"]["type"] == "duplicate_id"
     assert by_line[10]["error"]["type"] == "invalid_row"

@@ -137,6 +137,10 @@ def test_null_sampling_fields_take_defaults() -> None:
         ({"id": "r", "prompt": "x", "seed": 1.0}, "invalid_field", "'seed'"),
         ({"id": "r", "prompt": "x", "stop": ["a", 1]}, "invalid_field", "'stop'"),
         ({"id": "r", "prompt": "x", "stop": 5}, "invalid_field", "'stop'"),
+        # vLLM refuses an empty stop string ("stop cannot contain an empty string."), as [sampling] stop does
+        ({"id": "r", "prompt": "x", "stop": ""}, "invalid_field", "'stop'"),
+        ({"id": "r", "prompt": "x", "stop": ["a", ""]}, "invalid_field", "'stop'"),
+        ({"id": "r", "prompt": "x", "max_tokens": 5, "max_completion_tokens": 6}, "invalid_row", "not both"),
         (
             {"id": "r", "prompt": "x", "messages": [{"role": "user", "content": "x"}]},
             "invalid_row",
