@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Annotated
+from typing import Annotated, Any
 
 import typer
 
@@ -246,36 +246,36 @@ def report(
     ],
 ) -> None:
     """Re-render the terminal summary and the HTML report (OUT.report.html) from a saved report."""
-    import orjson
     from rich.console import Console
 
-    from bulkinfer.io.records import read_json_file
+    from bulkinfer.report.model import EvalReport, RunReport, beside, load_report
 
+    run_report: dict[str, Any] = {}  # the run report of an eval's generation, when it is found
     try:
-        data = read_json_file(path, "report file")
-        if "scores" not in data and "request_counts" not in data:
-            raise InputFileError(f"{path} is neither a saved OUT.report.json nor an OUT.eval.json")
+        saved, data = load_report(path)
+        if isinstance(saved, EvalReport) and (run_path := beside(saved.run_report, path)):
+            generated, run_report = load_report(run_path)
+            if not isinstance(generated, RunReport):
+                raise InputFileError(f"{run_path} (the run_report of {path}) is no OUT.report.json")
     except BulkinferError as exc:
         fail(exc)
     html_path = path.with_name(
         path.name.removesuffix(".json").removesuffix(".report").removesuffix(".eval") + ".report.html"
     )
-    if "scores" in data:
+    if isinstance(saved, EvalReport):
         from bulkinfer.jobs.eval import read_predictions
         from bulkinfer.report.eval_view import print_eval, write_eval_html
 
-        output = Path(data["output"])
-        records = read_predictions(output) if output.is_file() else []
-        run_path = Path(data["run_report"]) if data.get("run_report") else None
-        run_report = orjson.loads(run_path.read_bytes()) if run_path and run_path.is_file() else {}
-        print_eval(data, None, Console())
+        output = beside(saved.output, path)
+        records = read_predictions(output) if output else []
+        print_eval(data, None, Console())  # jobs.eval reads the dicts
         write_eval_html(data, run_report, records, html_path)
     else:
         from bulkinfer.report.html import write_run_html
         from bulkinfer.report.terminal import print_summary
 
-        print_summary(data, Console())
-        write_run_html(data, html_path)
+        print_summary(saved, Console())
+        write_run_html(saved, html_path)
     typer.echo(f"written: {html_path}")
 
 

@@ -17,6 +17,7 @@ matplotlib is imported only here, never on the CLI's start-up path.
 from __future__ import annotations
 
 import base64
+import dataclasses
 import html
 import io
 from collections.abc import Callable, Sequence
@@ -24,6 +25,7 @@ from pathlib import Path
 from typing import Any
 
 from bulkinfer.engine.log import terminal
+from bulkinfer.report.model import Bucket, LengthBin, RunReport, TokenSeries, as_run_report
 from bulkinfer.report.units import format_bytes
 
 _STYLE = """
@@ -160,75 +162,69 @@ PADDING_NOTE = (
 )
 
 
-def _summary(report: dict[str, Any]) -> list[str]:
-    counts, seconds, tokens = report["request_counts"], report["seconds"], report["tokens"]
+def _summary(r: RunReport) -> list[str]:
+    counts, seconds, tokens = r.request_counts, r.seconds, r.tokens
     rows: list[list[Any]] = [
-        ["input", report["input"]], ["output", report["output"]], ["model", report["model"]],
-        ["rows", counts["total"]], ["completed", counts["completed"]], ["failed", counts["failed"]],
-        ["skipped (blank lines)", counts.get("skipped", 0)],
+        ["input", r.input], ["output", r.output], ["model", r.model],
+        ["rows", counts.total], ["completed", counts.completed], ["failed", counts.failed],
+        ["skipped (blank lines)", counts.skipped],
     ]  # fmt: skip
-    resumed = report.get("resumed") or {}
-    if resumed.get("completed") or resumed.get("failed"):
-        rows.append(["resumed (finished by an earlier attempt)", resumed["completed"] + resumed["failed"]])
-    if "chat_template_applied" in report:
-        rows.append(["prompt rows", "through the chat template" if report["chat_template_applied"] else "sent raw"])
+    if r.resumed.completed or r.resumed.failed:
+        rows.append(["resumed (finished by an earlier attempt)", r.resumed.completed + r.resumed.failed])
+    if r.chat_template_applied is not None:
+        rows.append(["prompt rows", "through the chat template" if r.chat_template_applied else "sent raw"])
     rows += [
-        ["prompt tokens", tokens["prompt"]], ["completion tokens", tokens["completion"]],
-        ["wall time (model load included)", duration(seconds["total"])],
-        ["generation time (first request in to last result out)", duration(seconds["generate"])],
+        ["prompt tokens", tokens.prompt], ["completion tokens", tokens.completion],
+        ["wall time (model load included)", duration(seconds.total)],
+        ["generation time (first request in to last result out)", duration(seconds.generate)],
     ]  # fmt: skip
-    rss = report.get("peak_rss_bytes") or {}
-    if "bulkinfer" in rss:
-        rows.append(["peak memory of bulkinfer (RSS)", format_bytes(rss["bulkinfer"])])
-    if rss.get("children"):
-        rows.append(["peak memory of the largest engine process (RSS)", format_bytes(rss["children"])])
+    if r.peak_rss_bytes.bulkinfer is not None:
+        rows.append(["peak memory of bulkinfer (RSS)", format_bytes(r.peak_rss_bytes.bulkinfer)])
+    if r.peak_rss_bytes.children:
+        rows.append(["peak memory of the largest engine process (RSS)", format_bytes(r.peak_rss_bytes.children)])
     parts = ['<div class="tables"><div><h2>Summary</h2>', _table(rows), "</div>"]
-    embedding = report.get("embedding")
-    if embedding:
-        settings = _table([[k, _setting(k, v)] for k, v in embedding.items()])
+    if r.embedding:
+        settings = _table([[k, _setting(k, v)] for k, v in dataclasses.asdict(r.embedding).items()])
         parts.append(f"<div><h2>Embedding</h2>{settings}</div>")
-    sampling = report.get("sampling")
-    if sampling:
-        settings = _table([[k, _setting(k, v)] for k, v in sampling.items()])
+    if r.sampling:
+        settings = _table([[k, _setting(k, v)] for k, v in r.sampling.items()])
         parts.append(f"<div><h2>Sampling settings</h2>{settings}</div>")
     parts.append("</div>")
 
-    tput, e2e = report["throughput"], report.get("throughput_end_to_end")
+    tput, e2e = r.throughput, r.throughput_end_to_end
     names = [
         ("requests/s", "requests_per_s"), ("prompt tokens/s", "prompt_tokens_per_s"),
         ("completion tokens/s", "completion_tokens_per_s"), ("total tokens/s", "total_tokens_per_s"),
     ]  # fmt: skip
-    header = ["", f"over generation ({seconds['generate']:,.1f} s)"]
+    header = ["", f"over generation ({seconds.generate:,.1f} s)"]
     if e2e:
-        header.append(f"end to end ({seconds['total']:,.1f} s, model load included)")
-    table = [[label, tput[key], *([e2e[key]] if e2e else [])] for label, key in names]
+        header.append(f"end to end ({seconds.total:,.1f} s, model load included)")
+    table = [[label, getattr(tput, key), *([getattr(e2e, key)] if e2e else [])] for label, key in names]
     parts += ["<h2>Throughput</h2>", _table(table, header)]
-    if report.get("resumed", {}).get("completed"):
+    if r.resumed.completed:
         parts.append("<p>Throughput counts the rows this attempt ran, not the resumed ones.</p>")
-    return parts + _outcomes(report)
+    return parts + _outcomes(r)
 
 
-def _outcomes(report: dict[str, Any]) -> list[str]:
+def _outcomes(r: RunReport) -> list[str]:
     """How the completions ended (``finish_reason``), how the structured ones
     checked against their constraints, and the pass-through fields."""
     parts = []
-    reasons = report.get("finish_reasons")
-    if reasons:
+    if r.finish_reasons:
         parts += [
             "<h2>Completions by finish_reason</h2>",
-            _table(list(reasons.items()), ["finish_reason", "completions"]),
+            _table(list(r.finish_reasons.items()), ["finish_reason", "completions"]),
         ]
-    structured = report.get("structured_outputs")
+    structured = r.structured_outputs
     if structured:
         header = ["constraint", "completions", "valid", "cut at max_tokens", "invalid", "not checked"]
-        rows = [[kind, *c.values()] for kind, c in structured["by_kind"].items()]
-        note = html.escape(f"Grammar backend: {structured['backend']}. " + STRUCTURED_NOTE)
+        rows = [[kind, *dataclasses.astuple(c)] for kind, c in structured.by_kind.items()]
+        note = html.escape(f"Grammar backend: {structured.backend}. " + STRUCTURED_NOTE)
         parts += ["<h2>Structured output</h2>", _table(rows, header), f'<p class="note">{note}</p>']
-    fields = report.get("passthrough_fields")
-    if fields:
+    if r.passthrough_fields:
         rows = [
-            [f["name"], f["rows"], f"did you mean {f['did_you_mean']}? (copied, not read)" if f["did_you_mean"] else ""]
-            for f in fields
+            [f.name, f.rows, f"did you mean {f.did_you_mean}? (copied, not read)" if f.did_you_mean else ""]
+            for f in r.passthrough_fields
         ]
         parts += ["<h2>Pass-through fields</h2>", _table(rows, ["field", "rows", ""])]
     return parts
@@ -242,15 +238,17 @@ STRUCTURED_NOTE = (
 )
 
 
-def _tokens_chart(series: dict[str, Any]) -> str:
+def _tokens_chart(series: TokenSeries) -> str:
     """Cumulative completion and prompt tokens over generation time, from the
     engine's live counts (the report's ``tokens_over_time``)."""
-    xs = series["seconds"]
+    xs = series.seconds
     fig, ax = _figure()
     end = xs[-1] if xs else 0.0
-    lines = (("completion_tokens", "completion tokens generated"), ("prompt_tokens", "prompt tokens processed"))
-    for key, label in lines:
-        ys = series.get(key) or []
+    lines = (
+        (series.completion_tokens, "completion tokens generated"),
+        (series.prompt_tokens, "prompt tokens processed"),
+    )
+    for ys, label in lines:
         if len(ys) == len(xs):
             mean = f"{ys[-1] / end:,.1f} tok/s on average" if end > 0 else ""
             ax.plot(xs, ys, marker="." if len(xs) < 60 else None, label=f"{label} ({mean})" if mean else label)
@@ -263,27 +261,31 @@ def _tokens_chart(series: dict[str, Any]) -> str:
     return _png(fig)
 
 
-def _rows_chart(title: str, bins: Sequence[dict[str, Any]], xlabel: str, alt: str) -> str:
-    """A histogram already binned: ``bins`` of ``{"range", "rows"}``."""
-    chart = _bar_chart(title, [b["range"] for b in bins], {"rows": [b["rows"] for b in bins]}, "rows", _rows, xlabel)
+def _rows_chart(title: str, bins: Sequence[Bucket | LengthBin], xlabel: str, alt: str) -> str:
+    """A histogram already binned: rows per token ``range``."""
+    chart = _bar_chart(title, [b.range for b in bins], {"rows": [b.rows for b in bins]}, "rows", _rows, xlabel)
     return _img(chart, alt)
 
 
-def run_sections(report: dict[str, Any]) -> list[str]:
-    """HTML sections for a run report (the keys of ``OUT.report.json``; a
+def run_sections(report: RunReport | dict[str, Any]) -> list[str]:
+    """HTML sections for a run or embed report (typed, or the dict of
+    ``OUT.report.json``: :func:`~bulkinfer.report.model.as_run_report`; a
     report of an older bulkinfer, without ``tokens_over_time``, sampling or
-    end-to-end throughput, renders without them)."""
-    seconds = report["seconds"]
-    buckets = report.get("buckets", [])
-    pad = report["padding_efficiency"]
-    parts = _summary(report)
+    end-to-end throughput, renders without them).
+
+    Raises:
+        InputFileError: a dict that is no run report.
+    """
+    r = as_run_report(report)
+    seconds, buckets, pad = r.seconds, r.buckets, r.padding_efficiency
+    parts = _summary(r)
     charts = []
-    series = report.get("tokens_over_time")
-    if series and len(series.get("seconds", [])) > 1:
+    series = r.tokens_over_time
+    if series and len(series.seconds) > 1:
         charts.append(_img(_tokens_chart(series), "tokens over time"))
     if buckets:
         charts.append(_rows_chart("prompt length (rows per bucket)", buckets, "prompt tokens", "prompt lengths"))
-    completions = report.get("completion_length_histogram") or []
+    completions = r.completion_length_histogram if r.embedding is None else []  # embed: no completions
     if completions:
         charts.append(
             _rows_chart("completion length (rows per bin)", completions, "completion tokens", "completion lengths")
@@ -294,7 +296,7 @@ def run_sections(report: dict[str, Any]) -> list[str]:
             _bar_chart(
                 "time by phase (plan and write overlap generate)",
                 phases,
-                {"seconds": [seconds[p] for p in phases]},
+                {"seconds": [getattr(seconds, p) for p in phases]},
                 "seconds",
                 _seconds,
             ),
@@ -313,9 +315,9 @@ def run_sections(report: dict[str, Any]) -> list[str]:
         padding.append(
             _img(
                 _bar_chart(
-                    f"padding efficiency per bucket if batched statically (B={pad['batch_size']})",
-                    [b["range"] for b in buckets],
-                    {"sorted": [100 * b["padding_efficiency"] for b in buckets]},
+                    f"padding efficiency per bucket if batched statically (B={pad.batch_size})",
+                    [b.range for b in buckets],
+                    {"sorted": [100 * b.padding_efficiency for b in buckets]},
                     "% of padded positions that are real",
                     _percent,
                     xlabel="prompt tokens",
@@ -326,38 +328,36 @@ def run_sections(report: dict[str, Any]) -> list[str]:
     padding.append(
         _img(
             _bar_chart(
-                f"padding efficiency overall if batched statically (B={pad['batch_size']})",
+                f"padding efficiency overall if batched statically (B={pad.batch_size})",
                 ["arrival order", "length-sorted"],
-                {"overall": [100 * pad["arrival"], 100 * pad["sorted"]]},
+                {"overall": [100 * pad.arrival, 100 * pad.sorted]},
                 "% of padded positions that are real",
                 _percent,
             ),
             "padding overall",
         )
     )
-    note = html.escape(PADDING_NOTE.format(batch_size=pad["batch_size"]))
+    note = html.escape(PADDING_NOTE.format(batch_size=pad.batch_size))
     parts.append(
         f'<h2>Padding: what static batching would waste</h2><p class="note">{note}</p>'
         f'<div class="charts">{"".join(padding)}</div>'
     )
-    engine = report.get("engine", {})
-    replicas = engine.get("replicas")
-    if replicas:
+    if r.replicas:
         keys = ["rows", "prompt_tokens", "completion_tokens", "busy_seconds", "completion_tokens_per_s"]
-        keys += [k for k in ("deaths", "requeued", "node") if k in replicas[0]]  # older reports lack them
+        keys += [k for k in ("deaths", "requeued", "node") if any(getattr(x, k) is not None for x in r.replicas)]
         header = ["replica", *(k.replace("_", " ").replace("seconds", "s").replace("per s", "/s") for k in keys)]
-        rows = [[i, *(r.get(k) for k in keys)] for i, r in enumerate(replicas)]
-        balance = engine.get("replica_balance")
+        rows = [[i, *(getattr(x, k) for k in keys)] for i, x in enumerate(r.replicas)]
+        balance = r.replica_balance
         note = f"Balance (slowest / fastest busy time): {balance:.2f}." if balance else ""
         parts += ["<h2>Replicas</h2>", _table(rows, header), f"<p>{html.escape(note)}</p>"]
-    shown = [[k, _setting(k, v)] for k, v in engine.items() if k not in ("replicas", "replica_balance")]
+    shown = [[k, _setting(k, v)] for k, v in r.engine_settings.items()]
     parts.append("<h2>Engine settings</h2>" + _table(shown))
-    chosen = report.get("engine_choice") or {}
-    if chosen.get("dtype"):
-        why = f"dtype {chosen['dtype']['dtype']}: {chosen['dtype']['why']}"
+    chosen = r.engine_choice
+    if chosen.dtype:
+        why = f"dtype {chosen.dtype.dtype}: {chosen.dtype.why}"
         parts.append(f'<p class="note">{html.escape(why)}</p>')
-    if chosen.get("scheduler"):
-        tuned = ", ".join(f"{k} = {v}" for k, v in chosen["scheduler"]["settings"].items())
+    if chosen.scheduler:
+        tuned = ", ".join(f"{k} = {v}" for k, v in chosen.scheduler.settings.items())
         parts.append(f'<p class="note">{html.escape(f"measured by bulkinfer calibrate --tune: {tuned}")}</p>')
     return parts
 
@@ -420,12 +420,13 @@ def write_html(title: str, sections: Sequence[str], path: Path) -> None:
     atomic_write(path, page.encode("utf-8"))
 
 
-def write_run_html(report: dict[str, Any], path: Path) -> None:
-    """The self-contained HTML report beside the output. A failure to draw it
-    is reported on stderr and never fails the run (the JSON report has it all)."""
+def write_run_html(report: RunReport | dict[str, Any], path: Path) -> None:
+    """The self-contained HTML report of a run or embed report (typed, or the
+    dict a run builds) at ``path``. A failure to draw it (a dict that is no
+    report included) is reported on stderr and never fails the run (the JSON
+    report has it all)."""
     try:
-        from bulkinfer.report.html import run_sections, write_html
-
-        write_html(f"bulkinfer: {report['input']}", run_sections(report), path)
+        r = as_run_report(report)
+        write_html(f"bulkinfer: {r.input}", run_sections(r), path)
     except Exception as exc:  # matplotlib missing, a font problem, ...
         print(f"bulkinfer: warning: HTML report not written: {type(exc).__name__}: {exc}", file=terminal())

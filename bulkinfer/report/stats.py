@@ -21,6 +21,7 @@ from typing import Any
 import orjson
 
 from bulkinfer.prep.planner import bucket_index, bucket_label
+from bulkinfer.report.model import REPORT_VERSION
 from bulkinfer.report.structured import StructuredStats
 from bulkinfer.schema import Completion, Done
 
@@ -50,14 +51,17 @@ def peak_rss_bytes() -> dict[str, int]:
 
 
 def write_report(report: dict[str, Any], path: Path) -> None:
-    """Write ``report`` as indented JSON, atomically (:func:`bulkinfer.io.files.atomic_write`).
+    """Write ``report`` as indented JSON, atomically (:func:`bulkinfer.io.files.atomic_write`),
+    its first key ``report_version`` (:data:`bulkinfer.report.model.REPORT_VERSION`; the
+    format is ``report.schema.json`` beside this module).
 
     Raises:
         OSError: the file cannot be written (no temporary file is left).
     """
     from bulkinfer.io.files import atomic_write
 
-    atomic_write(path, orjson.dumps(report, option=orjson.OPT_INDENT_2, default=str))
+    versioned = {"report_version": REPORT_VERSION, **report}
+    atomic_write(path, orjson.dumps(versioned, option=orjson.OPT_INDENT_2, default=str))
 
 
 # completion-length histogram bins (tokens): 1, 2, 3-4, 5-8, ..., 8193+

@@ -3,6 +3,7 @@ plan, the eval scores (rich tables on the console given)."""
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import Any
 
 from rich.console import Console
@@ -10,6 +11,7 @@ from rich.table import Table
 from rich.text import Text
 
 from bulkinfer.report.calibration import describe
+from bulkinfer.report.model import RunReport, as_run_report
 from bulkinfer.report.units import format_bytes
 
 
@@ -17,118 +19,115 @@ def _pct(x: float) -> str:
     return f"{100 * x:.1f}%"
 
 
-def print_summary(report: dict[str, Any], console: Console) -> None:
-    """The report as rich tables: counts, time by phase, throughput, buckets."""
-    counts = report["request_counts"]
-    seconds = report["seconds"]
-    tput = report["throughput"]
-    summary = Table(title=f"bulkinfer {report.get('job', 'run')}: {report['input']}", show_header=False)
+def print_summary(report: RunReport | dict[str, Any], console: Console) -> None:
+    """The run or embed report (typed, or as a run builds it: see
+    :func:`~bulkinfer.report.model.as_run_report`) as rich tables: counts,
+    tokens, seconds by phase, throughput (rows/s, tokens/s), buckets.
+
+    Raises:
+        InputFileError: a dict that is no run report.
+    """
+    r = as_run_report(report)
+    counts, seconds, tput, e2e = r.request_counts, r.seconds, r.throughput, r.throughput_end_to_end
+    summary = Table(title=f"bulkinfer {r.job}: {r.input}", show_header=False)
     summary.add_column("what", style="bold")
     summary.add_column("value", justify="right")
-    summary.add_row("model", str(report["model"]))
-    if "chat_template_applied" in report:
-        summary.add_row("prompt rows", "through the chat template" if report["chat_template_applied"] else "sent raw")
-    summary.add_row("rows", f"{counts['total']} ({counts['completed']} completed, {counts['failed']} failed)")
-    summary.add_row("tokens", f"{report['tokens']['prompt']} prompt, {report['tokens']['completion']} completion")
+    summary.add_row("model", r.model)
+    if r.chat_template_applied is not None:
+        summary.add_row("prompt rows", "through the chat template" if r.chat_template_applied else "sent raw")
+    summary.add_row("rows", f"{counts.total} ({counts.completed} completed, {counts.failed} failed)")
+    summary.add_row("tokens", f"{r.tokens.prompt} prompt, {r.tokens.completion} completion")
     summary.add_row(
         "seconds",
-        ", ".join(f"{k} {seconds[k]:.1f}" for k in ("load", "plan", "generate", "write", "total")),
+        f"load {seconds.load:.1f}, plan {seconds.plan:.1f}, generate {seconds.generate:.1f}, "
+        f"write {seconds.write:.1f}, total {seconds.total:.1f}",
     )
-    embedding = report.get("embedding")
-    if embedding:
+    if r.embedding:
+        embedding = r.embedding
         summary.add_row(
             "embedding",
-            f"max_seq_length {embedding['max_seq_length']}, normalize {embedding['normalize']}, "
-            f"{embedding['truncated_inputs']} inputs truncated",
+            f"max_seq_length {embedding.max_seq_length}, normalize {embedding.normalize}, "
+            f"{embedding.truncated_inputs} inputs truncated",
         )
-        summary.add_row(
-            "throughput", f"{tput['requests_per_s']:.2f} rows/s, {tput['prompt_tokens_per_s']:.1f} prompt tok/s"
-        )
+        summary.add_row("throughput", f"{tput.requests_per_s:.2f} rows/s, {tput.prompt_tokens_per_s:.1f} prompt tok/s")
+        if e2e:
+            summary.add_row(
+                "end to end (load included)",
+                f"{e2e.requests_per_s:.2f} rows/s, {e2e.prompt_tokens_per_s:.1f} prompt tok/s",
+            )
     else:
         summary.add_row(
             "throughput",
-            f"{tput['requests_per_s']:.2f} req/s, {tput['completion_tokens_per_s']:.1f} completion tok/s, "
-            f"{tput['total_tokens_per_s']:.1f} total tok/s",
+            f"{tput.requests_per_s:.2f} req/s, {tput.completion_tokens_per_s:.1f} completion tok/s, "
+            f"{tput.total_tokens_per_s:.1f} total tok/s",
         )
-    e2e = report.get("throughput_end_to_end")
-    if e2e and embedding:
-        summary.add_row(
-            "end to end (load included)",
-            f"{e2e['requests_per_s']:.2f} rows/s, {e2e['prompt_tokens_per_s']:.1f} prompt tok/s",
-        )
-    elif e2e:
-        summary.add_row(
-            "end to end (load included)",
-            f"{e2e['requests_per_s']:.2f} req/s, {e2e['completion_tokens_per_s']:.1f} completion tok/s",
-        )
-    reasons = report.get("finish_reasons")
-    if reasons:
-        summary.add_row("finish_reason", ", ".join(f"{reason} {n}" for reason, n in reasons.items()))
-    structured = report.get("structured_outputs")
-    if structured:
-        for kind, c in structured["by_kind"].items():
-            checked = c["completions"] - c["unchecked"]
+        if e2e:
             summary.add_row(
-                f"structured ({kind}, {structured['backend']})",
-                f"{c['valid']}/{checked} valid, {c['cut_at_max_tokens']} cut at max_tokens, {c['invalid']} invalid"
-                + (f", {c['unchecked']} not checked" if c["unchecked"] else ""),
+                "end to end (load included)",
+                f"{e2e.requests_per_s:.2f} req/s, {e2e.completion_tokens_per_s:.1f} completion tok/s",
             )
-    _passthrough_row(summary, report.get("passthrough_fields"))
-    engine = report.get("engine") or {}
-    if engine.get("replicas"):
-        rows = "/".join(str(r["rows"]) for r in engine["replicas"])
-        busy = "/".join(f"{r['busy_seconds']:.1f}" for r in engine["replicas"])
-        balance = engine.get("replica_balance")
-        deaths = sum(r.get("deaths", 0) for r in engine["replicas"])
-        moved = sum(r.get("requeued", 0) for r in engine["replicas"])
-        summary.add_row(
-            f"replicas ({len(engine['replicas'])})",
-            f"rows {rows}, busy {busy} s"
-            + (f", balance {balance:.2f}" if balance else "")
-            + (f"; {deaths} died, {moved} requests moved" if deaths else ""),
-        )
-    chosen = (report.get("engine_choice") or {}).get("dtype")
-    if chosen:
-        summary.add_row("dtype", f"{chosen['dtype']}: {chosen['why']}")
-    rss = report.get("peak_rss_bytes") or {}
-    if "bulkinfer" in rss:
-        engine = f", engine {format_bytes(rss['children'])}" if rss.get("children") else ""
-        summary.add_row("peak memory (RSS)", f"bulkinfer {format_bytes(rss['bulkinfer'])}{engine}")
-    cache = report.get("prefix_cache")
-    if cache and cache["prompt_tokens"]:
-        fed = "prefix-aware feed" if (report.get("plan") or {}).get("prefix_aware") else "plain feed"
-        summary.add_row(
-            "prefix cache hits",
-            f"{_pct(cache['hit_rate'])} of prompt tokens ({cache['cached_tokens']}; {fed})",
-        )
-    pad = report["padding_efficiency"]
+    if r.finish_reasons:
+        summary.add_row("finish_reason", ", ".join(f"{reason} {n}" for reason, n in r.finish_reasons.items()))
+    if r.structured_outputs:
+        for kind, c in r.structured_outputs.by_kind.items():
+            summary.add_row(
+                f"structured ({kind}, {r.structured_outputs.backend})",
+                f"{c.valid}/{c.completions - c.unchecked} valid, {c.cut_at_max_tokens} cut at max_tokens, "
+                f"{c.invalid} invalid" + (f", {c.unchecked} not checked" if c.unchecked else ""),
+            )
+    _passthrough_row(summary, [(f.name, f.rows, f.did_you_mean) for f in r.passthrough_fields])
+    _replicas_row(summary, r)
+    if r.engine_choice.dtype:
+        summary.add_row("dtype", f"{r.engine_choice.dtype.dtype}: {r.engine_choice.dtype.why}")
+    rss = r.peak_rss_bytes
+    if rss.bulkinfer is not None:
+        engine = f", engine {format_bytes(rss.children)}" if rss.children else ""
+        summary.add_row("peak memory (RSS)", f"bulkinfer {format_bytes(rss.bulkinfer)}{engine}")
+    cache = r.prefix_cache
+    if cache and cache.prompt_tokens:
+        fed = "prefix-aware feed" if r.plan.get("prefix_aware") else "plain feed"
+        summary.add_row("prefix cache hits", f"{_pct(cache.hit_rate)} of prompt tokens ({cache.cached_tokens}; {fed})")
+    pad = r.padding_efficiency
     summary.add_row(
-        f"padding if batched statically (B={pad['batch_size']})",
-        f"arrival {_pct(pad['arrival'])}, sorted {_pct(pad['sorted'])}; vLLM does not pad",
+        f"padding if batched statically (B={pad.batch_size})",
+        f"arrival {_pct(pad.arrival)}, sorted {_pct(pad.sorted)}; vLLM does not pad",
     )
-    summary.add_row("output", str(report["output"]))
-    if counts["failed"]:
-        summary.add_row("errors", str(report["errors"]))
+    summary.add_row("output", r.output)
+    if counts.failed:
+        summary.add_row("errors", str(r.errors))
     console.print(summary)
     buckets = Table(title="buckets (prompt tokens)")
     for name in ("range", "rows", "real tokens", "padded tokens", "padding efficiency"):
         buckets.add_column(name, justify="right")
-    for b in report["buckets"]:
-        buckets.add_row(
-            b["range"], str(b["rows"]), str(b["real_tokens"]), str(b["padded_tokens"]), _pct(b["padding_efficiency"])
-        )
+    for b in r.buckets:
+        buckets.add_row(b.range, str(b.rows), str(b.real_tokens), str(b.padded_tokens), _pct(b.padding_efficiency))
     console.print(buckets)
 
 
-def _passthrough_row(summary: Any, fields: list[dict[str, Any]] | None) -> None:
-    """The pass-through fields of bulkinfer rows with their row counts; a
-    near miss of a field bulkinfer reads is flagged (it is copied, not read)."""
+def _replicas_row(summary: Table, r: RunReport) -> None:
+    """Rows and busy seconds per replica, the balance and deaths, when there were replicas."""
+    if not r.replicas:
+        return
+    rows = "/".join(str(x.rows) for x in r.replicas)
+    busy = "/".join(f"{x.busy_seconds:.1f}" for x in r.replicas)
+    deaths = sum(x.deaths or 0 for x in r.replicas)
+    moved = sum(x.requeued or 0 for x in r.replicas)
+    summary.add_row(
+        f"replicas ({len(r.replicas)})",
+        f"rows {rows}, busy {busy} s"
+        + (f", balance {r.replica_balance:.2f}" if r.replica_balance else "")
+        + (f"; {deaths} died, {moved} requests moved" if deaths else ""),
+    )
+
+
+def _passthrough_row(summary: Any, fields: Sequence[tuple[str, int, str | None]]) -> None:
+    """The pass-through fields of bulkinfer rows, (name, rows, did_you_mean);
+    a near miss of a field bulkinfer reads is flagged (it is copied, not read)."""
     if not fields:
         return
     shown = [
-        f"{f['name']} {f['rows']}"
-        + (f" (did you mean {f['did_you_mean']}? copied, not read)" if f["did_you_mean"] else "")
-        for f in fields[:12]
+        f"{name} {rows}" + (f" (did you mean {near}? copied, not read)" if near else "")
+        for name, rows, near in fields[:12]
     ]
     more = f", and {len(fields) - 12} more" if len(fields) > 12 else ""
     summary.add_row("pass-through fields (rows)", Text(", ".join(shown) + more))
@@ -147,7 +146,8 @@ def print_plan(plan: dict[str, Any], console: Any) -> None:
     )
     for error_type, count in sorted(plan["errors"].items()):
         summary.add_row(f"  {error_type}", str(count))
-    _passthrough_row(summary, plan.get("passthrough_fields"))
+    fields = plan.get("passthrough_fields") or []
+    _passthrough_row(summary, [(f["name"], f["rows"], f["did_you_mean"]) for f in fields])
     summary.add_row(
         "prompt tokens",
         f"min {tokens['min']}, median {tokens['median']}, p90 {tokens['p90']}, "

@@ -11,39 +11,14 @@ import orjson
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
-from fakes import FakeEngine
+from fakes import FakeEncoder
 
 from bulkinfer.config import Settings
 from bulkinfer.errors import ConfigError, Interrupted
 from bulkinfer.io.output_files import RunPaths
 from bulkinfer.jobs.context import RunContext
 from bulkinfer.jobs.embed import embed
-from bulkinfer.schema import Completion, Request
 from bulkinfer.stop import StopToken
-
-
-class FakeEncoder(FakeEngine):
-    """Returns, for each input, the vector [tokens, index, 1.0]."""
-
-    max_model_len = 256
-
-    def add(self, request_id: str, request: Request) -> Completion | None:
-        assert request.input_token_ids and request.pooling.get("use_activation") is True
-        self.queue.append((request_id, request))
-        return None
-
-    def step(self, wait: float | None = None) -> list[Completion]:
-        self.steps += 1
-        if self.stop_at is not None and self.steps == self.stop_at[0]:
-            self.stop_at[1].stop("stopped by the caller")
-        done = []
-        for _ in range(min(2, len(self.queue))):
-            rid, req = self.queue.popleft()
-            ids = req.input_token_ids or []
-            vectors = tuple([float(len(one)), float(k), 1.0] for k, one in enumerate(ids))
-            done.append(Completion(rid, "", "stop", req.prompt_length, 0, embeddings=vectors))
-        return done
-
 
 ROWS = [
     {"id": "a", "text": "The cat sat on the mat.", "lang": "en"},
