@@ -166,7 +166,7 @@ def plan(
     from rich.console import Console
 
     from bulkinfer.jobs.plan import plan_file
-    from bulkinfer.report.stats import write_report
+    from bulkinfer.report.stats import write_json
     from bulkinfer.report.terminal import print_plan
 
     try:
@@ -175,7 +175,7 @@ def plan(
         fail(exc)
     print_plan(result, Console())
     if json_out is not None:
-        write_report(result, json_out)
+        write_json(result, json_out)
     if strict and result["rows"]["failed"]:
         failed = result["rows"]["failed"]
         typer.echo(f"bulkinfer: {failed} row{'s' if failed > 1 else ''} would fail (--strict)", err=True)

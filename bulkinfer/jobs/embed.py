@@ -58,6 +58,7 @@ def embed(paths: RunPaths, settings: Settings, context: RunContext | None = None
         journal={"embed": {"truncate": truncate}},
         vectors=("embedding",),
         calibrate=False,
+        kind="embed",
         describe=functools.partial(_describe, truncate),
         text_columns=TEXT_FIELDS,
         consumed=frozenset({"id", *TEXT_FIELDS}),
@@ -80,14 +81,13 @@ def _planner(truncate: bool, tokenizer: Any, settings: Settings, engine: Engine,
     return EmbedPlanner(tokenizer, settings.plan, limit, truncate=truncate, normalize=config.normalize)
 
 
-def _describe(truncate: bool, report: dict[str, Any], planner: Planner) -> None:
-    """The embedding figures of the report; the generation-only keys dropped."""
-    for key in ("sampling", "chat_template_applied", "finish_reasons", "structured_outputs"):
-        report.pop(key, None)
-    report["job"] = "embed"
-    report["embedding"] = {
-        "max_seq_length": planner.max_model_len,
-        "normalize": getattr(planner, "normalize", None),
-        "truncate": truncate,
-        "truncated_inputs": getattr(planner, "truncated_inputs", 0),
+def _describe(truncate: bool, planner: Planner) -> dict[str, Any]:
+    """The embedding figures of the report."""
+    return {
+        "embedding": {
+            "max_seq_length": planner.max_model_len,
+            "normalize": getattr(planner, "normalize", None),
+            "truncate": truncate,
+            "truncated_inputs": getattr(planner, "truncated_inputs", 0),
+        }
     }

@@ -192,9 +192,11 @@ class Generation:
             self.spool.close()
             self.errors.close()
 
-    def report(self, model_path: str, load_s: float, total_s: float) -> dict[str, Any]:
-        """The run report (see :mod:`bulkinfer.report.stats` for the keys)
-        and ``passthrough_fields`` (see :func:`~bulkinfer.prep.rows.passthrough_fields`)."""
+    def report(self, model_path: str, load_s: float, total_s: float, generated: bool = True) -> dict[str, Any]:
+        """The run report (see :mod:`bulkinfer.report.model` for the keys;
+        ``generated``: the job generated text, else it has no sampling,
+        finish reasons, structured outputs or completion lengths) and
+        ``passthrough_fields`` (see :func:`~bulkinfer.prep.rows.passthrough_fields`)."""
         plan = self.settings.plan
         engine = self.engine.settings
         counts = (self.spool.count, self.errors.count, self.reader.blank_lines)
@@ -203,7 +205,7 @@ class Generation:
             **{name: str(getattr(self.paths, name)) for name in ("input", "output", "errors")},
             "model": self.model_name,
             "model_path": model_path,
-            **self.stats.report(counts, self.done, load_s, total_s, prefix),
+            **self.stats.report(counts, self.done, (load_s, total_s), prefix, generated),
             **self.planner.padding.to_report(),
             "plan": {
                 "order": plan.order,
@@ -214,9 +216,10 @@ class Generation:
                 "bucket_bounds": list(plan.buckets),
             },
             "engine": engine,
-            "sampling": self.settings.to_dict()["sampling"],
-            "chat_template_applied": self.settings.apply_chat_template,
-            "structured_outputs": self.stats.structured_report(engine.get("structured_outputs_backend")),
         }
+        if generated:  # the figures of generated text (an embedding job has none)
+            report["sampling"] = self.settings.to_dict()["sampling"]
+            report["chat_template_applied"] = self.settings.apply_chat_template
+            report["structured_outputs"] = self.stats.structured_report(engine.get("structured_outputs_backend"))
         report["passthrough_fields"] = passthrough_fields(self.planner.passthrough)
         return report

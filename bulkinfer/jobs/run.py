@@ -70,7 +70,10 @@ class Job:
     - ``calibrate``: record the run as a calibration of the model, and run it
       with the dtype and scheduler limits measured for the model
       (:func:`~bulkinfer.jobs.tune.measured_settings`; generation only);
-    - ``describe(report, planner)``: adds the job's own figures to the report;
+    - ``kind``: the report's ``job`` (``run`` or ``embed``; an embedding job's
+      report has no generation figures: sampling, chat template, finish
+      reasons, structured outputs, completion lengths);
+    - ``describe(planner)``: the job's own figures for the report (keys -> values);
     - ``text_columns``: the Parquet input columns that hold a row's text;
     - ``consumed``: the row fields ``parse`` reads (with ``passthrough = false``
       a Parquet input's other columns are not read);
@@ -84,7 +87,8 @@ class Job:
     journal: Mapping[str, Any] = dataclasses.field(default_factory=dict)
     vectors: tuple[str, ...] = ()
     calibrate: bool = True
-    describe: Callable[[dict[str, Any], Planner], None] | None = None
+    kind: str = "run"
+    describe: Callable[[Planner], dict[str, Any]] | None = None
     text_columns: tuple[str, ...] = PROMPT_COLUMNS
     consumed: frozenset[str] = CONSUMED_FIELDS
     sized_kv_cache: bool = True
@@ -264,11 +268,12 @@ def _run_locked(attempt: Attempt, job: Job, settings: Settings, context: RunCont
         generation.run(itertools.chain([first], attempt.rows) if first is not None else ())
     finally:
         engine.close()
-    report = generation.report(model, load_s, time.monotonic() - attempt.started)
+    report = generation.report(model, load_s, time.monotonic() - attempt.started, generated=job.kind == "run")
+    report["job"] = job.kind
     report["engine_choice"] = engine_choice
     report["peak_rss_bytes"] = peak_rss_bytes()
     if job.describe is not None:
-        job.describe(report, planner)
+        report.update(job.describe(planner))
     write_report(report, paths.report)
     write_run_html(report, paths.html)
     if job.calibrate:

@@ -146,9 +146,9 @@ def _sampling(
     values["stop"] = (stop,) if isinstance(stop, str) else tuple(stop)
     values["temperature"], values["top_p"] = float(values["temperature"]), float(values["top_p"])
     if values["min_tokens"] > max_tokens:
-        raise field_error(
-            "min_tokens", f"an integer <= max_tokens ({max_tokens})", values["min_tokens"], row_id, openai
-        )
+        # the row's own min_tokens, or the [sampling] default (a row without one must not read as if it had it)
+        name = "min_tokens" if source.get("min_tokens") is not None else "min_tokens (the [sampling] default)"
+        raise field_error(name, f"an integer <= max_tokens ({max_tokens})", values["min_tokens"], row_id, openai)
     values["stop_token_ids"] = list(values["stop_token_ids"]) or None
     bias = values["logit_bias"]
     values["logit_bias"] = {int(k): float(v) for k, v in bias.items()} if bias else None

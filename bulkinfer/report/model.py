@@ -307,6 +307,7 @@ class EvalReport:
     generation: dict[str, Any] | None = None
     run_report: str | None = None
     seconds: float | None = None
+    row_set: dict[str, Any] | None = None  # count and ids_sha256 of the scored rows; None before they were recorded
 
     @classmethod
     def from_dict(cls, data: Any, source: str = "the eval report") -> EvalReport:

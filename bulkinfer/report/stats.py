@@ -51,17 +51,40 @@ def peak_rss_bytes() -> dict[str, int]:
 
 
 def write_report(report: dict[str, Any], path: Path) -> None:
-    """Write ``report`` as indented JSON, atomically (:func:`bulkinfer.io.files.atomic_write`),
-    its first key ``report_version`` (:data:`bulkinfer.report.model.REPORT_VERSION`; the
-    format is ``report.schema.json`` beside this module).
+    """Write a run, embed or eval ``report`` as indented JSON, atomically
+    (:func:`write_json`), its first key ``report_version``
+    (:data:`bulkinfer.report.model.REPORT_VERSION`); the format is
+    ``report.schema.json`` beside this module and the types of
+    :mod:`bulkinfer.report.model`, which read what was written back: a
+    report they cannot read (a writer out of step with its readers: a bug)
+    is still written, with a warning on the terminal.
+
+    Raises:
+        OSError: the file cannot be written (no temporary file is left).
+    """
+    from bulkinfer.engine.log import terminal
+    from bulkinfer.errors import InputFileError
+    from bulkinfer.report.model import EvalReport, RunReport
+
+    data = write_json({"report_version": REPORT_VERSION, **report}, path)
+    try:
+        (EvalReport if "scores" in report else RunReport).from_dict(orjson.loads(data), str(path))
+    except InputFileError as exc:
+        print(f"bulkinfer: warning: the report does not read back as one (a bug): {exc}", file=terminal())
+
+
+def write_json(data: dict[str, Any], path: Path) -> bytes:
+    """Write ``data`` as indented JSON (values JSON does not know, as their
+    ``str``), atomically (:func:`bulkinfer.io.files.atomic_write`); returns the bytes written.
 
     Raises:
         OSError: the file cannot be written (no temporary file is left).
     """
     from bulkinfer.io.files import atomic_write
 
-    versioned = {"report_version": REPORT_VERSION, **report}
-    atomic_write(path, orjson.dumps(versioned, option=orjson.OPT_INDENT_2, default=str))
+    encoded = orjson.dumps(data, option=orjson.OPT_INDENT_2, default=str)
+    atomic_write(path, encoded)
+    return encoded
 
 
 # completion-length histogram bins (tokens): 1, 2, 3-4, 5-8, ..., 8193+
@@ -190,17 +213,24 @@ class RunStats:
         )
 
     def report(
-        self, counts: tuple[int, int, int], done: Done, load_s: float, total_s: float, prefix: dict[str, Any] | None
+        self,
+        counts: tuple[int, int, int],
+        done: Done,
+        load_total_s: tuple[float, float],
+        prefix: dict[str, Any] | None,
+        generated: bool = True,
     ) -> dict[str, Any]:
         """The run report's figures this object measured. ``counts``:
         (completed, failed, skipped blank lines) of the whole output, resumed
-        rows included, as are ``tokens`` and ``request_counts``; ``load_s``
-        and ``total_s``: seconds of the model load and of the whole run;
+        rows included, as are ``tokens`` and ``request_counts``;
+        ``load_total_s``: seconds of the model load and of the whole run;
         ``throughput``, ``prefix_cache``, ``finish_reasons``,
         ``structured_outputs`` and the histograms cover the rows this attempt
-        ran. ``prefix``: the planner's estimate of shareable prefix tokens
-        (:class:`~bulkinfer.prep.prefix.PrefixStats`), or None."""
+        ran (``finish_reasons`` and the completion-length histogram only when
+        the job ``generated`` text). ``prefix``: the planner's estimate of
+        shareable prefix tokens (:class:`~bulkinfer.prep.prefix.PrefixStats`), or None."""
         completed, failed, skipped = counts
+        load_s, total_s = load_total_s
         ran = completed - done.completed
         seconds = {"load": load_s, **self.seconds, "total": total_s}
         return {
@@ -220,11 +250,17 @@ class RunStats:
             "throughput": throughput(ran, self.prompt_tokens, self.completion_tokens, seconds["generate"]),
             "throughput_end_to_end": throughput(ran, self.prompt_tokens, self.completion_tokens, total_s),
             "prefix_cache": prefix_cache(self.cached_tokens, self.prompt_tokens, prefix),
+            **(self._completions() if generated else {}),
+            "tokens_over_time": self.series.to_dict(seconds["generate"], self.completion_tokens, self.prompt_tokens),
+        }
+
+    def _completions(self) -> dict[str, Any]:
+        """The report's figures of generated completions: finish reasons and the length histogram."""
+        return {
             "finish_reasons": dict(self.finish_reasons.most_common()),
             "completion_length_histogram": [
                 {"range": bucket_label(i, LENGTH_BINS), "rows": n} for i, n in sorted(self.completion_lengths.items())
             ],
-            "tokens_over_time": self.series.to_dict(seconds["generate"], self.completion_tokens, self.prompt_tokens),
         }
 
     def structured_report(self, backend: str | None) -> dict[str, Any] | None:

@@ -14,6 +14,7 @@ from collections.abc import Callable
 from typing import Any
 
 from bulkinfer.jobs.context import RunObserver
+from bulkinfer.report.model import RunReport
 from bulkinfer.serve.store import Store
 
 
@@ -91,8 +92,7 @@ def live_throughput(completion_tokens_per_s: float) -> dict[str, Any]:
     return {"completion_tokens_per_s": completion_tokens_per_s, "measured": "live"}
 
 
-def report_throughput(report: dict[str, Any]) -> dict[str, Any]:
+def report_throughput(report: RunReport) -> dict[str, Any]:
     """A batch's ``throughput`` column from its run's report: completion
     tokens/s over the generation seconds of the rows the last attempt ran."""
-    rate = float(report.get("throughput", {}).get("completion_tokens_per_s", 0.0))
-    return {"completion_tokens_per_s": rate, "measured": "report"}
+    return {"completion_tokens_per_s": report.throughput.completion_tokens_per_s, "measured": "report"}

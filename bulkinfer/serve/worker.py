@@ -35,6 +35,7 @@ from bulkinfer.io.output_files import OutputFiles, Published, RunPaths
 from bulkinfer.jobs.context import RunContext
 from bulkinfer.jobs.run import GENERATE, run
 from bulkinfer.models import TokenizerFactory, load_tokenizer
+from bulkinfer.report.model import as_run_report
 from bulkinfer.serve.objects import usage_object
 from bulkinfer.serve.progress import LiveCounts, report_throughput
 from bulkinfer.serve.store import Store, now
@@ -234,12 +235,17 @@ class BatchWorker(threading.Thread):
 def _finished(report: dict[str, Any]) -> dict[str, Any]:
     """The columns a finished run's report gives its batch: OpenAI's
     ``request_counts`` and ``usage`` (the report's ``tokens``: the completed
-    rows', resumed ones included), and ``throughput``."""
-    counts, tokens = report.get("request_counts", {}), report.get("tokens", {})
+    rows', resumed ones included), and ``throughput``.
+
+    Raises:
+        InputFileError: ``report`` is no run report (the batch fails).
+    """
+    typed = as_run_report(report)
+    counts, tokens = typed.request_counts, typed.tokens
     return {
-        "request_counts": {key: int(counts.get(key, 0)) for key in ("total", "completed", "failed")},
-        "usage": usage_object(int(tokens.get("prompt", 0)), int(tokens.get("completion", 0))),
-        "throughput": report_throughput(report),
+        "request_counts": {"total": counts.total, "completed": counts.completed, "failed": counts.failed},
+        "usage": usage_object(tokens.prompt, tokens.completion),
+        "throughput": report_throughput(typed),
     }
 
 

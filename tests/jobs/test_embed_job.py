@@ -50,6 +50,8 @@ def test_every_row_is_one_record_and_the_vectors_are_a_fixed_size_list(tmp_path:
     report = result.report
     assert report["job"] == "embed" and report["model"] == "all-minilm-l6-v2"
     assert report["embedding"] == {"max_seq_length": 256, "normalize": True, "truncate": False, "truncated_inputs": 0}
+    generation_only = ("sampling", "chat_template_applied", "finish_reasons", "structured_outputs")
+    assert not set(report) & {*generation_only, "completion_length_histogram"}  # an encoder generates no text
 
 
 def test_resume_refuses_another_truncate_and_completes_with_the_same(tmp_path: Path) -> None:

@@ -272,3 +272,16 @@ def test_openai_bad_role_is_an_openai_error() -> None:
     assert "messages[0].role" in err.message
     assert err.openai is True
     assert err.to_error(2).openai is True
+
+
+def test_a_min_tokens_default_over_a_rows_max_tokens_is_named_as_the_default() -> None:
+    defaults = SamplingDefaults(min_tokens=50)
+    with pytest.raises(RowInvalid) as info:
+        parse_row({"id": "a", "prompt": "x", "max_tokens": 10}, 0, 1, defaults)  # the row sets no min_tokens
+    assert (
+        info.value.message
+        == "field 'min_tokens (the [sampling] default)': expected an integer <= max_tokens (10), got 50"
+    )
+    with pytest.raises(RowInvalid, match="field 'min_tokens': expected an integer <= max_tokens"):
+        parse_row({"id": "a", "prompt": "x", "max_tokens": 10, "min_tokens": 20}, 0, 1, SamplingDefaults())
+    assert parse_row({"id": "a", "prompt": "x", "max_tokens": 60}, 0, 1, defaults).options["min_tokens"] == 50

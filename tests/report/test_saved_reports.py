@@ -253,3 +253,15 @@ def test_an_eval_whose_run_report_is_no_report_is_exit_4_naming_both(tmp_path: P
     result = runner.invoke(app, ["report", str(tmp_path / "r" / "golden.out.eval.json")], env={"COLUMNS": "300"})
     assert result.exit_code == 4, result.output
     assert "golden.out.report.json: not a saved OUT.report.json: key 'input' is missing" in _squeezed(result.output)
+
+
+def test_a_report_that_does_not_read_back_is_written_with_a_warning(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from bulkinfer.report.stats import write_report
+
+    path = tmp_path / "r.report.json"
+    write_report({"request_counts": {"total": 1}}, path)  # a writer out of step with the reading model
+    assert orjson.loads(path.read_bytes())["request_counts"] == {"total": 1}  # kept: never lose a report
+    warning = capsys.readouterr().err
+    assert "does not read back as one (a bug)" in warning and f"{path}: not a saved OUT.report.json: key" in warning
