@@ -269,29 +269,43 @@ def parse_row(data: Any, seq: int, line: int, defaults: SamplingDefaults) -> Req
     """
     if not isinstance(data, dict):
         raise RowInvalid("invalid_row", f"expected a JSON object, got {type(data).__name__}")
-    openai = "custom_id" in data and "body" in data
-    if openai:
-        return _parse_openai(data, seq, line, defaults)
-    row_id = row_id_of(data, line)
-    prompt, messages = data.get("prompt"), data.get("messages")
-    if prompt is not None and messages is not None:
-        raise RowInvalid("invalid_row", "row has both 'prompt' and 'messages'; give one", row_id)
-    if prompt is None and messages is None:
-        raise RowInvalid("missing_field", "row needs a 'prompt' (string) or 'messages' (chat) field", row_id)
-    if messages is not None:
-        messages = _parse_messages(messages, row_id, False)
-    elif not isinstance(prompt, str) or not prompt:
-        raise field_error("prompt", "a non-empty string", prompt, row_id, False)
-    passthrough = {k: v for k, v in data.items() if k not in CONSUMED_FIELDS}
+    if "custom_id" in data and "body" in data:
+        row_id, url, body = openai_line(data, BODY_FIELDS, {EMBEDDINGS_URL: "bulkinfer embed"})
+        prompt, messages = _openai_content(url, body, row_id)
+        source, path = body, CHAT if url == CHAT_URL else COMPLETIONS
+        passthrough = {"model": body["model"]} if isinstance(body.get("model"), str) else {}
+    else:
+        row_id, url, source, path = row_id_of(data, line), None, data, ROW
+        prompt, messages = _row_content(data, row_id)
+        passthrough = {k: v for k, v in data.items() if k not in CONSUMED_FIELDS}
     return Request(
         seq=seq,
         line=line,
         id=row_id,
         prompt=prompt,
         messages=messages,
+        openai_url=url,
         passthrough=passthrough,
-        **_sampling(data, defaults, row_id, ROW),
+        **_sampling(source, defaults, row_id, path),
     )
+
+
+def _row_content(data: dict[str, Any], row_id: str) -> tuple[str | None, list[dict[str, Any]] | None]:
+    """A bulkinfer row's ``prompt`` or ``messages`` (exactly one), checked.
+
+    Raises:
+        RowInvalid: both or neither given, or the one given is invalid.
+    """
+    prompt, messages = data.get("prompt"), data.get("messages")
+    if prompt is not None and messages is not None:
+        raise RowInvalid("invalid_row", "row has both 'prompt' and 'messages'; give one", row_id)
+    if prompt is None and messages is None:
+        raise RowInvalid("missing_field", "row needs a 'prompt' (string) or 'messages' (chat) field", row_id)
+    if messages is not None:
+        return None, _parse_messages(messages, row_id, False)
+    if not isinstance(prompt, str) or not prompt:
+        raise field_error("prompt", "a non-empty string", prompt, row_id, False)
+    return prompt, None
 
 
 def openai_line(
@@ -342,29 +356,22 @@ def openai_line(
     return custom_id, url, body
 
 
-def _parse_openai(data: dict[str, Any], seq: int, line: int, defaults: SamplingDefaults) -> Request:
-    custom_id, url, body = openai_line(data, BODY_FIELDS, {EMBEDDINGS_URL: "bulkinfer embed"})
-    prompt, messages = None, None
+def _openai_content(url: str, body: dict[str, Any], custom_id: str) -> tuple[str | None, list[dict[str, Any]] | None]:
+    """An OpenAI body's ``messages`` (chat) or ``prompt`` (completions), checked.
+
+    Raises:
+        RowInvalid: the one its endpoint needs is missing or invalid.
+    """
     if url == CHAT_URL:
         if body.get("messages") is None:
             raise RowInvalid(
                 "missing_field", "field 'body.messages' is required for /v1/chat/completions", custom_id, True
             )
-        messages = _parse_messages(body["messages"], custom_id, True)
-    else:
-        prompt = body.get("prompt")
-        if not isinstance(prompt, str) or not prompt:
-            raise field_error("body.prompt", "a non-empty string", prompt, custom_id, True)
-    return Request(
-        seq=seq,
-        line=line,
-        id=custom_id,
-        prompt=prompt,
-        messages=messages,
-        openai_url=url,
-        **_sampling(body, defaults, custom_id, CHAT if url == CHAT_URL else COMPLETIONS),
-        passthrough={"model": body["model"]} if isinstance(body.get("model"), str) else {},
-    )
+        return None, _parse_messages(body["messages"], custom_id, True)
+    prompt = body.get("prompt")
+    if not isinstance(prompt, str) or not prompt:
+        raise field_error("body.prompt", "a non-empty string", prompt, custom_id, True)
+    return prompt, None
 
 
 def to_request(data: Any, seq: int, line: int, settings: Settings) -> Request:
