@@ -9,10 +9,15 @@ import typer
 
 from bulkinfer.cli.app import Command, app, epilog, exit_codes
 from bulkinfer.cli.options import (
+    BootstrapOption,
     BucketsOption,
     ChatTemplateOption,
+    CompareOption,
     ConfigOption,
     EngineArgOption,
+    EvalOutputOption,
+    FailUnderOption,
+    GoldenArgument,
     InputArgument,
     MaxModelLenOption,
     MaxTokensOption,
@@ -20,7 +25,9 @@ from bulkinfer.cli.options import (
     OutputOrderOption,
     OverwriteOption,
     PaddingBatchSizeOption,
+    PerplexityOption,
     PlainProgressOption,
+    PredictionsOption,
     RawPromptsOption,
     ResumeOption,
     TemperatureOption,
@@ -45,48 +52,13 @@ EVAL_EXAMPLES = (
     epilog=epilog(EVAL_EXAMPLES, exit_codes(("8", "a metric is below its --fail-under bar"))),
 )
 def eval_command(
-    golden: Annotated[
-        Path,
-        typer.Argument(
-            metavar="GOLDEN", help="Golden rows: id, prompt or messages, and reference; a .jsonl or .parquet file."
-        ),
-    ],
-    output: Annotated[
-        Path | None,
-        typer.Option(
-            "--output", "-o", metavar="FILE", help=described("The scored predictions.", "GOLDEN_STEM.out.jsonl")
-        ),
-    ] = None,
-    predictions: Annotated[
-        Path | None,
-        typer.Option(
-            metavar="FILE",
-            help=described("Score this existing output instead of generating (rows matched by id).", "generate"),
-        ),
-    ] = None,
-    perplexity: Annotated[
-        bool,
-        typer.Option("--perplexity", help=described("Also the perplexity of each reference given its prompt.", "off")),
-    ] = False,
-    bootstrap: Annotated[
-        int,
-        typer.Option(
-            metavar="N",
-            show_default=False,
-            help=described("Paired bootstrap resamples for 95% intervals; 0 for none.", 0),
-        ),
-    ] = 0,
-    fail_under: Annotated[
-        str | None,
-        typer.Option(
-            metavar="METRIC=BAR,...",
-            help=described("Exit 8 when a metric is below its bar, e.g. bleu=20,rougeL=30.", "none"),
-        ),
-    ] = None,
-    compare: Annotated[
-        Path | None,
-        typer.Option(metavar="FILE", help=described("A previous OUT.eval.json: print each metric's change.", "none")),
-    ] = None,
+    golden: GoldenArgument,
+    output: EvalOutputOption = None,
+    predictions: PredictionsOption = None,
+    perplexity: PerplexityOption = False,
+    bootstrap: BootstrapOption = 0,
+    fail_under: FailUnderOption = None,
+    compare: CompareOption = None,
     config: ConfigOption = None,
     model: ModelOption = None,
     apply_chat_template: ChatTemplateOption = None,

@@ -632,6 +632,61 @@ OutputOrderOption = Annotated[
 ]
 
 
+# `bulkinfer eval`'s own options.
+GoldenArgument = Annotated[
+    Path,
+    typer.Argument(
+        metavar="GOLDEN", help="Golden rows: id, prompt or messages, and reference; a .jsonl or .parquet file."
+    ),
+]
+
+
+EvalOutputOption = Annotated[
+    Path | None,
+    typer.Option("--output", "-o", metavar="FILE", help=described("The scored predictions.", "GOLDEN_STEM.out.jsonl")),
+]
+
+
+PredictionsOption = Annotated[
+    Path | None,
+    typer.Option(
+        metavar="FILE",
+        help=described("Score this existing output instead of generating (rows matched by id).", "generate"),
+    ),
+]
+
+
+PerplexityOption = Annotated[
+    bool,
+    typer.Option("--perplexity", help=described("Also the perplexity of each reference given its prompt.", "off")),
+]
+
+
+BootstrapOption = Annotated[
+    int,
+    typer.Option(
+        metavar="N",
+        show_default=False,
+        help=described("Paired bootstrap resamples for 95% intervals; 0 for none.", 0),
+    ),
+]
+
+
+FailUnderOption = Annotated[
+    str | None,
+    typer.Option(
+        metavar="METRIC=BAR,...",
+        help=described("Exit 8 when a metric is below its bar, e.g. bleu=20,rougeL=30.", "none"),
+    ),
+]
+
+
+CompareOption = Annotated[
+    Path | None,
+    typer.Option(metavar="FILE", help=described("A previous OUT.eval.json: print each metric's change.", "none")),
+]
+
+
 # Command-line options that override a setting of the same name (see
 # bulkinfer.config.option_overrides): every sampling default, engine and plan
 # setting has one; `--seed` is the engine's seed; `--quantization` is one of

@@ -16,7 +16,7 @@ logged as a JSON line (:mod:`bulkinfer.serve.access`).
 
 from __future__ import annotations
 
-from collections.abc import AsyncGenerator, Iterator, Mapping
+from collections.abc import AsyncGenerator, Callable, Iterator, Mapping
 from dataclasses import dataclass
 from typing import Annotated, Any, BinaryIO
 
@@ -173,16 +173,19 @@ def create_app(
     def list_files(who: Tenant, purpose: str | None = None) -> dict[str, Any]:
         return list_object([file_object(r) for r in store.files(who, purpose)], False)
 
-    def own_file(who: str, file_id: str) -> dict[str, Any]:
-        return found(store.file(who, file_id), "file", file_id)
+    lookups: dict[str, Callable[[str, str], dict[str, Any] | None]] = {"file": store.file, "batch": store.batch}
+
+    def own(what: str, who: str, id_: str) -> dict[str, Any]:
+        """Tenant ``who``'s ``what`` (file, batch) ``id_``; ApiError 404 when it is none of theirs."""
+        return found(lookups[what](who, id_), what, id_)
 
     @app.get("/v1/files/{file_id}")
     def get_file(file_id: str, who: Tenant) -> dict[str, Any]:
-        return file_object(own_file(who, file_id))
+        return file_object(own("file", who, file_id))
 
     @app.get("/v1/files/{file_id}/content")
     def file_content(file_id: str, who: Tenant) -> FileResponse:
-        return FileResponse(own_file(who, file_id)["path"], media_type="application/octet-stream")
+        return FileResponse(own("file", who, file_id)["path"], media_type="application/octet-stream")
 
     @app.delete("/v1/files/{file_id}")
     def delete_file(file_id: str, who: Tenant) -> dict[str, Any]:
@@ -207,12 +210,9 @@ def create_app(
         runner.submit(row["id"])
         return batch_object(row)
 
-    def own_batch(who: str, batch_id: str) -> dict[str, Any]:
-        return found(store.batch(who, batch_id), "batch", batch_id)
-
     @app.get("/v1/batches/{batch_id}")
     def get_batch(batch_id: str, who: Tenant) -> dict[str, Any]:
-        return batch_object(own_batch(who, batch_id))
+        return batch_object(own("batch", who, batch_id))
 
     @app.get("/v1/batches")
     def list_batches(who: Tenant, after: str | None = None, limit: int = 20) -> dict[str, Any]:
@@ -223,12 +223,12 @@ def create_app(
 
     @app.post("/v1/batches/{batch_id}/cancel")
     def cancel_batch(batch_id: str, who: Tenant) -> dict[str, Any]:
-        row = own_batch(who, batch_id)
+        row = own("batch", who, batch_id)
         if row["status"] not in ("cancelling", "cancelled"):
             if not store.move(batch_id, ("validating", "in_progress"), "cancelling"):
                 raise ApiError(400, f"Cannot cancel a batch with status '{row['status']}'", param="batch_id")
             runner.cancel(batch_id)
-        return batch_object(own_batch(who, batch_id))
+        return batch_object(own("batch", who, batch_id))
 
     return app
 
