@@ -9,6 +9,7 @@ signals: test_e2e_faults.py.
 
 from __future__ import annotations
 
+import dataclasses
 import re
 import threading
 from pathlib import Path
@@ -276,3 +277,20 @@ def test_a_run_on_a_shared_engine_refuses_an_engine_setting(tmp_path: Path, shar
     with pytest.raises(ConfigError, match="dtype: an engine setting"):
         api.run(src, tmp_path / "out.jsonl", engine=shared_engine, dtype="bfloat16")
     assert not (tmp_path / "out.jsonl").exists()
+
+
+def test_parquet_request_columns_reach_the_engine_with_passthrough_off(tmp_path: Path, shared_engine: Any) -> None:
+    """Issue 33's case: a Parquet input's ``n`` and ``top_k`` columns with
+    ``passthrough = false`` (once never read: 1 completion a row) give ``n``
+    completions a row on the real engine, and the other columns are not copied."""
+    src = tmp_path / "n3.parquet"
+    prompts = [f"What is the capital of {country}?" for country in list(CAPITALS)[:2]]
+    rows = [{"id": f"q{i}", "prompt": p, "n": 3, "top_k": 5, "note": "x"} for i, p in enumerate(prompts)]
+    pq.write_table(pa.Table.from_pylist(rows), src)
+    settings = dataclasses.replace(shared_engine.requested, passthrough=False)  # the engine's model and [engine]
+    result = api.run(src, tmp_path / "n3.out.jsonl", settings, engine=shared_engine, max_tokens=8, temperature=0.8)
+    assert result.exit_code == 0, result.report.get("errors")
+    records = read_jsonl(tmp_path / "n3.out.jsonl")
+    assert [len(r["completions"]) for r in records] == [3, 3]
+    assert all("note" not in r for r in records)  # passthrough = false: not copied
+    assert result.report["tokens"]["completion"] == sum(r["completion_tokens"] for r in records)
