@@ -59,6 +59,7 @@ def option_keys() -> dict[str, str]:
     return {
         "model": "model",
         "apply_chat_template": "apply_chat_template",
+        "passthrough": "passthrough",
         **{f.name: f"sampling.{f.name}" for f in dataclasses.fields(SamplingDefaults) if f.name != "seed"},
         **{f.name: f"engine.{f.name}" for f in dataclasses.fields(EngineSettings) if f.name != "extra_args"},
         **{f.name: f"plan.{f.name}" for f in dataclasses.fields(PlanSettings)},

@@ -83,3 +83,18 @@ def test_a_run_on_a_shared_engine_refuses_engine_settings(tmp_path: Path) -> Non
         with pytest.raises(ConfigError, match="another model than the open engine's"):
             bulkinfer.run(src, tmp_path / "c.jsonl", load_settings(None, {"model": "other/model"}), engine=shared)
         assert not (tmp_path / "a.jsonl").exists()  # refused before any file was made
+
+
+def test_passthrough_is_a_run_option_on_a_shared_engine_and_a_flag(tmp_path: Path) -> None:
+    from typer.testing import CliRunner
+
+    from bulkinfer.cli import app
+
+    src = tmp_path / "in.jsonl"
+    src.write_bytes(orjson.dumps({"id": "r", "prompt": "hi", "note": "kept?"}) + b"\n")
+    with SharedEngine(load_settings(), engine_factory=lambda m, s: FakeEngine()) as shared:
+        bulkinfer.run(src, tmp_path / "off.jsonl", engine=shared, passthrough=False)
+        bulkinfer.run(src, tmp_path / "on.jsonl", engine=shared)
+    assert "note" not in _lines(tmp_path / "off.jsonl")[0] and _lines(tmp_path / "on.jsonl")[0]["note"] == "kept?"
+    both = CliRunner().invoke(app, ["run", str(src), "--passthrough", "--no-passthrough"])
+    assert both.exit_code == 2 and "give --passthrough or --no-passthrough, not both" in both.output

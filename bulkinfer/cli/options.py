@@ -105,6 +105,26 @@ RawPromptsOption = Annotated[
 ]
 
 
+PassthroughOption = Annotated[
+    bool | None,
+    typer.Option(
+        "--passthrough",
+        help=described("Copy a row's fields that are no request field to its output row.", "on"),
+    ),
+]
+
+
+NoPassthroughOption = Annotated[
+    bool,
+    typer.Option(
+        "--no-passthrough",
+        help=described(
+            "Do not copy them (and read no other Parquet column): the output holds only bulkinfer's fields.", "off"
+        ),
+    ),
+]
+
+
 OverwriteOption = Annotated[
     bool, typer.Option("--overwrite", help=described("Replace an existing (or partial) output.", "off"))
 ]
@@ -698,6 +718,7 @@ OVERRIDES = frozenset({*option_keys()} - {"structured_outputs"} | {"quantization
 # Flag that sets a setting to False -> the option (in OVERRIDES) that sets it to True.
 NEGATIONS = {
     "raw_prompts": "apply_chat_template",
+    "no_passthrough": "passthrough",
     "no_enforce_eager": "enforce_eager",
     "no_prefix_aware": "prefix_aware",
 }
