@@ -20,8 +20,10 @@ from typing import Any
 
 import orjson
 
+from bulkinfer.engine.log import terminal
+from bulkinfer.errors import InputFileError
 from bulkinfer.prep.planner import bucket_index, bucket_label
-from bulkinfer.report.model import REPORT_VERSION
+from bulkinfer.report.model import REPORT_VERSION, EvalReport, RunReport
 from bulkinfer.report.structured import StructuredStats
 from bulkinfer.schema import Completion, Done
 
@@ -62,10 +64,6 @@ def write_report(report: dict[str, Any], path: Path) -> None:
     Raises:
         OSError: the file cannot be written (no temporary file is left).
     """
-    from bulkinfer.engine.log import terminal
-    from bulkinfer.errors import InputFileError
-    from bulkinfer.report.model import EvalReport, RunReport
-
     data = write_json({"report_version": REPORT_VERSION, **report}, path)
     try:
         (EvalReport if "scores" in report else RunReport).from_dict(orjson.loads(data), str(path))
