@@ -23,8 +23,7 @@ from bulkinfer.io.readers import RawRow, Reader
 from bulkinfer.io.spool import Spool
 from bulkinfer.jobs.context import RunContext
 from bulkinfer.prep.planner import Planner
-from bulkinfer.prep.rows import passthrough_fields, to_request
-from bulkinfer.prep.windows import RowParser, iter_windows
+from bulkinfer.prep.rows import RowParser, iter_windows, to_request
 from bulkinfer.report.calibration import LengthPrior
 from bulkinfer.report.progress import Progress
 from bulkinfer.report.stats import RunStats
@@ -196,7 +195,7 @@ class Generation:
         """The run report (see :mod:`bulkinfer.report.model` for the keys;
         ``generated``: the job generated text, else it has no sampling,
         finish reasons, structured outputs or completion lengths) and
-        ``passthrough_fields`` (see :func:`~bulkinfer.prep.rows.passthrough_fields`)."""
+        ``passthrough_fields`` (see :meth:`~bulkinfer.prep.planner.Planner.passthrough_fields`)."""
         plan = self.settings.plan
         engine = self.engine.settings
         counts = (self.spool.count, self.errors.count, self.reader.blank_lines)
@@ -221,5 +220,5 @@ class Generation:
             report["sampling"] = self.settings.to_dict()["sampling"]
             report["chat_template_applied"] = self.settings.apply_chat_template
             report["structured_outputs"] = self.stats.structured_report(engine.get("structured_outputs_backend"))
-        report["passthrough_fields"] = passthrough_fields(self.planner.passthrough)
+        report["passthrough_fields"] = self.planner.passthrough_fields()
         return report

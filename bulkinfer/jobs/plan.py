@@ -26,8 +26,7 @@ from bulkinfer.io.readers import open_reader
 from bulkinfer.models import load_tokenizer, resolve_model
 from bulkinfer.prep.planner import Planner, efficiency, static_batch_tokens
 from bulkinfer.prep.prefix import CPU_BLOCK_TOKENS, GPU_BLOCK_TOKENS
-from bulkinfer.prep.rows import CONSUMED_FIELDS, passthrough_fields
-from bulkinfer.prep.windows import iter_windows
+from bulkinfer.prep.rows import CONSUMED_FIELDS, iter_windows
 from bulkinfer.report.calibration import estimate, load_calibrations
 from bulkinfer.schema import RowError
 
@@ -130,7 +129,7 @@ def plan_file(input_path: Path, settings: Settings) -> dict[str, Any]:
         },
         "errors": dict(errors),
         "error_examples": examples,
-        "passthrough_fields": passthrough_fields(planner.passthrough),
+        "passthrough_fields": planner.passthrough_fields(),
         "prompt_tokens": {
             "min": ordered[0] if ordered else 0,
             "median": percentile(ordered, 50),

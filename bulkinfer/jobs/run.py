@@ -45,8 +45,7 @@ from bulkinfer.jobs.generation import Attempt, Generation
 from bulkinfer.models import resolve_model
 from bulkinfer.prep.planner import Planner
 from bulkinfer.prep.prefix import prefix_block_tokens
-from bulkinfer.prep.rows import CONSUMED_FIELDS, to_request
-from bulkinfer.prep.windows import RowParser
+from bulkinfer.prep.rows import CONSUMED_FIELDS, RowParser, to_request
 from bulkinfer.report.calibration import length_prior, record_calibration
 from bulkinfer.report.html import write_run_html
 from bulkinfer.report.stats import peak_rss_bytes, write_report

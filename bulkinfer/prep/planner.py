@@ -13,6 +13,7 @@ sorting on vLLM is measured in ``bench/``.
 from __future__ import annotations
 
 import bisect
+import difflib
 from collections import Counter
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
@@ -20,6 +21,7 @@ from typing import Any
 
 from bulkinfer.config import PlanSettings
 from bulkinfer.prep.prefix import PrefixStats, prefix_groups
+from bulkinfer.prep.rows import CONSUMED_FIELDS
 from bulkinfer.schema import Request, RowError
 
 
@@ -155,6 +157,22 @@ class Planner:
         self.prefix = PrefixStats(block_tokens) if block_tokens else None
         # pass-through field name -> bulkinfer rows planned that carry it
         self.passthrough: Counter[str] = Counter()
+
+    def passthrough_fields(self) -> list[dict[str, Any]]:
+        """The pass-through fields of the bulkinfer rows planned, most common
+        first: each ``name``, the ``rows`` that carry it, and ``did_you_mean``:
+        the field bulkinfer reads that the name nearly spells (``max_token`` ->
+        ``max_tokens``; :func:`difflib.get_close_matches`, cutoff 0.8), else None.
+        A near miss changes nothing in the output: the field is copied, not read."""
+        known = sorted(CONSUMED_FIELDS)
+        return [
+            {
+                "name": name,
+                "rows": rows,
+                "did_you_mean": next(iter(difflib.get_close_matches(name, known, 1, 0.8)), None),
+            }
+            for name, rows in sorted(self.passthrough.items(), key=lambda item: (-item[1], item[0]))
+        ]
 
     def render(self, request: Request) -> str:
         """The text sent to the model: the prompt as is, or the chat rendered

@@ -1,16 +1,13 @@
-"""Input rows -> validated :class:`Request` objects, or :class:`RowError` records.
+"""Input rows -> validated :class:`Request` objects in windows, or :class:`RowError` records.
 
 Two row shapes are accepted (both may appear in one file):
 
 - bulkinfer rows: ``id`` (optional; kept as a string, default the 1-based line
   or row number), ``prompt`` (text sent as is) or ``messages`` (an OpenAI chat,
   rendered with the model's chat template), and optionally every field that
-  shapes a completion (:data:`SAMPLING_FIELDS`: ``max_tokens``,
-  ``temperature``, ``top_p``, ``seed``, ``stop``, ``ignore_eos``, ``n``,
-  the penalties, ``top_k``, ``min_p``, ``min_tokens``, ``stop_token_ids``,
-  ``logit_bias``, ``logprobs``/``top_logprobs``, ``priority``,
-  ``response_format``, ``structured_outputs``); every other field passes
-  through to the output untouched (and is counted: :func:`passthrough_fields`).
+  shapes a completion (:data:`SAMPLING_FIELDS`); every other field passes
+  through to the output untouched (and is counted:
+  :meth:`bulkinfer.prep.planner.Planner.passthrough_fields`).
 - OpenAI Batch API request lines (https://platform.openai.com/docs/api-reference/batch/request-input):
   ``custom_id``, ``method``, ``url`` (``/v1/chat/completions`` or
   ``/v1/completions``; a ``/v1/embeddings`` line is an error record that
@@ -25,12 +22,16 @@ vLLM's ``SamplingParams``) and where they go in vLLM are one table,
 :data:`bulkinfer.fields.FIELDS`; an out-of-range value is an
 ``invalid_field`` error naming the field. ``max_completion_tokens`` (OpenAI's
 newer name) is read as ``max_tokens``; given both, they must agree.
+
+:func:`iter_windows` cuts a file's rows into windows of ``plan.window_rows``
+valid requests (ids checked, resume skips applied): the planner sorts and
+buckets one window at a time, so memory stays bounded on any input size.
 """
 
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from typing import Any
 
 from bulkinfer.config import SamplingDefaults, Settings
@@ -48,7 +49,8 @@ from bulkinfer.fields import (
     schema_problem,
     shown,
 )
-from bulkinfer.schema import CHAT_URL, COMPLETIONS_URL, EMBEDDINGS_URL, Request, RowInvalid
+from bulkinfer.io.readers import RawRow
+from bulkinfer.schema import CHAT_URL, COMPLETIONS_URL, EMBEDDINGS_URL, Done, Request, RowError, RowInvalid
 
 ROLES = frozenset({"system", "developer", "user", "assistant", "tool"})
 # The fields of a bulkinfer row that shape its completion (bulkinfer.fields.FIELDS).
@@ -390,16 +392,59 @@ def to_request(data: Any, seq: int, line: int, settings: Settings) -> Request:
     return request
 
 
-def passthrough_fields(counts: Mapping[str, int]) -> list[dict[str, Any]]:
-    """The pass-through fields of bulkinfer rows, most common first: each
-    ``name``, the ``rows`` that carry it, and ``did_you_mean``: the field
-    bulkinfer reads that the name nearly spells (``max_token`` ->
-    ``max_tokens``; :func:`difflib.get_close_matches`, cutoff 0.8), else None.
-    A near miss changes nothing in the output: the field is copied, not read."""
-    import difflib
+# A row parser: (decoded row, seq, line, settings) -> Request, raising RowInvalid.
+RowParser = Callable[[Any, int, int, Settings], Request]
 
-    known = sorted(CONSUMED_FIELDS)
-    return [
-        {"name": name, "rows": rows, "did_you_mean": next(iter(difflib.get_close_matches(name, known, 1, 0.8)), None)}
-        for name, rows in sorted(counts.items(), key=lambda item: (-item[1], item[0]))
-    ]
+
+def iter_windows(
+    reader: Iterable[RawRow],
+    settings: Settings,
+    on_error: Callable[[RowError], None],
+    done: Done | None = None,
+    parse: RowParser = to_request,
+) -> Iterator[list[Request]]:
+    """Valid requests from ``reader`` (raw rows in file order) in windows of ``plan.window_rows``; every
+    invalid row (undecodable, bad fields, duplicate id) goes to ``on_error``.
+    The first occurrence of an id runs; later ones are ``duplicate_id`` errors.
+    Rows an earlier attempt finished (``done``: error lines, completed ids)
+    are skipped. ``parse`` builds each request (``run``'s :func:`to_request`,
+    or ``embed``'s); with ``passthrough = false`` its pass-through fields are
+    dropped (an OpenAI line's are its output's, such as ``model``)."""
+    done = done or Done()
+    seen: set[str] = set(done.done_ids)
+    window_ids_skipped: set[str] = set()
+    window: list[Request] = []
+    for seq, raw in enumerate(reader):
+        if raw.line in done.done_lines:
+            continue
+        if raw.error is not None:
+            on_error(raw.error.to_error(raw.line))
+            continue
+        try:
+            request = parse(raw.data, seq, raw.line, settings)
+        except RowInvalid as exc:
+            on_error(exc.to_error(raw.line))
+            continue
+        if not settings.passthrough and request.openai_url is None:
+            request.passthrough = {}  # ``passthrough = false``: the row's other fields are not copied to its output
+        if request.id in done.done_ids and request.id not in window_ids_skipped:
+            window_ids_skipped.add(request.id)
+            continue
+        if request.id in seen:
+            on_error(
+                RowError(
+                    raw.line,
+                    request.id,
+                    "duplicate_id",
+                    f"id '{request.id}' already appeared earlier in the file",
+                    request.openai_url is not None,
+                )
+            )
+            continue
+        seen.add(request.id)
+        window.append(request)
+        if len(window) >= settings.plan.window_rows:
+            yield window
+            window = []
+    if window:
+        yield window

@@ -288,17 +288,3 @@ def test_the_built_sampling_params_carry_every_field() -> None:
     assert params.stop_token_ids == [2, 7]
     assert params.logit_bias == {42: -5.0, 7: 100.0}
     assert (params.logprobs, params.seed, params.max_tokens) == (2, 9, 16)
-
-
-def test_pass_through_fields_are_counted_and_near_misses_flagged() -> None:
-    from collections import Counter
-
-    from bulkinfer.prep.rows import passthrough_fields
-
-    counts = Counter({"lang": 300, "max_token": 12, "temprature": 3, "source": 300})
-    assert passthrough_fields(counts) == [
-        {"name": "lang", "rows": 300, "did_you_mean": None},
-        {"name": "source", "rows": 300, "did_you_mean": None},
-        {"name": "max_token", "rows": 12, "did_you_mean": "max_tokens"},
-        {"name": "temprature", "rows": 3, "did_you_mean": "temperature"},
-    ]
