@@ -141,6 +141,13 @@ def parse_prefix_aware(text: str) -> list[bool | None]:
     return [values[v] for v in items]
 
 
+def parse_env(value: str) -> tuple[str, str]:
+    key, sep, val = value.partition("=")
+    if not sep or not key:
+        raise argparse.ArgumentTypeError(f"expected KEY=VALUE, got {value!r}")
+    return key, val
+
+
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(
         prog="python -m bench.compare", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
@@ -167,6 +174,24 @@ def build_parser() -> argparse.ArgumentParser:
         "and that KV cache size)",
     )
     p.add_argument("--systems", type=parse_systems, default=["a", "b", "c", "d"], help="e.g. a,b,c,d (default)")
+    p.add_argument(
+        "--bulkinfer-env",
+        type=parse_env,
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        help="added to bulkinfer's environment (a), e.g. VLLM_ENABLE_V1_MULTIPROCESSING=1: vLLM's engine in "
+        "child processes (bulkinfer runs one CPU engine in its own process by default); repeatable",
+    )
+    p.add_argument(
+        "--vllm-env",
+        type=parse_env,
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        help="added to the vLLM systems' environment (b, c, e), e.g. VLLM_ENABLE_V1_MULTIPROCESSING=0: the engine "
+        "in the caller's process, as bulkinfer runs one CPU engine; repeatable",
+    )
     p.add_argument(
         "--orders", type=parse_orders, default=[PlanSettings().order], help="bulkinfer --order values to run"
     )
@@ -405,6 +430,8 @@ def run(args: argparse.Namespace, workdir: Path, save: Any) -> tuple[dict[str, A
         hf_batch_size=args.hf_batch_size,
         timeout_s=args.timeout,
         defaults=args.engine == "defaults",
+        bulkinfer_env=tuple(args.bulkinfer_env),
+        vllm_env=tuple(args.vllm_env),
     )
     doc: dict[str, Any] = {
         "benchmark": "bench.compare",

@@ -7,7 +7,11 @@ core and a worker process beside the front end) and keeps
 - ``peak_rss_bytes``: the largest sum of RSS over the tree. Library pages
   mapped by several processes (torch, vLLM) count once per process, so this
   overstates a multi-process system by a few hundred MB;
-- ``peak_rss_largest_process_bytes``: the largest RSS of any single process.
+- ``peak_rss_largest_process_bytes``: the largest RSS of any single process;
+- ``cpu_s``: CPU seconds (user + system) by process, summed over processes of
+  one name (the root is ``main``; vLLM names its own, ``VLLM::EngineCore``,
+  ``VLLM::Worker...``), as last sampled: up to ``interval`` of a process's
+  last CPU time is missed.
 
 ``resource.getrusage(RUSAGE_CHILDREN).ru_maxrss`` is not used because it is a
 running maximum over every child the driver ever reaped (a second system would
@@ -44,6 +48,7 @@ class Measured:
     peak_rss_bytes: int
     peak_rss_largest_process_bytes: int
     loadavg_before: tuple[float, float, float]
+    cpu_s: dict[str, float]
 
 
 def run_measured(
@@ -57,6 +62,7 @@ def run_measured(
     loadavg = os.getloadavg()
     peak_sum = 0
     peak_one = 0
+    cpu: dict[int, tuple[str, float]] = {}  # pid -> (name, CPU seconds at its last sample)
     done = threading.Event()
     with open(log_path, "wb") as log:
         started = time.perf_counter()
@@ -78,6 +84,11 @@ def run_measured(
                         continue
                     total += rss
                     peak_one = max(peak_one, rss)
+                    try:
+                        times = p.cpu_times()
+                        cpu[p.pid] = ("main" if p.pid == root.pid else p.name(), times.user + times.system)
+                    except psutil.Error:
+                        pass
                 peak_sum = max(peak_sum, total)
                 done.wait(SAMPLE_INTERVAL_S)
 
@@ -91,7 +102,10 @@ def run_measured(
         wall = time.perf_counter() - started
         done.set()
         sampler.join()
-    return Measured(returncode, wall, peak_sum, peak_one, loadavg)
+    by_name: dict[str, float] = {}
+    for name, seconds in cpu.values():
+        by_name[name] = round(by_name.get(name, 0.0) + seconds, 2)
+    return Measured(returncode, wall, peak_sum, peak_one, loadavg, by_name)
 
 
 def tail(path: Path, chars: int = 4000) -> str:

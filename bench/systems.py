@@ -76,6 +76,9 @@ class BenchSettings:
     hf_batch_size: int = 16
     timeout_s: float | None = None
     defaults: bool = False
+    # added to the environment of bulkinfer (a) and of the vLLM systems (b, c, e)
+    bulkinfer_env: tuple[tuple[str, str], ...] = ()
+    vllm_env: tuple[tuple[str, str], ...] = ()
 
     def engine_args(self) -> dict[str, Any]:
         """vLLM engine arguments of b and c (the rest are vLLM's defaults)."""
@@ -114,12 +117,13 @@ class BenchSettings:
         """bulkinfer's engine flags: :meth:`engine_flags`, or with ``defaults`` only the seed."""
         return ["--seed", str(self.seed)] if self.defaults else self.engine_flags()
 
-    def env(self) -> dict[str, str]:
+    def env(self, extra: tuple[tuple[str, str], ...] = ()) -> dict[str, str]:
         return {
             **os.environ,
             "VLLM_CPU_NUM_OF_RESERVED_CPU": "0",
             "TOKENIZERS_PARALLELISM": "false",
             "PYTHONUNBUFFERED": "1",
+            **dict(extra),
         }
 
 
@@ -174,6 +178,7 @@ def result(
         "throughput_end_to_end": rates(rows, prompt, completion, wall),
         "peak_rss_bytes": measured.peak_rss_bytes if measured else None,
         "peak_rss_largest_process_bytes": measured.peak_rss_largest_process_bytes if measured else None,
+        "cpu_s": measured.cpu_s if measured else None,
         "loadavg_before": list(measured.loadavg_before) if measured else None,
         "padding_efficiency": padding,
         "command": list(cmd),
@@ -181,10 +186,11 @@ def result(
     }
 
 
-def _run(cmd: list[str], key: str, settings: BenchSettings) -> Measured:
+def _run(cmd: list[str], key: str, settings: BenchSettings, extra_env: tuple[tuple[str, str], ...] = ()) -> Measured:
     log = settings.workdir / f"{key}.log"
-    print(f"[bench] {key}: {' '.join(cmd)}", file=sys.stderr, flush=True)
-    measured = run_measured(cmd, log, env=settings.env(), cwd=ROOT, timeout=settings.timeout_s)
+    shown = " ".join(f"{k}={v}" for k, v in extra_env)
+    print(f"[bench] {key}: {shown + ' ' if shown else ''}{' '.join(cmd)}", file=sys.stderr, flush=True)
+    measured = run_measured(cmd, log, env=settings.env(extra_env), cwd=ROOT, timeout=settings.timeout_s)
     if measured.returncode != 0:
         raise SystemFailed(f"{key} exited with {measured.returncode}; end of {log}:\n{tail(log)}")
     print(f"[bench] {key}: {measured.wall_s:.1f} s", file=sys.stderr, flush=True)
@@ -233,7 +239,7 @@ def run_bulkinfer(
         *FEED_FLAGS[prefix_aware].split(),
         *settings.bulkinfer_flags(),
     ]
-    measured = _run(cmd, key, settings)
+    measured = _run(cmd, key, settings, settings.bulkinfer_env)
     report = orjson.loads(out.with_name(out.name.removesuffix(".jsonl") + ".report.json").read_bytes())
     wanted = {r.id: r.max_tokens for r in rows}
     outputs = [orjson.loads(line) for line in out.read_bytes().splitlines() if line.strip()]
@@ -299,7 +305,7 @@ def run_vllm_generate(
         str(settings.top_p),
         *(["--subset-rows", str(subset_src)] if with_subset else []),
     ]
-    measured = _run(cmd, key, settings)
+    measured = _run(cmd, key, settings, settings.vllm_env)
     res = json.loads(out.read_text())
     # b's end to end is its process without the b-subset rerun that follows b's own generate call.
     subset_s = res["subset"]["generate_s"] if "subset" in res else 0.0
@@ -370,7 +376,7 @@ def run_vllm_run_batch(rows: Sequence[Row], settings: BenchSettings) -> dict[str
         "vllm",
         "--disable-log-stats",
     ]
-    measured = _run(cmd, "c", settings)
+    measured = _run(cmd, "c", settings, settings.vllm_env)
     wanted = {r.id: (len(r.prompt_token_ids), r.max_tokens) for r in rows}
     ok = prompt = completion = full = prompt_mismatch = 0
     errors: list[str] = []

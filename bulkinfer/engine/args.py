@@ -205,6 +205,37 @@ def resolve_engine_args(
     return args
 
 
+# vLLM's switch: its engine core (and a CPU worker) in child processes ("1", its default) or in the caller's ("0").
+MULTIPROCESSING_ENV = "VLLM_ENABLE_V1_MULTIPROCESSING"
+
+
+def engine_in_process(device: str, args: Mapping[str, Any], environment: Mapping[str, str]) -> bool:
+    """Whether vLLM's engine core and its worker run in this process (vLLM's
+    ``VLLM_ENABLE_V1_MULTIPROCESSING=0``, its ``uni`` executor) rather than in
+    two child processes that each import torch and vLLM again.
+
+    :data:`MULTIPROCESSING_ENV` in ``environment`` (a replica's: several engines
+    in one process each need processes of their own for vLLM's thread binding)
+    or in this process's environment (the user's) decides; else in this
+    process on CPU for one engine on one worker (tensor, pipeline and data
+    parallel sizes 1, no executor named in ``args``), in child processes on GPU
+    (vLLM's default: output processing overlaps the GPU's work).
+
+    Measured (AMD EPYC with AVX-512-BF16, 2 cores; ShareGPT-200, float32,
+    eager; ``bench/results/engine-in-process.md``): the engine starts in
+    about half the time (two fewer interpreters importing torch and vLLM),
+    and generation is no slower.
+    """
+    chosen = environment.get(MULTIPROCESSING_ENV, os.environ.get(MULTIPROCESSING_ENV))
+    if chosen is not None:
+        return chosen.strip() == "0"
+    single = all(
+        int(args.get(name) or 1) == 1
+        for name in ("tensor_parallel_size", "pipeline_parallel_size", "data_parallel_size")
+    )
+    return device == "cpu" and single and args.get("distributed_executor_backend") in (None, "uni")
+
+
 def configure_environment() -> None:
     """Environment defaults for vLLM, set before it is imported; a user's own
     values win. The CPU worker gets every core; vLLM logs at INFO (to the

@@ -30,6 +30,7 @@ import time
 from typing import Any
 
 from bulkinfer.config import EngineSettings, Settings
+from bulkinfer.engine.args import MULTIPROCESSING_ENV
 from bulkinfer.engine.replicas import ReplicaLost, Replicas
 from bulkinfer.errors import ConfigError, EngineError
 from bulkinfer.schema import Completion, Request
@@ -54,12 +55,13 @@ def cpu_environment(cpus: int, node_cpus: int) -> dict[str, str]:
     ``bench/results/replicas-ray*.md``; AMD EPYC Zen 3, 2 cores): the engine
     core inside the actor's process with unbound threads ran at 0.69x and
     0.73x one local engine; in its own process with vLLM's binding at 1.05x
-    and 0.99x.
+    and 0.99x: ``VLLM_ENABLE_V1_MULTIPROCESSING=1`` keeps it there.
     """
     bind = "auto" if cpus >= node_cpus else "nobind"
     return {
         "OMP_NUM_THREADS": str(cpus),
         "VLLM_CPU_OMP_THREADS_BIND": os.environ.get("VLLM_CPU_OMP_THREADS_BIND", bind),
+        MULTIPROCESSING_ENV: "1",  # the engine core in a process of its own, as measured
     }
 
 

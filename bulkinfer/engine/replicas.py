@@ -23,6 +23,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from bulkinfer.engine.args import MULTIPROCESSING_ENV
 from bulkinfer.engine.base import Engine
 from bulkinfer.errors import ConfigError, EngineError
 from bulkinfer.schema import Completion, Request
@@ -45,7 +46,9 @@ def replica_environments(replicas: int, tensor_parallel_size: int, device: str) 
     CPU: the cores this process may use (``os.sched_getaffinity``) cut into
     ``replicas`` equal contiguous shares, as vLLM's
     ``VLLM_CPU_OMP_THREADS_BIND`` (``"0"``, ``"1"``; ``"0,1,2,3"``); the
-    cores left over by the division are not used. GPU:
+    cores left over by the division are not used; each engine core and
+    worker in processes of their own (``VLLM_ENABLE_V1_MULTIPROCESSING=1``:
+    vLLM binds a worker's threads per process). GPU:
     ``CUDA_VISIBLE_DEVICES``, ``tensor_parallel_size`` devices each in
     order, of those this process sees (its own ``CUDA_VISIBLE_DEVICES``, else
     ``torch.cuda.device_count()``).
@@ -64,7 +67,10 @@ def replica_environments(replicas: int, tensor_parallel_size: int, device: str) 
                 f"this process may use {len(cores)}"
             )
         return [
-            {"VLLM_CPU_OMP_THREADS_BIND": ",".join(map(str, cores[i * share : (i + 1) * share]))}
+            {
+                "VLLM_CPU_OMP_THREADS_BIND": ",".join(map(str, cores[i * share : (i + 1) * share])),
+                MULTIPROCESSING_ENV: "1",  # several engines in one process: each in processes of its own
+            }
             for i in range(replicas)
         ]
     visible = os.environ.get("CUDA_VISIBLE_DEVICES")

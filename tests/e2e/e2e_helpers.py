@@ -7,7 +7,7 @@ import os
 import subprocess
 import sys
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -32,23 +32,32 @@ def read_report(path: Path) -> dict[str, Any]:
     return report
 
 
-def bulkinfer(*args: str, timeout: float = 900) -> subprocess.CompletedProcess[str]:
-    """``python -m bulkinfer ARGS`` from the repository's root; its output captured."""
-    env = {**os.environ, "PYTHONUNBUFFERED": "1", "COLUMNS": "200"}
+def bulkinfer(
+    *args: str, timeout: float = 900, env: Mapping[str, str] | None = None
+) -> subprocess.CompletedProcess[str]:
+    """``python -m bulkinfer ARGS`` from the repository's root, with ``env``
+    added to the environment; its output captured."""
+    environment = {**os.environ, "PYTHONUNBUFFERED": "1", "COLUMNS": "200", **(env or {})}
     return subprocess.run(
-        [sys.executable, "-m", "bulkinfer", *args], capture_output=True, text=True, env=env, timeout=timeout, cwd=ROOT
+        [sys.executable, "-m", "bulkinfer", *args],
+        capture_output=True,
+        text=True,
+        env=environment,
+        timeout=timeout,
+        cwd=ROOT,
     )
 
 
-def start(*args: str) -> subprocess.Popen[str]:
-    """``python -m bulkinfer ARGS`` in the background; standard error kept (read it once it ended)."""
+def start(*args: str, env: Mapping[str, str] | None = None) -> subprocess.Popen[str]:
+    """``python -m bulkinfer ARGS`` in the background, with ``env`` added to
+    the environment; standard error kept (read it once it ended)."""
     return subprocess.Popen(
         [sys.executable, "-m", "bulkinfer", *args],
         stdout=subprocess.DEVNULL,
         stderr=subprocess.PIPE,
         text=True,
         cwd=ROOT,
-        env={**os.environ, "PYTHONUNBUFFERED": "1"},
+        env={**os.environ, "PYTHONUNBUFFERED": "1", **(env or {})},
     )
 
 

@@ -11,7 +11,10 @@ One job lives through three runs, each a test that needs the one before
    ``--engine-arg`` the three runs were given reached vLLM.
 
 Then ``kill -9`` during the model load, and a double SIGINT during the
-engine start. (A poison row among good ones is part of test_e2e.py's run.)
+engine start. The first two runs and these keep vLLM's engine in child
+processes (``VLLM_ENABLE_V1_MULTIPROCESSING=1``, as replicas and GPUs run it;
+one CPU engine runs in bulkinfer's process by default, as the third run does).
+(A poison row among good ones is part of test_e2e.py's run.)
 """
 
 from __future__ import annotations
@@ -34,6 +37,8 @@ pytestmark = pytest.mark.e2e
 ROWS = 30
 # four requests in flight: rows finish a few at a time, so each kill lands mid-run; any vLLM EngineArgs field
 # reaches the engine (read back from vLLM's own config into the report)
+# vLLM's engine core and worker in processes of their own (a user's choice; bulkinfer's for replicas and GPUs)
+PROCESSES = {"VLLM_ENABLE_V1_MULTIPROCESSING": "1"}
 FLAGS = ["--max-tokens", "32", "--temperature", "0", "--max-in-flight", "4", "--plain-progress",
          "--engine-arg", "enable_prefix_caching=false"]  # fmt: skip
 
@@ -52,7 +57,7 @@ def run_args(job: dict[str, Any], *extra: str) -> list[str]:
 
 @pytest.fixture(scope="module")
 def core_killed(job: dict[str, Any]) -> dict[str, Any]:
-    run = start(*run_args(job))
+    run = start(*run_args(job), env=PROCESSES)
     wait_until(lambda: spool_lines(job["spool"]) >= 3, run)
     core = [p for p in vllm_children(run.pid) if "EngineCore" in " ".join(p.cmdline())]
     assert core, "no engine core process found"
@@ -79,7 +84,7 @@ def test_engine_core_killed_mid_run_exits_5_and_keeps_the_finished_rows(
 @pytest.fixture(scope="module")
 def driver_killed(job: dict[str, Any], core_killed: dict[str, Any]) -> dict[str, Any]:
     before = len(core_killed["kept"])
-    run = start(*run_args(job, "--resume"))
+    run = start(*run_args(job, "--resume"), env=PROCESSES)
     wait_until(lambda: spool_lines(job["spool"]) >= before + 3, run)
     refused = bulkinfer(*run_args(job, "--resume"))
     engines = engine_children(run.pid)
@@ -102,6 +107,7 @@ def test_resume_after_both_kills_completes_every_id_once(job: dict[str, Any], dr
     assert sorted(r["id"] for r in read_jsonl(job["out"])) == sorted(r["id"] for r in read_jsonl(job["src"]))
     report = read_report(job["tmp"] / "out.report.json")
     assert report["resumed"]["completed"] == driver_killed["kept"]
+    assert report["engine"]["in_process"] is True  # the default for one CPU engine: resumed in bulkinfer's process
     assert report["request_counts"]["completed"] == ROWS
     assert report["engine"]["enable_prefix_caching"] is False
 
@@ -109,7 +115,7 @@ def test_resume_after_both_kills_completes_every_id_once(job: dict[str, Any], dr
 def test_kill_9_during_the_model_load_leaves_no_engine_process(tmp_path: Path) -> None:
     src, out = tmp_path / "in.jsonl", tmp_path / "out.jsonl"
     write_rows(src, [{"id": "a", "prompt": "hello"}])
-    run = start("run", str(src), "-o", str(out), "--plain-progress")
+    run = start("run", str(src), "-o", str(out), "--plain-progress", env=PROCESSES)
     wait_until(lambda: bool(vllm_children(run.pid)), run)  # the engine core is loading the model now
     seen = vllm_children(run.pid)
     started = psutil.Process(run.pid).create_time()
@@ -124,7 +130,7 @@ def test_kill_9_during_the_model_load_leaves_no_engine_process(tmp_path: Path) -
 def test_a_double_sigint_during_the_engine_start_exits_130_at_once(tmp_path: Path) -> None:
     src, out = tmp_path / "in.jsonl", tmp_path / "out.jsonl"
     write_rows(src, [{"id": "a", "prompt": "hello"}])
-    run = start("run", str(src), "-o", str(out), "--plain-progress")
+    run = start("run", str(src), "-o", str(out), "--plain-progress", env=PROCESSES)
     wait_until(lambda: bool(vllm_children(run.pid)), run)
     time.sleep(2.0)
     seen = vllm_children(run.pid)

@@ -17,7 +17,7 @@ import socket
 import subprocess
 import sys
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -44,7 +44,7 @@ class ServeProcess:
     """``bulkinfer serve`` on ``port`` over ``data``; its output (vLLM's log
     included) goes to ``data``'s sibling ``serve-N.log``."""
 
-    def __init__(self, data: Path, port: int, *extra: str):
+    def __init__(self, data: Path, port: int, *extra: str, env: Mapping[str, str] | None = None):
         self.data, self.port = data, port
         self.log = data.parent / f"serve-{len(list(data.parent.glob('serve-*.log')))}.log"
         args = ["serve", "--port", str(port), "--data-dir", str(data), *(f"--api-key={k}" for k in KEYS), *extra]
@@ -54,7 +54,7 @@ class ServeProcess:
                 stdout=log,
                 stderr=subprocess.STDOUT,
                 cwd=ROOT,
-                env={**os.environ, "PYTHONUNBUFFERED": "1"},
+                env={**os.environ, "PYTHONUNBUFFERED": "1", **(env or {})},
             )
         deadline = time.monotonic() + 120
         while not self.up():
@@ -299,7 +299,10 @@ def stopped_twice(server: ServeProcess) -> dict[str, Any]:
     term = {"status": seen.status, "code": server.proc.wait(timeout=60), "tail": server.tail()}
 
     config = server.data.parent / "serve.toml"
-    second = ServeProcess(server.data, server.port, "--config", str(config))
+    # vLLM's engine in processes of its own (as for replicas and GPUs): they must go with the server
+    second = ServeProcess(
+        server.data, server.port, "--config", str(config), env={"VLLM_ENABLE_V1_MULTIPROCESSING": "1"}
+    )
     try:
         after_term = second.client().batches.retrieve(batch.id).status
         seen = poll(second.client(), batch.id, completed_at_least(seen.request_counts.completed + 5))

@@ -59,8 +59,9 @@ def test_without_ray_installed_the_error_says_how_to_get_it(monkeypatch: pytest.
 
 def test_a_replica_with_a_node_to_itself_lets_vllm_bind_its_threads(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.delenv("VLLM_CPU_OMP_THREADS_BIND", raising=False)
-    assert cpu_environment(32, 32) == {"OMP_NUM_THREADS": "32", "VLLM_CPU_OMP_THREADS_BIND": "auto"}
-    assert cpu_environment(8, 32) == {"OMP_NUM_THREADS": "8", "VLLM_CPU_OMP_THREADS_BIND": "nobind"}
+    own = {"VLLM_ENABLE_V1_MULTIPROCESSING": "1"}  # the engine core in a process of its own
+    assert cpu_environment(32, 32) == {"OMP_NUM_THREADS": "32", "VLLM_CPU_OMP_THREADS_BIND": "auto", **own}
+    assert cpu_environment(8, 32) == {"OMP_NUM_THREADS": "8", "VLLM_CPU_OMP_THREADS_BIND": "nobind", **own}
     monkeypatch.setenv("VLLM_CPU_OMP_THREADS_BIND", "0-7")
     assert cpu_environment(8, 32)["VLLM_CPU_OMP_THREADS_BIND"] == "0-7"
 

@@ -98,3 +98,20 @@ def test_the_kv_cache_says_why_and_a_users_size_wins(tmp_path: Path, monkeypatch
     assert sized_kv_cache(str(tmp_path / "missing"), engine, 80) == {}
     monkeypatch.setenv("VLLM_CPU_KVCACHE_SPACE", "2")
     assert sized_kv_cache(model, engine, 80) == {}
+
+
+def test_one_cpu_engine_runs_in_this_process_unless_told_otherwise(monkeypatch: pytest.MonkeyPatch) -> None:
+    from bulkinfer.engine.args import engine_in_process
+
+    monkeypatch.delenv("VLLM_ENABLE_V1_MULTIPROCESSING", raising=False)
+    one = {"tensor_parallel_size": 1, "data_parallel_size": 1}
+    assert engine_in_process("cpu", one, {})
+    assert not engine_in_process("cuda", one, {})  # vLLM's default on GPU: output processing overlaps the GPU
+    assert not engine_in_process("cpu", {**one, "tensor_parallel_size": 2}, {})
+    assert not engine_in_process("cpu", {**one, "pipeline_parallel_size": 2}, {})
+    assert not engine_in_process("cpu", {**one, "distributed_executor_backend": "mp"}, {})
+    assert not engine_in_process("cpu", one, {"VLLM_ENABLE_V1_MULTIPROCESSING": "1"})  # a replica's environment
+    monkeypatch.setenv("VLLM_ENABLE_V1_MULTIPROCESSING", "1")  # the user's
+    assert not engine_in_process("cpu", one, {})
+    monkeypatch.setenv("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
+    assert engine_in_process("cuda", one, {})

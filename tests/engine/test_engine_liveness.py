@@ -28,12 +28,16 @@ from bulkinfer.engine.vllm import VllmEngine, _Stepper
 from bulkinfer.errors import ConfigError, EngineError
 
 
-def stand_in_engine(step: Any, process: subprocess.Popen[bytes], stall_timeout_s: float | None = None) -> VllmEngine:
+def stand_in_engine(
+    step: Any, process: subprocess.Popen[bytes], stall_timeout_s: float | None = None, unfinished: bool = False
+) -> VllmEngine:
     """A VllmEngine whose vLLM parts are replaced: ``step`` is the engine step,
-    ``process`` its one engine process."""
+    ``process`` its one engine process; ``unfinished``: what vLLM's
+    ``has_unfinished_requests`` says."""
     engine = object.__new__(VllmEngine)
-    engine._engine = SimpleNamespace()
-    engine._stepper = _Stepper(step)
+    engine._engine = SimpleNamespace(has_unfinished_requests=lambda: unfinished)
+    engine._stepper = _Stepper()
+    engine._stepper.step = step
     engine._processes = [psutil.Process(process.pid)]
     engine._names = {process.pid: "VLLM::EngineCore"}
     engine._core_processes = {}
@@ -91,6 +95,31 @@ def test_step_with_wait_returns_nothing_yet_and_the_results_later(engine_process
     assert [(c.request_id, c.text, c.finish_reason, c.prompt_tokens, c.completion_tokens) for c in done] == [
         ("7", "hi", "stop", 2, 1)
     ]
+
+
+def test_the_next_step_starts_before_the_last_ones_outputs_are_handed_over(
+    engine_process: subprocess.Popen[bytes],
+) -> None:
+    """The engine computes step N + 1 while the caller writes step N's rows;
+    ``add`` waits for that step (never two at once) and keeps its results."""
+    started: list[float] = []
+    release = threading.Event()
+
+    def step() -> list[Any]:
+        started.append(time.monotonic())
+        if len(started) > 1:
+            release.wait()
+        return []
+
+    engine = stand_in_engine(step, engine_process, unfinished=True)
+    assert engine.step(wait=5) == []
+    deadline = time.monotonic() + 5
+    while len(started) < 2 and time.monotonic() < deadline:
+        time.sleep(0.01)
+    assert len(started) == 2 and engine.stepping  # the second step runs before anyone asked for it
+    release.set()
+    engine._wait_step(5)  # what add does before it sends a request
+    assert not engine.stepping and len(started) == 2  # waiting for a step in flight does not start another
 
 
 def test_an_exception_in_the_step_is_an_engine_error(engine_process: subprocess.Popen[bytes]) -> None:

@@ -141,8 +141,8 @@ def test_a_rejection_of_a_held_request_comes_back_from_step() -> None:
 def test_cpu_replicas_get_equal_shares_of_the_cores(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr("os.sched_getaffinity", lambda pid: {0, 1, 2, 3, 4}, raising=False)
     assert replica_environments(2, 1, "cpu") == [
-        {"VLLM_CPU_OMP_THREADS_BIND": "0,1"},
-        {"VLLM_CPU_OMP_THREADS_BIND": "2,3"},
+        {"VLLM_CPU_OMP_THREADS_BIND": "0,1", "VLLM_ENABLE_V1_MULTIPROCESSING": "1"},
+        {"VLLM_CPU_OMP_THREADS_BIND": "2,3", "VLLM_ENABLE_V1_MULTIPROCESSING": "1"},
     ]
     with pytest.raises(ConfigError, match="needs at least 6 CPU cores, one per replica; this process may use 5"):
         replica_environments(6, 1, "cpu")
