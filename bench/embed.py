@@ -132,7 +132,7 @@ sentence-transformers by batch size (first {PROBE_TEXTS:,} texts):
 | ---: | ---: |
 {rows}
 
-bulkinfer's seconds by phase: {", ".join(f"{k} {v:.1f}" for k, v in bi["seconds"].items())};
+bulkinfer's seconds by phase: {", ".join(f"{k} {v:.1f}" for k, v in bi["seconds"].items() if k != "start")};
 engine {bi["engine"]}.
 """
 

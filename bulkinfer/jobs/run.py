@@ -246,17 +246,22 @@ def _run_locked(attempt: Attempt, job: Job, settings: Settings, context: RunCont
     paths = attempt.paths
     scan = scan_input(paths.input)
     first = next(attempt.rows, None)
+    start: dict[str, float] = {}  # what the load spent, by phase (seconds)
     if first is None:  # no rows at all: no model to load
         model: str = ""
         engine: Engine = NoEngine()
         tokenizer = None
         engine_choice: dict[str, Any] = {}
     else:
+        clock = time.monotonic()
         model = resolve_model(settings.model)
         tokenizer = context.tokenizer_factory(model, settings.engine.trust_remote_code)
+        start["tokenizer"], clock = time.monotonic() - clock, time.monotonic()
         sized = job.sized_kv_cache and not context.engine_outlives_run  # an engine that outlives the job: not sized
         settings, engine_choice = choose_engine_settings(model, settings, scan, job.calibrate, sized)
+        start["engine_choice"], clock = time.monotonic() - clock, time.monotonic()
         engine = context.engine_factory(model, settings)
+        start["engine"] = time.monotonic() - clock
         context.observer.engine_ready()
     settings = settings.resolve_chat_template(tokenizer)
     load_s = time.monotonic() - attempt.started
@@ -268,6 +273,11 @@ def _run_locked(attempt: Attempt, job: Job, settings: Settings, context: RunCont
     finally:
         engine.close()
     report = generation.report(model, load_s, time.monotonic() - attempt.started, generated=job.kind == "run")
+    first_token = generation.stats.first_token_at
+    report["seconds"]["start"] = {
+        **start,
+        "first_token": None if first_token is None else first_token - attempt.started,
+    }
     report["job"] = job.kind
     report["engine_choice"] = engine_choice
     report["peak_rss_bytes"] = peak_rss_bytes()

@@ -56,15 +56,30 @@ class Tokens:
 
 
 @dataclass(frozen=True, slots=True)
+class StartSeconds:
+    """What ``load`` spent, in seconds: the ``tokenizer``'s load, the
+    ``engine_choice`` (the dtype probe on a machine's first run, the KV cache
+    size) and the ``engine``'s start; ``first_token``: from the run's start to
+    the first completion token the engine reported (None: none was generated).
+    Absent from reports before 2026-11-25 (zeros, None)."""
+
+    tokenizer: float = 0.0
+    engine_choice: float = 0.0
+    engine: float = 0.0
+    first_token: float | None = None
+
+
+@dataclass(frozen=True, slots=True)
 class Seconds:
     """Wall time in seconds by phase (``plan`` and ``write`` overlap
-    ``generate``); ``total`` includes the model ``load``."""
+    ``generate``); ``total`` includes the model ``load``, itemised in ``start``."""
 
     load: float
     plan: float
     generate: float
     write: float
     total: float
+    start: StartSeconds = StartSeconds()
 
 
 @dataclass(frozen=True, slots=True)

@@ -171,6 +171,8 @@ class RunStats:
         self.structured = StructuredStats()
         self.series = TokenSeries()
         self._started = clock()
+        # the clock when the engine first reported a completion token (None: not yet)
+        self.first_token_at: float | None = None
 
     def start(self) -> None:
         """Generation starts: the first request is about to be handed over."""
@@ -204,6 +206,8 @@ class RunStats:
     def sample(self, generated_tokens: int, prefilled_tokens: int) -> None:
         """The engine's live counts after a step: completion tokens generated
         and prompt tokens processed since this run started (the token series)."""
+        if generated_tokens > 0 and self.first_token_at is None:
+            self.first_token_at = self.clock()
         self.series.observe(
             self.clock() - self._started,
             max(generated_tokens, self.completion_tokens),

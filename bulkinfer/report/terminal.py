@@ -42,6 +42,14 @@ def print_summary(report: RunReport | dict[str, Any], console: Console) -> None:
         f"load {seconds.load:.1f}, plan {seconds.plan:.1f}, generate {seconds.generate:.1f}, "
         f"write {seconds.write:.1f}, total {seconds.total:.1f}",
     )
+    start = seconds.start
+    if start.engine or start.first_token is not None:  # reports before 2026-11-25 have no start phases
+        first = "none generated" if start.first_token is None else f"{start.first_token:.1f} s"
+        summary.add_row(
+            "start",
+            f"tokenizer {start.tokenizer:.1f}, engine choice {start.engine_choice:.1f}, "
+            f"engine {start.engine:.1f}; first token at {first}",
+        )
     if r.embedding:
         embedding = r.embedding
         summary.add_row(

@@ -350,3 +350,27 @@ def test_job_tokens_counts_the_input_and_every_completion(tmp_path: Path) -> Non
     assert job_tokens(settings, scan) == src.stat().st_size // 2 + 10 * (2 * 100 + TEMPLATE_TOKENS)
     remote = dataclasses.replace(settings, ray=RaySettings(address="auto"))
     assert job_tokens(remote, scan) is None  # a cluster's machines: their own default
+
+
+def test_the_report_itemises_the_start_and_the_first_token(tmp_path: Path) -> None:
+    import time
+
+    def slow_start(model_path: str, s: Settings) -> FakeEngine:
+        time.sleep(0.3)  # an engine that takes 0.3 s to start
+        return FakeEngine()
+
+    paths = RunPaths.build(make_input(tmp_path, 3), tmp_path / "out.jsonl")
+    seconds = run(paths, settings(), RunContext(engine_factory=slow_start)).report["seconds"]
+    start = seconds["start"]
+    assert sorted(start) == ["engine", "engine_choice", "first_token", "tokenizer"]
+    assert start["engine"] >= 0.3 and start["tokenizer"] > 0 and start["engine_choice"] >= 0
+    assert start["tokenizer"] + start["engine_choice"] + start["engine"] <= seconds["load"]
+    assert seconds["load"] <= start["first_token"] <= seconds["total"]
+
+
+def test_a_run_without_rows_starts_nothing(tmp_path: Path) -> None:
+    src = tmp_path / "in.jsonl"
+    src.write_bytes(b"")
+    paths = RunPaths.build(src, tmp_path / "out.jsonl")
+    seconds = run(paths, settings(), RunContext(engine_factory=lambda m, s: FakeEngine())).report["seconds"]
+    assert seconds["start"] == {"first_token": None}
