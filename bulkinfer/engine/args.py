@@ -221,10 +221,11 @@ def engine_in_process(device: str, args: Mapping[str, Any], environment: Mapping
     parallel sizes 1, no executor named in ``args``), in child processes on GPU
     (vLLM's default: output processing overlaps the GPU's work).
 
-    Measured (AMD EPYC with AVX-512-BF16, 2 cores; ShareGPT-200, float32,
-    eager; ``bench/results/engine-in-process.md``): the engine starts in
-    about half the time (two fewer interpreters importing torch and vLLM),
-    and generation is no slower.
+    Measured (AMD EPYC with AVX-512-BF16, 2 cores; ``bench/results/startup.md``,
+    ``bench/results/compare-sharegpt-n200-20261125-153945.md``): the engine
+    starts in 8.3 s instead of 23.5 s (two fewer interpreters importing torch
+    and vLLM), and generation is level with raw vLLM's at the same settings
+    (1.02x on ShareGPT-200, float32, eager).
     """
     chosen = environment.get(MULTIPROCESSING_ENV, os.environ.get(MULTIPROCESSING_ENV))
     if chosen is not None:
