@@ -390,7 +390,11 @@ class VllmEngine:
         return None
 
     def has_unfinished(self) -> bool:
-        return bool(self._engine.has_unfinished_requests())
+        """A request added has not been returned by :meth:`step` yet: it runs,
+        or a step that started on its own (see :meth:`_wait_step`) finished
+        it and holds its result (vLLM's ``has_unfinished_requests`` would
+        already say False), or :meth:`add` buffered it."""
+        return bool(self._unfinished or self._buffered)
 
     def abort_unfinished(self) -> None:
         """Abort every request still in the engine (vLLM's ``abort_request``),

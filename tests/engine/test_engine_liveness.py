@@ -225,3 +225,24 @@ def test_streamed_outputs_are_joined_and_every_token_counted() -> None:
     ]
     assert (outputs.generated_tokens, outputs.prefilled_tokens) == (7, 6)  # a prompt counts once
     assert list(outputs.token_counts.values()) == [2]
+
+
+def test_a_request_a_step_finished_on_its_own_is_unfinished_until_handed_over(
+    engine_process: subprocess.Popen[bytes],
+) -> None:
+    """A step that started on its own may finish the last request while no
+    one waits for it: vLLM then says nothing is unfinished, but the result is
+    still to be collected (a Ray replica's loop stopped calling step, and its
+    rows were never returned)."""
+    finished = SimpleNamespace(
+        request_id="7",
+        finished=True,
+        prompt_token_ids=[1, 2],
+        outputs=[SimpleNamespace(index=0, text="hi", token_ids=[5], logprobs=None, finish_reason="stop")],
+    )
+    engine = stand_in_engine(lambda: [finished], engine_process, unfinished=False)
+    engine._unfinished.add("7")
+    engine._stepper.start()  # as a step that started on its own
+    assert engine.has_unfinished()  # vLLM would say False: the result is in the step's hands
+    assert [c.request_id for c in engine.step(wait=5)] == ["7"]
+    assert not engine.has_unfinished()
