@@ -209,7 +209,9 @@ def resolve_engine_args(
 MULTIPROCESSING_ENV = "VLLM_ENABLE_V1_MULTIPROCESSING"
 
 
-def engine_in_process(device: str, args: Mapping[str, Any], environment: Mapping[str, str]) -> bool:
+def engine_in_process(
+    device: str, args: Mapping[str, Any], environment: Mapping[str, str], another_in_process: bool = False
+) -> bool:
     """Whether vLLM's engine core and its worker run in this process (vLLM's
     ``VLLM_ENABLE_V1_MULTIPROCESSING=0``, its ``uni`` executor) rather than in
     two child processes that each import torch and vLLM again.
@@ -221,12 +223,21 @@ def engine_in_process(device: str, args: Mapping[str, Any], environment: Mapping
     parallel sizes 1, no executor named in ``args``), in child processes on GPU
     (vLLM's default: output processing overlaps the GPU's work).
 
+    ``another_in_process``: an engine of this process already runs in it.
+    Then this one runs in child processes, whatever the environment says:
+    vLLM's model-parallel groups are process-wide, and an in-process engine's
+    shutdown destroys them (vLLM 0.32 ``EngineCore.shutdown`` calls
+    ``cleanup_dist_env_and_memory``), so closing either engine would break
+    the other ("pipeline model parallel group is not initialized").
+
     Measured (AMD EPYC with AVX-512-BF16, 2 cores; ``bench/results/startup.md``,
     ``bench/results/compare-sharegpt-n200-20261125-153945.md``): the engine
     starts in 8.3 s instead of 23.5 s (two fewer interpreters importing torch
     and vLLM), and generation is level with raw vLLM's at the same settings
     (1.02x on ShareGPT-200, float32, eager).
     """
+    if another_in_process:
+        return False
     chosen = environment.get(MULTIPROCESSING_ENV, os.environ.get(MULTIPROCESSING_ENV))
     if chosen is not None:
         return chosen.strip() == "0"

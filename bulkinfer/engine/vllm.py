@@ -43,6 +43,10 @@ LIVENESS_INTERVAL_S = 0.2
 # close(): how long vLLM's own shutdown may take before the processes are killed (seconds).
 CLOSE_TIMEOUT_S = 5.0
 
+# The engine of this process that runs in it, if any: at most one (see engine_in_process).
+_in_process_lock = threading.Lock()
+_in_process_owner: list[object] = []
+
 
 class _Stepper:
     """The engine's own thread: runs the engine's ``step()`` (and, for an
@@ -161,7 +165,10 @@ class VllmEngine:
         from bulkinfer.engine.watchdog import Watchdog
 
         earlier = {p.pid for p in psutil.Process().children(recursive=True)}  # another replica's
-        in_process = engine_in_process(device, args, environment or {})
+        with _in_process_lock:
+            in_process = engine_in_process(device, args, environment or {}, bool(_in_process_owner))
+            if in_process:
+                _in_process_owner.append(self)
         variables = {**(environment or {}), **({MULTIPROCESSING_ENV: "0"} if in_process else {})}
         self._stepper = _Stepper(step_done)
         self._watchdog = Watchdog()  # before any engine process exists
@@ -178,6 +185,7 @@ class VllmEngine:
         except BaseException as exc:
             self._stepper.stop()
             self._watchdog.kill()
+            _release_in_process(self)
             if isinstance(exc, BulkinferError | KeyboardInterrupt | SystemExit):
                 raise
             raise EngineError(f"the vLLM engine failed to start: {type(exc).__name__}: {exc}") from exc
@@ -435,6 +443,14 @@ class VllmEngine:
             self._watchdog.kill()
         else:
             self._watchdog.close()
+        _release_in_process(self)
+
+
+def _release_in_process(engine: object) -> None:
+    """The next engine of this process may run in it (``engine`` ran here, or never started)."""
+    with _in_process_lock:
+        if engine in _in_process_owner:
+            _in_process_owner.remove(engine)
 
 
 def import_vllm() -> None:

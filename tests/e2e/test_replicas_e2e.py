@@ -57,11 +57,23 @@ def test_both_replicas_worked_in_the_resumed_run(resumed: dict[str, Any]) -> Non
     assert sum(r["rows"] for r in replicas) == left
 
 
-def test_completions_match_one_engine_at_temperature_0(resumed: dict[str, Any], tmp_path: Path) -> None:
+def test_completions_match_one_engine_at_temperature_0(
+    resumed: dict[str, Any], tmp_path: Path, shared_engine: Any
+) -> None:
+    """The one engine starts while the shared engine runs in this process:
+    it runs in child processes (vLLM's distributed state is process-wide,
+    and an in-process engine's shutdown destroys it), and the shared engine
+    still runs rows after it closed (once it failed with "pipeline model
+    parallel group is not initialized")."""
     src = tmp_path / "in.jsonl"
     src.write_bytes(Path(resumed["src"]).read_bytes())
+    before = api.run(src, tmp_path / "before.jsonl", engine=shared_engine, max_tokens=2, progress_plain=True)
+    assert before.report["engine"]["in_process"] is True
     out = tmp_path / "one.jsonl"
     one_engine = api.run(src, out, dtype="float32", max_tokens=24, temperature=0, progress_plain=True)
+    assert one_engine.report["engine"]["in_process"] is False
+    after = api.run(src, tmp_path / "after.jsonl", engine=shared_engine, max_tokens=2, progress_plain=True)
+    assert after.exit_code == 0 and after.report["request_counts"]["completed"] == ROWS
     assert resumed["engine"]["dtype"] == one_engine.report["engine"]["dtype"] == "float32"
     from e2e_helpers import read_jsonl
 

@@ -115,3 +115,5 @@ def test_one_cpu_engine_runs_in_this_process_unless_told_otherwise(monkeypatch: 
     assert not engine_in_process("cpu", one, {})
     monkeypatch.setenv("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
     assert engine_in_process("cuda", one, {})
+    # a second engine while one runs in this process: child processes, whatever the environment says
+    assert not engine_in_process("cpu", one, {}, another_in_process=True)
