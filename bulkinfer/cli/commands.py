@@ -169,6 +169,17 @@ def calibrate(
         bool,
         typer.Option("--tune", help=described("Also tune max_num_seqs, max_num_batched_tokens (minutes).", "off")),
     ] = False,
+    compile_: Annotated[
+        bool,
+        typer.Option(
+            "--compile",
+            help=described(
+                "Also measure compiled against eager engines on CPU: the break-even runs choose by; "
+                "warms vLLM's compile cache (minutes).",
+                "off",
+            ),
+        ),
+    ] = False,
 ) -> None:
     """Measure this machine: the dtype, optionally the scheduler limits, and throughput (for `plan`)."""
     options = dict(locals())  # first: only the options are local yet
@@ -181,6 +192,7 @@ def calibrate(
                 verbose=verbose,
                 stop=stop_token,
                 tune_scheduler=tune,
+                compile_break_even=compile_,
             )
     except BulkinferError as exc:
         fail(exc)
@@ -198,6 +210,14 @@ def calibrate(
         )
         chosen = ", ".join(f"{k}={v}" for k, v in result["tuned"]["settings"].items())
         typer.echo(f"scheduler: {chosen} (max_num_seqs/max_num_batched_tokens: completion tok/s {tried})")
+    if result["compile"]:
+        eager, compiled = result["compile"]["eager"], result["compile"]["compiled"]
+        cold = compiled["cold_start_s"]
+        typer.echo(
+            f"compile: eager {eager['completion_tokens_per_s']:.1f} tok/s, start {eager['start_s']:.1f} s; "
+            f"compiled {compiled['completion_tokens_per_s']:.1f} tok/s, start "
+            f"{'unmeasured' if cold is None else f'{cold:.1f} s'} cold, {compiled['warm_start_s']:.1f} s warm"
+        )
     entry = result["calibration"]
     typer.echo(
         f"calibrated: {entry['completion_tokens_per_s']:.1f} completion tokens/s, "

@@ -18,9 +18,10 @@ from bulkinfer.engine.factory import vllm_engine
 from bulkinfer.engine.log import EngineLog
 from bulkinfer.errors import EngineError, ModelError
 from bulkinfer.io.output_files import RunPaths
+from bulkinfer.jobs.compile_choice import measure_compile
 from bulkinfer.jobs.context import RunContext
 from bulkinfer.jobs.run import run
-from bulkinfer.jobs.tune import TOPICS, dtype_machine, print_to_stderr, probe_dtype, tune
+from bulkinfer.jobs.tune import TOPICS, dtype_machine, measured_settings, print_to_stderr, probe_dtype, tune
 from bulkinfer.models import resolve_model
 from bulkinfer.report.calibration import calibration_path, generated_by_attempt, record_calibration, record_choice
 from bulkinfer.stop import StopToken
@@ -37,6 +38,7 @@ def calibrate(
     verbose: bool = False,
     stop: StopToken | None = None,
     tune_scheduler: bool = False,
+    compile_break_even: bool = False,
 ) -> dict[str, Any]:
     """Measure this machine for the model: the dtype probe (unless the
     settings force a dtype) and, with ``tune_scheduler``, vLLM's scheduler
@@ -44,9 +46,12 @@ def calibrate(
     :mod:`bulkinfer.jobs.tune`); then a short fixed workload (64 chat prompts
     x 64 completion tokens, ``ignore_eos``) with what was chosen, its
     throughput recorded as the model's calibration on this machine (source
-    ``"calibrate"``, see :mod:`bulkinfer.report.calibration`). Returns
-    ``{"calibration": that entry, "dtype_probe", "tuned"}`` (the stored
-    choices, or None).
+    ``"calibrate"``, see :mod:`bulkinfer.report.calibration`). With
+    ``compile_break_even``, on CPU, eager against compiled engines first
+    (:func:`~bulkinfer.jobs.compile_choice.measure_compile`: the break-even
+    runs decide by; vLLM's compile cache is warm afterwards). Returns
+    ``{"calibration": that entry, "dtype_probe", "tuned", "compile"}`` (the
+    stored choices, or None).
     The engines' log goes to ``$BULKINFER_HOME/calibrate.log`` unless
     ``verbose``.
 
@@ -71,12 +76,15 @@ def calibrate(
         log_path.parent.mkdir(parents=True, exist_ok=True)
         with EngineLog(log_path, verbose) as log:
             try:
-                probe = tuned = None
+                probe = tuned = compiled = None
                 if settings.engine.dtype == "auto" and detect_device() == "cpu":
                     result = probe_dtype(model, settings, engine_factory, say=print_to_stderr)
                     probe = record_choice("dtype", model, dtype_machine(), result)
                 if tune_scheduler:
                     tuned = tune(model, settings, engine_factory, say=print_to_stderr)
+                if compile_break_even and detect_device() == "cpu":
+                    measured, _ = measured_settings(model, settings, "cpu", engine_factory)  # the runs' dtype
+                    compiled = measure_compile(model, measured, engine_factory, say=print_to_stderr)
                 context = RunContext(stop=stop or StopToken(), verbose=verbose, engine_factory=engine_factory)
                 report = run(paths, fixed, context).report
             except (EngineError, ModelError) as exc:
@@ -88,4 +96,4 @@ def calibrate(
             f"the calibration generated {rows} rows and {tokens} completion tokens, "
             f"less than the {CALIBRATION_ROWS} x {CALIBRATION_MAX_TOKENS} it asked for; nothing recorded"
         )
-    return {"calibration": entry, "dtype_probe": probe, "tuned": tuned}
+    return {"calibration": entry, "dtype_probe": probe, "tuned": tuned, "compile": compiled}

@@ -6,6 +6,8 @@ From what the user gave and what was measured on this machine:
   and the scheduler limits ``calibrate --tune`` measured, on CPU;
 - the KV cache sized to the job (:func:`job_tokens`), on CPU, when the
   engine lives as long as the job;
+- eager or compiled, on CPU (:mod:`bulkinfer.jobs.compile_choice`: by the
+  break-even ``calibrate --compile`` measured and the job's size);
 - vLLM's priority scheduling when rows may set a ``priority``.
 
 The engine itself is then built by the run's engine factory (by default
@@ -21,6 +23,7 @@ from bulkinfer.config import Settings, with_engine
 from bulkinfer.engine.args import detect_device, sized_kv_cache
 from bulkinfer.engine.factory import vllm_engine
 from bulkinfer.io.inputs import InputScan
+from bulkinfer.jobs.compile_choice import choose_compile
 from bulkinfer.jobs.tune import measured_settings, print_to_stderr
 
 # Tokens a row's chat template adds beyond its JSON bytes / 2 (and its n x max_tokens completion tokens).
@@ -51,6 +54,9 @@ def choose_engine_settings(
         if tokens is not None and (kv := sized_kv_cache(model, settings.engine, tokens)):
             settings = with_engine(settings, kv_cache_memory_bytes=kv["kv_cache_memory_bytes"])
             choice["kv_cache"] = kv
+        if device == "cpu":
+            expected = expected_completion_tokens(settings, scan) if size_kv_cache else None
+            settings, choice["compile"] = choose_compile(model, settings, expected)
     return with_priority_scheduling(settings, scan.mentions_priority), choice
 
 
@@ -65,8 +71,14 @@ def with_priority_scheduling(settings: Settings, rows_set_priority: bool) -> Set
     return with_engine(settings, extra_args={**extra, "scheduling_policy": "priority"})
 
 
-# Tokens a row's chat template adds beyond its JSON bytes / 2 (and its n x max_tokens completion tokens).
-TEMPLATE_TOKENS = 64
+def expected_completion_tokens(settings: Settings, scan: InputScan) -> int | None:
+    """The most completion tokens a job generates: ``rows x n x max_tokens``
+    (the default ``max_tokens``; as ``plan``'s estimate, every row generating
+    all of it); None when the input's size is unknown or the engines run on
+    other machines (a Ray cluster's, whose compile figures this one lacks)."""
+    if scan.rows is None or settings.ray.address not in (None, "local"):
+        return None
+    return scan.rows * settings.sampling.n * settings.sampling.max_tokens
 
 
 def job_tokens(settings: Settings, scan: InputScan) -> int | None:

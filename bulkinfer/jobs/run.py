@@ -39,6 +39,7 @@ from bulkinfer.errors import (
 from bulkinfer.io.inputs import scan_input
 from bulkinfer.io.output_files import OutputFiles, RunPaths, input_identity, results_settings, same_file
 from bulkinfer.io.readers import PROMPT_COLUMNS, RawRow, open_reader
+from bulkinfer.jobs.compile_choice import record_compiled_start
 from bulkinfer.jobs.context import RunContext
 from bulkinfer.jobs.engine_choice import choose_engine_settings
 from bulkinfer.jobs.generation import Attempt, Generation
@@ -262,6 +263,9 @@ def _run_locked(attempt: Attempt, job: Job, settings: Settings, context: RunCont
         start["engine_choice"], clock = time.monotonic() - clock, time.monotonic()
         engine = context.engine_factory(model, settings)
         start["engine"] = time.monotonic() - clock
+        compiled = engine_choice.get("compile", {}).get("enforce_eager") is False
+        if compiled and not context.engine_outlives_run:  # vLLM's compile cache now holds this graph
+            record_compiled_start(model, settings, start["engine"])
         context.observer.engine_ready()
     settings = settings.resolve_chat_template(tokenizer)
     load_s = time.monotonic() - attempt.started

@@ -199,7 +199,7 @@ def probe_dtype(
             trial = {"dtype": dtype, "perplexity": math.exp(total / tokens), "completion_tokens_per_s": 0.0}
             if dtype == "float32" or _passes(trial, trials[0], PROBE_TOLERANCE):  # no speed trial for a refused one
                 budget = None if not trials else PROBE_SPEED_CUTOFF * trials[0]["speed_trial_s"]
-                rate, seconds, cut = _speed(engine, tokenizer, PROBE_SPEED_ROWS, PROBE_SPEED_TOKENS, budget)
+                rate, seconds, cut = speed(engine, tokenizer, PROBE_SPEED_ROWS, PROBE_SPEED_TOKENS, budget)
                 trial.update(completion_tokens_per_s=rate, speed_trial_s=seconds)
                 if cut:
                     trial["speed_trial_cut"] = f"stopped at {PROBE_SPEED_CUTOFF:g}x float32's trial time"
@@ -273,8 +273,8 @@ def tune(
             say(f"tuning: {', '.join(f'{k}={v}' for k, v in candidate.items())}")
         engine = engine_factory(model, with_engine(settings, **candidate))
         try:
-            _speed(engine, tokenizer, 16, 4)  # warm-up
-            rate, _, _ = _speed(engine, tokenizer, TUNE_ROWS, TUNE_MAX_TOKENS)
+            speed(engine, tokenizer, 16, 4)  # warm-up
+            rate, _, _ = speed(engine, tokenizer, TUNE_ROWS, TUNE_MAX_TOKENS)
         finally:
             engine.close()
         trials.append({"settings": candidate, "completion_tokens_per_s": rate})
@@ -310,7 +310,7 @@ def _request(seq: int, prompt: str | None, max_tokens: int) -> Request:
     )  # fmt: skip
 
 
-def _speed(
+def speed(
     engine: Engine, tokenizer: Any, rows: int, max_tokens: int, budget_s: float | None = None
 ) -> tuple[float, float, bool]:
     """Completion tokens/s of ``rows`` chat prompts x ``max_tokens`` tokens

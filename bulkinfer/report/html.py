@@ -356,6 +356,9 @@ def run_sections(report: RunReport | dict[str, Any]) -> list[str]:
     if chosen.dtype:
         why = f"dtype {chosen.dtype.dtype}: {chosen.dtype.why}"
         parts.append(f'<p class="note">{html.escape(why)}</p>')
+    if chosen.compile:
+        mode = "eager" if chosen.compile.enforce_eager else "compiled"
+        parts.append(f'<p class="note">{html.escape(f"{mode}: {chosen.compile.why}")}</p>')
     if chosen.scheduler:
         tuned = ", ".join(f"{k} = {v}" for k, v in chosen.scheduler.settings.items())
         parts.append(f'<p class="note">{html.escape(f"measured by bulkinfer calibrate --tune: {tuned}")}</p>')

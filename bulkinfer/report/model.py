@@ -218,12 +218,21 @@ class SchedulerChoice:
 
 
 @dataclass(frozen=True, slots=True)
+class CompileChoice:
+    """Eager or compiled, and why (:mod:`bulkinfer.jobs.compile_choice`)."""
+
+    enforce_eager: bool
+    why: str
+
+
+@dataclass(frozen=True, slots=True)
 class EngineChoice:
     """What bulkinfer measured or sized for this run's engine."""
 
     dtype: DtypeChoice | None = None
     scheduler: SchedulerChoice | None = None
     kv_cache: dict[str, Any] | None = None
+    compile: CompileChoice | None = None
 
 
 @dataclass(frozen=True, slots=True)

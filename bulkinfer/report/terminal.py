@@ -87,6 +87,9 @@ def print_summary(report: RunReport | dict[str, Any], console: Console) -> None:
     _replicas_row(summary, r)
     if r.engine_choice.dtype:
         summary.add_row("dtype", f"{r.engine_choice.dtype.dtype}: {r.engine_choice.dtype.why}")
+    if r.engine_choice.compile:
+        mode = "eager" if r.engine_choice.compile.enforce_eager else "compiled"
+        summary.add_row("compilation", f"{mode}: {r.engine_choice.compile.why}")
     rss = r.peak_rss_bytes
     if rss.bulkinfer is not None:
         engine = f", engine {format_bytes(rss.children)}" if rss.children else ""

@@ -182,7 +182,7 @@ def test_tuning_keeps_vllms_defaults_unless_another_setting_is_clearly_faster(
 
     monkeypatch.setattr(tune, "load_tokenizer", lambda model, trust: None)
     speed = lambda engine, tokenizer, rows, tokens, budget_s=None: (rates[engine.key], 1.0, False)  # noqa: E731
-    monkeypatch.setattr(tune, "_speed", speed)
+    monkeypatch.setattr(tune, "speed", speed)
     entry = tune.tune("m", Settings(), factory)  # type: ignore[arg-type]
     # 512 sequences: 2% faster, within the spread, not taken; 8192 batched tokens: 10% faster, taken
     assert entry["settings"] == {"max_num_seqs": 256, "max_num_batched_tokens": 8192}
@@ -197,7 +197,7 @@ def test_tuning_measures_the_defaults_again_and_a_machine_that_sped_up_is_not_a_
     rates = iter([144.0, 162.0, 174.0, 182.0, 185.0, 180.0])  # every trial faster than the one before; the control too
     monkeypatch.setattr(tune, "load_tokenizer", lambda model, trust: None)
     speed = lambda engine, tokenizer, rows, tokens, budget_s=None: (next(rates) if rows > 16 else 1.0, 1.0, False)  # noqa: E731
-    monkeypatch.setattr(tune, "_speed", speed)
+    monkeypatch.setattr(tune, "speed", speed)
     entry = tune.tune("m", Settings(), lambda model, settings: Measured(settings))  # type: ignore[arg-type,return-value]
     assert entry["settings"] == tune.TUNE_DEFAULTS  # 182 tokens/s is not 3% above the defaults' 180 at the end
     assert len(entry["trials"]) == 6

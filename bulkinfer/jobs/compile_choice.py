@@ -1,0 +1,179 @@
+"""Eager or compiled: whether a CPU job's engine runs vLLM's compiled model
+(``torch.compile``, vLLM's default) or eager PyTorch (``enforce_eager``,
+bulkinfer's default on CPU until measured otherwise).
+
+Compiling costs start-up seconds (the first time on a machine: the whole
+compilation; after that vLLM's compile cache, under ``VLLM_CACHE_ROOT``,
+gives most of it back) and may make each engine step faster. So it pays
+from some number of completion tokens on, and that number is measured,
+per model, dtype and machine, by ``bulkinfer calibrate --compile``
+(:func:`measure_compile`): one eager engine and two compiled ones (the first
+fills vLLM's cache, the second starts from it), each start timed, and the
+first two generating the same fixed workload.
+
+A run then decides (:func:`choose_compile`), where the user set neither
+``enforce_eager`` nor ``--no-enforce-eager``: compiled when the job's
+expected completion tokens times the seconds compiling saves a token exceed
+the start-up it adds (the warm figure when a compiled engine of the same
+settings started on this machine before and vLLM's cache is still there, the
+cold one otherwise), eager otherwise; the report's ``engine_choice.compile``
+says which and why, with the break-even. Unmeasured, a job runs eager.
+
+The break-even in completion tokens: ``extra start s / (1 / eager tok/s - 1 /
+compiled tok/s)``; none when compiling was not faster by :data:`MIN_GAIN`.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+from bulkinfer.config import Settings, with_engine
+from bulkinfer.engine.args import this_machine, vllm_version
+from bulkinfer.engine.base import EngineFactory
+from bulkinfer.jobs.tune import speed
+from bulkinfer.models import load_tokenizer
+from bulkinfer.report.calibration import record_choice, stored_choice
+
+# A compiled engine counts as faster only by this share over eager's rate (run-to-run spread here: a few per cent).
+MIN_GAIN = 0.03
+
+
+# The speed trial of each engine: rows x completion tokens (ignore_eos), after a warm-up of 16 x 4.
+TRIAL_ROWS = 128
+
+
+TRIAL_TOKENS = 64
+
+
+# The engine settings vLLM's compiled graph depends on (besides model and dtype): a compiled start with the same
+# ones finds vLLM's cache warm (the KV cache size is not among them: vLLM 0.32 CacheConfig.compute_hash ignores it).
+GRAPH_SETTINGS = ("max_model_len", "max_num_seqs", "max_num_batched_tokens")
+
+
+def vllm_cache_root() -> Path:
+    """Where vLLM keeps its compile cache: ``VLLM_CACHE_ROOT``, else
+    ``$XDG_CACHE_HOME/vllm``, else ``~/.cache/vllm`` (vLLM 0.32 ``vllm/envs.py``)."""
+    root = os.environ.get("VLLM_CACHE_ROOT")
+    if root:
+        return Path(root).expanduser()
+    return Path(os.environ.get("XDG_CACHE_HOME") or "~/.cache").expanduser() / "vllm"
+
+
+def compile_machine(settings: Settings) -> dict[str, Any]:
+    """What the compile measurement depends on: CPU, cores, vLLM version and the dtype."""
+    return {**this_machine(), "vllm": vllm_version(), "dtype": settings.engine.dtype}
+
+
+def _graph_key(settings: Settings) -> dict[str, Any]:
+    return {**compile_machine(settings), **{k: getattr(settings.engine, k) for k in GRAPH_SETTINGS}}
+
+
+def cache_warm(model: str, settings: Settings) -> dict[str, Any] | None:
+    """The record of a compiled engine of ``model`` with these graph settings
+    started on this machine (:func:`record_compiled_start`), when vLLM's
+    compile cache is still there; else None."""
+    if not (vllm_cache_root() / "torch_compile_cache").is_dir():
+        return None
+    return stored_choice("compile_cache", model, _graph_key(settings))
+
+
+def record_compiled_start(model: str, settings: Settings, start_s: float) -> None:
+    """Remember that a compiled engine of ``model`` with ``settings`` started
+    here (in ``start_s`` seconds): vLLM's cache now holds its graph."""
+    record_choice("compile_cache", model, _graph_key(settings), {"start_s": round(start_s, 2)})
+
+
+def break_even(extra_start_s: float, eager_rate: float, compiled_rate: float) -> float | None:
+    """Completion tokens from which a compiled engine that starts
+    ``extra_start_s`` seconds later and generates ``compiled_rate`` completion
+    tokens/s (``eager_rate`` eager) finishes first; None when compiled is not
+    faster by :data:`MIN_GAIN`."""
+    if compiled_rate < eager_rate * (1 + MIN_GAIN):
+        return None
+    return max(0.0, extra_start_s) / (1 / eager_rate - 1 / compiled_rate)
+
+
+def choose_compile(model: str, settings: Settings, expected_tokens: int | None) -> tuple[Settings, dict[str, Any]]:
+    """``settings`` with ``enforce_eager`` decided for a CPU job expected to
+    generate ``expected_tokens`` completion tokens (None: unknown), and the
+    report's ``engine_choice.compile`` (``enforce_eager``, ``why``, and when
+    measured ``break_even_completion_tokens``, ``expected_completion_tokens``,
+    ``cache``: warm or cold). See the module docstring."""
+    if settings.engine.enforce_eager is not None:
+        return settings, {"enforce_eager": settings.engine.enforce_eager, "why": "set by the user"}
+    measured = stored_choice("compile", model, compile_machine(settings))
+    if measured is None:
+        why = "compilation not measured for this model and dtype here (bulkinfer calibrate --compile measures it)"
+        return with_engine(settings, enforce_eager=True), {"enforce_eager": True, "why": why}
+    warm = cache_warm(model, settings)
+    eager, compiled = measured["eager"], measured["compiled"]
+    start = compiled["warm_start_s"] if warm else compiled.get("cold_start_s")
+    choice: dict[str, Any] = {"cache": "warm" if warm else "cold", "expected_completion_tokens": expected_tokens}
+    if start is None:  # measured with the cache already warm: what a cold start costs is unknown
+        why = "vLLM's compile cache is cold for these settings and a cold compile was not measured here"
+        return with_engine(settings, enforce_eager=True), {"enforce_eager": True, "why": why, **choice}
+    tokens = break_even(start - eager["start_s"], eager["completion_tokens_per_s"], compiled["completion_tokens_per_s"])
+    choice["break_even_completion_tokens"] = None if tokens is None else round(tokens)
+    rates = (
+        f"compiled {compiled['completion_tokens_per_s']:.1f} vs eager {eager['completion_tokens_per_s']:.1f} "
+        f"completion tok/s, start {start:.1f} vs {eager['start_s']:.1f} s with vLLM's compile cache "
+        f"{choice['cache']} (measured {measured['measured_at']})"
+    )
+    if tokens is None:
+        use_eager, why = True, f"compiling is not faster here: {rates}"
+    elif expected_tokens is None:
+        use_eager = True
+        why = f"the job's size is unknown; compiling pays from {tokens:,.0f} completion tokens: {rates}"
+    else:
+        use_eager = expected_tokens < tokens
+        side = "under" if use_eager else "at or over"
+        why = (
+            f"the job's expected {expected_tokens:,} completion tokens are {side} the break-even of "
+            f"{tokens:,.0f}: {rates}"
+        )
+    return with_engine(settings, enforce_eager=use_eager), {"enforce_eager": use_eager, "why": why, **choice}
+
+
+def measure_compile(
+    model: str, settings: Settings, engine_factory: EngineFactory, say: Callable[[str], None] | None = None
+) -> dict[str, Any]:
+    """Measure eager against compiled for ``model`` at ``settings``' dtype
+    on this machine and store it (see the module docstring); returns the
+    stored entry: ``eager`` (``start_s``, ``completion_tokens_per_s``) and
+    ``compiled`` (``cold_start_s``: the first compiled start, ``warm_start_s``:
+    the second, ``completion_tokens_per_s``). vLLM's compile cache is warm
+    for these settings afterwards.
+
+    Raises:
+        EngineError: an engine fails to start or a request fails.
+    """
+    tokenizer = load_tokenizer(model, settings.engine.trust_remote_code)
+    earlier = stored_choice("compile", model, compile_machine(settings))
+    results: dict[str, dict[str, float | None]] = {}
+    for name, eager in (("eager", True), ("compiled", False), ("compiled again", False)):
+        if say:
+            say(f"compile: starting the {name} engine")
+        variant = with_engine(settings, enforce_eager=eager, data_parallel_size=1)
+        was_warm = cache_warm(model, variant) is not None
+        clock = time.monotonic()
+        engine = engine_factory(model, variant)
+        start_s = time.monotonic() - clock
+        try:
+            if name == "compiled again":  # the start is what this one measures
+                results["compiled"]["warm_start_s"] = round(start_s, 2)
+                continue
+            speed(engine, tokenizer, 16, 4)  # warm-up
+            rate, _, _ = speed(engine, tokenizer, TRIAL_ROWS, TRIAL_TOKENS)
+        finally:
+            engine.close()
+        results[name] = {"start_s": round(start_s, 2), "completion_tokens_per_s": round(rate, 2)}
+        if not eager:  # a cold start only if vLLM's cache did not hold the graph yet; else the earlier cold figure
+            cold = earlier["compiled"].get("cold_start_s") if was_warm and earlier else None
+            results[name] = {"cold_start_s": cold if was_warm else round(start_s, 2), **results[name]}
+            record_compiled_start(model, variant, start_s)
+    entry = {"eager": results["eager"], "compiled": results["compiled"], "trial": [TRIAL_ROWS, TRIAL_TOKENS]}
+    return record_choice("compile", model, compile_machine(settings), entry)

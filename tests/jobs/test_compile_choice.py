@@ -1,0 +1,150 @@
+"""Eager or compiled (bulkinfer/jobs/compile_choice.py): the break-even, the
+decision a run makes from what ``calibrate --compile`` stored, and the
+measurement itself on stand-in engines (the real engines: the compile bench,
+bench/compile.py, and tests/e2e/test_calibrate_e2e.py)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+import bulkinfer.jobs.compile_choice as cc
+from bulkinfer.config import Settings, with_engine
+from bulkinfer.io.inputs import InputScan
+from bulkinfer.report.calibration import record_choice
+
+
+@pytest.fixture
+def home(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    monkeypatch.setenv("BULKINFER_HOME", str(tmp_path / "home"))
+    monkeypatch.setenv("VLLM_CACHE_ROOT", str(tmp_path / "vllm"))
+    return tmp_path
+
+
+F32 = with_engine(Settings(), dtype="float32")
+
+
+def store(eager_rate: float = 200.0, compiled_rate: float = 250.0, cold: float | None = 100.0) -> None:
+    """A measurement: eager starts in 10 s, compiled in ``cold`` s cold and 20 s warm."""
+    entry = {
+        "eager": {"start_s": 10.0, "completion_tokens_per_s": eager_rate},
+        "compiled": {"cold_start_s": cold, "warm_start_s": 20.0, "completion_tokens_per_s": compiled_rate},
+    }
+    record_choice("compile", "m", cc.compile_machine(F32), entry)
+
+
+def warm_cache(home: Path) -> None:
+    (home / "vllm" / "torch_compile_cache").mkdir(parents=True)
+    cc.record_compiled_start("m", F32, 20.0)
+
+
+def test_the_break_even_is_the_extra_start_over_the_seconds_saved_a_token() -> None:
+    # 90 s more to start; a token takes 1/200 - 1/250 = 0.001 s less: 90,000 tokens
+    assert cc.break_even(90.0, 200.0, 250.0) == pytest.approx(90_000)
+    assert cc.break_even(-5.0, 200.0, 250.0) == 0  # a compiled engine that starts sooner pays at once
+    assert cc.break_even(90.0, 200.0, 205.0) is None  # 2.5% faster: within the spread, never pays
+
+
+def test_a_user_setting_wins_and_an_unmeasured_machine_runs_eager(home: Path) -> None:
+    settings, choice = cc.choose_compile("m", with_engine(F32, enforce_eager=False), 10**9)
+    assert settings.engine.enforce_eager is False and choice["why"] == "set by the user"
+    settings, choice = cc.choose_compile("m", F32, 10**9)
+    assert settings.engine.enforce_eager is True
+    assert "calibrate --compile" in choice["why"]
+
+
+def test_a_cold_cache_compiles_only_past_the_cold_break_even(home: Path) -> None:
+    store()  # cold: 90 s more -> 90,000 tokens
+    settings, choice = cc.choose_compile("m", F32, 89_000)
+    assert settings.engine.enforce_eager is True
+    assert choice["cache"] == "cold" and choice["break_even_completion_tokens"] == 90_000
+    assert "expected 89,000 completion tokens are under the break-even of 90,000" in choice["why"]
+    settings, choice = cc.choose_compile("m", F32, 91_000)
+    assert settings.engine.enforce_eager is False and "at or over" in choice["why"]
+
+
+def test_a_warm_cache_moves_the_break_even_down(home: Path) -> None:
+    store()
+    warm_cache(home)  # warm: 10 s more -> 10,000 tokens
+    settings, choice = cc.choose_compile("m", F32, 12_000)
+    assert settings.engine.enforce_eager is False
+    assert choice["cache"] == "warm" and choice["break_even_completion_tokens"] == 10_000
+    # other graph settings are another graph: the cache is cold for them
+    _, other = cc.choose_compile("m", with_engine(F32, max_num_batched_tokens=8192), 12_000)
+    assert other["cache"] == "cold" and other["enforce_eager"] is True
+    # vLLM's cache removed: cold again
+    (home / "vllm" / "torch_compile_cache").rmdir()
+    assert cc.choose_compile("m", F32, 12_000)[1]["cache"] == "cold"
+
+
+def test_compiling_that_is_not_faster_and_an_unknown_size_or_cold_cost_run_eager(home: Path) -> None:
+    store(compiled_rate=204.0)
+    settings, choice = cc.choose_compile("m", F32, 10**9)
+    assert settings.engine.enforce_eager is True and "not faster" in choice["why"]
+    store()
+    assert cc.choose_compile("m", F32, None)[1]["enforce_eager"] is True  # a shared engine, stdin
+    store(cold=None)  # measured on a warm cache: a cold start's cost unknown
+    settings, choice = cc.choose_compile("m", F32, 10**9)
+    assert settings.engine.enforce_eager is True and "cold compile was not measured" in choice["why"]
+
+
+def test_a_job_sized_run_decides_from_rows_n_and_max_tokens(home: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    from bulkinfer.jobs import engine_choice
+
+    monkeypatch.setattr(engine_choice, "detect_device", lambda: "cpu")
+    monkeypatch.setattr(engine_choice, "sized_kv_cache", lambda *a: {})
+    monkeypatch.setattr(engine_choice, "measured_settings", lambda model, s, *a: (with_engine(s, dtype="float32"), {}))
+    store()  # cold break-even 90,000
+    assert Settings().sampling.max_tokens == 256 and Settings().sampling.n == 1
+    big = InputScan(rows=1000, mentions_priority=False, bytes=10_000)  # 1000 x 256 tokens at most
+    settings, choice = engine_choice.choose_engine_settings("m", Settings(), big, measure=True, size_kv_cache=True)
+    assert choice["compile"]["expected_completion_tokens"] == 256_000
+    assert settings.engine.enforce_eager is False
+    small = InputScan(rows=100, mentions_priority=False, bytes=1_000)
+    settings, choice = engine_choice.choose_engine_settings("m", Settings(), small, measure=True, size_kv_cache=True)
+    assert settings.engine.enforce_eager is True
+    _, choice = engine_choice.choose_engine_settings("m", Settings(), big, measure=True, size_kv_cache=False)
+    assert choice["compile"]["expected_completion_tokens"] is None  # an engine that outlives the job
+
+
+class Timed:
+    """Stands in for an engine: its start takes ``start_s`` (a clock advanced by the factory)."""
+
+    def __init__(self, settings: Settings) -> None:
+        self.eager = settings.engine.enforce_eager
+        self.closed = False
+
+    def close(self) -> None:
+        self.closed = True
+
+
+def test_the_measurement_stores_starts_and_rates_and_keeps_a_cold_figure_across_a_warm_cache(
+    home: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    clock = [0.0]
+    starts = iter([10.0, 100.0, 20.0, 11.0, 21.0, 19.0])  # eager, compiled (cold), compiled again; then all warm
+    engines: list[Timed] = []
+
+    def factory(model: str, settings: Settings) -> Timed:
+        clock[0] += next(starts)
+        engines.append(Timed(settings))
+        return engines[-1]
+
+    monkeypatch.setattr(cc.time, "monotonic", lambda: clock[0])
+    monkeypatch.setattr(cc, "load_tokenizer", lambda model, trust: None)
+    monkeypatch.setattr(
+        cc, "speed", lambda engine, tok, rows, tokens: (250.0 if engine.eager is False else 200.0, 1, False)
+    )
+    (home / "vllm" / "torch_compile_cache").mkdir(parents=True)  # vLLM fills it on the first compiled start
+    entry = cc.measure_compile("m", F32, factory)  # type: ignore[arg-type]
+    assert entry["eager"] == {"start_s": 10.0, "completion_tokens_per_s": 200.0}
+    assert entry["compiled"] == {
+        "cold_start_s": 100.0, "start_s": 100.0, "completion_tokens_per_s": 250.0, "warm_start_s": 20.0,
+    }  # fmt: skip
+    assert [e.eager for e in engines] == [True, False, False] and all(e.closed for e in engines)
+    assert cc.cache_warm("m", F32) is not None
+    again = cc.measure_compile("m", F32, factory)  # type: ignore[arg-type]
+    assert again["compiled"]["cold_start_s"] == 100.0  # its first compiled start was warm: the earlier cold figure
+    assert again["compiled"]["warm_start_s"] == 19.0
+    assert cc.choose_compile("m", F32, 12_000)[0].engine.enforce_eager is False  # warm: 19 - 11 s -> 8,000 tokens
