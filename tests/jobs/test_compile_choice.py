@@ -18,7 +18,7 @@ from bulkinfer.report.calibration import record_choice
 @pytest.fixture
 def home(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
     monkeypatch.setenv("BULKINFER_HOME", str(tmp_path / "home"))
-    monkeypatch.setenv("VLLM_CACHE_ROOT", str(tmp_path / "vllm"))
+    monkeypatch.setenv("TORCHINDUCTOR_CACHE_DIR", str(tmp_path / "inductor"))
     return tmp_path
 
 
@@ -34,8 +34,13 @@ def store(eager_rate: float = 200.0, compiled_rate: float = 250.0, cold: float |
     record_choice("compile", "m", cc.compile_machine(F32), entry)
 
 
+def fill_cache(home: Path) -> None:
+    """What a compiled start leaves in the compile cache."""
+    (home / "inductor" / "fxgraph").mkdir(parents=True)
+
+
 def warm_cache(home: Path) -> None:
-    (home / "vllm" / "torch_compile_cache").mkdir(parents=True)
+    fill_cache(home)
     cc.record_compiled_start("m", F32, 20.0)
 
 
@@ -73,8 +78,8 @@ def test_a_warm_cache_moves_the_break_even_down(home: Path) -> None:
     # other graph settings are another graph: the cache is cold for them
     _, other = cc.choose_compile("m", with_engine(F32, max_num_batched_tokens=8192), 12_000)
     assert other["cache"] == "cold" and other["enforce_eager"] is True
-    # vLLM's cache removed: cold again
-    (home / "vllm" / "torch_compile_cache").rmdir()
+    # the cache emptied (a new machine, a cleaned cache): cold again
+    (home / "inductor" / "fxgraph").rmdir()
     assert cc.choose_compile("m", F32, 12_000)[1]["cache"] == "cold"
 
 
@@ -136,7 +141,7 @@ def test_the_measurement_stores_starts_and_rates_and_keeps_a_cold_figure_across_
     monkeypatch.setattr(
         cc, "speed", lambda engine, tok, rows, tokens: (250.0 if engine.eager is False else 200.0, 1, False)
     )
-    (home / "vllm" / "torch_compile_cache").mkdir(parents=True)  # vLLM fills it on the first compiled start
+    fill_cache(home)  # as the first compiled start does
     entry = cc.measure_compile("m", F32, factory)  # type: ignore[arg-type]
     assert entry["eager"] == {"start_s": 10.0, "completion_tokens_per_s": 200.0}
     assert entry["compiled"] == {
