@@ -25,12 +25,18 @@ def home(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
 F32 = with_engine(Settings(), dtype="float32")
 
 
-def store(eager_rate: float = 200.0, compiled_rate: float = 250.0, cold: float | None = 100.0) -> None:
-    """A measurement: eager starts in 10 s, compiled in ``cold`` s cold and 20 s warm."""
+def store(
+    eager_rate: float = 200.0, compiled_rate: float = 250.0, cold: float | None = 100.0, spread: float = 0.0
+) -> None:
+    """A measurement: eager starts in 10 s, compiled in ``cold`` s cold and
+    20 s warm; each engine's two trials ``spread`` tokens/s either side of its rate."""
     entry = {
         "eager": {"start_s": 10.0, "completion_tokens_per_s": eager_rate},
         "compiled": {"cold_start_s": cold, "warm_start_s": 20.0, "completion_tokens_per_s": compiled_rate},
     }
+    for side in entry.values():
+        rate = side["completion_tokens_per_s"]
+        side["trial_rates"] = [rate - spread, rate + spread]
     record_choice("compile", "m", cc.compile_machine(F32), entry)
 
 
@@ -48,7 +54,7 @@ def test_the_break_even_is_the_extra_start_over_the_seconds_saved_a_token() -> N
     # 90 s more to start; a token takes 1/200 - 1/250 = 0.001 s less: 90,000 tokens
     assert cc.break_even(90.0, 200.0, 250.0) == pytest.approx(90_000)
     assert cc.break_even(-5.0, 200.0, 250.0) == 0  # a compiled engine that starts sooner pays at once
-    assert cc.break_even(90.0, 200.0, 205.0) is None  # 2.5% faster: within the spread, never pays
+    assert cc.break_even(90.0, 200.0, 200.0) is None  # not faster: never pays
 
 
 def test_a_user_setting_wins_and_an_unmeasured_machine_runs_eager(home: Path) -> None:
@@ -84,9 +90,12 @@ def test_a_warm_cache_moves_the_break_even_down(home: Path) -> None:
 
 
 def test_compiling_that_is_not_faster_and_an_unknown_size_or_cold_cost_run_eager(home: Path) -> None:
-    store(compiled_rate=204.0)
+    store(compiled_rate=210.0, spread=6.0)  # compiled's slowest trial (204) under eager's fastest (206)
     settings, choice = cc.choose_compile("m", F32, 10**9)
     assert settings.engine.enforce_eager is True and "not faster" in choice["why"]
+    assert choice["break_even_completion_tokens"] is None
+    store(compiled_rate=210.0, spread=4.0)  # 206 against 204: every compiled trial beat every eager one
+    assert cc.choose_compile("m", F32, 10**9)[1]["enforce_eager"] is False
     store()
     assert cc.choose_compile("m", F32, None)[1]["enforce_eager"] is True  # a shared engine, stdin
     store(cold=None)  # measured on a warm cache: a cold start's cost unknown
@@ -143,9 +152,10 @@ def test_the_measurement_stores_starts_and_rates_and_keeps_a_cold_figure_across_
     )
     fill_cache(home)  # as the first compiled start does
     entry = cc.measure_compile("m", F32, factory)  # type: ignore[arg-type]
-    assert entry["eager"] == {"start_s": 10.0, "completion_tokens_per_s": 200.0}
+    assert entry["eager"] == {"start_s": 10.0, "completion_tokens_per_s": 200.0, "trial_rates": [200.0, 200.0]}
     assert entry["compiled"] == {
-        "cold_start_s": 100.0, "start_s": 100.0, "completion_tokens_per_s": 250.0, "warm_start_s": 20.0,
+        "cold_start_s": 100.0, "start_s": 100.0, "completion_tokens_per_s": 250.0, "trial_rates": [250.0, 250.0],
+        "warm_start_s": 20.0,
     }  # fmt: skip
     assert [e.eager for e in engines] == [True, False, False] and all(e.closed for e in engines)
     assert cc.cache_warm("m", F32) is not None
