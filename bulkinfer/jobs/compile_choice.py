@@ -119,10 +119,10 @@ def choose_compile(model: str, settings: Settings, expected_tokens: int | None) 
     start = compiled["warm_start_s"] if warm else compiled.get("cold_start_s")
     choice: dict[str, Any] = {"cache": "warm" if warm else "cold", "expected_completion_tokens": expected_tokens}
     if start is None:  # measured with the cache already warm: what a cold start costs is unknown
-        why = "vLLM's compile cache is cold for these settings and a cold compile was not measured here"
+        why = "the compile cache is cold for these settings and a cold compile was not measured here"
         return with_engine(settings, enforce_eager=True), {"enforce_eager": True, "why": why, **choice}
-    rates = eager["completion_tokens_per_s"], compiled["completion_tokens_per_s"]
-    tokens = break_even(start - eager["start_s"], *rates) if clearly_faster(eager, compiled) else None
+    speeds = eager["completion_tokens_per_s"], compiled["completion_tokens_per_s"]
+    tokens = break_even(start - eager["start_s"], *speeds) if clearly_faster(eager, compiled) else None
     choice["break_even_completion_tokens"] = None if tokens is None else round(tokens)
     rates = (
         f"compiled {compiled['completion_tokens_per_s']:.1f} vs eager {eager['completion_tokens_per_s']:.1f} "
@@ -160,7 +160,7 @@ def measure_compile(
     """
     tokenizer = load_tokenizer(model, settings.engine.trust_remote_code)
     earlier = stored_choice("compile", model, compile_machine(settings))
-    results: dict[str, dict[str, float | None]] = {}
+    results: dict[str, dict[str, Any]] = {}
     for name, eager in (("eager", True), ("compiled", False), ("compiled again", False)):
         if say:
             say(f"compile: starting the {name} engine")
