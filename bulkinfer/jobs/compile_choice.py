@@ -110,6 +110,9 @@ def choose_compile(model: str, settings: Settings, expected_tokens: int | None) 
     ``cache``: warm or cold). See the module docstring."""
     if settings.engine.enforce_eager is not None:
         return settings, {"enforce_eager": settings.engine.enforce_eager, "why": "set by the user"}
+    if settings.engine.data_parallel_size > 1:
+        why = "replicas: compilation was measured for one engine on every core, not for one on a share of them"
+        return with_engine(settings, enforce_eager=True), {"enforce_eager": True, "why": why}
     measured = stored_choice("compile", model, compile_machine(settings))
     if measured is None:
         why = "compilation not measured for this model and dtype here (bulkinfer calibrate --compile measures it)"

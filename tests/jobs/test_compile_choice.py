@@ -98,6 +98,8 @@ def test_compiling_that_is_not_faster_and_an_unknown_size_or_cold_cost_run_eager
     assert cc.choose_compile("m", F32, 10**9)[1]["enforce_eager"] is False
     store()
     assert cc.choose_compile("m", F32, None)[1]["enforce_eager"] is True  # a shared engine, stdin
+    replicas = with_engine(F32, data_parallel_size=2)  # measured for one engine on every core
+    assert cc.choose_compile("m", replicas, 10**9)[1]["enforce_eager"] is True
     store(cold=None)  # measured on a warm cache: a cold start's cost unknown
     settings, choice = cc.choose_compile("m", F32, 10**9)
     assert settings.engine.enforce_eager is True and "cold compile was not measured" in choice["why"]
