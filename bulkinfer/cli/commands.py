@@ -175,7 +175,7 @@ def calibrate(
             "--compile",
             help=described(
                 "Also measure compiled against eager engines on CPU: the break-even runs choose by; "
-                "warms vLLM's compile cache (minutes).",
+                "warms the compile cache (minutes).",
                 "off",
             ),
         ),

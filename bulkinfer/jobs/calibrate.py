@@ -49,7 +49,7 @@ def calibrate(
     ``"calibrate"``, see :mod:`bulkinfer.report.calibration`). With
     ``compile_break_even``, on CPU, eager against compiled engines first
     (:func:`~bulkinfer.jobs.compile_choice.measure_compile`: the break-even
-    runs decide by; vLLM's compile cache is warm afterwards). Returns
+    runs decide by; the compile cache is warm afterwards). Returns
     ``{"calibration": that entry, "dtype_probe", "tuned", "compile"}`` (the
     stored choices, or None).
     The engines' log goes to ``$BULKINFER_HOME/calibrate.log`` unless

@@ -56,7 +56,7 @@ TRIAL_TOKENS = tuple(round(32 * 16 ** (i / (TRIAL_ROWS - 1))) for i in range(TRI
 
 
 # The engine settings vLLM's compiled graph depends on (besides model and dtype): a compiled start with the same
-# ones finds vLLM's cache warm (the KV cache size is not among them: vLLM 0.32 CacheConfig.compute_hash ignores it).
+# ones finds the compile cache warm (not the KV cache size: vLLM 0.32 CacheConfig.compute_hash ignores it).
 GRAPH_SETTINGS = ("max_model_len", "max_num_seqs", "max_num_batched_tokens")
 
 
@@ -82,7 +82,7 @@ def cache_warm(model: str, settings: Settings) -> dict[str, Any] | None:
 
 def record_compiled_start(model: str, settings: Settings, start_s: float) -> None:
     """Remember that a compiled engine of ``model`` with ``settings`` started
-    here (in ``start_s`` seconds): vLLM's cache now holds its graph."""
+    here (in ``start_s`` seconds): the compile cache now holds its graph."""
     record_choice("compile_cache", model, _graph_key(settings), {"start_s": round(start_s, 2)})
 
 
@@ -155,7 +155,7 @@ def measure_compile(
     stored entry: ``eager`` (``start_s``, ``completion_tokens_per_s``: the
     mean of ``trial_rates``, :data:`TRIALS` of them) and ``compiled``
     (``cold_start_s``: the first compiled start, ``warm_start_s``: the second,
-    ``completion_tokens_per_s``, ``trial_rates``). vLLM's compile cache is warm
+    ``completion_tokens_per_s``, ``trial_rates``). The compile cache is warm
     for these settings afterwards.
 
     Raises:
@@ -182,7 +182,7 @@ def measure_compile(
             engine.close()
         rate = round(sum(trials) / len(trials), 2)
         results[name] = {"start_s": round(start_s, 2), "completion_tokens_per_s": rate, "trial_rates": trials}
-        if not eager:  # a cold start only if vLLM's cache did not hold the graph yet; else the earlier cold figure
+        if not eager:  # a cold start only if the compile cache did not hold it yet; else the earlier cold figure
             cold = earlier["compiled"].get("cold_start_s") if was_warm and earlier else None
             results[name] = {"cold_start_s": cold if was_warm else round(start_s, 2), **results[name]}
             record_compiled_start(model, variant, start_s)

@@ -264,7 +264,7 @@ def _run_locked(attempt: Attempt, job: Job, settings: Settings, context: RunCont
         engine = context.engine_factory(model, settings)
         start["engine"] = time.monotonic() - clock
         compiled = engine_choice.get("compile", {}).get("enforce_eager") is False
-        if compiled and not context.engine_outlives_run:  # vLLM's compile cache now holds this graph
+        if compiled and not context.engine_outlives_run:  # the compile cache now holds this graph
             record_compiled_start(model, settings, start["engine"])
         context.observer.engine_ready()
     settings = settings.resolve_chat_template(tokenizer)
