@@ -5,12 +5,13 @@ vLLM's own dataclass; the environment vLLM reads at import."""
 from __future__ import annotations
 
 import os
+import threading
 from collections.abc import Collection, Mapping
 from pathlib import Path
 from typing import Any
 
 from bulkinfer.config import EngineSettings
-from bulkinfer.errors import ConfigError, closest
+from bulkinfer.errors import ConfigError, EngineError, closest
 
 GiB = 1024**3
 
@@ -250,6 +251,34 @@ def engine_in_process(
     return device == "cpu" and single and args.get("distributed_executor_backend") in (None, "uni")
 
 
+class InProcessSlot:
+    """The one engine of this process that runs in it, if any (see
+    :func:`engine_in_process`): an engine claims the slot as it starts and
+    releases it when it closes or fails to start."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._owner: object | None = None
+
+    def claim(self, engine: object, device: str, args: Mapping[str, Any], environment: Mapping[str, str]) -> bool:
+        """Whether ``engine`` runs in this process (:func:`engine_in_process`,
+        with any engine already holding the slot); if so it now holds it."""
+        with self._lock:
+            in_process = engine_in_process(device, args, environment, self._owner is not None)
+            if in_process:
+                self._owner = engine
+            return in_process
+
+    def release(self, engine: object) -> None:
+        """The next engine of this process may run in it (``engine`` ran here, or never did)."""
+        with self._lock:
+            if self._owner is engine:
+                self._owner = None
+
+
+IN_PROCESS = InProcessSlot()
+
+
 def configure_environment() -> None:
     """Environment defaults for vLLM, set before it is imported; a user's own
     values win. The CPU worker gets every core; vLLM logs at INFO (to the
@@ -351,3 +380,22 @@ def detect_device() -> str:
     import torch
 
     return "cuda" if torch.cuda.is_available() else "cpu"
+
+
+def import_vllm() -> None:
+    """Import what an engine start needs from vLLM (and torch), after
+    bulkinfer's environment defaults: done once, before replicas start in
+    threads (two threads importing one package at once may deadlock on its
+    import locks).
+
+    Raises:
+        EngineError: vLLM is not installed.
+    """
+    configure_environment()
+    try:
+        import vllm  # noqa: F401
+        from vllm import EngineArgs, LLMEngine, PoolingParams, SamplingParams  # noqa: F401
+        from vllm.sampling_params import RequestOutputKind  # noqa: F401
+        from vllm.usage.usage_lib import UsageContext  # noqa: F401
+    except ImportError as exc:
+        raise EngineError(f"vLLM is not installed ({exc}); run `make install`") from None

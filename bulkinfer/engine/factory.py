@@ -12,12 +12,12 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from bulkinfer.config import Settings
-from bulkinfer.engine.args import detect_device
+from bulkinfer.engine.args import detect_device, import_vllm
 from bulkinfer.engine.base import Engine
 from bulkinfer.engine.cluster import ray_engine
 from bulkinfer.engine.replicas import Replicas, replica_environments
 from bulkinfer.engine.sampling import check_sampling_defaults
-from bulkinfer.engine.vllm import VllmEngine, import_vllm
+from bulkinfer.engine.vllm import VllmEngine
 
 
 @dataclass(frozen=True, slots=True)

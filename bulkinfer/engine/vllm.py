@@ -19,11 +19,11 @@ from typing import Any
 
 from bulkinfer.config import EngineSettings
 from bulkinfer.engine.args import (
+    IN_PROCESS,
     MULTIPROCESSING_ENV,
     available_memory_bytes,
-    configure_environment,
     detect_device,
-    engine_in_process,
+    import_vllm,
     resolve_engine_args,
 )
 from bulkinfer.engine.processes import (
@@ -42,10 +42,6 @@ from bulkinfer.schema import Completion, Request
 LIVENESS_INTERVAL_S = 0.2
 # close(): how long vLLM's own shutdown may take before the processes are killed (seconds).
 CLOSE_TIMEOUT_S = 5.0
-
-# The engine of this process that runs in it, if any: at most one (see engine_in_process).
-_in_process_lock = threading.Lock()
-_in_process_owner: list[object] = []
 
 
 class _Stepper:
@@ -165,10 +161,7 @@ class VllmEngine:
         from bulkinfer.engine.watchdog import Watchdog
 
         earlier = {p.pid for p in psutil.Process().children(recursive=True)}  # another replica's
-        with _in_process_lock:
-            in_process = engine_in_process(device, args, environment or {}, bool(_in_process_owner))
-            if in_process:
-                _in_process_owner.append(self)
+        in_process = IN_PROCESS.claim(self, device, args, environment or {})
         variables = {**(environment or {}), **({MULTIPROCESSING_ENV: "0"} if in_process else {})}
         self._stepper = _Stepper(step_done)
         self._watchdog = Watchdog()  # before any engine process exists
@@ -185,7 +178,7 @@ class VllmEngine:
         except BaseException as exc:
             self._stepper.stop()
             self._watchdog.kill()
-            _release_in_process(self)
+            IN_PROCESS.release(self)
             if isinstance(exc, BulkinferError | KeyboardInterrupt | SystemExit):
                 raise
             raise EngineError(f"the vLLM engine failed to start: {type(exc).__name__}: {exc}") from exc
@@ -443,30 +436,4 @@ class VllmEngine:
             self._watchdog.kill()
         else:
             self._watchdog.close()
-        _release_in_process(self)
-
-
-def _release_in_process(engine: object) -> None:
-    """The next engine of this process may run in it (``engine`` ran here, or never started)."""
-    with _in_process_lock:
-        if engine in _in_process_owner:
-            _in_process_owner.remove(engine)
-
-
-def import_vllm() -> None:
-    """Import what an engine start needs from vLLM (and torch), after
-    bulkinfer's environment defaults: done once, before replicas start in
-    threads (two threads importing one package at once may deadlock on its
-    import locks).
-
-    Raises:
-        EngineError: vLLM is not installed.
-    """
-    configure_environment()
-    try:
-        import vllm  # noqa: F401
-        from vllm import EngineArgs, LLMEngine, PoolingParams, SamplingParams  # noqa: F401
-        from vllm.sampling_params import RequestOutputKind  # noqa: F401
-        from vllm.usage.usage_lib import UsageContext  # noqa: F401
-    except ImportError as exc:
-        raise EngineError(f"vLLM is not installed ({exc}); run `make install`") from None
+        IN_PROCESS.release(self)

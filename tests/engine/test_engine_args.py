@@ -120,6 +120,20 @@ def test_one_cpu_engine_runs_in_this_process_unless_told_otherwise(monkeypatch: 
     assert not engine_in_process("cpu", one, {}, another_in_process=True)
 
 
+def test_the_in_process_slot_holds_one_engine_until_it_is_released(monkeypatch: pytest.MonkeyPatch) -> None:
+    from bulkinfer.engine.args import InProcessSlot
+
+    monkeypatch.delenv("VLLM_ENABLE_V1_MULTIPROCESSING", raising=False)
+    one = {"tensor_parallel_size": 1}
+    slot, first, second, third = InProcessSlot(), object(), object(), object()
+    assert slot.claim(first, "cpu", one, {})
+    assert not slot.claim(second, "cpu", one, {})  # child processes while the first runs here
+    slot.release(second)  # an engine that never held the slot releases nothing
+    assert not slot.claim(third, "cpu", one, {})
+    slot.release(first)
+    assert slot.claim(third, "cpu", one, {})
+
+
 def test_on_cpu_vllms_older_compile_cache_is_the_default_and_a_users_choice_wins(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
