@@ -62,7 +62,9 @@ def one_run(src: Path, work: Path, key: str, env: dict[str, str], max_tokens: in
 def markdown(doc: dict[str, Any]) -> str:
     m = doc["machine"]
     lines = [
-        f"# Start-up of a {doc['rows']}-row job ({doc['created']}; {m['cpu']}, {m['logical_cores']} cores)",
+        f"# Start-up of a {doc['rows']}-row job ({doc['created']}; {m['cpu']}"
+        + (f" ({m['cpu_kind']})" if m.get("cpu_kind") else "")
+        + f", {m['logical_cores']} cores)",
         "",
         f"Command: `{doc['command']}`; `bulkinfer run` at its defaults, `--max-tokens {doc['max_tokens']}`, "
         "alternating. Seconds; `first token` from the run's start; `outside` = wall - the report's total "
