@@ -17,8 +17,8 @@ $(STAMP): pyproject.toml Makefile
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PIP) install -q --upgrade pip
 	if command -v nvidia-smi >/dev/null 2>&1 && nvidia-smi >/dev/null 2>&1; then extra=gpu; else extra=cpu; fi; \
-	echo "make install: installing bulkinfer[$$extra,ray,test]"; \
-	$(PIP) install -q -e ".[$$extra,ray,test]"; \
+	echo "make install: installing bulkinfer[$$extra,ray,serve,test]"; \
+	$(PIP) install -q -e ".[$$extra,ray,serve,test]"; \
 	if [ "$$extra" = cpu ]; then \
 	  echo "make install: removing CUDA builds of torchvision/torchaudio/torchcodec (they break transformers on CPU)"; \
 	  $(PIP) uninstall -q -y torchvision torchaudio torchcodec || true; \

@@ -19,11 +19,13 @@ from bulkinfer.errors import BulkinferError, ConfigError, write_error
 
 LOCALHOST = "127.0.0.1"
 KEYS_ENV = "BULKINFER_API_KEYS"
+WEBHOOK_SECRET_ENV = "BULKINFER_WEBHOOK_SECRET"
 
 EXAMPLES = (
     "bulkinfer serve --api-key sk-team-a --api-key sk-team-b --data-dir /srv/bulkinfer",
     f"{KEYS_ENV}=sk-a,sk-b bulkinfer serve --host 0.0.0.0 --port 8000",
     "bulkinfer serve --model ./my-model",
+    "BULKINFER_WEBHOOK_SECRET=whsec_... bulkinfer serve --webhook-url https://hooks.example.com/batches",
 )
 
 SERVE_EXIT_CODES = (
@@ -63,6 +65,25 @@ def serve(
     ] = None,
     model: ModelOption = None,
     config: ConfigOption = None,
+    webhook_url: Annotated[
+        str | None,
+        typer.Option(
+            metavar="URL",
+            help=described(
+                "POST OpenAI's batch events (batch.completed, batch.failed, batch.expired, batch.cancelled) "
+                "here, signed per Standard Webhooks with --webhook-secret; retried with back-off, each "
+                "delivery recorded in state.sqlite3.",
+                "none",
+            ),
+        ),
+    ] = None,
+    webhook_secret: Annotated[
+        str | None,
+        typer.Option(
+            metavar="whsec_...",
+            help=described(f"The webhooks' signing secret (whsec_ + base64; also {WEBHOOK_SECRET_ENV}).", "none"),
+        ),
+    ] = None,
 ) -> None:
     """Serve OpenAI's Files and Batch API: batches run one after another on one warm engine."""
     keys = [*(api_key or ()), *(k.strip() for k in os.environ.get(KEYS_ENV, "").split(",") if k.strip())]
@@ -71,18 +92,48 @@ def serve(
             raise ConfigError(
                 f"--host {host} without an API key: give --api-key KEY or {KEYS_ENV}, or serve {LOCALHOST}"
             )
+        webhooks = _webhooks(webhook_url, webhook_secret, os.environ.get(WEBHOOK_SECRET_ENV) or None)
         try:
-            _serve(host, port, data_dir, keys, model, config)
+            _serve(host, port, data_dir, keys, model, config, webhooks)
         except OSError as exc:
             raise write_error(exc) from exc
     except BulkinferError as exc:
         fail(exc)
 
 
-def _serve(host: str, port: int, data_dir: Path, keys: list[str], model: str | None, config: Path | None) -> None:
-    """Build the store, worker and app; run uvicorn until SIGINT/SIGTERM (one JSON access
-    log line a request on stderr); then stop the worker (a running batch stays
-    ``in_progress`` and resumes at the next start)."""
+def _webhooks(url: str | None, secret: str | None, env_secret: str | None) -> tuple[str, str] | None:
+    """The webhook URL and secret (``--webhook-secret``, else ``env_secret``
+    from the environment), both checked; None without a URL.
+
+    Raises:
+        ConfigError: a URL without a secret, ``--webhook-secret`` without a
+            URL, a URL that is not http(s), a secret not ``whsec_`` + base64.
+    """
+    if url is None:
+        if secret is not None:
+            raise ConfigError("--webhook-secret without --webhook-url: give the URL the events go to")
+        return None
+    from bulkinfer.serve.webhooks import checked_url, signer
+
+    secret = secret or env_secret
+    if secret is None:
+        raise ConfigError(f"--webhook-url needs a signing secret: --webhook-secret whsec_... or {WEBHOOK_SECRET_ENV}")
+    signer(secret)
+    return checked_url(url), secret
+
+
+def _serve(
+    host: str,
+    port: int,
+    data_dir: Path,
+    keys: list[str],
+    model: str | None,
+    config: Path | None,
+    webhooks: tuple[str, str] | None,
+) -> None:
+    """Build the store, worker, webhook sender and app; run uvicorn until SIGINT/SIGTERM (one JSON access
+    log line a request, and one a webhook attempt, on stderr); then stop the worker (a running batch stays
+    ``in_progress`` and resumes at the next start) and the sender (undelivered events stay recorded)."""
     import uvicorn
 
     from bulkinfer.config import load_settings
@@ -90,15 +141,19 @@ def _serve(host: str, port: int, data_dir: Path, keys: list[str], model: str | N
     from bulkinfer.engine.factory import vllm_engine
     from bulkinfer.serve.api import create_app
     from bulkinfer.serve.store import Store
+    from bulkinfer.serve.webhooks import WebhookSender
     from bulkinfer.serve.worker import BatchWorker
 
     log_access_to(sys.stderr)
     settings = load_settings(config, {"model": model})
-    store = Store(data_dir)
+    store = Store(data_dir, webhook_url=webhooks[0] if webhooks else None)
     worker = BatchWorker(store, settings, vllm_engine)
     tenants = {key: tenant_of(key) for key in keys}
     app = create_app(store, tenants, worker, model=settings.model or DEFAULT_MODEL)
+    sender = WebhookSender(store, webhooks[1]) if webhooks else None
     worker.start()
+    if sender is not None:
+        sender.start()
     stops = (signal.SIGINT, signal.SIGTERM)
     # uvicorn stops serving on SIGINT/SIGTERM, then raises the signal again (a
     # bare process would die of it before the worker closes): that one is
@@ -111,6 +166,8 @@ def _serve(host: str, port: int, data_dir: Path, keys: list[str], model: str | N
             signal.signal(sig, exit_at_once)
         try:
             worker.close()
+            if sender is not None:
+                sender.close()
             store.close()
         finally:
             for sig in stops:

@@ -4,14 +4,18 @@ the bytes of files under ``DATA/files/``, each batch's run under
 
 Layout of ``DATA`` (the ``--data-dir``)::
 
-    state.sqlite3            tables ``files`` and ``batches`` (below; columns that
-                             came later are added to an older database at open)
+    state.sqlite3            tables ``files``, ``batches`` and ``webhook_events``
+                             (below; tables and columns that came later are added
+                             to an older database at open)
     files/FILE_ID.jsonl      an uploaded file, written atomically
     batches/BATCH_ID/        the run's output, errors, report, spools, journal
 
 One connection, guarded by a lock, serves the API's threads and the worker
 thread. Every status change is a conditional update (:meth:`Store.move`), so
-a cancel and the worker never both win.
+a cancel and the worker never both win. With a webhook URL, the change to a
+final status writes its event (``webhook_events``, an outbox) in the same
+transaction, so no restart loses one; :mod:`bulkinfer.serve.webhooks`
+delivers it and records the delivery.
 """
 
 from __future__ import annotations
@@ -41,6 +45,11 @@ CREATE TABLE IF NOT EXISTS batches (
     output_file_id TEXT, error_file_id TEXT, request_counts TEXT NOT NULL,
     created_at INTEGER NOT NULL, expires_at INTEGER, in_progress_at INTEGER, finalizing_at INTEGER,
     completed_at INTEGER, failed_at INTEGER, expired_at INTEGER, cancelling_at INTEGER, cancelled_at INTEGER
+);
+CREATE TABLE IF NOT EXISTS webhook_events (
+    id TEXT PRIMARY KEY, batch_id TEXT NOT NULL, type TEXT NOT NULL, url TEXT NOT NULL, created_at INTEGER NOT NULL,
+    attempts INTEGER NOT NULL DEFAULT 0, next_at REAL NOT NULL, delivered_at INTEGER, gave_up_at INTEGER,
+    last_error TEXT, UNIQUE (batch_id, type)
 );
 """
 
@@ -74,6 +83,13 @@ SELECT throughput FROM batches
 WHERE throughput IS NOT NULL AND status IN ('in_progress', 'completed')
 ORDER BY status = 'in_progress' DESC, completed_at DESC, seq DESC LIMIT 1
 """
+# A batch's final statuses -> the type of its webhook event (OpenAI's batch event types).
+EVENT_TYPES = {
+    "completed": "batch.completed",
+    "failed": "batch.failed",
+    "expired": "batch.expired",
+    "cancelled": "batch.cancelled",
+}
 WINDOWS_S = {"24h": 24 * 3600}  # completion_window -> seconds (OpenAI accepts only "24h")
 
 
@@ -106,8 +122,12 @@ def now() -> int:
 class Store:
     """Files and batches of every tenant under ``data_dir`` (created)."""
 
-    def __init__(self, data_dir: Path):
+    def __init__(self, data_dir: Path, webhook_url: str | None = None):
+        """``webhook_url``: where the events of batches that end from now on
+        go (recorded with each event); None records none."""
         self.data_dir = data_dir
+        self.webhook_url = webhook_url
+        self.event_added = threading.Event()  # set after an event is recorded (the sender waits on it)
         self.files_dir = data_dir / "files"
         self.batches_dir = data_dir / "batches"
         for path in (self.files_dir, self.batches_dir):
@@ -290,12 +310,22 @@ class Store:
         values = {k: json.dumps(v) if k in JSON_COLUMNS else v for k, v in fields.items()}
         sets = ", ".join(f"{k} = ?" for k in values)
         marks = ", ".join("?" for _ in from_statuses)
+        event = EVENT_TYPES.get(fields.get("status", "")) if self.webhook_url else None
         with self._tx() as db:
             cursor = db.execute(
                 f"UPDATE batches SET {sets} WHERE id = ? AND status IN ({marks})",
                 [*values.values(), batch_id, *from_statuses],
             )
-        return cursor.rowcount == 1
+            moved = cursor.rowcount == 1
+            if moved and event is not None:
+                db.execute(
+                    "INSERT OR IGNORE INTO webhook_events (id, batch_id, type, url, created_at, next_at) "
+                    "VALUES (?, ?, ?, ?, ?, ?)",
+                    (f"evt_{secrets.token_hex(12)}", batch_id, event, self.webhook_url, now(), time.time()),
+                )
+        if moved and event is not None:
+            self.event_added.set()
+        return moved
 
     def update(self, batch_id: str, **fields: Any) -> None:
         """Set ``fields`` whatever the status (live ``request_counts``)."""
@@ -310,6 +340,41 @@ class Store:
         completed, failed, prompt_tokens, completion_tokens = (int(n) for n in sums)
         rate = float(json.loads(latest[0])["completion_tokens_per_s"]) if latest else 0.0
         return Totals(batches, completed, failed, prompt_tokens, completion_tokens, rate)
+
+    # webhook events
+
+    def due_events(self, at: float) -> list[dict[str, Any]]:
+        """Events neither delivered nor given up whose next attempt is due at ``at`` (Unix s), oldest first."""
+        with self._lock:
+            rows = self._db.execute(
+                "SELECT * FROM webhook_events WHERE delivered_at IS NULL AND gave_up_at IS NULL AND next_at <= ? "
+                "ORDER BY next_at, created_at",
+                (at,),
+            )
+            return [dict(r) for r in rows]
+
+    def next_event_at(self) -> float | None:
+        """When the next pending event is due (Unix s), or None."""
+        with self._lock:
+            row = self._db.execute(
+                "SELECT MIN(next_at) FROM webhook_events WHERE delivered_at IS NULL AND gave_up_at IS NULL"
+            ).fetchone()
+        return row[0]
+
+    def event(self, event_id: str) -> dict[str, Any] | None:
+        with self._lock:
+            row = self._db.execute("SELECT * FROM webhook_events WHERE id = ?", (event_id,)).fetchone()
+        return dict(row) if row is not None else None
+
+    def event_attempted(self, event_id: str, delivered: bool, error: str | None, next_at: float | None) -> None:
+        """Record one delivery attempt: ``delivered`` (a 2xx answer), else
+        ``error`` and the next attempt's time (None: no more attempts)."""
+        with self._tx() as db:
+            db.execute(
+                "UPDATE webhook_events SET attempts = attempts + 1, last_error = ?, next_at = COALESCE(?, next_at), "
+                "delivered_at = CASE WHEN ? THEN ? END, gave_up_at = CASE WHEN ? THEN ? END WHERE id = ?",
+                (error, next_at, delivered, now(), not delivered and next_at is None, now(), event_id),
+            )
 
     def batch_dir(self, batch_id: str) -> Path:
         """Where the run of ``batch_id`` writes."""

@@ -10,6 +10,7 @@ file, ``method`` ``"POST"``, ``url`` equal to the batch's ``endpoint`` and a
 
 from __future__ import annotations
 
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -67,3 +68,18 @@ def _line_problem(raw: bytes, endpoint: str, seen: set[str]) -> tuple[str, str, 
     if not isinstance(line.get("body"), dict):
         return "invalid_request", "body must be a JSON object", "body"
     return None
+
+
+def custom_ids(path: Path) -> Iterator[tuple[int, str]]:
+    """``(line, custom_id)`` of each line of ``path`` that is a JSON object
+    with a non-empty string ``custom_id`` (1-based lines; others skipped).
+    Streams the file."""
+    with open(path, "rb") as f:
+        for number, raw in enumerate(f, start=1):
+            try:
+                line = orjson.loads(raw) if raw.strip() else None
+            except orjson.JSONDecodeError:
+                continue
+            custom_id = line.get("custom_id") if isinstance(line, dict) else None
+            if isinstance(custom_id, str) and custom_id:
+                yield number, custom_id

@@ -11,9 +11,12 @@ is checked, :mod:`bulkinfer.serve.validate`) -> ``in_progress`` (the run)
 :mod:`bulkinfer.serve.progress`)
 -> ``finalizing`` (output and errors registered as files; ``usage``: the
 report's tokens) -> ``completed``;
-or ``failed`` (bad input, engine failure), ``expired`` (picked up after
-``expires_at``), ``cancelling`` -> ``cancelled`` (the rows finished so far
-are published as the output and errors files, ``usage`` counted from them).
+or ``failed`` (bad input, engine failure), ``expired`` (past ``expires_at``,
+its ``completion_window`` from creation: picked up late, or stopped while it
+runs; the rows finished so far are published, and every request not
+finished is in the errors file with code ``batch_expired``, as OpenAI's),
+``cancelling`` -> ``cancelled`` (the rows finished so far are published as
+the output and errors files, ``usage`` counted from them).
 
 At start, batches left ``in_progress`` or ``finalizing`` by a killed server
 run again first with ``resume=True`` (the journal and spools keep what
@@ -32,6 +35,7 @@ from bulkinfer.config import Settings
 from bulkinfer.engine.base import EngineFactory, KeptEngine
 from bulkinfer.errors import BulkinferError, Interrupted
 from bulkinfer.io.output_files import OutputFiles, Published, RunPaths
+from bulkinfer.io.unfinished import add_unfinished_errors
 from bulkinfer.jobs.context import RunContext
 from bulkinfer.jobs.run import GENERATE, run
 from bulkinfer.models import TokenizerFactory, load_tokenizer
@@ -39,10 +43,13 @@ from bulkinfer.report.model import as_run_report
 from bulkinfer.serve.objects import usage_object
 from bulkinfer.serve.progress import LiveCounts, report_throughput
 from bulkinfer.serve.store import Store, now
-from bulkinfer.serve.validate import MAX_LINES, batch_error, validate_input
+from bulkinfer.serve.validate import MAX_LINES, batch_error, custom_ids, validate_input
 from bulkinfer.stop import StopToken
 
 RESUMABLE = ("in_progress", "finalizing")
+EXPIRED = "expired"  # the stop reason of a run past its batch's expires_at
+EXPIRED_MESSAGE = "This request could not be executed before the completion window expired."  # OpenAI's
+EXPIRY_POLL_S = 1.0  # a running batch's expires_at is read this often (seconds): a changed one counts
 
 # A batch is a generation job whose engine serves the batches after it: its KV cache is not sized to it.
 SERVED = dataclasses.replace(GENERATE, sized_kv_cache=False)
@@ -144,6 +151,9 @@ class BatchWorker(threading.Thread):
     def _run_batch(self, batch: dict[str, Any], token: StopToken) -> None:
         batch_id = batch["id"]
         resume = batch["status"] in RESUMABLE
+        if resume and now() > batch["expires_at"]:  # expired while no server ran it
+            self._publish_partial(batch_id, "expired", RESUMABLE)
+            return
         if not resume and not self._validated(batch):
             return
         paths = RunPaths.build(self._input_path(batch), self.store.batch_dir(batch_id) / "output.jsonl")
@@ -159,16 +169,22 @@ class BatchWorker(threading.Thread):
             tokenizer_factory=self.tokenizer_factory,
             observer=live,
         )
+        watch = ExpiryWatch(self.store, batch_id, token)
+        watch.start()
         try:
             result = run(paths, self.settings, context, job=SERVED)
         except Interrupted:
-            return  # cancelled (the caller publishes it), or shutting down (stays in_progress: resumed at start)
+            if token.reason == EXPIRED:
+                self._publish_partial(batch_id, "expired", RESUMABLE)
+            # else cancelled (the caller publishes it), or shutting down (stays in_progress: resumed at start)
+            return
         except BulkinferError as exc:
             self.store.move(
                 batch_id, RESUMABLE + ("cancelling",), "failed", errors=[batch_error("run_failed", str(exc))]
             )
             return
         finally:
+            watch.close()
             live.finish()  # before the final counts: no live write comes after them
         if self.store.move(batch_id, RESUMABLE, "finalizing", **_finished(result.report)):
             self._register_outputs(batch, paths, "completed", ("finalizing",))
@@ -178,7 +194,7 @@ class BatchWorker(threading.Thread):
         or ``failed`` (with ``errors``), ``expired`` or (its file gone) ``failed``."""
         batch_id = batch["id"]
         if now() > batch["expires_at"]:
-            self.store.move(batch_id, ("validating",), "expired")
+            self._publish_partial(batch_id, "expired", ("validating",))
             return False
         path = self._input_path(batch)
         if not path.exists():
@@ -199,27 +215,36 @@ class BatchWorker(threading.Thread):
     def _publish_cancelled(self, batch_id: str) -> None:
         """A ``cancelling`` batch that is not running -> ``cancelled``, with
         the rows its runs finished (if any) published as its output and errors."""
-        with self._publishing:
-            batch = self.store.batch(None, batch_id)
-            if batch is not None and batch["status"] == "cancelling":
-                self._publish_partial(batch)
+        self._publish_partial(batch_id, "cancelled", ("cancelling",))
 
-    def _publish_partial(self, batch: dict[str, Any]) -> None:
-        """Publish the spools of ``batch``'s run (under the output's lock), count
-        its lines and tokens, register the files, move it to ``cancelled``."""
-        batch_id = batch["id"]
-        out = self.store.batch_dir(batch_id) / "output.jsonl"
-        files = OutputFiles(out)
-        if out.parent.exists():
+    def _publish_partial(self, batch_id: str, status: str, from_: tuple[str, ...]) -> None:
+        """When the batch is in one of ``from_``: publish the spools of its run
+        (under the output's lock), and for ``expired`` a ``batch_expired`` error
+        for each request not finished; count the lines and tokens, register
+        the files, move it to ``status``."""
+        with self._publishing:  # the API's cancel and the worker may both publish one batch
+            batch = self.store.batch(None, batch_id)
+            if batch is None or batch["status"] not in from_:
+                return
+            out = self.store.batch_dir(batch_id) / "output.jsonl"
+            files = OutputFiles(out)
+            if status == "expired":
+                out.parent.mkdir(parents=True, exist_ok=True)
+            if not out.parent.exists():
+                self.store.move(batch_id, from_, status)
+                return
             with files.locked():
                 if not files.is_complete():
                     for spool in (files.spool, files.errors_spool):
                         spool.touch()
                     files.finish(self.settings.plan.output_order)
-            self.store.update(batch_id, **_published(files.published(), batch["request_counts"]["total"]))
-            self._register_outputs(batch, RunPaths(out, out), "cancelled", ("cancelling",))
-        else:
-            self.store.move(batch_id, ("cancelling",), "cancelled")
+                if status == "expired":
+                    requests = custom_ids(self._input_path(batch))
+                    add_unfinished_errors(files.out, files.errors, requests, "batch_expired", EXPIRED_MESSAGE)
+            total = batch["request_counts"]["total"] if batch["request_counts"] else 0
+            published = files.published()
+            self.store.update(batch_id, **_published(published, total or published.completed + published.failed))
+            self._register_outputs(batch, RunPaths(out, out), status, from_)
 
     def _register_outputs(self, batch: dict[str, Any], paths: RunPaths, status: str, from_: tuple[str, ...]) -> None:
         """Register the output and errors files (purpose ``batch_output``) as
@@ -230,6 +255,26 @@ class BatchWorker(threading.Thread):
                 name = f"{batch['id']}_{'output' if key == 'output_file_id' else 'error'}.jsonl"
                 ids[key] = self.store.register_file(batch["tenant"], name, "batch_output", path)["id"]
         self.store.move(batch["id"], from_, status, **ids)
+
+
+class ExpiryWatch(threading.Thread):
+    """Stops a running batch's run (reason :data:`EXPIRED`) once the time
+    passes its ``expires_at``, read from the store every :data:`EXPIRY_POLL_S`."""
+
+    def __init__(self, store: Store, batch_id: str, token: StopToken):
+        super().__init__(name="bulkinfer-batch-expiry", daemon=True)
+        self.store, self.batch_id, self.token = store, batch_id, token
+        self._closed = threading.Event()
+
+    def run(self) -> None:
+        while not self._closed.wait(EXPIRY_POLL_S):
+            batch = self.store.batch(None, self.batch_id)
+            if batch is not None and batch["expires_at"] is not None and now() > batch["expires_at"]:
+                self.token.stop(EXPIRED)
+                return
+
+    def close(self) -> None:
+        self._closed.set()
 
 
 def _finished(report: dict[str, Any]) -> dict[str, Any]:

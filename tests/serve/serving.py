@@ -27,8 +27,14 @@ DONE = ("completed", "failed", "cancelled", "expired")
 class Server:
     """The store, worker, app and one client per key of a test's server."""
 
-    def __init__(self, data: Path, engine: Callable[[], FakeEngine], limits: Limits | None = None):
-        self.store = Store(data)
+    def __init__(
+        self,
+        data: Path,
+        engine: Callable[[], FakeEngine],
+        limits: Limits | None = None,
+        webhook_url: str | None = None,
+    ):
+        self.store = Store(data, webhook_url=webhook_url)
         self.engines: list[FakeEngine] = []
 
         def factory(model: str, settings: Any) -> FakeEngine:
@@ -94,3 +100,16 @@ def usage_of(lines: list[dict[str, Any]]) -> tuple[int, int]:
     """(prompt, completion) tokens summed over the ``usage`` of output ``lines``."""
     usages = [line["response"]["body"]["usage"] for line in lines]
     return sum(u["prompt_tokens"] for u in usages), sum(u["completion_tokens"] for u in usages)
+
+
+def stopped_mid_batch(serve: Callable[..., Server], rows: int = 30) -> tuple[openai.types.Batch, list[str]]:
+    """A server (``serve``: the tests' fixture) runs a batch of ``rows`` on a
+    slow fake engine and is closed after three engine steps: the batch stays
+    ``in_progress`` with its finished rows in the spool. Returns it and its ids."""
+    server = serve(engine=lambda: FakeEngine(step_delay=0.1))
+    client = server.client()
+    ids = [f"r{i}" for i in range(rows)]
+    batch = create(client, upload(client, batch_lines(ids)).id)
+    wait_for(lambda: bool(server.engines) and server.engines[0].steps >= 3)
+    server.close()
+    return batch, ids

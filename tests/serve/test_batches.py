@@ -12,7 +12,7 @@ import openai
 import orjson
 import pytest
 from fakes import FakeEngine, wait_for
-from serving import Server, batch_lines, create, records, upload, usage_of, wait_done
+from serving import Server, batch_lines, create, records, stopped_mid_batch, upload, usage_of, wait_done
 
 from bulkinfer.serve.api import Limits
 
@@ -205,18 +205,16 @@ def test_a_queued_batch_cancels_without_running_or_expires_when_picked_up_late(s
     assert done.in_progress_at is None and done.output_file_id is None
     expired = wait_done(client, late.id)
     assert expired.status == "expired" and expired.expired_at is not None and expired.output_file_id is None
+    assert expired.in_progress_at is None  # never run
+    errors = records(client, expired.error_file_id)  # every request: batch_expired, in input order (as OpenAI's)
+    assert [(e["custom_id"], e["error"]["code"]) for e in errors] == [(f"r{i}", "batch_expired") for i in range(20)]
     assert wait_done(client, first.id).status == "completed"
 
 
 def test_a_batch_left_in_progress_resumes_at_the_next_start_and_every_custom_id_ends_once(
     serve: Callable[..., Server],
 ) -> None:
-    server = serve(engine=lambda: FakeEngine(step_delay=0.1))
-    client = server.client()
-    ids = [f"r{i}" for i in range(30)]
-    batch = create(client, upload(client, batch_lines(ids)).id)
-    wait_for(lambda: bool(server.engines) and server.engines[0].steps >= 3)
-    server.close()  # the running batch is stopped with its finished rows in the spool, still in_progress
+    batch, ids = stopped_mid_batch(serve)
     again = serve()
     client = again.client()
     done = wait_done(client, batch.id)

@@ -52,3 +52,19 @@ def test_without_a_key_it_refuses_any_host_but_localhost() -> None:
 def test_a_keys_tenant_is_stable_and_not_the_key() -> None:
     assert tenant_of("sk-a") == tenant_of("sk-a") != tenant_of("sk-b")
     assert "sk-a" not in tenant_of("sk-a")
+
+
+def test_webhook_flags_are_checked_before_anything_starts(tmp_path: Path) -> None:
+    base = ["serve", "--data-dir", str(tmp_path / "data")]
+    env = {"BULKINFER_API_KEYS": "", "BULKINFER_WEBHOOK_SECRET": ""}
+    cases = [
+        (["--webhook-url", "https://hooks.example.com/b"], "needs a signing secret"),
+        (["--webhook-secret", "whsec_c2VjcmV0"], "without --webhook-url"),
+        (["--webhook-url", "ftp://hooks.example.com", "--webhook-secret", "whsec_c2VjcmV0"], "http:// or https://"),
+        (["--webhook-url", "https://hooks.example.com/b", "--webhook-secret", "whsec_not base64!"], "whsec_"),
+    ]
+    for flags, message in cases:
+        result = runner.invoke(app, [*base, *flags], env=env)
+        assert result.exit_code == 2, (flags, result.output)
+        assert message in result.output, (flags, result.output)
+    assert not (tmp_path / "data").exists()  # refused before the store was made
