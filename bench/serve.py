@@ -136,7 +136,8 @@ def _wait_up(port: int, server: subprocess.Popen[bytes]) -> None:
             if httpx.get(f"http://127.0.0.1:{port}/health", timeout=1).status_code == 200:
                 return
         except httpx.HTTPError:
-            time.sleep(0.2)
+            pass
+        time.sleep(0.2)  # 503 while the engine starts, or no answer yet
     raise SystemExit("bulkinfer serve did not start")
 
 

@@ -65,7 +65,7 @@ def access_line(scope: Scope, status: int, seconds: float, tenant: str | None) -
     """The access log's record of one request (``scope``: its ASGI scope; ``seconds``: its duration)."""
     client = scope.get("client")
     return {
-        "time": datetime.now(UTC).isoformat(timespec="milliseconds"),
+        "time": iso_now(),
         "method": scope["method"],
         "path": scope["path"],
         "status": status,
@@ -73,3 +73,8 @@ def access_line(scope: Scope, status: int, seconds: float, tenant: str | None) -
         "tenant": tenant,
         "client": client[0] if client else None,
     }
+
+
+def iso_now() -> str:
+    """Now, ISO 8601 UTC to the millisecond (the ``time`` of every log line)."""
+    return datetime.now(UTC).isoformat(timespec="milliseconds")

@@ -137,8 +137,10 @@ def create_app(
         )
 
     @app.get("/health")
-    def health() -> dict[str, str]:
-        return {"status": "ok"}
+    def health() -> JSONResponse:
+        """``{"status": "ready"}`` (200), or ``starting`` / ``failed`` (503): the engine's state."""
+        status = runner.health
+        return JSONResponse({"status": status}, status_code=200 if status == "ready" else 503)
 
     registry = metrics_registry(store)
     app.include_router(pages_router(store, model))

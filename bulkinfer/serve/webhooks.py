@@ -32,7 +32,7 @@ from typing import Any
 import orjson
 
 from bulkinfer.errors import ConfigError
-from bulkinfer.serve.access import ACCESS_LOGGER
+from bulkinfer.serve.access import ACCESS_LOGGER, iso_now
 from bulkinfer.serve.store import Store
 
 # Seconds before each retry: the Standard Webhooks specification's example schedule
@@ -154,7 +154,7 @@ class WebhookSender(threading.Thread):
         retry = None if error is None or attempt > len(self.delays) else self.delays[attempt - 1]
         self.store.event_attempted(event["id"], error is None, error, None if retry is None else time.time() + retry)
         line = {
-            "time": datetime.now(UTC).isoformat(timespec="milliseconds"),
+            "time": iso_now(),
             "webhook": event["id"],
             "type": event["type"],
             "batch": event["batch_id"],

@@ -22,33 +22,48 @@ At start, batches left ``in_progress`` or ``finalizing`` by a killed server
 run again first with ``resume=True`` (the journal and spools keep what
 finished: every ``custom_id`` ends exactly once); ``cancelling`` ones are
 cancelled with what they finished.
+
+The engine comes back: when it dies during a batch (:class:`EngineError`),
+the worker closes it, waits :data:`ENGINE_RESTART_DELAYS_S` and resumes the
+batch on a new engine from its journal; after that many deaths in a row the
+batch fails (``engine_failed``) and the next batch tries a new engine again.
+:attr:`BatchWorker.health` is ``starting`` while an engine starts (or waits
+to), ``ready`` otherwise, ``failed`` after the last restart failed.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import logging
 import threading
 from pathlib import Path
 from typing import Any, Protocol
 
+import orjson
+
 from bulkinfer.config import Settings
 from bulkinfer.engine.base import EngineFactory, KeptEngine
-from bulkinfer.errors import BulkinferError, Interrupted
+from bulkinfer.errors import BulkinferError, EngineError, Interrupted
 from bulkinfer.io.output_files import OutputFiles, Published, RunPaths
 from bulkinfer.io.unfinished import add_unfinished_errors
 from bulkinfer.jobs.context import RunContext
 from bulkinfer.jobs.run import GENERATE, run
 from bulkinfer.models import TokenizerFactory, load_tokenizer
 from bulkinfer.report.model import as_run_report
+from bulkinfer.serve.access import ACCESS_LOGGER, iso_now
 from bulkinfer.serve.objects import usage_object
 from bulkinfer.serve.progress import LiveCounts, report_throughput
 from bulkinfer.serve.store import Store, now
 from bulkinfer.serve.validate import MAX_LINES, batch_error, custom_ids, validate_input
 from bulkinfer.stop import StopToken
 
+log = logging.getLogger(ACCESS_LOGGER)
+
 RESUMABLE = ("in_progress", "finalizing")
 EXPIRED = "expired"  # the stop reason of a run past its batch's expires_at
 EXPIRED_MESSAGE = "This request could not be executed before the completion window expired."  # OpenAI's
+# Seconds before each new engine after an engine death; one more death in a row fails the batch.
+ENGINE_RESTART_DELAYS_S = (2.0, 10.0, 30.0)
 EXPIRY_POLL_S = 1.0  # a running batch's expires_at is read this often (seconds): a changed one counts
 
 # A batch is a generation job whose engine serves the batches after it: its KV cache is not sized to it.
@@ -63,6 +78,10 @@ class Runner(Protocol):
 
     def cancel(self, batch_id: str) -> None:
         """The batch was moved to ``cancelling``: stop it, or cancel it if it is not running."""
+
+    @property
+    def health(self) -> str:
+        """``starting``, ``ready`` or ``failed`` (see :class:`BatchWorker`)."""
 
 
 class BatchWorker(threading.Thread):
@@ -82,7 +101,9 @@ class BatchWorker(threading.Thread):
     ):
         super().__init__(name="bulkinfer-batch-worker", daemon=True)
         self.store, self.settings, self.max_lines = store, settings, max_lines
-        self.engine = KeptEngine(engine_factory)
+        self._health = "ready"
+        self._deaths = 0  # engine deaths in a row
+        self.engine = KeptEngine(self._watched(engine_factory))
         self.tokenizer_factory = tokenizer_factory
         self._wake = threading.Condition()
         self._closing = False
@@ -101,6 +122,21 @@ class BatchWorker(threading.Thread):
                 self._running[1].stop("cancelled")
                 return
         self._publish_cancelled(batch_id)  # not running: nothing can move it but us
+
+    @property
+    def health(self) -> str:
+        return self._health
+
+    def _watched(self, factory: EngineFactory) -> EngineFactory:
+        """``factory``, with :attr:`health` ``starting`` while it makes an engine, then ``ready``."""
+
+        def start(model_path: str, settings: Any) -> Any:
+            self._health = "starting"
+            engine = factory(model_path, settings)
+            self._health = "ready"
+            return engine
+
+        return start
 
     # the thread
 
@@ -178,6 +214,9 @@ class BatchWorker(threading.Thread):
                 self._publish_partial(batch_id, "expired", RESUMABLE)
             # else cancelled (the caller publishes it), or shutting down (stays in_progress: resumed at start)
             return
+        except EngineError as exc:
+            self._engine_died(batch_id, exc)
+            return
         except BulkinferError as exc:
             self.store.move(
                 batch_id, RESUMABLE + ("cancelling",), "failed", errors=[batch_error("run_failed", str(exc))]
@@ -186,8 +225,29 @@ class BatchWorker(threading.Thread):
         finally:
             watch.close()
             live.finish()  # before the final counts: no live write comes after them
+        self._deaths = 0
         if self.store.move(batch_id, RESUMABLE, "finalizing", **_finished(result.report)):
             self._register_outputs(batch, paths, "completed", ("finalizing",))
+
+    def _engine_died(self, batch_id: str, exc: EngineError) -> None:
+        """The engine died (or failed to start) during ``batch_id``'s run: close
+        it; wait the next of :data:`ENGINE_RESTART_DELAYS_S`, leaving the batch
+        ``in_progress`` (the loop resumes it on a new engine), or after the last
+        fail the batch. Logged as a JSON line on the access log."""
+        self.engine.close()
+        self._deaths += 1
+        delay = ENGINE_RESTART_DELAYS_S[self._deaths - 1] if self._deaths <= len(ENGINE_RESTART_DELAYS_S) else None
+        line = {"time": iso_now(), "engine": "died", "batch": batch_id, "deaths_in_a_row": self._deaths}
+        log.warning(orjson.dumps({**line, "error": str(exc), "restart_in_s": delay}).decode())
+        if delay is None:
+            self._health, self._deaths = "failed", 0
+            error = batch_error("engine_failed", f"the engine died {len(ENGINE_RESTART_DELAYS_S) + 1} times: {exc}")
+            self.store.move(batch_id, RESUMABLE + ("cancelling",), "failed", errors=[error])
+            return
+        self._health = "starting"
+        with self._wake:
+            if not self._closing:
+                self._wake.wait(delay)
 
     def _validated(self, batch: dict[str, Any]) -> bool:
         """Check the input of a ``validating`` batch; move it to ``in_progress``,

@@ -21,9 +21,9 @@ from e2e_helpers import kill_9_mid_run, resume_to_the_end, spool_lines, wait_unt
 
 pytestmark = [pytest.mark.e2e, pytest.mark.devices(2, reason="two replicas, one CPU each")]
 
-ROWS = 40
+ROWS = 28
 
-# Each replica's KV cache: 1 GiB holds these 40-row jobs; the CPU default (25% of memory) would take each replica
+# Each replica's KV cache: 1 GiB holds these 28-row jobs; the CPU default (25% of memory) would take each replica
 # ~10 s more to allocate. bulkinfer sizes it by itself only where the engines run on this machine (not a cluster's).
 KV_CACHE = ["--kv-cache-memory-bytes", str(1 << 30)]
 
