@@ -14,6 +14,7 @@ import os
 import re
 import signal
 import socket
+import sqlite3
 import subprocess
 import sys
 import time
@@ -232,6 +233,34 @@ def test_cancel_mid_run_publishes_the_finished_rows(server: ServeProcess) -> Non
     assert done.request_counts is not None and done.request_counts.completed == len(ids)
     for record in outputs:
         check_openai_line(record)
+
+
+def test_a_batch_past_its_window_expires_with_its_finished_rows(server: ServeProcess) -> None:
+    """OpenAI's only window is 24h: the test moves the running batch's
+    ``expires_at`` into the past in the server's state database, as the clock
+    passing it would. The server stops the batch within a second: ``expired``,
+    the finished rows in its output, every other request a ``batch_expired``
+    line of its errors file, each ``custom_id`` once, every line valid by the
+    reference types."""
+    client = server.client()
+    rows = [{"id": f"count-{i}", "prompt": f"Count from {i} to {i + 20}."} for i in range(100)]  # short prefills
+    lines = chat_lines(rows, max_tokens=32)
+    batch = submit(client, lines)
+    assert poll(client, batch.id, completed_at_least(3)).status == "in_progress"
+    db = sqlite3.connect(server.data / "state.sqlite3", timeout=30)
+    with db:
+        db.execute("UPDATE batches SET expires_at = ? WHERE id = ?", (int(time.time()) - 1, batch.id))
+    db.close()
+    done = finished(client, batch.id, timeout=120)
+    assert done.status == "expired" and done.expired_at is not None, (done.status, server.tail())
+    outputs, errors = lines_of(client, done.output_file_id), lines_of(client, done.error_file_id)
+    assert 3 <= len(outputs) < len(lines)
+    assert {e["error"]["code"] for e in errors} == {"batch_expired"}
+    assert sorted(r["custom_id"] for r in outputs + errors) == sorted(line["custom_id"] for line in lines)
+    for record in outputs + errors:
+        check_openai_line(record)
+    counts = done.request_counts
+    assert counts is not None and (counts.completed, counts.failed) == (len(outputs), len(errors))
 
 
 @pytest.mark.skipif(CHROMIUM is None, reason=NO_CHROMIUM)
