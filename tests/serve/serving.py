@@ -57,6 +57,8 @@ class Server:
 class NoRunner:
     """A runner that runs nothing: for an app whose batches never run."""
 
+    health = "ready"
+
     def submit(self, batch_id: str) -> None:
         pass
 
