@@ -92,6 +92,11 @@ class FakeEngine:
         self.aborted = [rid for rid, _ in self.queue]
         self.queue.clear()
 
+    def abort(self, request_ids: list[str]) -> None:
+        dropped = set(request_ids)
+        self.aborted = [rid for rid, _ in self.queue if rid in dropped]
+        self.queue = deque((rid, req) for rid, req in self.queue if rid not in dropped)
+
     def running_lengths(self) -> list[int]:
         return []
 

@@ -10,8 +10,10 @@ from __future__ import annotations
 from typing import Any
 
 from openai.types import Completion, CreateEmbeddingResponse
-from openai.types.chat import ChatCompletion
+from openai.types.chat import ChatCompletion, ChatCompletionChunk
 from vllm.entrypoints.launchers.run_batch import BatchRequestOutput
+from vllm.entrypoints.openai.chat_completion.protocol import ChatCompletionResponse, ChatCompletionStreamResponse
+from vllm.entrypoints.openai.completion.protocol import CompletionResponse, CompletionStreamResponse
 from vllm.entrypoints.pooling.embed.protocol import EmbeddingResponse
 
 
@@ -56,3 +58,25 @@ def decode_base64(text: str) -> list[float]:
     import numpy as np
 
     return [float(x) for x in np.frombuffer(base64.b64decode(text), dtype="<f4")]
+
+
+def check_online_response(body: dict[str, Any]) -> Any:
+    """Validate an online answer (``chat.completion`` or ``text_completion``)
+    against the SDK's type and vLLM's server's response type; the SDK object."""
+    if body["object"] == "chat.completion":
+        ChatCompletionResponse.model_validate(body)
+        return ChatCompletion.model_validate(body)
+    CompletionResponse.model_validate(body)
+    return Completion.model_validate(body)
+
+
+def check_online_chunk(chunk: dict[str, Any]) -> Any:
+    """Validate one streamed chunk against vLLM's server's stream response
+    type, and a chat chunk against the SDK's ``ChatCompletionChunk``; the
+    parsed object. (The SDK streams completions as its ``Completion`` built
+    without validation: that type's ``finish_reason`` cannot be the null of
+    every chunk but the last, which OpenAI and vLLM send.)"""
+    if chunk["object"] == "chat.completion.chunk":
+        ChatCompletionStreamResponse.model_validate(chunk)
+        return ChatCompletionChunk.model_validate(chunk)
+    return CompletionStreamResponse.model_validate(chunk)

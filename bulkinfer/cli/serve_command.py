@@ -8,7 +8,7 @@ import os
 import signal
 import sys
 from pathlib import Path
-from typing import Annotated, TextIO
+from typing import TYPE_CHECKING, Annotated, TextIO
 
 import typer
 
@@ -16,6 +16,9 @@ from bulkinfer.cli.app import Command, app, epilog
 from bulkinfer.cli.options import ConfigOption, ModelOption, described
 from bulkinfer.cli.signals import exit_at_once, fail
 from bulkinfer.errors import BulkinferError, ConfigError, write_error
+
+if TYPE_CHECKING:
+    from bulkinfer.serve.api import Limits
 
 LOCALHOST = "127.0.0.1"
 KEYS_ENV = "BULKINFER_API_KEYS"
@@ -77,6 +80,28 @@ def serve(
             ),
         ),
     ] = None,
+    max_online: Annotated[
+        int,
+        typer.Option(
+            metavar="N",
+            min=1,
+            help=described(
+                "Online requests (/v1/chat/completions, /v1/completions) in flight at once; one more gets 429 "
+                "with Retry-After. They run on the batches' engine, ahead of batch rows.",
+                64,
+            ),
+            show_default=False,
+        ),
+    ] = 64,
+    max_file_bytes: Annotated[
+        int,
+        typer.Option(
+            metavar="BYTES",
+            min=1,
+            help=described("The largest file upload; a larger one gets 413 (OpenAI's batch input limit).", "200 MB"),
+            show_default=False,
+        ),
+    ] = 200 * 1024 * 1024,
     webhook_secret: Annotated[
         str | None,
         typer.Option(
@@ -85,7 +110,8 @@ def serve(
         ),
     ] = None,
 ) -> None:
-    """Serve OpenAI's Files and Batch API: batches run one after another on one warm engine."""
+    """Serve OpenAI's Files and Batch API (batches run one after another on one warm engine) and online
+    chat and text completions on the same engine, ahead of batch rows."""
     keys = [*(api_key or ()), *(k.strip() for k in os.environ.get(KEYS_ENV, "").split(",") if k.strip())]
     try:
         if not keys and host != LOCALHOST:
@@ -94,7 +120,10 @@ def serve(
             )
         webhooks = _webhooks(webhook_url, webhook_secret, os.environ.get(WEBHOOK_SECRET_ENV) or None)
         try:
-            _serve(host, port, data_dir, keys, model, config, webhooks)
+            from bulkinfer.serve.api import Limits
+
+            limits = Limits(max_file_bytes=max_file_bytes, max_online=max_online)
+            _serve(host, port, data_dir, keys, model, config, webhooks, limits)
         except OSError as exc:
             raise write_error(exc) from exc
     except BulkinferError as exc:
@@ -130,6 +159,7 @@ def _serve(
     model: str | None,
     config: Path | None,
     webhooks: tuple[str, str] | None,
+    limits: Limits,
 ) -> None:
     """Build the store, worker, webhook sender and app; run uvicorn until SIGINT/SIGTERM (one JSON access
     log line a request, and one a webhook attempt, on stderr); then stop the worker (a running batch stays
@@ -149,7 +179,7 @@ def _serve(
     store = Store(data_dir, webhook_url=webhooks[0] if webhooks else None)
     worker = BatchWorker(store, settings, vllm_engine)
     tenants = {key: tenant_of(key) for key in keys}
-    app = create_app(store, tenants, worker, model=settings.model or DEFAULT_MODEL)
+    app = create_app(store, tenants, worker, limits, model=settings.model or DEFAULT_MODEL)
     sender = WebhookSender(store, webhooks[1]) if webhooks else None
     worker.start()
     if sender is not None:

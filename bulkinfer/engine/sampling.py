@@ -4,6 +4,7 @@ stream as bulkinfer :class:`~bulkinfer.schema.Completion` values."""
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 from bulkinfer.config import SamplingDefaults
@@ -132,6 +133,10 @@ def token_entries(token_ids: Any, positions: Any, top: int) -> list[dict[str, An
     return entries
 
 
+# Called with each new piece of a watched request: (choice index, text, tokens, finish reason or None).
+Watcher = Callable[[int, str, int, str | None], None]
+
+
 class StreamedOutputs:
     """Turns vLLM's ``RequestOutput`` objects into :class:`Completion` objects.
 
@@ -146,7 +151,9 @@ class StreamedOutputs:
     ``generated_tokens`` counts every completion token seen;
     ``prefilled_tokens`` the prompt tokens of every request that produced
     its first output. :attr:`top_logprobs` holds, for each request that asked
-    for log-probabilities, how many alternatives per token.
+    for log-probabilities, how many alternatives per token. :attr:`watchers`
+    holds, for a request whose caller streams it (an online request), a
+    :data:`Watcher` called with each piece as it arrives.
     """
 
     def __init__(self) -> None:
@@ -158,6 +165,7 @@ class StreamedOutputs:
         self.top_logprobs: dict[str, int] = {}
         self._choices: dict[str, dict[int, _Choice]] = {}
         self.token_counts: dict[str, int] = {}
+        self.watchers: dict[str, Watcher] = {}
         self.generated_tokens = 0
         self.prefilled_tokens = 0
 
@@ -195,9 +203,13 @@ class StreamedOutputs:
                     choice.logprobs += token_entries(piece.token_ids, piece.logprobs, top)
                 if piece.finish_reason:
                     choice.finish_reason = piece.finish_reason
+                watcher = self.watchers.get(request_id)
+                if watcher is not None:
+                    watcher(piece.index, piece.text, len(piece.token_ids), piece.finish_reason)
                 self.token_counts[request_id] += len(piece.token_ids)
                 self.generated_tokens += len(piece.token_ids)
             if out.finished:
+                self.watchers.pop(request_id, None)
                 done.append(self._finished(out, self._choices.pop(request_id)))
         return done
 
@@ -245,7 +257,15 @@ class StreamedOutputs:
     def forget(self, request_ids: list[str]) -> None:
         """Drop what is kept of unfinished requests (aborted: no more output comes)."""
         for request_id in request_ids:
-            for kept in (self.score_from, self.top_logprobs, self._choices, self.token_counts, self._pooled):
+            kept_maps: tuple[dict[str, Any], ...] = (
+                self.score_from,
+                self.top_logprobs,
+                self._choices,
+                self.token_counts,
+                self._pooled,
+                self.watchers,
+            )
+            for kept in kept_maps:
                 kept.pop(request_id, None)
         self.part_of = {part: owner for part, owner in self.part_of.items() if owner[0] in self._pooled}
 

@@ -10,7 +10,6 @@ Importing this module does not import vLLM or torch; :class:`VllmEngine` does.
 from __future__ import annotations
 
 import dataclasses
-import queue
 import threading
 import time
 from collections.abc import Callable, Mapping
@@ -33,69 +32,14 @@ from bulkinfer.engine.processes import (
     exit_description,
     process_name,
 )
-from bulkinfer.engine.sampling import StreamedOutputs, pooling_params, sampling_params
+from bulkinfer.engine.sampling import StreamedOutputs, Watcher, pooling_params, sampling_params
 from bulkinfer.engine.starts import engine_start
+from bulkinfer.engine.stepper import LIVENESS_INTERVAL_S, Stepper
 from bulkinfer.errors import BulkinferError, ConfigError, EngineError
 from bulkinfer.schema import Completion, Request
 
-# While waiting for an engine step, the engine's processes are checked this often (seconds).
-LIVENESS_INTERVAL_S = 0.2
 # close(): how long vLLM's own shutdown may take before the processes are killed (seconds).
 CLOSE_TIMEOUT_S = 5.0
-
-
-class _Stepper:
-    """The engine's own thread: runs the engine's ``step()`` (and, for an
-    engine in this process, its start, see :meth:`call`), so the caller can
-    wait for it with a timeout (vLLM's synchronous client blocks forever when
-    its engine core process dies: its output thread exits without a word)."""
-
-    def __init__(self, notify: threading.Event | None = None):
-        self.step: Callable[[], Any] = lambda: []
-        self._notify = notify
-        self._go: queue.SimpleQueue[Callable[[], Any] | None] = queue.SimpleQueue()
-        self._done: queue.SimpleQueue[tuple[Any, BaseException | None]] = queue.SimpleQueue()
-        self.running_since: float | None = None
-        threading.Thread(target=self._loop, name="bulkinfer-engine-step", daemon=True).start()
-
-    def _loop(self) -> None:
-        while (work := self._go.get()) is not None:
-            try:
-                self._done.put((work(), None))
-            except BaseException as exc:  # handed to the caller's thread
-                self._done.put((None, exc))
-            if self._notify is not None:
-                self._notify.set()
-
-    def call(self, work: Callable[[], Any]) -> Any:
-        """``work()`` run in this thread, its result or its exception here.
-        vLLM binds the OpenMP threads of the thread that starts a CPU worker
-        to the cores: an engine in this process must start in the thread
-        that runs its steps (started elsewhere, its steps ran 8% slower)."""
-        self._go.put(work)
-        while (outcome := self.result(LIVENESS_INTERVAL_S)) is None:
-            pass
-        value, error = outcome
-        if error is not None:
-            raise error
-        return value
-
-    def start(self) -> None:
-        if self.running_since is None:
-            self.running_since = time.monotonic()
-            self._go.put(self.step)
-
-    def result(self, timeout: float) -> tuple[Any, BaseException | None] | None:
-        """The running step's (outputs, error), or None if it is still running after ``timeout`` s."""
-        try:
-            outcome = self._done.get(timeout=timeout)
-        except queue.Empty:
-            return None
-        self.running_since = None
-        return outcome
-
-    def stop(self) -> None:
-        self._go.put(None)
 
 
 class VllmEngine:
@@ -163,7 +107,7 @@ class VllmEngine:
         earlier = {p.pid for p in psutil.Process().children(recursive=True)}  # another replica's
         in_process = IN_PROCESS.claim(self, device, args, environment or {})
         variables = {**(environment or {}), **({MULTIPROCESSING_ENV: "0"} if in_process else {})}
-        self._stepper = _Stepper(step_done)
+        self._stepper = Stepper(step_done)
         self._watchdog = Watchdog()  # before any engine process exists
         try:
             start = engine_start(str(model), args.get("runner") or "generate")
@@ -397,6 +341,12 @@ class VllmEngine:
         already say False), or :meth:`add` buffered it."""
         return bool(self._unfinished or self._buffered)
 
+    def watch(self, request_id: str, watcher: Watcher) -> None:
+        """Call ``watcher`` with each piece of the generation request
+        ``request_id`` (added, not finished) as the engine produces it, in the
+        thread that calls :meth:`step` (an online request's streamed answer)."""
+        self._outputs.watchers[request_id] = watcher
+
     def abort_unfinished(self) -> None:
         """Abort every request still in the engine (vLLM's ``abort_request``),
         after the step in flight, if any; its results and any buffered ones
@@ -405,13 +355,24 @@ class VllmEngine:
         Raises:
             EngineError: the engine died.
         """
+        self.abort(sorted(self._unfinished | {c.request_id for c in self._buffered}))
+
+    def abort(self, request_ids: list[str]) -> None:
+        """Abort ``request_ids`` (vLLM's ``abort_request``), after the step in
+        flight, if any; their results, returned by no later :meth:`step`, are
+        dropped. Ids not unfinished are ignored.
+
+        Raises:
+            EngineError: the engine died.
+        """
         if self._closed:
             return
         if self._stepper.running_since is not None:
-            self._wait_step(None)
-        self._buffered = []
-        aborted = sorted(self._unfinished)
-        self._unfinished.clear()
+            self._buffered.extend(self._wait_step(None))
+        dropped = set(request_ids)
+        self._buffered = [c for c in self._buffered if c.request_id not in dropped]
+        aborted = sorted(dropped & self._unfinished)
+        self._unfinished.difference_update(aborted)
         if aborted:
             try:
                 self._engine.abort_request(self._outputs.engine_ids(aborted))

@@ -1,5 +1,6 @@
 """OpenAI's Files and Batch API as a FastAPI app over a :class:`Store` and
-a :class:`Runner` (the worker).
+a :class:`Runner` (the worker), and the online ``/v1/chat/completions`` and
+``/v1/completions`` on the worker's engine (:mod:`bulkinfer.serve.online`).
 
 Every ``/v1`` route wants ``Authorization: Bearer KEY``; the key names the
 tenant, who sees only its own files and batches (another tenant's id is a
@@ -18,9 +19,9 @@ from __future__ import annotations
 
 from collections.abc import AsyncGenerator, Callable, Iterator, Mapping
 from dataclasses import dataclass
-from typing import Annotated, Any, BinaryIO
+from typing import Any, BinaryIO
 
-from fastapi import Depends, FastAPI, Request
+from fastapi import FastAPI, Request
 from fastapi.concurrency import run_in_threadpool
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import FileResponse, JSONResponse, Response
@@ -30,11 +31,12 @@ from starlette.datastructures import FormData, UploadFile
 from starlette.formparsers import MultiPartException, MultiPartParser
 
 from bulkinfer.schema import CHAT_URL, COMPLETIONS_URL
-from bulkinfer.serve.access import AccessLog, noted
-from bulkinfer.serve.auth import DEFAULT_TENANT, header_key, key_tenant
+from bulkinfer.serve.access import AccessLog
+from bulkinfer.serve.http import ApiError, Tenant, found, not_found
 from bulkinfer.serve.objects import batch_object, error_body, file_object, list_object
+from bulkinfer.serve.online import online_router
 from bulkinfer.serve.pages import pages_router
-from bulkinfer.serve.prometheus import metrics_registry
+from bulkinfer.serve.prometheus import OnlineMetrics, metrics_registry
 from bulkinfer.serve.store import WINDOWS_S, FileTooLarge, Store
 from bulkinfer.serve.worker import Runner
 
@@ -45,39 +47,11 @@ MULTIPART_SLACK_BYTES = 64 * 1024  # boundaries and part headers around the file
 
 @dataclass(frozen=True, slots=True)
 class Limits:
-    """``max_file_bytes``: the largest upload (OpenAI's 200 MB for batch input)."""
+    """``max_file_bytes``: the largest upload (OpenAI's 200 MB for batch input);
+    ``max_online``: online requests in flight at once (one more gets 429)."""
 
     max_file_bytes: int = 200 * 1024 * 1024
-
-
-class ApiError(Exception):
-    """An error response: HTTP ``status`` and OpenAI's error fields."""
-
-    def __init__(
-        self,
-        status: int,
-        message: str,
-        type_: str = "invalid_request_error",
-        code: str | None = None,
-        param: str | None = None,
-    ):
-        super().__init__(message)
-        self.status, self.body = status, error_body(message, type_, code, param)
-
-
-def not_found(what: str, id_: str) -> ApiError:
-    return ApiError(404, f"No such {what}: '{id_}'", code="not_found")
-
-
-def found(row: dict[str, Any] | None, what: str, id_: str) -> dict[str, Any]:
-    """``row``, the tenant's ``what`` (file, batch) ``id_``.
-
-    Raises:
-        ApiError: 404 when it is None (no such id, or another tenant's).
-    """
-    if row is None:
-        raise not_found(what, id_)
-    return row
+    max_online: int = 64
 
 
 class BatchCreate(BaseModel):
@@ -88,28 +62,6 @@ class BatchCreate(BaseModel):
     endpoint: str
     completion_window: str
     metadata: dict[str, str] | None = None
-
-
-def tenant(request: Request) -> str:
-    """The tenant of the request's bearer key (``app.state.keys``: key -> tenant;
-    compared in constant time, see :mod:`bulkinfer.serve.auth`).
-
-    Raises:
-        ApiError: 401, no bearer key or an unknown one.
-    """
-    key = header_key(request.headers.get("authorization", ""))
-    if key is None:
-        raise ApiError(401, "Missing bearer authentication in header", code="invalid_api_key")
-    keys: dict[str, str] = request.app.state.keys
-    if not keys:
-        return noted(request, DEFAULT_TENANT)
-    found = key_tenant(keys, key)
-    if found is None:
-        raise ApiError(401, "Incorrect API key provided", code="invalid_api_key")
-    return noted(request, found)
-
-
-Tenant = Annotated[str, Depends(tenant)]
 
 
 def create_app(
@@ -125,7 +77,7 @@ def create_app(
 
     @app.exception_handler(ApiError)
     async def _api_error(request: Request, exc: ApiError) -> JSONResponse:
-        return JSONResponse(exc.body, status_code=exc.status)
+        return JSONResponse(exc.body, status_code=exc.status, headers=exc.headers)
 
     @app.exception_handler(RequestValidationError)
     async def _invalid(request: Request, exc: RequestValidationError) -> JSONResponse:
@@ -144,6 +96,7 @@ def create_app(
 
     registry = metrics_registry(store)
     app.include_router(pages_router(store, model))
+    app.include_router(online_router(runner, limits.max_online, OnlineMetrics(registry, model)))
 
     @app.get("/metrics")
     def metrics() -> Response:

@@ -1,9 +1,9 @@
-"""Live ``request_counts`` and ``throughput`` of a running batch:
-:class:`LiveCounts` observes the batch's run (a
-:class:`~bulkinfer.jobs.context.RunObserver`: rows finished and their
-tokens, engine ready) and writes its counts to the store every ``interval``
-seconds from a thread of its own, so that the run's thread never waits on
-the database.
+"""Watching a running batch from threads of their own, so that the run's
+thread never waits on the database: :class:`LiveCounts` observes the batch's
+run (a :class:`~bulkinfer.jobs.context.RunObserver`: rows finished and their
+tokens, engine ready) and writes its live ``request_counts`` and
+``throughput`` to the store every ``interval`` seconds; :class:`ExpiryWatch`
+stops the run once the batch is past its ``expires_at``.
 """
 
 from __future__ import annotations
@@ -15,7 +15,11 @@ from typing import Any
 
 from bulkinfer.jobs.context import RunObserver
 from bulkinfer.report.model import RunReport
-from bulkinfer.serve.store import Store
+from bulkinfer.serve.store import Store, now
+from bulkinfer.stop import StopToken
+
+EXPIRED = "expired"  # the stop reason of a run past its batch's expires_at
+EXPIRY_POLL_S = 1.0  # a running batch's expires_at is read this often (seconds): a changed one counts
 
 
 class LiveCounts(RunObserver):
@@ -96,3 +100,23 @@ def report_throughput(report: RunReport) -> dict[str, Any]:
     """A batch's ``throughput`` column from its run's report: completion
     tokens/s over the generation seconds of the rows the last attempt ran."""
     return {"completion_tokens_per_s": report.throughput.completion_tokens_per_s, "measured": "report"}
+
+
+class ExpiryWatch(threading.Thread):
+    """Stops a running batch's run (reason :data:`EXPIRED`) once the time
+    passes its ``expires_at``, read from the store every :data:`EXPIRY_POLL_S`."""
+
+    def __init__(self, store: Store, batch_id: str, token: StopToken):
+        super().__init__(name="bulkinfer-batch-expiry", daemon=True)
+        self.store, self.batch_id, self.token = store, batch_id, token
+        self._closed = threading.Event()
+
+    def run(self) -> None:
+        while not self._closed.wait(EXPIRY_POLL_S):
+            batch = self.store.batch(None, self.batch_id)
+            if batch is not None and batch["expires_at"] is not None and now() > batch["expires_at"]:
+                self.token.stop(EXPIRED)
+                return
+
+    def close(self) -> None:
+        self._closed.set()

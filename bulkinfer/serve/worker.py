@@ -23,12 +23,18 @@ run again first with ``resume=True`` (the journal and spools keep what
 finished: every ``custom_id`` ends exactly once); ``cancelling`` ones are
 cancelled with what they finished.
 
-The engine comes back: when it dies during a batch (:class:`EngineError`),
-the worker closes it, waits :data:`ENGINE_RESTART_DELAYS_S` and resumes the
-batch on a new engine from its journal; after that many deaths in a row the
-batch fails (``engine_failed``) and the next batch tries a new engine again.
-:attr:`BatchWorker.health` is ``starting`` while an engine starts (or waits
-to), ``ready`` otherwise, ``failed`` after the last restart failed.
+The engine starts with the server (vLLM's priority scheduling on) and is
+shared by the running batch and online requests
+(:class:`~bulkinfer.engine.mux.EngineMux`; :attr:`BatchWorker.online`, None
+while no engine is ready).
+
+The engine comes back: when it dies (:class:`EngineError`, during a batch or
+between batches), the worker closes it, waits :data:`ENGINE_RESTART_DELAYS_S`,
+starts a new one and resumes the batch from its journal; after that many
+deaths in a row the batch fails (``engine_failed``) and the next batch tries
+a new engine again. :attr:`BatchWorker.health` is ``starting`` while an
+engine starts (or waits to), ``ready`` otherwise, ``failed`` after the last
+restart failed.
 """
 
 from __future__ import annotations
@@ -42,17 +48,22 @@ from typing import Any, Protocol
 import orjson
 
 from bulkinfer.config import Settings
-from bulkinfer.engine.base import EngineFactory, KeptEngine
+from bulkinfer.default_model import DEFAULT_MODEL
+from bulkinfer.engine.base import Engine, EngineFactory, KeptEngine
+from bulkinfer.engine.mux import EngineMux
 from bulkinfer.errors import BulkinferError, EngineError, Interrupted
+from bulkinfer.io.inputs import InputScan
 from bulkinfer.io.output_files import OutputFiles, Published, RunPaths
 from bulkinfer.io.unfinished import add_unfinished_errors
 from bulkinfer.jobs.context import RunContext
+from bulkinfer.jobs.engine_choice import choose_engine_settings
+from bulkinfer.jobs.online import OnlineRequests
 from bulkinfer.jobs.run import GENERATE, run
-from bulkinfer.models import TokenizerFactory, load_tokenizer
+from bulkinfer.models import TokenizerFactory, load_tokenizer, resolve_model
 from bulkinfer.report.model import as_run_report
 from bulkinfer.serve.access import ACCESS_LOGGER, iso_now
 from bulkinfer.serve.objects import usage_object
-from bulkinfer.serve.progress import LiveCounts, report_throughput
+from bulkinfer.serve.progress import EXPIRED, ExpiryWatch, LiveCounts, report_throughput
 from bulkinfer.serve.store import Store, now
 from bulkinfer.serve.validate import MAX_LINES, batch_error, custom_ids, validate_input
 from bulkinfer.stop import StopToken
@@ -60,11 +71,9 @@ from bulkinfer.stop import StopToken
 log = logging.getLogger(ACCESS_LOGGER)
 
 RESUMABLE = ("in_progress", "finalizing")
-EXPIRED = "expired"  # the stop reason of a run past its batch's expires_at
 EXPIRED_MESSAGE = "This request could not be executed before the completion window expired."  # OpenAI's
 # Seconds before each new engine after an engine death; one more death in a row fails the batch.
 ENGINE_RESTART_DELAYS_S = (2.0, 10.0, 30.0)
-EXPIRY_POLL_S = 1.0  # a running batch's expires_at is read this often (seconds): a changed one counts
 
 # A batch is a generation job whose engine serves the batches after it: its KV cache is not sized to it.
 SERVED = dataclasses.replace(GENERATE, sized_kv_cache=False)
@@ -82,6 +91,10 @@ class Runner(Protocol):
     @property
     def health(self) -> str:
         """``starting``, ``ready`` or ``failed`` (see :class:`BatchWorker`)."""
+
+    @property
+    def online(self) -> OnlineRequests | None:
+        """Where online requests go, or None while no engine is ready."""
 
 
 class BatchWorker(threading.Thread):
@@ -101,10 +114,12 @@ class BatchWorker(threading.Thread):
     ):
         super().__init__(name="bulkinfer-batch-worker", daemon=True)
         self.store, self.settings, self.max_lines = store, settings, max_lines
-        self._health = "ready"
+        self._health = "starting"
         self._deaths = 0  # engine deaths in a row
-        self.engine = KeptEngine(self._watched(engine_factory))
+        self._online: OnlineRequests | None = None
+        self.engine = KeptEngine(self._watched(self._muxed(engine_factory)))
         self.tokenizer_factory = tokenizer_factory
+        self._tokenizer: tuple[str, Any] | None = None  # (model, its tokenizer), loaded once
         self._wake = threading.Condition()
         self._closing = False
         self._running: tuple[str, StopToken] | None = None
@@ -126,6 +141,51 @@ class BatchWorker(threading.Thread):
     @property
     def health(self) -> str:
         return self._health
+
+    @property
+    def online(self) -> OnlineRequests | None:
+        online = self._online
+        if online is None or online.mux.dead is not None or self._health != "ready":
+            return None
+        return online
+
+    def _muxed(self, factory: EngineFactory) -> EngineFactory:
+        """``factory``, its engine behind an :class:`EngineMux` that online requests share
+        (:attr:`online`); a death wakes the worker, which restarts it."""
+
+        def start(model_path: str, settings: Settings) -> Engine:
+            mux = EngineMux(factory(model_path, settings), on_death=self._poke)
+            try:
+                if self._tokenizer is None or self._tokenizer[0] != model_path:
+                    trust = settings.engine.trust_remote_code
+                    self._tokenizer = (model_path, self.tokenizer_factory(model_path, trust))
+                tokenizer = self._tokenizer[1]
+                chat = settings.resolve_chat_template(tokenizer)
+                self._online = OnlineRequests(mux, tokenizer, chat, self.settings.model or DEFAULT_MODEL)
+            except BaseException:
+                mux.close()
+                raise
+            return mux
+
+        return start
+
+    def _poke(self) -> None:
+        """Wake the worker (the engine died: it restarts it)."""
+        with self._wake:
+            self._wake.notify()
+
+    def _start_engine(self) -> None:
+        """Start the engine now (server start, after a death), with what a
+        batch would choose for this machine and vLLM's priority scheduling
+        (online requests go first).
+
+        Raises:
+            BulkinferError: the model is missing or the engine fails to start.
+        """
+        model = resolve_model(self.settings.model)
+        scan = InputScan(None, mentions_priority=True)
+        chosen, _ = choose_engine_settings(model, self.settings, scan, SERVED.calibrate, False)
+        self.engine.get(model, chosen)
 
     def _watched(self, factory: EngineFactory) -> EngineFactory:
         """``factory``, with :attr:`health` ``starting`` while it makes an engine, then ``ready``."""
@@ -155,17 +215,29 @@ class BatchWorker(threading.Thread):
     def run(self) -> None:
         for left in self.store.by_status("cancelling"):
             self._publish_cancelled(left["id"])
+        try:
+            self._start_engine()
+        except BulkinferError as exc:
+            self._engine_died(None, exc)
         while True:
             with self._wake:
                 batch = self._next()
-                while batch is None and not self._closing:
+                while batch is None and not self._closing and self._dead() is None:
                     self._wake.wait()
                     batch = self._next()
                 if self._closing:
                     return
-                assert batch is not None
-                token = StopToken()
-                self._running = (batch["id"], token)
+                dead = self._dead()
+                if batch is None and dead is not None:  # it died serving online requests
+                    self._running = None
+                else:
+                    assert batch is not None
+                    token = StopToken()
+                    self._running = (batch["id"], token)
+            if batch is None:
+                assert dead is not None
+                self._engine_died(None, dead)
+                continue
             try:
                 self._run_batch(batch, token)
             except Exception as exc:  # a bug or an OSError must not end the worker: the batch fails
@@ -175,6 +247,11 @@ class BatchWorker(threading.Thread):
                 with self._wake:
                     self._running = None
             self._publish_cancelled(batch["id"])  # cancelled while it ran (or before it started)
+
+    def _dead(self) -> EngineError | None:
+        """What the running engine died of, or None (alive, or none running)."""
+        online = self._online
+        return online.mux.dead if online is not None and self.engine.engine is not None else None
 
     def _next(self) -> dict[str, Any] | None:
         """The oldest resumable batch, else the oldest ``validating`` one."""
@@ -229,25 +306,36 @@ class BatchWorker(threading.Thread):
         if self.store.move(batch_id, RESUMABLE, "finalizing", **_finished(result.report)):
             self._register_outputs(batch, paths, "completed", ("finalizing",))
 
-    def _engine_died(self, batch_id: str, exc: EngineError) -> None:
-        """The engine died (or failed to start) during ``batch_id``'s run: close
-        it; wait the next of :data:`ENGINE_RESTART_DELAYS_S`, leaving the batch
-        ``in_progress`` (the loop resumes it on a new engine), or after the last
-        fail the batch. Logged as a JSON line on the access log."""
-        self.engine.close()
-        self._deaths += 1
-        delay = ENGINE_RESTART_DELAYS_S[self._deaths - 1] if self._deaths <= len(ENGINE_RESTART_DELAYS_S) else None
-        line = {"time": iso_now(), "engine": "died", "batch": batch_id, "deaths_in_a_row": self._deaths}
-        log.warning(orjson.dumps({**line, "error": str(exc), "restart_in_s": delay}).decode())
-        if delay is None:
-            self._health, self._deaths = "failed", 0
-            error = batch_error("engine_failed", f"the engine died {len(ENGINE_RESTART_DELAYS_S) + 1} times: {exc}")
-            self.store.move(batch_id, RESUMABLE + ("cancelling",), "failed", errors=[error])
-            return
-        self._health = "starting"
-        with self._wake:
-            if not self._closing:
-                self._wake.wait(delay)
+    def _engine_died(self, batch_id: str | None, exc: BulkinferError) -> None:
+        """The engine died (or failed to start), during ``batch_id``'s run or
+        with none running: close it; wait the next of
+        :data:`ENGINE_RESTART_DELAYS_S` and start a new one, leaving the batch
+        ``in_progress`` (the loop resumes it on the new engine); after the
+        last, fail the batch. Each death a JSON line on the access log."""
+        while True:
+            self.engine.close()
+            self._deaths += 1
+            delays = ENGINE_RESTART_DELAYS_S
+            delay = delays[self._deaths - 1] if self._deaths <= len(delays) else None
+            line = {"time": iso_now(), "engine": "died", "batch": batch_id, "deaths_in_a_row": self._deaths}
+            log.warning(orjson.dumps({**line, "error": str(exc), "restart_in_s": delay}).decode())
+            if delay is None:
+                self._health, self._deaths = "failed", 0
+                if batch_id is not None:
+                    error = batch_error("engine_failed", f"the engine died {len(delays) + 1} times: {exc}")
+                    self.store.move(batch_id, RESUMABLE + ("cancelling",), "failed", errors=[error])
+                return
+            self._health = "starting"
+            with self._wake:
+                if not self._closing:
+                    self._wake.wait(delay)
+                if self._closing:
+                    return
+            try:
+                self._start_engine()
+                return
+            except BulkinferError as failed:
+                exc = failed
 
     def _validated(self, batch: dict[str, Any]) -> bool:
         """Check the input of a ``validating`` batch; move it to ``in_progress``,
@@ -315,26 +403,6 @@ class BatchWorker(threading.Thread):
                 name = f"{batch['id']}_{'output' if key == 'output_file_id' else 'error'}.jsonl"
                 ids[key] = self.store.register_file(batch["tenant"], name, "batch_output", path)["id"]
         self.store.move(batch["id"], from_, status, **ids)
-
-
-class ExpiryWatch(threading.Thread):
-    """Stops a running batch's run (reason :data:`EXPIRED`) once the time
-    passes its ``expires_at``, read from the store every :data:`EXPIRY_POLL_S`."""
-
-    def __init__(self, store: Store, batch_id: str, token: StopToken):
-        super().__init__(name="bulkinfer-batch-expiry", daemon=True)
-        self.store, self.batch_id, self.token = store, batch_id, token
-        self._closed = threading.Event()
-
-    def run(self) -> None:
-        while not self._closed.wait(EXPIRY_POLL_S):
-            batch = self.store.batch(None, self.batch_id)
-            if batch is not None and batch["expires_at"] is not None and now() > batch["expires_at"]:
-                self.token.stop(EXPIRED)
-                return
-
-    def close(self) -> None:
-        self._closed.set()
 
 
 def _finished(report: dict[str, Any]) -> dict[str, Any]:

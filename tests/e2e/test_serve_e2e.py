@@ -2,13 +2,15 @@
 of 127.0.0.1, the real engine and default model, driven over HTTP by the
 official ``openai`` client (files, batches, content).
 
-One server (one engine start) serves the module's batches; its last batch
-is stopped twice, each time by starting the server again on the same data
-directory (SIGTERM, then SIGKILL, mid-batch): three engine starts in all.
+One server (one engine start) serves the module's batches and its online
+requests; its last batch is stopped twice, each time by starting the server
+again on the same data directory (SIGTERM, then SIGKILL, mid-batch): three
+engine starts in all.
 """
 
 from __future__ import annotations
 
+import contextlib
 import io
 import os
 import re
@@ -28,11 +30,14 @@ import orjson
 import pytest
 from browser import CHROMIUM, FLAGS, NO_CHROMIUM
 from e2e_helpers import CAPITALS, ROOT, SAMPLE, engine_children, read_jsonl
-from reference_types import check_openai_line
+from reference_types import check_online_chunk, check_online_response, check_openai_line
 
 KEYS = ("key-alice", "key-bob")
 DONE = ("completed", "failed", "cancelled", "expired")
 START_S = 600.0  # a server's first batch waits for the engine to load (~40 s here)
+MAX_ONLINE = 2
+MAX_FILE_BYTES = 4 << 20
+QUESTION = [{"role": "user", "content": "What is the capital of France?"}]
 
 
 # The servers' config: a KV cache of 1 GiB holds every batch here, where the CPU default (which a server keeps
@@ -57,7 +62,7 @@ class ServeProcess:
                 cwd=ROOT,
                 env={**os.environ, "PYTHONUNBUFFERED": "1", **(env or {})},
             )
-        deadline = time.monotonic() + 120
+        deadline = time.monotonic() + START_S  # /health is 200 once the engine is ready
         while not self.up():
             assert self.proc.poll() is None, f"the server exited: {self.tail()}"
             assert time.monotonic() < deadline, f"the server did not answer /health: {self.tail()}"
@@ -71,6 +76,9 @@ class ServeProcess:
 
     def tail(self) -> str:
         return self.log.read_text(errors="replace")[-3000:]
+
+    def url(self, path: str) -> str:
+        return f"http://127.0.0.1:{self.port}{path}"
 
     def client(self, key: str = KEYS[0]) -> openai.OpenAI:
         return openai.OpenAI(base_url=f"http://127.0.0.1:{self.port}/v1", api_key=key, max_retries=0)
@@ -146,7 +154,8 @@ def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServeProcess]:
     tmp = tmp_path_factory.mktemp("serve")
     config = tmp / "serve.toml"
     config.write_text(CONFIG)
-    process = ServeProcess(tmp / "data", free_port(), "--config", str(config))
+    limits = ("--max-online", str(MAX_ONLINE), "--max-file-bytes", str(MAX_FILE_BYTES))
+    process = ServeProcess(tmp / "data", free_port(), "--config", str(config), *limits)
     yield process
     process.stop()
 
@@ -180,6 +189,7 @@ def test_a_batch_through_the_openai_client(server: ServeProcess) -> None:
     assert done.created_at <= done.in_progress_at <= done.finalizing_at <= done.completed_at  # type: ignore[operator]
     report = orjson.loads((server.data / "batches" / batch.id / "output.report.json").read_bytes())
     assert "kv_cache" not in report["engine_choice"]  # the engine serves later batches: not sized to this one
+    assert report["engine"]["scheduling_policy"] == "priority"  # online requests go ahead of batch rows
 
 
 def test_a_completions_batch(server: ServeProcess) -> None:
@@ -215,13 +225,36 @@ def test_three_batches_at_once_run_in_order_and_all_complete(server: ServeProces
         assert batch.id == submitted.id
 
 
-def test_cancel_mid_run_publishes_the_finished_rows(server: ServeProcess) -> None:
+def test_online_requests_mid_batch_then_a_cancel_publishes_the_finished_rows(server: ServeProcess) -> None:
+    """Online chat and text completions, whole and streamed (read with the
+    SDK's streaming API, and as raw server-sent events validated by vLLM's
+    and the SDK's types), answered while a 100-row batch runs on the same
+    engine; then the batch is cancelled with the rows it finished."""
     client = server.client()
     rows = read_jsonl(SAMPLE / "sharegpt.jsonl")[:100]
     lines = chat_lines(rows, max_tokens=64)
     batch = submit(client, lines)
     running = poll(client, batch.id, completed_at_least(3))
     assert running.status == "in_progress", running.status
+    auth = {"Authorization": f"Bearer {KEYS[0]}"}
+    request = {"model": "default", "messages": QUESTION, "max_tokens": 24, "temperature": 0}
+    whole = httpx.post(server.url("/v1/chat/completions"), json=request, headers=auth, timeout=120)
+    assert whole.status_code == 200, whole.text
+    chat = check_online_response(whole.json())
+    assert "Paris" in (chat.choices[0].message.content or "") and chat.model == "default"
+    assert chat.usage.completion_tokens == chat.usage.total_tokens - chat.usage.prompt_tokens > 0
+    stream = client.chat.completions.create(stream=True, stream_options={"include_usage": True}, **request)
+    chunks = list(stream)
+    assert "Paris" in "".join(c.choices[0].delta.content or "" for c in chunks if c.choices)
+    assert chunks[-1].usage is not None and chunks[-1].usage.completion_tokens > 0
+    raw = {"model": "default", "prompt": "The capital of France is", "max_tokens": 8, "temperature": 0, "stream": True}
+    with httpx.stream("POST", server.url("/v1/completions"), json=raw, headers=auth, timeout=120) as events:
+        data = [line.removeprefix("data: ") for line in events.iter_lines() if line.startswith("data: ")]
+    assert data[-1] == "[DONE]"
+    pieces = [check_online_chunk(orjson.loads(d)) for d in data[:-1]]
+    assert "Paris" in "".join(p.choices[0].text for p in pieces)
+    assert pieces[-1].choices[0].finish_reason in ("stop", "length")
+    assert client.batches.retrieve(batch.id).status == "in_progress"  # the answers did not wait for the batch
     assert client.batches.cancel(batch.id).status in ("cancelling", "cancelled")
     done = finished(client, batch.id, timeout=120)
     assert done.status == "cancelled"
@@ -233,6 +266,28 @@ def test_cancel_mid_run_publishes_the_finished_rows(server: ServeProcess) -> Non
     assert done.request_counts is not None and done.request_counts.completed == len(ids)
     for record in outputs:
         check_openai_line(record)
+
+
+def test_429_past_max_online_and_413_past_max_file_bytes(server: ServeProcess) -> None:
+    auth = {"Authorization": f"Bearer {KEYS[0]}"}
+    long = {"model": "default", "prompt": "Count to a thousand:", "max_tokens": 400, "ignore_eos": True, "stream": True}
+    with httpx.Client(timeout=120) as http, contextlib.ExitStack() as held:
+        lines = []  # kept: a line iterator collected early closes its connection
+        for _ in range(MAX_ONLINE):  # in flight: each has sent its first token
+            events = held.enter_context(http.stream("POST", server.url("/v1/completions"), json=long, headers=auth))
+            assert events.status_code == 200
+            lines.append(events.iter_lines())
+            next(lines[-1])
+        busy = http.post(server.url("/v1/completions"), json={**long, "stream": False}, headers=auth)
+    assert busy.status_code == 429 and busy.headers["retry-after"] == "1", busy.text
+    assert busy.json()["error"]["code"] == "too_many_requests"
+    with pytest.raises(openai.APIStatusError) as too_large:
+        server.client().files.create(file=("big.jsonl", io.BytesIO(b"x" * (MAX_FILE_BYTES + 1))), purpose="batch")
+    assert too_large.value.status_code == 413
+    metrics = httpx.get(server.url("/metrics")).text
+    assert 'bulkinfer_online_requests_total{endpoint="/v1/completions",status="429"} 1.0' in metrics
+    assert 'bulkinfer_online_requests_total{endpoint="/v1/completions",status="499"} 2.0' in metrics  # went away
+    assert re.search(r'vllm:time_to_first_token_seconds_count\{model_name="[^"]+"\} [1-9]', metrics)
 
 
 def test_a_batch_past_its_window_expires_with_its_finished_rows(server: ServeProcess) -> None:

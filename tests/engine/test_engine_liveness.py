@@ -24,7 +24,8 @@ import vllm  # noqa: F401  (without vLLM check_sampling_defaults checks nothing:
 
 from bulkinfer.config import SamplingDefaults
 from bulkinfer.engine.sampling import StreamedOutputs, check_sampling_defaults
-from bulkinfer.engine.vllm import VllmEngine, _Stepper
+from bulkinfer.engine.stepper import Stepper
+from bulkinfer.engine.vllm import VllmEngine
 from bulkinfer.errors import ConfigError, EngineError
 
 
@@ -36,7 +37,7 @@ def stand_in_engine(
     ``has_unfinished_requests`` says."""
     engine = object.__new__(VllmEngine)
     engine._engine = SimpleNamespace(has_unfinished_requests=lambda: unfinished)
-    engine._stepper = _Stepper()
+    engine._stepper = Stepper()
     engine._stepper.step = step
     engine._processes = [psutil.Process(process.pid)]
     engine._names = {process.pid: "VLLM::EngineCore"}

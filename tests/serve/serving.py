@@ -45,6 +45,7 @@ class Server:
         self.app = create_app(self.store, KEYS, self.worker, limits or Limits(), model="tiny")
         self.http = TestClient(self.app)
         self.worker.start()
+        wait_for(lambda: self.worker.health != "starting")  # the engine starts with the server
 
     def client(self, key: str = "key-a") -> openai.OpenAI:
         return openai.OpenAI(base_url="http://testserver/v1", api_key=key, http_client=self.http, max_retries=0)
@@ -58,6 +59,7 @@ class NoRunner:
     """A runner that runs nothing: for an app whose batches never run."""
 
     health = "ready"
+    online = None
 
     def submit(self, batch_id: str) -> None:
         pass

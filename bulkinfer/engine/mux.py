@@ -1,0 +1,272 @@
+"""One engine, two kinds of traffic: online requests ahead of batch rows.
+
+:class:`EngineMux` owns an engine and the one thread that calls it (add,
+step, abort): a server's batch run feeds it through the
+:class:`~bulkinfer.engine.base.Engine` protocol (the mux *is* the batch's
+engine), and online requests enter beside it with :meth:`EngineMux.submit`.
+Online requests carry vLLM priority :data:`ONLINE_PRIORITY`; a batch row's
+own ``priority`` is kept but never below :data:`BATCH_PRIORITY_FLOOR`, so
+under vLLM's priority scheduling (``scheduling_policy = "priority"``: lower
+runs first, and a waiting request of lower value preempts a running one
+of higher value when the batch is full) an online request waits for no batch
+row, and batch rows fill whatever capacity online traffic leaves.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import queue
+import threading
+from collections.abc import Callable
+from typing import Any, Protocol
+
+from bulkinfer.engine.base import Engine
+from bulkinfer.errors import EngineError
+from bulkinfer.schema import Completion, Request
+
+# vLLM's request priority is an int64; lower runs first (scheduling_policy = "priority").
+ONLINE_PRIORITY = -(1 << 40)
+BATCH_PRIORITY_FLOOR = ONLINE_PRIORITY + 1
+STEP_WAIT_S = 0.05  # the engine thread looks at new requests at least this often while a step runs (seconds)
+CHECK_S = 0.2  # a batch waiting for a step checks for a dead engine this often (seconds)
+
+
+class Listener(Protocol):
+    """What an online request's caller hears, in the engine's thread (hand it on, never block)."""
+
+    def piece(self, index: int, text: str, tokens: int, finish_reason: str | None) -> None:
+        """New text of choice ``index`` (``tokens`` tokens; ``finish_reason`` on its last piece).
+        Engines that cannot stream give none: the whole text comes with :meth:`done`."""
+
+    def done(self, completion: Completion) -> None:
+        """The request finished; ``completion.error`` is set when the engine rejected or failed it."""
+
+    def failed(self, error: EngineError) -> None:
+        """The engine died: no answer will come."""
+
+
+class EngineMux:
+    """``engine`` shared by one batch run at a time (this object, as an
+    :class:`Engine`) and any number of online requests (:meth:`submit`).
+
+    Every call into ``engine`` happens in the mux's thread, which steps the
+    engine while anything is unfinished and otherwise sleeps until a request
+    arrives. When the engine dies (:class:`EngineError` from a step or an
+    add), each online request in flight hears :meth:`Listener.failed`, the
+    batch's next :meth:`step` raises the error, and so does every later
+    :meth:`submit`; ``on_death`` is called (a server restarts the engine).
+
+    :attr:`generated_tokens` and :attr:`prefilled_tokens` are the batch's:
+    the engine's counts minus the online requests'. ``running_lengths()``
+    is the engine's (online requests included).
+    """
+
+    def __init__(self, engine: Engine, on_death: Callable[[], None] | None = None):
+        self._engine = engine
+        self._on_death = on_death
+        self.max_model_len, self.max_num_seqs = engine.max_model_len, engine.max_num_seqs
+        self.online = callable(getattr(engine, "abort", None))  # replicas abort only everything: no online requests
+        self._commands: queue.SimpleQueue[tuple[str, Any, Any]] = queue.SimpleQueue()
+        self._wake = threading.Event()
+        self._owners: dict[str, Listener | None] = {}  # unfinished request id -> its online listener (None: batch)
+        self._batch_ids: set[str] = set()  # batch requests added and not yet returned by step()
+        self._batch_done: queue.SimpleQueue[Completion] = queue.SimpleQueue()
+        self._online_generated = self._online_prefilled = 0
+        self._error: EngineError | None = None
+        self._closing = False
+        self._thread = threading.Thread(target=self._loop, name="bulkinfer-engine-mux", daemon=True)
+        self._thread.start()
+
+    # the batch's Engine
+
+    @property
+    def settings(self) -> dict[str, Any]:
+        return self._engine.settings
+
+    @property
+    def generated_tokens(self) -> int:
+        return self._engine.generated_tokens - self._online_generated
+
+    @property
+    def prefilled_tokens(self) -> int:
+        return self._engine.prefilled_tokens - self._online_prefilled
+
+    def running_lengths(self) -> list[int]:
+        return self._engine.running_lengths()
+
+    def add(self, request_id: str, request: Request) -> Completion | None:
+        """Queue a batch request (a rejection comes back from :meth:`step` as a failed Completion).
+
+        Raises:
+            EngineError: the engine died.
+        """
+        self._raise_if_dead()
+        if request.priority < BATCH_PRIORITY_FLOOR:
+            request = dataclasses.replace(request, priority=BATCH_PRIORITY_FLOOR)
+        self._batch_ids.add(request_id)
+        self._send("add", request_id, (request, None))
+        return None
+
+    def step(self, wait: float | None = None) -> list[Completion]:
+        """The batch requests finished since the last call, waiting up to
+        ``wait`` seconds (None: until one finishes) for the first.
+
+        Raises:
+            EngineError: the engine died.
+        """
+        finished: list[Completion] = []
+        left = wait
+        while not finished:
+            self._raise_if_dead()
+            slice_s = CHECK_S if left is None else min(CHECK_S, left)
+            try:
+                finished.append(self._batch_done.get(timeout=max(slice_s, 0.0)))
+            except queue.Empty:
+                if left is not None:
+                    left -= slice_s
+                    if left <= 0:
+                        return []
+        while True:
+            try:
+                finished.append(self._batch_done.get_nowait())
+            except queue.Empty:
+                break
+        finished = [c for c in finished if c.request_id in self._batch_ids]
+        self._batch_ids.difference_update(c.request_id for c in finished)
+        return finished
+
+    def has_unfinished(self) -> bool:
+        return bool(self._batch_ids)
+
+    def abort_unfinished(self) -> None:
+        """Abort the batch's unfinished requests (online ones run on); their
+        finished results not yet returned are dropped.
+
+        Raises:
+            EngineError: the engine died.
+        """
+        self._raise_if_dead()
+        aborted, self._batch_ids = sorted(self._batch_ids), set()
+        done = threading.Event()
+        self._send("abort", aborted, done)
+        while not done.wait(CHECK_S):
+            self._raise_if_dead()
+
+    def close(self) -> None:
+        """Stop the mux's thread (online requests in flight hear ``failed``), then close the engine."""
+        self._closing = True
+        self._wake.set()
+        self._thread.join()
+        self._engine.close()
+
+    # online requests
+
+    def submit(self, request_id: str, request: Request, listener: Listener) -> None:
+        """Queue an online request at :data:`ONLINE_PRIORITY`; ``listener``
+        hears its pieces and its end (see :class:`Listener`).
+
+        Raises:
+            EngineError: the engine died or is closing, or it cannot serve
+                online requests (replicas: :attr:`online` is False).
+        """
+        if not self.online:
+            raise EngineError("online requests need one engine (not replicas): it must abort requests by id")
+        self._raise_if_dead()
+        self._send("add", request_id, (dataclasses.replace(request, priority=ONLINE_PRIORITY), listener))
+
+    def cancel(self, request_id: str) -> None:
+        """Abort an online request (its caller went away): nothing more comes of it."""
+        self._send("abort", [request_id], None)
+
+    @property
+    def dead(self) -> EngineError | None:
+        """The error the engine died of, or None while it lives."""
+        return self._error
+
+    # the mux's thread
+
+    def _send(self, kind: str, what: Any, extra: Any) -> None:
+        self._commands.put((kind, what, extra))
+        self._wake.set()
+
+    def _raise_if_dead(self) -> None:
+        if self._error is not None:
+            raise EngineError(str(self._error)) from self._error
+        if self._closing:
+            raise EngineError("the engine is closing")
+
+    def _loop(self) -> None:
+        try:
+            while not self._closing:
+                self._apply_commands()
+                if self._engine.has_unfinished():
+                    self._route(self._engine.step(wait=STEP_WAIT_S))
+                else:
+                    self._wake.wait()
+                    self._wake.clear()
+        except EngineError as exc:
+            self._error = exc
+            if self._on_death is not None:
+                self._on_death()
+        finally:
+            error = self._error or EngineError("the engine was closed")
+            for listener in self._owners.values():
+                if listener is not None:
+                    listener.failed(error)
+            self._owners.clear()
+
+    def _apply_commands(self) -> None:
+        while True:
+            try:
+                kind, what, extra = self._commands.get_nowait()
+            except queue.Empty:
+                return
+            if kind == "add":
+                self._add(what, *extra)
+                continue
+            self._abort(what)
+            if extra is not None:
+                extra.set()
+
+    def _add(self, request_id: str, request: Request, listener: Listener | None) -> None:
+        self._owners[request_id] = listener
+        rejected = self._engine.add(request_id, request)
+        if rejected is not None:
+            self._route([rejected])
+        elif listener is not None and callable(watch := getattr(self._engine, "watch", None)):
+            watch(request_id, self._counted(listener))
+
+    def _counted(self, listener: Listener) -> Callable[[int, str, int, str | None], None]:
+        """``listener.piece``, counting its tokens as the online requests'."""
+
+        def piece(index: int, text: str, tokens: int, finish_reason: str | None) -> None:
+            self._online_generated += tokens
+            listener.piece(index, text, tokens, finish_reason)
+
+        return piece
+
+    def _abort(self, request_ids: list[str]) -> None:
+        ids = [rid for rid in request_ids if rid in self._owners]
+        for rid in ids:
+            del self._owners[rid]
+        if not ids:
+            return
+        abort = getattr(self._engine, "abort", None)
+        if callable(abort):
+            abort(ids)
+        else:  # replicas: only batch requests are in it
+            self._engine.abort_unfinished()
+
+    def _route(self, finished: list[Completion]) -> None:
+        watched = callable(getattr(self._engine, "watch", None))
+        for completion in finished:
+            if completion.request_id not in self._owners:
+                continue  # aborted
+            listener = self._owners.pop(completion.request_id)
+            if listener is None:
+                self._batch_done.put(completion)
+                continue
+            self._online_prefilled += completion.prompt_tokens
+            if not watched:
+                self._online_generated += completion.completion_tokens
+            listener.done(completion)

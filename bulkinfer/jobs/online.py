@@ -1,0 +1,155 @@
+"""Online requests on a server's engine: one OpenAI ``/v1/chat/completions``
+or ``/v1/completions`` body in, its response (or its stream of chunks) out.
+
+A body is read exactly as a batch line's ``body`` is
+(:func:`~bulkinfer.prep.rows.to_request`: the same fields, the same checks,
+nothing silently ignored; ``model`` as in batch lines), tokenized by the
+same :class:`~bulkinfer.prep.planner.Planner` (chat template, context
+check), and answered with the body a batch output line carries
+(:func:`~bulkinfer.io.records.output_record`). Streamed answers are OpenAI's
+chunks: ``chat.completion.chunk`` objects (the first ``delta`` carries the
+role) or ``text_completion`` objects, then, with
+``stream_options.include_usage``, a chunk with ``usage`` and no choices
+(https://platform.openai.com/docs/api-reference/chat-streaming, checked
+against the ``openai`` SDK's ``ChatCompletionChunk`` and ``Completion`` types
+in the tests).
+"""
+
+from __future__ import annotations
+
+import itertools
+import threading
+import time
+import uuid
+from typing import Any
+
+from bulkinfer.config import Settings
+from bulkinfer.engine.mux import EngineMux, Listener
+from bulkinfer.io.records import output_record
+from bulkinfer.prep.planner import Planner
+from bulkinfer.prep.rows import to_request
+from bulkinfer.schema import CHAT_URL, COMPLETIONS_URL, Completion, Request, RowInvalid
+
+ONLINE_URLS = (CHAT_URL, COMPLETIONS_URL)
+STREAM_FIELDS = ("stream", "stream_options")  # read here; a batch line has no use for them
+
+
+class OnlineRequests:
+    """Online requests on ``mux``'s engine: ``settings`` with the chat
+    template resolved, ``tokenizer`` the model's, ``model`` the id answers name.
+
+    :meth:`prepare` and :meth:`start` run in any thread; the listener hears
+    the engine's thread (see :class:`~bulkinfer.engine.mux.Listener`).
+    """
+
+    def __init__(self, mux: EngineMux, tokenizer: Any, settings: Settings, model: str):
+        self.mux, self.settings, self.model = mux, settings, model
+        self._planner = Planner(tokenizer, settings.plan, mux.max_model_len)
+        self._planning = threading.Lock()  # the planner's statistics are not thread-safe
+        self._seq = itertools.count()
+
+    def prepare(self, url: str, body: Any) -> Request:
+        """``body`` of an online request to ``url`` as a tokenized Request
+        (``id`` a fresh ``chatcmpl-``/``cmpl-`` id).
+
+        Raises:
+            RowInvalid: the body is not an object, a field is missing, of the
+                wrong type or range, not supported (the message names it), or
+                the prompt and ``max_tokens`` exceed the context.
+        """
+        if not isinstance(body, dict):
+            raise RowInvalid("invalid_request", "the request body must be a JSON object")
+        stream = body.get("stream", False)
+        if stream not in (None, True, False):
+            raise RowInvalid("invalid_field", "field 'stream': expected true or false")
+        options = body.get("stream_options")
+        if options is not None and (not isinstance(options, dict) or set(options) - {"include_usage"}):
+            raise RowInvalid("unsupported_field", "field 'stream_options': only include_usage is supported")
+        if stream and body.get("logprobs") not in (None, False):
+            raise RowInvalid("unsupported_field", "field 'logprobs' is not streamed here: ask with stream false")
+        prefix = "chatcmpl" if url == CHAT_URL else "cmpl"
+        line = {
+            "custom_id": f"{prefix}-{uuid.uuid4().hex}",
+            "url": url,
+            "body": {k: v for k, v in body.items() if k not in STREAM_FIELDS},
+        }
+        try:
+            request = to_request(line, next(self._seq), 1, self.settings)
+        except RowInvalid as exc:
+            raise RowInvalid(exc.type, _online_message(exc.message)) from None
+        with self._planning:
+            planned, errors = self._planner.plan_window([request])
+        if errors:
+            raise RowInvalid(errors[0].type, _online_message(errors[0].message))
+        return planned[0]
+
+    def start(self, request: Request, listener: Listener) -> None:
+        """Send ``request`` to the engine ahead of batch rows.
+
+        Raises:
+            EngineError: the engine is dead, closing or cannot serve online requests.
+        """
+        self.mux.submit(request.id, request, listener)
+
+    def cancel(self, request: Request) -> None:
+        """Abort ``request`` (its caller went away)."""
+        self.mux.cancel(request.id)
+
+    def response(self, request: Request, completion: Completion) -> dict[str, Any]:
+        """The response body: a ``chat.completion`` or ``text_completion``, as in a batch output line."""
+        body: dict[str, Any] = output_record(request, completion, self.model)["response"]["body"]
+        body["id"] = request.id
+        return body
+
+
+class Chunks:
+    """The streamed chunks of one online request (OpenAI's shapes, see the module)."""
+
+    def __init__(self, request: Request, model: str, include_usage: bool):
+        self.request, self.include_usage = request, include_usage
+        self.chat = request.openai_url == CHAT_URL
+        self._base = {
+            "id": request.id,
+            "object": "chat.completion.chunk" if self.chat else "text_completion",
+            "created": int(time.time()),
+            "model": request.passthrough.get("model", model),
+        }
+        self._started: set[int] = set()
+
+    def piece(self, index: int, text: str, finish_reason: str | None) -> dict[str, Any]:
+        """The chunk of new ``text`` of choice ``index`` (its ``finish_reason`` on the last)."""
+        if self.chat:
+            delta: dict[str, Any] = {"content": text}
+            if index not in self._started:
+                self._started.add(index)
+                delta = {"role": "assistant", "content": text}
+            choice: dict[str, Any] = {"index": index, "delta": delta, "finish_reason": finish_reason}
+        else:
+            choice = {"index": index, "text": text, "finish_reason": finish_reason, "logprobs": None}
+        return {**self._base, "choices": [choice]}
+
+    def usage(self, completion: Completion) -> dict[str, Any]:
+        """The last chunk with ``stream_options.include_usage``: no choices, the request's ``usage``."""
+        total = completion.prompt_tokens + completion.completion_tokens
+        return {
+            **self._base,
+            "choices": [],
+            "usage": {
+                "prompt_tokens": completion.prompt_tokens,
+                "completion_tokens": completion.completion_tokens,
+                "total_tokens": total,
+            },
+        }
+
+
+def _online_message(message: str) -> str:
+    """A batch line's error message, said of a request body."""
+    return message.replace("field 'body.", "field '").replace("; the row was not run", "")
+
+
+def wants_stream(body: Any) -> tuple[bool, bool]:
+    """(``stream``, ``stream_options.include_usage``) of a request body."""
+    if not isinstance(body, dict):
+        return False, False
+    options = body.get("stream_options") or {}
+    return bool(body.get("stream")), bool(isinstance(options, dict) and options.get("include_usage"))

@@ -1,0 +1,213 @@
+"""Online requests beside batches (issue 35), on fake engines: the
+orchestration (admission, priorities, streaming framing, engine deaths),
+not inference. The answers' shapes are read with the ``openai`` SDK's own
+types (``ChatCompletion``, ``ChatCompletionChunk``, ``Completion``); real
+inference is in tests/e2e/test_serve_e2e.py."""
+
+from __future__ import annotations
+
+import threading
+from collections import Counter
+from collections.abc import Callable
+from typing import Any
+
+import openai
+import pytest
+from fakes import FakeEngine, wait_for
+from fastapi.testclient import TestClient
+from serving import KEYS, NoRunner, Server, batch_lines, create, records, upload, wait_done
+
+import bulkinfer.serve.worker
+from bulkinfer.engine.mux import BATCH_PRIORITY_FLOOR, ONLINE_PRIORITY, EngineMux
+from bulkinfer.errors import EngineError
+from bulkinfer.schema import Completion, Request
+from bulkinfer.serve.api import Limits, create_app
+from bulkinfer.serve.store import Store
+
+CHAT = [{"role": "user", "content": "hello"}]
+
+
+class RecordingEngine(FakeEngine):
+    """Notes each request's id and vLLM priority as it is added."""
+
+    def __init__(self, **kwargs: Any):
+        super().__init__(**kwargs)
+        self.added: list[tuple[str, int]] = []
+
+    def add(self, request_id: str, request: Request) -> Completion | None:
+        self.added.append((request_id, request.priority))
+        return super().add(request_id, request)
+
+
+def test_a_chat_completion_and_a_text_completion(serve: Callable[..., Server]) -> None:
+    client = serve().client()
+    chat = client.chat.completions.create(model="tiny", messages=CHAT, max_tokens=4)  # type: ignore[arg-type]
+    assert isinstance(chat, openai.types.chat.ChatCompletion)
+    assert chat.object == "chat.completion" and chat.model == "tiny"
+    assert chat.choices[0].message.content == f"echo {chat.id}" and chat.choices[0].finish_reason == "stop"
+    assert chat.usage is not None and chat.usage.completion_tokens == 1 and chat.usage.prompt_tokens > 0
+    text = client.completions.create(model="tiny", prompt="once upon", max_tokens=4)
+    assert isinstance(text, openai.types.Completion) and text.object == "text_completion"
+    assert text.id.startswith("cmpl-") and text.choices[0].text == f"echo {text.id}"
+
+
+def test_a_streamed_chat_completion_read_with_the_sdk(serve: Callable[..., Server]) -> None:
+    client = serve().client()
+    stream = client.chat.completions.create(
+        model="tiny",
+        messages=CHAT,  # type: ignore[arg-type]
+        max_tokens=4,
+        stream=True,
+        stream_options={"include_usage": True},
+    )
+    chunks = list(stream)
+    assert all(isinstance(c, openai.types.chat.ChatCompletionChunk) for c in chunks)
+    text = "".join(c.choices[0].delta.content or "" for c in chunks if c.choices)
+    assert text == f"echo {chunks[0].id}"
+    assert chunks[0].choices[0].delta.role == "assistant"
+    assert [c.choices[0].finish_reason for c in chunks if c.choices][-1] == "stop"
+    assert chunks[-1].choices == [] and chunks[-1].usage is not None and chunks[-1].usage.completion_tokens == 1
+    streamed = client.completions.create(model="tiny", prompt="once upon", max_tokens=4, stream=True)
+    pieces = list(streamed)
+    assert all(isinstance(c, openai.types.Completion) for c in pieces)
+    assert "".join(c.choices[0].text for c in pieces) == f"echo {pieces[0].id}"
+
+
+def test_a_field_the_batch_lines_refuse_is_a_400_naming_it(serve: Callable[..., Server]) -> None:
+    client = serve().client()
+    with pytest.raises(openai.BadRequestError, match="'temperature'") as bad:
+        client.chat.completions.create(model="tiny", messages=CHAT, temperature="hot")  # type: ignore[arg-type]
+    assert "body." not in str(bad.value)
+    with pytest.raises(openai.BadRequestError, match="'tools' is not supported"):
+        client.chat.completions.create(model="tiny", messages=CHAT, tools=[])  # type: ignore[arg-type]
+    with pytest.raises(openai.BadRequestError, match="context"):
+        client.completions.create(model="tiny", prompt="word " * 3000, max_tokens=4)
+
+
+def test_past_max_online_a_request_gets_429_with_retry_after(serve: Callable[..., Server]) -> None:
+    gate = threading.Event()
+
+    class Held(FakeEngine):
+        def step(self, wait: float | None = None) -> list[Completion]:
+            gate.wait(30)
+            return super().step(wait)
+
+    server = serve(engine=Held, limits=Limits(max_online=1))
+    client = server.client()
+    first: list[Any] = []
+    held = threading.Thread(
+        target=lambda: first.append(client.chat.completions.create(model="tiny", messages=CHAT))  # type: ignore[arg-type]
+    )
+    held.start()
+    wait_for(lambda: 'bulkinfer_online_requests_in_flight 1.0' in server.http.get("/metrics").text)
+    busy = server.http.post("/v1/chat/completions", json={"messages": CHAT}, headers={"Authorization": "Bearer key-a"})
+    assert busy.status_code == 429 and busy.headers["retry-after"] == "1"
+    assert busy.json()["error"]["code"] == "too_many_requests"
+    gate.set()
+    held.join(30)
+    assert first and first[0].choices[0].finish_reason == "stop"
+    metrics = server.http.get("/metrics").text
+    assert 'bulkinfer_online_requests_total{endpoint="/v1/chat/completions",status="429"} 1.0' in metrics
+    assert 'bulkinfer_online_requests_total{endpoint="/v1/chat/completions",status="200"} 1.0' in metrics
+    assert 'vllm:time_to_first_token_seconds_count{model_name="tiny"} 1.0' in metrics
+    assert 'vllm:e2e_request_latency_seconds_count{model_name="tiny"} 1.0' in metrics
+
+
+def test_no_engine_ready_is_a_503_with_retry_after(tmp_path: Any) -> None:
+    runner = NoRunner()
+    runner.health = "starting"
+    http = TestClient(create_app(Store(tmp_path), KEYS, runner, model="tiny"))
+    answer = http.post("/v1/completions", json={"prompt": "hi"}, headers={"Authorization": "Bearer key-a"})
+    assert answer.status_code == 503 and answer.headers["retry-after"] == "5"
+    assert "starting" in answer.json()["error"]["message"]
+
+
+def test_online_requests_go_ahead_of_batch_rows_and_the_batch_completes(serve: Callable[..., Server]) -> None:
+    server = serve(engine=lambda: RecordingEngine(step_delay=0.05))
+    client = server.client()
+    ids = [f"r{i}" for i in range(40)]
+    batch = create(client, upload(client, batch_lines(ids)).id)
+    wait_for(lambda: len(server.engines[0].added) > 4)
+    answer = client.chat.completions.create(model="tiny", messages=CHAT, max_tokens=4)  # type: ignore[arg-type]
+    done = wait_done(client, batch.id)
+    assert done.status == "completed"
+    assert Counter(r["custom_id"] for r in records(client, done.output_file_id)) == Counter(ids)
+    priorities = dict(server.engines[0].added)
+    assert priorities[answer.id] == ONLINE_PRIORITY
+    assert {p for rid, p in priorities.items() if rid != answer.id} == {0}  # the rows' own (none set)
+    assert done.usage is not None and done.usage.output_tokens == len(ids)  # the rows', not the online request's
+
+
+class Heard:
+    def __init__(self) -> None:
+        self.pieces: list[str] = []
+        self.completion: Completion | None = None
+        self.error: EngineError | None = None
+        self.over = threading.Event()
+
+    def piece(self, index: int, text: str, tokens: int, finish_reason: str | None) -> None:
+        self.pieces.append(text)
+
+    def done(self, completion: Completion) -> None:
+        self.completion = completion
+        self.over.set()
+
+    def failed(self, error: EngineError) -> None:
+        self.error = error
+        self.over.set()
+
+
+def request(seq: int, priority: int = 0) -> Request:
+    return Request(
+        seq, seq + 1, f"r{seq}", None, None, 4, 0.0, 1.0, None, (), priority=priority, prompt_token_ids=[1, 2]
+    )
+
+
+def test_the_mux_keeps_batch_rows_below_online_requests_and_aborts_only_the_batch() -> None:
+    engine = RecordingEngine(hang_at=1)  # nothing finishes: both stay in flight
+    mux = EngineMux(engine)
+    try:
+        mux.add("b0", request(0, priority=ONLINE_PRIORITY - 5))  # a row's own priority cannot jump the online band
+        heard = Heard()
+        mux.submit("o0", request(1), heard)
+        wait_for(lambda: len(engine.added) == 2)
+        assert dict(engine.added) == {"b0": BATCH_PRIORITY_FLOOR, "o0": ONLINE_PRIORITY}
+        assert mux.has_unfinished()
+        mux.abort_unfinished()
+        assert not mux.has_unfinished() and engine.aborted == ["b0"]
+        assert [rid for rid, _ in engine.queue] == ["o0"]
+    finally:
+        mux.close()
+    assert heard.over.wait(5) and heard.error is not None  # closed under it: told, never left hanging
+
+
+def test_an_engine_death_fails_online_requests_and_raises_in_the_batch() -> None:
+    deaths: list[bool] = []
+    mux = EngineMux(FakeEngine(crash_at=1, step_delay=0.05), on_death=lambda: deaths.append(True))
+    heard = Heard()
+    mux.submit("o0", request(0), heard)
+    assert heard.over.wait(5) and isinstance(heard.error, EngineError) and deaths == [True]
+    with pytest.raises(EngineError, match="boom"):
+        mux.step(wait=1.0)
+    with pytest.raises(EngineError):
+        mux.submit("o1", request(1), Heard())
+    mux.close()
+
+
+def test_an_engine_that_dies_serving_online_requests_comes_back(
+    serve: Callable[..., Server], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(bulkinfer.serve.worker, "ENGINE_RESTART_DELAYS_S", (0.3, 0.3))
+    made = [0]
+
+    def engine() -> FakeEngine:
+        made[0] += 1
+        return FakeEngine(crash_at=1 if made[0] == 1 else None)
+
+    server = serve(engine=engine)
+    lost = server.http.post("/v1/completions", json={"prompt": "hi"}, headers={"Authorization": "Bearer key-a"})
+    assert lost.status_code == 503 and lost.headers["retry-after"] == "5"
+    wait_for(lambda: server.http.get("/health").status_code == 200 and len(server.engines) == 2)
+    again = server.client().completions.create(model="tiny", prompt="hi", max_tokens=4)
+    assert again.choices[0].finish_reason == "stop"
+    assert server.engines[0].closed and not server.engines[1].closed
