@@ -168,6 +168,7 @@ def _serve(
 
     from bulkinfer.config import load_settings
     from bulkinfer.default_model import DEFAULT_MODEL
+    from bulkinfer.engine.args import MULTIPROCESSING_ENV
     from bulkinfer.engine.factory import vllm_engine
     from bulkinfer.serve.api import create_app
     from bulkinfer.serve.store import Store
@@ -175,6 +176,9 @@ def _serve(
     from bulkinfer.serve.worker import BatchWorker
 
     log_access_to(sys.stderr)
+    # vLLM's engine core in a child process (unless the user's environment says): an engine crash (a
+    # segfault, the OOM killer) is then a death the server recovers from, not the server's end
+    os.environ.setdefault(MULTIPROCESSING_ENV, "1")
     settings = load_settings(config, {"model": model})
     store = Store(data_dir, webhook_url=webhooks[0] if webhooks else None)
     worker = BatchWorker(store, settings, vllm_engine)

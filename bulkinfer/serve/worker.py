@@ -140,6 +140,8 @@ class BatchWorker(threading.Thread):
 
     @property
     def health(self) -> str:
+        if self._health == "ready" and self._dead() is not None:  # dead, and the worker has not yet noticed
+            return "starting"
         return self._health
 
     @property

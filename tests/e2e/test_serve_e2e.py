@@ -35,6 +35,7 @@ from reference_types import check_online_chunk, check_online_response, check_ope
 KEYS = ("key-alice", "key-bob")
 DONE = ("completed", "failed", "cancelled", "expired")
 START_S = 600.0  # a server's first batch waits for the engine to load (~40 s here)
+IN_PROCESS = {"VLLM_ENABLE_V1_MULTIPROCESSING": "0"}
 MAX_ONLINE = 2
 MAX_FILE_BYTES = 4 << 20
 QUESTION = [{"role": "user", "content": "What is the capital of France?"}]
@@ -155,7 +156,8 @@ def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServeProcess]:
     config = tmp / "serve.toml"
     config.write_text(CONFIG)
     limits = ("--max-online", str(MAX_ONLINE), "--max-file-bytes", str(MAX_FILE_BYTES))
-    process = ServeProcess(tmp / "data", free_port(), "--config", str(config), *limits)
+    # this server's engine in its process (15 s less to start); the later ones' in vLLM's processes (serve's default)
+    process = ServeProcess(tmp / "data", free_port(), "--config", str(config), *limits, env=IN_PROCESS)
     yield process
     process.stop()
 
@@ -383,10 +385,7 @@ def stopped_twice(server: ServeProcess) -> dict[str, Any]:
     term = {"status": seen.status, "code": server.proc.wait(timeout=60), "tail": server.tail()}
 
     config = server.data.parent / "serve.toml"
-    # vLLM's engine in processes of its own (as for replicas and GPUs): they must go with the server
-    second = ServeProcess(
-        server.data, server.port, "--config", str(config), env={"VLLM_ENABLE_V1_MULTIPROCESSING": "1"}
-    )
+    second = ServeProcess(server.data, server.port, "--config", str(config))  # vLLM's engine in processes of its own
     try:
         after_term = second.client().batches.retrieve(batch.id).status
         seen = poll(second.client(), batch.id, completed_at_least(seen.request_counts.completed + 5))
@@ -411,18 +410,42 @@ def test_sigterm_then_sigkill_mid_batch_leave_it_in_progress(stopped_twice: dict
     assert not stopped_twice["alive"]
 
 
-def test_a_third_server_completes_the_twice_stopped_batch(server: ServeProcess, stopped_twice: dict[str, Any]) -> None:
-    """Every ``custom_id`` exactly once, the rows finished before each stop
-    kept, not run again."""
+def test_a_third_server_completes_the_twice_stopped_batch_through_an_engine_kill(
+    server: ServeProcess, stopped_twice: dict[str, Any]
+) -> None:
+    """As the third server resumes the batch, its engine's processes are
+    SIGKILLed: ``/health`` says ``starting`` then ``ready``, online requests
+    in the gap get 503 with ``Retry-After`` (never a hang or a 500), and the
+    batch completes on the new engine: every ``custom_id`` exactly once, the
+    rows finished before each stop kept, not run again."""
     batch, lines = stopped_twice["batch"], stopped_twice["lines"]
     config = server.data.parent / "serve.toml"
     third = ServeProcess(server.data, server.port, "--config", str(config))
     try:
+        engines = engine_children(third.proc.pid)
+        assert engines, "no engine process under the server"
+        for process in engines:
+            process.kill()
+        healths, codes = [], []
+        request = {"model": "default", "messages": QUESTION, "max_tokens": 4}
+        auth = {"Authorization": f"Bearer {KEYS[0]}"}
+        deadline = time.monotonic() + START_S
+        while not (healths and "starting" in healths and healths[-1] == "ready"):
+            assert time.monotonic() < deadline, (healths, codes, third.tail())
+            healths.append(httpx.get(third.url("/health"), timeout=10).json()["status"])
+            online = httpx.post(third.url("/v1/chat/completions"), json=request, headers=auth, timeout=60)
+            codes.append(online.status_code)
+            assert online.status_code in (200, 503), online.text
+            assert online.status_code == 200 or online.headers["retry-after"] == "5"
+            time.sleep(0.2)
+        assert 503 in codes and "failed" not in healths
+        assert httpx.post(third.url("/v1/chat/completions"), json=request, headers=auth, timeout=60).status_code == 200
         done = finished(third.client(), batch.id)
         assert done.status == "completed", (done.errors, third.tail())
         outputs = lines_of(third.client(), done.output_file_id)
         assert sorted(r["custom_id"] for r in outputs) == sorted(line["custom_id"] for line in lines)
         report = orjson.loads((server.data / "batches" / batch.id / "output.report.json").read_bytes())
         assert report["resumed"]["completed"] >= 10  # kept across both stops
+        assert '"engine":"died"' in third.log.read_text(errors="replace")  # the server's access log says so
     finally:
         third.stop()

@@ -99,7 +99,7 @@ def test_past_max_online_a_request_gets_429_with_retry_after(serve: Callable[...
         target=lambda: first.append(client.chat.completions.create(model="tiny", messages=CHAT))  # type: ignore[arg-type]
     )
     held.start()
-    wait_for(lambda: 'bulkinfer_online_requests_in_flight 1.0' in server.http.get("/metrics").text)
+    wait_for(lambda: "bulkinfer_online_requests_in_flight 1.0" in server.http.get("/metrics").text)
     busy = server.http.post("/v1/chat/completions", json={"messages": CHAT}, headers={"Authorization": "Bearer key-a"})
     assert busy.status_code == 429 and busy.headers["retry-after"] == "1"
     assert busy.json()["error"]["code"] == "too_many_requests"
