@@ -129,8 +129,9 @@ def _finish(client: Any, batch: Any) -> Any:
     return batch
 
 
-def _wait_up(port: int, server: subprocess.Popen[bytes]) -> None:
-    deadline = time.monotonic() + 120
+def _wait_up(port: int, server: subprocess.Popen[bytes], timeout: float = 600) -> None:
+    """Until ``/health`` is 200: the server's engine is ready (it starts with the server)."""
+    deadline = time.monotonic() + timeout
     while time.monotonic() < deadline and server.poll() is None:
         try:
             if httpx.get(f"http://127.0.0.1:{port}/health", timeout=1).status_code == 200:
