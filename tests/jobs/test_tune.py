@@ -170,10 +170,18 @@ class Measured:
         self.closed = True
 
 
-def test_tuning_keeps_vllms_defaults_unless_another_setting_is_clearly_faster(
+def test_tuning_keeps_vllms_defaults_unless_a_settings_slowest_run_beats_the_defaults_fastest(
     home: Any, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    rates = {(256, 4096): 200.0, (128, 4096): 190.0, (512, 4096): 204.0, (256, 2048): 180.0, (256, 8192): 220.0}
+    # each setting's two runs; the defaults' control runs (measured again last) at the end
+    runs = {
+        (256, 4096): [200.0, 206.0, 199.0, 205.0],
+        (128, 4096): [190.0, 192.0],
+        (512, 4096): [204.0, 212.0],  # its best beats the defaults' best, its worst does not: noise
+        (256, 2048): [180.0, 182.0],
+        (256, 8192): [215.0, 220.0],  # both runs beat every run of the defaults
+    }
+    served = {key: iter(rates) for key, rates in runs.items()}
     engines: list[Measured] = []
 
     def factory(model: str, settings: Settings) -> Measured:
@@ -181,23 +189,33 @@ def test_tuning_keeps_vllms_defaults_unless_another_setting_is_clearly_faster(
         return engines[-1]
 
     monkeypatch.setattr(tune, "load_tokenizer", lambda model, trust: None)
-    speed = lambda engine, tokenizer, rows, tokens, budget_s=None: (rates[engine.key], 1.0, False)  # noqa: E731
+
+    def speed(
+        engine: Measured, tokenizer: Any, rows: int, tokens: int, budget_s: Any = None
+    ) -> tuple[float, float, bool]:
+        return (next(served[engine.key]) if rows > 16 else 1.0), 1.0, False
+
     monkeypatch.setattr(tune, "speed", speed)
     entry = tune.tune("m", Settings(), factory)  # type: ignore[arg-type]
-    # 512 sequences: 2% faster, within the spread, not taken; 8192 batched tokens: 10% faster, taken
     assert entry["settings"] == {"max_num_seqs": 256, "max_num_batched_tokens": 8192}
-    assert [tuple(t["settings"].values()) for t in entry["trials"]] == [*rates, (256, 4096)]  # the control last
-    assert all(engine.closed for engine in engines)
+    assert [tuple(t["settings"].values()) for t in entry["trials"]] == [*runs, (256, 4096)]  # the control last
+    assert entry["trials"][2] == {
+        "settings": {"max_num_seqs": 512, "max_num_batched_tokens": 4096},
+        "completion_tokens_per_s": 204.0,
+        "trial_rates": [204.0, 212.0],
+    }
+    assert len(engines) == 2 * 6 and all(engine.closed for engine in engines)  # each run on an engine of its own
     assert stored_choice("scheduler", "m", tune._tune_machine())["settings"] == entry["settings"]
 
 
 def test_tuning_measures_the_defaults_again_and_a_machine_that_sped_up_is_not_a_better_setting(
     home: Any, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    rates = iter([144.0, 162.0, 174.0, 182.0, 185.0, 180.0])  # every trial faster than the one before; the control too
+    # every run faster than the one before, the defaults' control runs too
+    rates = iter([144.0, 150.0, 162.0, 166.0, 174.0, 177.0, 182.0, 184.0, 185.0, 188.0, 187.0, 189.0])
     monkeypatch.setattr(tune, "load_tokenizer", lambda model, trust: None)
     speed = lambda engine, tokenizer, rows, tokens, budget_s=None: (next(rates) if rows > 16 else 1.0, 1.0, False)  # noqa: E731
     monkeypatch.setattr(tune, "speed", speed)
     entry = tune.tune("m", Settings(), lambda model, settings: Measured(settings))  # type: ignore[arg-type,return-value]
-    assert entry["settings"] == tune.TUNE_DEFAULTS  # 182 tokens/s is not 3% above the defaults' 180 at the end
+    assert entry["settings"] == tune.TUNE_DEFAULTS  # the last setting's slowest (185) is under the control's 189
     assert len(entry["trials"]) == 6
