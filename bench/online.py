@@ -63,25 +63,36 @@ def online_prompts() -> list[str]:
 
 
 def one_request(client: Any, prompt: str, max_tokens: int) -> dict[str, Any]:
-    """One streamed chat request: seconds to the first content chunk and to the end."""
+    """One streamed chat request: seconds to the first content chunk and to
+    the end; or the HTTP status it was refused with (429 past ``--max-online``)."""
+    import openai
+
     sent = time.monotonic()
     first = None
     tokens = 0
-    stream = client.chat.completions.create(
-        model="default",
-        messages=[{"role": "user", "content": prompt}],
-        max_tokens=max_tokens,
-        temperature=0,
-        stream=True,
-        stream_options={"include_usage": True},
-    )
+    try:
+        stream = client.chat.completions.create(
+            model="default",
+            messages=[{"role": "user", "content": prompt}],
+            max_tokens=max_tokens,
+            temperature=0,
+            stream=True,
+            stream_options={"include_usage": True},
+        )
+    except openai.APIStatusError as exc:
+        return {"status": exc.status_code}
     for chunk in stream:
         if chunk.choices and chunk.choices[0].delta.content and first is None:
             first = time.monotonic() - sent
         if chunk.usage is not None:
             tokens = chunk.usage.completion_tokens
     total = time.monotonic() - sent
-    return {"ttft_s": first if first is not None else total, "latency_s": total, "completion_tokens": tokens}
+    return {
+        "status": 200,
+        "ttft_s": first if first is not None else total,
+        "latency_s": total,
+        "completion_tokens": tokens,
+    }
 
 
 def open_loop(client: Any, prompts: list[str], rate: float, max_tokens: int, until: Any) -> list[dict[str, Any]]:
@@ -122,11 +133,15 @@ def quantiles(values: list[float]) -> dict[str, float]:
 
 
 def describe(online: list[dict[str, Any]]) -> dict[str, Any]:
+    """Quantiles over the answered requests; ``refused``: how many got another status (429)."""
+    refused = [r for r in online if r["status"] != 200]
+    online = [r for r in online if r["status"] == 200]
     return {
         "requests": len(online),
+        "refused": len(refused),
         "ttft_s": quantiles([r["ttft_s"] for r in online]),
         "latency_s": quantiles([r["latency_s"] for r in online]),
-        "completion_tokens": sum(r["completion_tokens"] for r in online),
+        "online_completion_tokens": sum(r["completion_tokens"] for r in online),
     }
 
 
@@ -237,8 +252,8 @@ def markdown(result: dict[str, Any]) -> str:
         f"Batch: {s['rows']} ShareGPT rows, max_tokens {s['batch_max_tokens']}. Online: streamed chat requests at "
         f"{s['rate']}/s, max_tokens {s['online_max_tokens']} (held-out ShareGPT questions).",
         "",
-        "| round | phase | requests | TTFT p50 s | TTFT p99 s | latency p50 s | latency p99 s | batch compl. tok/s |",
-        "|--:|---|--:|--:|--:|--:|--:|--:|",
+        "| round | phase | answered | refused | TTFT p50 s | TTFT p99 s | lat. p50 s | lat. p99 s | batch tok/s |",
+        "|--:|---|--:|--:|--:|--:|--:|--:|--:|",
     ]
     for p in result["phases"]:
         ttft, lat = p.get("ttft_s"), p.get("latency_s")
@@ -246,6 +261,7 @@ def markdown(result: dict[str, Any]) -> str:
             str(p["round"]),
             p["phase"],
             str(p.get("requests", "")),
+            str(p.get("refused", "")),
             f"{ttft['p50']:.2f}" if ttft else "",
             f"{ttft['p99']:.2f}" if ttft else "",
             f"{lat['p50']:.2f}" if lat else "",
