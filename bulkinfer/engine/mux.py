@@ -29,6 +29,7 @@ ONLINE_PRIORITY = -(1 << 40)
 BATCH_PRIORITY_FLOOR = ONLINE_PRIORITY + 1
 STEP_WAIT_S = 0.05  # the engine thread looks at new requests at least this often while a step runs (seconds)
 CHECK_S = 0.2  # a batch waiting for a step checks for a dead engine this often (seconds)
+CLOSE_WAIT_S = 10.0  # close() waits this long for the mux's thread before it closes the engine (seconds)
 
 
 class Listener(Protocol):
@@ -153,10 +154,12 @@ class EngineMux:
             self._raise_if_dead()
 
     def close(self) -> None:
-        """Stop the mux's thread (online requests in flight hear ``failed``), then close the engine."""
+        """Stop the mux's thread (online requests in flight hear ``failed``), then close the engine.
+        A thread stuck in the engine (a hung step) is waited for :data:`CLOSE_WAIT_S` at most:
+        closing the engine ends its processes, and with them the wait."""
         self._closing = True
         self._wake.set()
-        self._thread.join()
+        self._thread.join(CLOSE_WAIT_S)
         self._engine.close()
 
     # online requests
