@@ -14,8 +14,9 @@ run, each ``--rounds`` times in turn:
   online requests at the same rate until it completes.
 
 The batch: ``sample_data/sharegpt.jsonl``'s 300 prompts cycled to ``--rows``
-OpenAI batch lines (each prompt tagged with its line number, so no two
-share more than the chat template's prefix), ``max_tokens`` ``--batch-max-tokens``,
+OpenAI batch lines (each prompt tagged with its phase and line number, so
+no two share more than the chat template's prefix, and the ``both`` phase's
+batch finds nothing of the ``batch`` phase's in the prefix cache), ``max_tokens`` ``--batch-max-tokens``,
 temperature 0. The online prompts: ``bench/data/newcomer100.jsonl``
 (held-out ShareGPT questions), ``max_tokens`` ``--online-max-tokens``.
 
@@ -51,10 +52,11 @@ BATCH_SOURCE = ROOT / "sample_data" / "sharegpt.jsonl"
 ONLINE_SOURCE = ROOT / "bench" / "data" / "newcomer100.jsonl"
 
 
-def batch_bytes(rows: int, max_tokens: int) -> bytes:
+def batch_bytes(rows: int, max_tokens: int, salt: str) -> bytes:
+    """The batch file; ``salt`` starts every prompt, so no batch finds another's prompts in the prefix cache."""
     prompts = [orjson.loads(line)["prompt"] for line in BATCH_SOURCE.read_bytes().splitlines() if line.strip()]
     return b"".join(
-        chat_line(f"row-{i}", f"[{i}] {prompts[i % len(prompts)]}", max_tokens) + b"\n" for i in range(rows)
+        chat_line(f"row-{i}", f"[{salt}-{i}] {prompts[i % len(prompts)]}", max_tokens) + b"\n" for i in range(rows)
     )
 
 
@@ -163,10 +165,11 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=1)
     parser.add_argument("--batch-max-tokens", type=int, default=32)
     parser.add_argument("--online-max-tokens", type=int, default=64)
+    parser.add_argument("--config", type=Path, default=None, help="a bulkinfer config for the server (its engine)")
+    parser.add_argument("--tag", default="", help="results file suffix: online-latency-TAG.{json,md}")
     args = parser.parse_args()
     import openai
 
-    data = batch_bytes(args.rows, args.batch_max_tokens)
     prompts = online_prompts()
     phases: list[dict[str, Any]] = []
     with tempfile.TemporaryDirectory() as tmp_:
@@ -174,7 +177,10 @@ def main() -> None:
         port, data_dir = _free_port(), tmp / "data"
         with open(tmp / "serve.log", "wb") as log:
             server = subprocess.Popen(
-                [sys.executable, "-m", "bulkinfer", "serve", "--port", str(port), "--data-dir", str(data_dir)],
+                [
+                    *(sys.executable, "-m", "bulkinfer", "serve", "--port", str(port), "--data-dir", str(data_dir)),
+                    *(("--config", str(args.config)) if args.config else ()),
+                ],
                 cwd=ROOT,
                 stdout=log,
                 stderr=subprocess.STDOUT,
@@ -188,7 +194,7 @@ def main() -> None:
                 alone = open_loop(client, prompts, args.rate, args.online_max_tokens, lambda k: k >= args.online)
                 phases.append({"round": round_, "phase": "online", **describe(alone)})
                 print(f"bench.online: {phases[-1]}", file=sys.stderr)
-                done = run_batch(client, data)
+                done = run_batch(client, batch_bytes(args.rows, args.batch_max_tokens, f"alone{round_}"))
                 phases.append({"round": round_, "phase": "batch", **batch_rate(data_dir, done["batch"])})
                 print(f"bench.online: {phases[-1]}", file=sys.stderr)
 
@@ -196,7 +202,7 @@ def main() -> None:
                     running = lambda k: client.batches.retrieve(batch_id).status in ("in_progress",)  # noqa: E731
                     return open_loop(client, prompts, args.rate, args.online_max_tokens, lambda k: not running(k))
 
-                both = run_batch(client, data, beside)
+                both = run_batch(client, batch_bytes(args.rows, args.batch_max_tokens, f"both{round_}"), beside)
                 phases.append(
                     {
                         "round": round_,
@@ -231,12 +237,12 @@ def main() -> None:
         "date": dt.datetime.now(dt.UTC).isoformat(timespec="seconds"),
         "machine": machine(),
         "versions": versions(),
-        "settings": vars(args),
+        "settings": {**vars(args), "config": args.config.read_text() if args.config else None},
         "phases": phases,
         "verdicts": verdicts,
         "goal": {"latency_p99_ratio_at_most": 1.5, "batch_rate_ratio_at_least": 0.8},
     }
-    out = ROOT / "bench" / "results" / "online-latency.json"
+    out = ROOT / "bench" / "results" / f"online-latency{'-' + args.tag if args.tag else ''}.json"
     out.write_bytes(orjson.dumps(result, option=orjson.OPT_INDENT_2))
     out.with_suffix(".md").write_text(markdown(result))
     print(out.with_suffix(".md").read_text())
