@@ -32,7 +32,6 @@ from __future__ import annotations
 import argparse
 import datetime as dt
 import io
-import signal
 import statistics
 import subprocess
 import sys
@@ -45,7 +44,7 @@ from typing import Any
 import orjson
 
 from bench.measure import machine, versions
-from bench.serve import _finish, _free_port, _wait_up, chat_line
+from bench.serve import _finish, _free_port, _wait_up, chat_line, stop_server
 
 ROOT = Path(__file__).resolve().parents[1]
 BATCH_SOURCE = ROOT / "sample_data" / "sharegpt.jsonl"
@@ -213,11 +212,7 @@ def main() -> None:
                 )
                 print(f"bench.online: {phases[-1]}", file=sys.stderr)
         finally:
-            server.send_signal(signal.SIGTERM)
-            try:
-                server.wait(timeout=120)
-            except subprocess.TimeoutExpired:
-                server.kill()
+            stop_server(server)
     verdicts = []
     for round_ in range(1, args.rounds + 1):
         online, batch, both = (

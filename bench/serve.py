@@ -109,12 +109,17 @@ def serve_once(source: Path, tmp: Path) -> dict[str, Any]:
             "lines": _lines(out),
         }
     finally:
-        server.send_signal(signal.SIGTERM)
-        try:
-            server.wait(timeout=120)
-        except subprocess.TimeoutExpired:
-            server.kill()
-            server.wait()
+        stop_server(server)
+
+
+def stop_server(server: subprocess.Popen[bytes]) -> None:
+    """SIGTERM, then SIGKILL if it has not exited within 120 s."""
+    server.send_signal(signal.SIGTERM)
+    try:
+        server.wait(timeout=120)
+    except subprocess.TimeoutExpired:
+        server.kill()
+        server.wait()
 
 
 def _create(client: Any, data: bytes) -> Any:

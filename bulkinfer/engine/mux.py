@@ -67,6 +67,8 @@ class EngineMux:
         self._on_death = on_death
         self.max_model_len, self.max_num_seqs = engine.max_model_len, engine.max_num_seqs
         self.online = callable(getattr(engine, "abort", None))  # replicas abort only everything: no online requests
+        watch = getattr(engine, "watch", None)
+        self._watch: Callable[[str, Any], None] | None = watch if callable(watch) else None
         self._commands: queue.SimpleQueue[tuple[str, Any, Any]] = queue.SimpleQueue()
         self._wake = threading.Event()
         self._owners: dict[str, Listener | None] = {}  # unfinished request id -> its online listener (None: batch)
@@ -152,6 +154,11 @@ class EngineMux:
         self._send("abort", aborted, done)
         while not done.wait(CHECK_S):
             self._raise_if_dead()
+        while True:  # finished before the abort, not yet returned: dropped (a later run reuses request ids)
+            try:
+                self._batch_done.get_nowait()
+            except queue.Empty:
+                break
 
     def close(self) -> None:
         """Stop the mux's thread (online requests in flight hear ``failed``), then close the engine.
@@ -236,8 +243,8 @@ class EngineMux:
         rejected = self._engine.add(request_id, request)
         if rejected is not None:
             self._route([rejected])
-        elif listener is not None and callable(watch := getattr(self._engine, "watch", None)):
-            watch(request_id, self._counted(listener))
+        elif listener is not None and self._watch is not None:
+            self._watch(request_id, self._counted(listener))
 
     def _counted(self, listener: Listener) -> Callable[[int, str, int, str | None], None]:
         """``listener.piece``, counting its tokens as the online requests'."""
@@ -261,7 +268,6 @@ class EngineMux:
             self._engine.abort_unfinished()
 
     def _route(self, finished: list[Completion]) -> None:
-        watched = callable(getattr(self._engine, "watch", None))
         for completion in finished:
             if completion.request_id not in self._owners:
                 continue  # aborted
@@ -270,6 +276,6 @@ class EngineMux:
                 self._batch_done.put(completion)
                 continue
             self._online_prefilled += completion.prompt_tokens
-            if not watched:
+            if self._watch is None:
                 self._online_generated += completion.completion_tokens
             listener.done(completion)

@@ -124,12 +124,16 @@ def online_router(runner: Runner, max_online: int, metrics: OnlineMetrics) -> AP
         finally:
             _left(in_flight, metrics, url, status)
 
-    for url in ONLINE_URLS:
+    def route_for(url: str) -> Any:
+        """The route of ``url`` (its URL bound here: a parameter would be a query parameter a client could set)."""
 
-        async def route(request: Request, who: Tenant, url: str = url) -> Response:
+        async def route(request: Request, who: Tenant) -> Response:
             return await answer(request, url)
 
-        router.add_api_route(url, route, methods=["POST"], name=url.rsplit("/", 1)[-1])
+        return route
+
+    for url in ONLINE_URLS:
+        router.add_api_route(url, route_for(url), methods=["POST"], name=url.rsplit("/", 1)[-1])
     return router
 
 

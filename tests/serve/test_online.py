@@ -211,3 +211,27 @@ def test_an_engine_that_dies_serving_online_requests_comes_back(
     again = server.client().completions.create(model="tiny", prompt="hi", max_tokens=4)
     assert again.choices[0].finish_reason == "stop"
     assert server.engines[0].closed and not server.engines[1].closed
+
+
+def test_a_batch_request_finished_before_an_abort_never_comes_back_under_a_reused_id() -> None:
+    engine = FakeEngine()
+    mux = EngineMux(engine)
+    try:
+        mux.add("0", request(0))
+        wait_for(lambda: engine.steps >= 1 and not engine.queue)  # finished, not yet returned by step()
+        mux.abort_unfinished()
+        engine.hang_at = engine.steps + 1  # from now on nothing finishes
+        mux.add("0", request(1))  # the next run's first request: the same engine id
+        assert mux.step(wait=0.5) == []
+    finally:
+        mux.close()
+
+
+def test_the_endpoint_is_the_path_never_a_query_parameter(serve: Callable[..., Server]) -> None:
+    server = serve()
+    answer = server.http.post(
+        "/v1/chat/completions?url=/v1/completions",
+        json={"messages": CHAT, "max_tokens": 4},
+        headers={"Authorization": "Bearer key-a"},
+    )
+    assert answer.status_code == 200 and answer.json()["object"] == "chat.completion"
