@@ -166,6 +166,9 @@ def main() -> None:
     parser.add_argument("--online-max-tokens", type=int, default=64)
     parser.add_argument("--config", type=Path, default=None, help="a bulkinfer config for the server (its engine)")
     parser.add_argument("--tag", default="", help="results file suffix: online-latency-TAG.{json,md}")
+    parser.add_argument(
+        "--serve-arg", action="append", default=[], metavar="ARG", help="one more argument of bulkinfer serve"
+    )
     args = parser.parse_args()
     import openai
 
@@ -179,6 +182,7 @@ def main() -> None:
                 [
                     *(sys.executable, "-m", "bulkinfer", "serve", "--port", str(port), "--data-dir", str(data_dir)),
                     *(("--config", str(args.config)) if args.config else ()),
+                    *args.serve_arg,
                 ],
                 cwd=ROOT,
                 stdout=log,

@@ -93,6 +93,19 @@ def serve(
             show_default=False,
         ),
     ] = 64,
+    batch_beside_online: Annotated[
+        int | None,
+        typer.Option(
+            metavar="N",
+            min=0,
+            help=described(
+                "Batch rows the engine takes on while an online request is in flight (the rest wait, and "
+                "the running ones finish): fewer make online answers faster and the batch slower. "
+                "--max-online seats (at most half the engine's) are always kept free for online requests.",
+                "no bound",
+            ),
+        ),
+    ] = None,
     max_file_bytes: Annotated[
         int,
         typer.Option(
@@ -122,7 +135,7 @@ def serve(
         try:
             from bulkinfer.serve.api import Limits
 
-            limits = Limits(max_file_bytes=max_file_bytes, max_online=max_online)
+            limits = Limits(max_file_bytes, max_online, batch_beside_online)
             _serve(host, port, data_dir, keys, model, config, webhooks, limits)
         except OSError as exc:
             raise write_error(exc) from exc
@@ -181,7 +194,8 @@ def _serve(
     os.environ.setdefault(MULTIPROCESSING_ENV, "1")
     settings = load_settings(config, {"model": model})
     store = Store(data_dir, webhook_url=webhooks[0] if webhooks else None)
-    worker = BatchWorker(store, settings, vllm_engine)
+    worker = BatchWorker(store, settings, vllm_engine, online_seats=limits.max_online,
+                         batch_beside_online=limits.batch_beside_online)  # fmt: skip
     tenants = {key: tenant_of(key) for key in keys}
     app = create_app(store, tenants, worker, limits, model=settings.model or DEFAULT_MODEL)
     sender = WebhookSender(store, webhooks[1]) if webhooks else None

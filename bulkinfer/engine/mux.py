@@ -10,6 +10,15 @@ under vLLM's priority scheduling (``scheduling_policy = "priority"``: lower
 runs first, and a waiting request of lower value preempts a running one
 of higher value when the batch is full) an online request waits for no batch
 row, and batch rows fill whatever capacity online traffic leaves.
+
+vLLM's priority scheduling alone is not enough for that: a waiting request
+gets no seat while ``max_num_seqs`` requests run (it waits for one of them
+to finish), and every step an online request shares with batch prefills
+takes as long as those prefills. So the mux admits batch rows itself (the
+rest wait in the mux, in the order the batch sent them): at most
+``max_num_seqs - online_seats`` at any time, so an online request always
+finds a seat, and at most ``batch_beside_online`` while any online request
+is in flight, so that its steps carry little batch work.
 """
 
 from __future__ import annotations
@@ -17,6 +26,7 @@ from __future__ import annotations
 import dataclasses
 import queue
 import threading
+from collections import deque
 from collections.abc import Callable
 from typing import Any, Protocol
 
@@ -57,15 +67,29 @@ class EngineMux:
     batch's next :meth:`step` raises the error, and so does every later
     :meth:`submit`; ``on_death`` is called (a server restarts the engine).
 
+    Batch rows enter the engine while fewer than ``max_num_seqs -
+    online_seats`` of them are in it (``online_seats`` at most half the
+    seats, one at least left to the batch), and, while an online
+    request is in flight, fewer than ``batch_beside_online`` (None: no
+    further bound); the others wait in the mux, in order.
+
     :attr:`generated_tokens` and :attr:`prefilled_tokens` are the batch's:
     the engine's counts minus the online requests'. ``running_lengths()``
     is the engine's (online requests included).
     """
 
-    def __init__(self, engine: Engine, on_death: Callable[[], None] | None = None):
+    def __init__(
+        self,
+        engine: Engine,
+        on_death: Callable[[], None] | None = None,
+        online_seats: int = 0,
+        batch_beside_online: int | None = None,
+    ):
         self._engine = engine
         self._on_death = on_death
         self.max_model_len, self.max_num_seqs = engine.max_model_len, engine.max_num_seqs
+        self.batch_seats = max(1, engine.max_num_seqs - min(online_seats, engine.max_num_seqs // 2))
+        self.batch_beside_online = batch_beside_online
         self.online = callable(getattr(engine, "abort", None))  # replicas abort only everything: no online requests
         watch = getattr(engine, "watch", None)
         self._watch: Callable[[str, Any], None] | None = watch if callable(watch) else None
@@ -73,10 +97,15 @@ class EngineMux:
         self._wake = threading.Event()
         self._owners: dict[str, Listener | None] = {}  # unfinished request id -> its online listener (None: batch)
         self._batch_ids: set[str] = set()  # batch requests added and not yet returned by step()
+        self._held: deque[tuple[str, Request]] = deque()  # batch requests not yet in the engine, in order
+        self._batch_in_engine = 0
+        self._online_in_flight = 0
         self._batch_done: queue.SimpleQueue[Completion] = queue.SimpleQueue()
         self._online_generated = self._online_prefilled = 0
         self._error: EngineError | None = None
         self._closing = False
+        self._lock = threading.Lock()  # submit() against the thread's end
+        self._stopped = False
         self._thread = threading.Thread(target=self._loop, name="bulkinfer-engine-mux", daemon=True)
         self._thread.start()
 
@@ -181,8 +210,9 @@ class EngineMux:
         """
         if not self.online:
             raise EngineError("online requests need one engine (not replicas): it must abort requests by id")
-        self._raise_if_dead()
-        self._send("add", request_id, (dataclasses.replace(request, priority=ONLINE_PRIORITY), listener))
+        with self._lock:  # never queued after the thread stopped: it would never be answered
+            self._raise_if_dead()
+            self._send("add", request_id, (dataclasses.replace(request, priority=ONLINE_PRIORITY), listener))
 
     def cancel(self, request_id: str) -> None:
         """Abort an online request (its caller went away): nothing more comes of it."""
@@ -202,13 +232,14 @@ class EngineMux:
     def _raise_if_dead(self) -> None:
         if self._error is not None:
             raise EngineError(str(self._error)) from self._error
-        if self._closing:
+        if self._closing or self._stopped:
             raise EngineError("the engine is closing")
 
     def _loop(self) -> None:
         try:
             while not self._closing:
                 self._apply_commands()
+                self._admit()
                 if self._engine.has_unfinished():
                     self._route(self._engine.step(wait=STEP_WAIT_S))
                 else:
@@ -220,10 +251,21 @@ class EngineMux:
                 self._on_death()
         finally:
             error = self._error or EngineError("the engine was closed")
-            for listener in self._owners.values():
-                if listener is not None:
-                    listener.failed(error)
+            with self._lock:
+                self._stopped = True
+            listeners = [listener for listener in self._owners.values() if listener is not None]
             self._owners.clear()
+            while True:  # sent while the last step ran (the engine already dead): never applied
+                try:
+                    kind, _, extra = self._commands.get_nowait()
+                except queue.Empty:
+                    break
+                if kind == "add" and extra[1] is not None:
+                    listeners.append(extra[1])
+                elif kind == "abort" and extra is not None:
+                    extra.set()
+            for listener in listeners:
+                listener.failed(error)
 
     def _apply_commands(self) -> None:
         while True:
@@ -232,14 +274,30 @@ class EngineMux:
             except queue.Empty:
                 return
             if kind == "add":
-                self._add(what, *extra)
+                request, listener = extra
+                if listener is None:
+                    self._held.append((what, request))
+                else:
+                    self._add(what, request, listener)
                 continue
             self._abort(what)
             if extra is not None:
                 extra.set()
 
+    def _admit(self) -> None:
+        """Held batch requests into the engine, in order, while their seats allow (see the class)."""
+        seats = self.batch_seats
+        if self._online_in_flight and self.batch_beside_online is not None:
+            seats = min(seats, self.batch_beside_online)
+        while self._held and self._batch_in_engine < seats:
+            request_id, request = self._held.popleft()
+            self._batch_in_engine += 1
+            self._add(request_id, request, None)
+
     def _add(self, request_id: str, request: Request, listener: Listener | None) -> None:
         self._owners[request_id] = listener
+        if listener is not None:
+            self._online_in_flight += 1
         rejected = self._engine.add(request_id, request)
         if rejected is not None:
             self._route([rejected])
@@ -256,9 +314,11 @@ class EngineMux:
         return piece
 
     def _abort(self, request_ids: list[str]) -> None:
+        wanted = set(request_ids)
+        self._held = deque(held for held in self._held if held[0] not in wanted)  # never reached the engine
         ids = [rid for rid in request_ids if rid in self._owners]
         for rid in ids:
-            del self._owners[rid]
+            self._left(self._owners.pop(rid))
         if not ids:
             return
         abort = getattr(self._engine, "abort", None)
@@ -267,11 +327,19 @@ class EngineMux:
         else:  # replicas: only batch requests are in it
             self._engine.abort_unfinished()
 
+    def _left(self, listener: Listener | None) -> None:
+        """A request left the engine (finished or aborted): its seat is free."""
+        if listener is None:
+            self._batch_in_engine -= 1
+        else:
+            self._online_in_flight -= 1
+
     def _route(self, finished: list[Completion]) -> None:
         for completion in finished:
             if completion.request_id not in self._owners:
                 continue  # aborted
             listener = self._owners.pop(completion.request_id)
+            self._left(listener)
             if listener is None:
                 self._batch_done.put(completion)
                 continue

@@ -48,10 +48,13 @@ MULTIPART_SLACK_BYTES = 64 * 1024  # boundaries and part headers around the file
 @dataclass(frozen=True, slots=True)
 class Limits:
     """``max_file_bytes``: the largest upload (OpenAI's 200 MB for batch input);
-    ``max_online``: online requests in flight at once (one more gets 429)."""
+    ``max_online``: online requests in flight at once (one more gets 429);
+    ``batch_beside_online``: batch rows the engine takes on while an online
+    request is in flight (None: no bound; see :class:`~bulkinfer.engine.mux.EngineMux`)."""
 
     max_file_bytes: int = 200 * 1024 * 1024
     max_online: int = 64
+    batch_beside_online: int | None = None
 
 
 class BatchCreate(BaseModel):

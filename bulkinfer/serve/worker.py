@@ -102,6 +102,8 @@ class BatchWorker(threading.Thread):
 
     ``engine_factory`` and ``tokenizer_factory`` as for :func:`run` (tests
     give fakes); the engine is made once and kept until :meth:`close`.
+    ``online_seats`` and ``batch_beside_online``: how the engine's seats are
+    shared with online requests (see :class:`~bulkinfer.engine.mux.EngineMux`).
     """
 
     def __init__(
@@ -111,9 +113,12 @@ class BatchWorker(threading.Thread):
         engine_factory: EngineFactory,
         tokenizer_factory: TokenizerFactory = load_tokenizer,
         max_lines: int = MAX_LINES,
+        online_seats: int = 0,
+        batch_beside_online: int | None = None,
     ):
         super().__init__(name="bulkinfer-batch-worker", daemon=True)
         self.store, self.settings, self.max_lines = store, settings, max_lines
+        self._online_seats, self._batch_beside_online = online_seats, batch_beside_online
         self._health = "starting"
         self._deaths = 0  # engine deaths in a row
         self._online: OnlineRequests | None = None
@@ -156,7 +161,8 @@ class BatchWorker(threading.Thread):
         (:attr:`online`); a death wakes the worker, which restarts it."""
 
         def start(model_path: str, settings: Settings) -> Engine:
-            mux = EngineMux(factory(model_path, settings), on_death=self._poke)
+            engine = factory(model_path, settings)
+            mux = EngineMux(engine, self._poke, self._online_seats, self._batch_beside_online)
             try:
                 if self._tokenizer is None or self._tokenizer[0] != model_path:
                     trust = settings.engine.trust_remote_code

@@ -72,7 +72,7 @@ def test_compare_runs_bulkinfer_and_raw_vllm_on_a_tiny_workload(tmp_path: Path) 
 
 
 def test_compare_runs_run_batch_and_the_static_baseline_on_a_tiny_workload(tmp_path: Path) -> None:
-    _, results, _ = compare(tmp_path, "c,d")
+    _, results, _ = compare(tmp_path, "c,d", "--vllm-env", "VLLM_ENABLE_V1_MULTIPROCESSING=0")
     assert set(results) == {"c", "d-arrival", "d-bucketed"}
     # The static baseline generated exactly the requested tokens: equal lengths, nothing padded.
     assert results["d-arrival"]["generated_tokens"] == ROWS * MAX_OUTPUT

@@ -4,8 +4,9 @@ official ``openai`` client (files, batches, content).
 
 One server (one engine start) serves the module's batches and its online
 requests; its last batch is stopped twice, each time by starting the server
-again on the same data directory (SIGTERM, then SIGKILL, mid-batch): three
-engine starts in all.
+again on the same data directory (SIGTERM, then SIGKILL, mid-batch), and the
+second server's engine is killed under it and comes back: four engine starts
+in all.
 """
 
 from __future__ import annotations
@@ -374,8 +375,11 @@ def test_keys_tenants_and_a_malformed_file(server: ServeProcess) -> None:
 @pytest.fixture(scope="module")
 def stopped_twice(server: ServeProcess) -> dict[str, Any]:
     """The module's server stopped by SIGTERM mid-batch (exit 0 promptly,
-    the batch stays ``in_progress``), then a second server on the same data
-    directory stopped by SIGKILL mid-batch (its engine processes go too)."""
+    the batch stays ``in_progress``); then a second server on the same data
+    directory, its engine in vLLM's processes (serve's default): as it
+    resumes the batch its engine's processes are SIGKILLed, and once its new
+    engine has finished more rows the server itself is SIGKILLed (its
+    engine's processes go too)."""
     import psutil
 
     lines = chat_lines(read_jsonl(SAMPLE / "sharegpt.jsonl")[:40], max_tokens=32)
@@ -385,19 +389,48 @@ def stopped_twice(server: ServeProcess) -> dict[str, Any]:
     term = {"status": seen.status, "code": server.proc.wait(timeout=60), "tail": server.tail()}
 
     config = server.data.parent / "serve.toml"
-    second = ServeProcess(server.data, server.port, "--config", str(config))  # vLLM's engine in processes of its own
+    second = ServeProcess(server.data, server.port, "--config", str(config))
     try:
         after_term = second.client().batches.retrieve(batch.id).status
-        seen = poll(second.client(), batch.id, completed_at_least(seen.request_counts.completed + 5))
+        seen = poll(second.client(), batch.id, completed_at_least(seen.request_counts.completed + 3))
+        first_engine = engine_children(second.proc.pid)
+        assert first_engine, "no engine process under the server"
+        for process in first_engine:
+            process.kill()
+        gap = through_the_gap(second)
+        seen = poll(second.client(), batch.id, completed_at_least(seen.request_counts.completed + 3))
         engines = engine_children(second.proc.pid)
         second.proc.send_signal(signal.SIGKILL)
         second.proc.wait()
         psutil.wait_procs(engines, timeout=60)
         alive = [p for p in engines if p.is_running() and p.status() != psutil.STATUS_ZOMBIE]
+        log = second.log.read_text(errors="replace")
     finally:
         second.stop()
     return {"batch": batch, "lines": lines, "term": term, "after_term": after_term, "killed_status": seen.status,
-            "engines": engines, "alive": alive}  # fmt: skip
+            "engines": engines, "alive": alive, "gap": gap, "log": log}  # fmt: skip
+
+
+def through_the_gap(server: ServeProcess) -> dict[str, list[Any]]:
+    """``/health`` and an online chat request every 0.2 s from the engine's
+    death until ``/health`` is ``ready`` again after ``starting``: the
+    statuses seen (``healths``) and the online requests' codes (``codes``),
+    each 200 or 503 with ``Retry-After: 5`` (never a hang or a 500)."""
+    healths: list[str] = []
+    codes: list[int] = []
+    request = {"model": "default", "messages": QUESTION, "max_tokens": 4}
+    auth = {"Authorization": f"Bearer {KEYS[0]}"}
+    deadline = time.monotonic() + START_S
+    while not (healths and "starting" in healths and healths[-1] == "ready"):
+        assert time.monotonic() < deadline, (healths, codes, server.tail())
+        healths.append(httpx.get(server.url("/health"), timeout=10).json()["status"])
+        online = httpx.post(server.url("/v1/chat/completions"), json=request, headers=auth, timeout=60)
+        codes.append(online.status_code)
+        assert online.status_code in (200, 503), online.text
+        assert online.status_code == 200 or online.headers["retry-after"] == "5"
+        time.sleep(0.2)
+    after = httpx.post(server.url("/v1/chat/completions"), json=request, headers=auth, timeout=60)
+    return {"healths": healths, "codes": codes, "after": [after.status_code]}
 
 
 def test_sigterm_then_sigkill_mid_batch_leave_it_in_progress(stopped_twice: dict[str, Any]) -> None:
@@ -410,42 +443,33 @@ def test_sigterm_then_sigkill_mid_batch_leave_it_in_progress(stopped_twice: dict
     assert not stopped_twice["alive"]
 
 
-def test_a_third_server_completes_the_twice_stopped_batch_through_an_engine_kill(
-    server: ServeProcess, stopped_twice: dict[str, Any]
+def test_an_engine_killed_mid_batch_comes_back_and_online_requests_get_503_meanwhile(
+    stopped_twice: dict[str, Any],
 ) -> None:
-    """As the third server resumes the batch, its engine's processes are
-    SIGKILLed: ``/health`` says ``starting`` then ``ready``, online requests
-    in the gap get 503 with ``Retry-After`` (never a hang or a 500), and the
-    batch completes on the new engine: every ``custom_id`` exactly once, the
-    rows finished before each stop kept, not run again."""
+    """The second server's engine processes SIGKILLed as it resumed the
+    batch: ``/health`` said ``starting`` then ``ready``, online requests in
+    the gap got 503 with ``Retry-After`` (never a hang or a 500), one after
+    it 200, and the batch went on on the new engine (more rows finished
+    before the server's own SIGKILL)."""
+    gap = stopped_twice["gap"]
+    assert 503 in gap["codes"] and "failed" not in gap["healths"], gap
+    assert gap["after"] == [200]
+    assert '"engine":"died"' in stopped_twice["log"]  # the server's access log says so
+
+
+def test_a_third_server_completes_the_twice_stopped_batch(server: ServeProcess, stopped_twice: dict[str, Any]) -> None:
+    """The batch completes on a third server (its engine in its process):
+    every ``custom_id`` exactly once, the rows finished before each stop
+    kept, not run again."""
     batch, lines = stopped_twice["batch"], stopped_twice["lines"]
     config = server.data.parent / "serve.toml"
-    third = ServeProcess(server.data, server.port, "--config", str(config))
+    third = ServeProcess(server.data, server.port, "--config", str(config), env=IN_PROCESS)
     try:
-        engines = engine_children(third.proc.pid)
-        assert engines, "no engine process under the server"
-        for process in engines:
-            process.kill()
-        healths, codes = [], []
-        request = {"model": "default", "messages": QUESTION, "max_tokens": 4}
-        auth = {"Authorization": f"Bearer {KEYS[0]}"}
-        deadline = time.monotonic() + START_S
-        while not (healths and "starting" in healths and healths[-1] == "ready"):
-            assert time.monotonic() < deadline, (healths, codes, third.tail())
-            healths.append(httpx.get(third.url("/health"), timeout=10).json()["status"])
-            online = httpx.post(third.url("/v1/chat/completions"), json=request, headers=auth, timeout=60)
-            codes.append(online.status_code)
-            assert online.status_code in (200, 503), online.text
-            assert online.status_code == 200 or online.headers["retry-after"] == "5"
-            time.sleep(0.2)
-        assert 503 in codes and "failed" not in healths
-        assert httpx.post(third.url("/v1/chat/completions"), json=request, headers=auth, timeout=60).status_code == 200
         done = finished(third.client(), batch.id)
         assert done.status == "completed", (done.errors, third.tail())
         outputs = lines_of(third.client(), done.output_file_id)
         assert sorted(r["custom_id"] for r in outputs) == sorted(line["custom_id"] for line in lines)
         report = orjson.loads((server.data / "batches" / batch.id / "output.report.json").read_bytes())
-        assert report["resumed"]["completed"] >= 10  # kept across both stops
-        assert '"engine":"died"' in third.log.read_text(errors="replace")  # the server's access log says so
+        assert report["resumed"]["completed"] >= 11  # kept across both stops and the engine's death
     finally:
         third.stop()

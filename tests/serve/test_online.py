@@ -7,6 +7,7 @@ inference is in tests/e2e/test_serve_e2e.py."""
 from __future__ import annotations
 
 import threading
+import time
 from collections import Counter
 from collections.abc import Callable
 from typing import Any
@@ -181,6 +182,45 @@ def test_the_mux_keeps_batch_rows_below_online_requests_and_aborts_only_the_batc
     assert heard.over.wait(5) and heard.error is not None  # closed under it: told, never left hanging
 
 
+def test_the_mux_keeps_seats_for_online_requests_and_drops_held_rows_at_an_abort() -> None:
+    """max_num_seqs 4, two seats kept for online requests: two batch rows run,
+    the next two wait in the mux (vLLM would give a waiting online request no
+    seat while four run); an abort drops the held rows without the engine."""
+    engine = RecordingEngine(hang_at=1)
+    mux = EngineMux(engine, online_seats=2)
+    try:
+        for k in range(4):
+            mux.add(f"b{k}", request(k))
+        wait_for(lambda: len(engine.added) == 2)
+        mux.submit("o0", request(9), Heard())
+        wait_for(lambda: len(engine.added) == 3)
+        assert [rid for rid, _ in engine.added] == ["b0", "b1", "o0"]
+        mux.abort_unfinished()
+        assert not mux.has_unfinished() and engine.aborted == ["b0", "b1"]
+        mux.add("b4", request(4))  # the next run's rows take the freed seats
+        wait_for(lambda: len(engine.added) == 4)
+        assert engine.added[-1][0] == "b4"
+    finally:
+        mux.close()
+
+
+def test_beside_an_online_request_the_batch_takes_on_only_its_bound_then_refills() -> None:
+    engine = RecordingEngine(hang_at=1)
+    mux = EngineMux(engine, batch_beside_online=1)
+    try:
+        mux.submit("o0", request(9), Heard())
+        for k in range(3):
+            mux.add(f"b{k}", request(k))
+        wait_for(lambda: len(engine.added) == 2)
+        time.sleep(0.3)  # a few turns of the mux's loop: nothing more enters
+        assert [rid for rid, _ in engine.added] == ["o0", "b0"]
+        mux.cancel("o0")  # no online request in flight: the batch fills the seats, in order
+        wait_for(lambda: len(engine.added) == 4)
+        assert [rid for rid, _ in engine.added] == ["o0", "b0", "b1", "b2"]
+    finally:
+        mux.close()
+
+
 def test_an_engine_death_fails_online_requests_and_raises_in_the_batch() -> None:
     deaths: list[bool] = []
     mux = EngineMux(FakeEngine(crash_at=1, step_delay=0.05), on_death=lambda: deaths.append(True))
@@ -191,6 +231,36 @@ def test_an_engine_death_fails_online_requests_and_raises_in_the_batch() -> None
         mux.step(wait=1.0)
     with pytest.raises(EngineError):
         mux.submit("o1", request(1), Heard())
+    mux.close()
+
+
+class DyingEngine(FakeEngine):
+    """Its first step waits for ``release``, then raises: the engine died during that step."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.stepping, self.release = threading.Event(), threading.Event()
+
+    def step(self, wait: float | None = None) -> list[Completion]:
+        self.stepping.set()
+        self.release.wait(10)
+        raise EngineError("the vLLM engine died: its processes are gone")
+
+
+def test_an_online_request_sent_during_the_fatal_step_hears_the_death() -> None:
+    """Submitted while the step that finds the engine dead runs (the mux has
+    not yet seen the death): told ``failed``, never left waiting; one after
+    it is refused at once."""
+    engine = DyingEngine()
+    mux = EngineMux(engine)
+    mux.add("b0", request(0))
+    assert engine.stepping.wait(5)
+    heard = Heard()
+    mux.submit("o0", request(1), heard)  # queued for a thread about to stop
+    engine.release.set()
+    assert heard.over.wait(5) and isinstance(heard.error, EngineError)
+    with pytest.raises(EngineError):
+        mux.submit("o1", request(2), Heard())
     mux.close()
 
 
