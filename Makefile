@@ -50,10 +50,11 @@ browser:
 	  echo "make browser: Chromium is not installed (this installs it as root with apt-get); the browser tests will be skipped, and fail under CI"
 
 # Two passes: the fast tests on two workers (pytest-xdist; most of their time is subprocesses
-# waiting on signals and stand-in engines: 424 s -> 238 s on a 2-core AMD EPYC Zen 3), then the
+# waiting on signals and stand-in engines: 424 s -> 238 s on a 2-core AMD EPYC Zen 3; a module whose
+# fixture is costly runs on one worker: pytest.mark.xdist_group), then the
 # end-to-end tests one at a time (each engine wants every core).
 test: install browser
-	$(PY) -m pytest -q -m "not e2e" -n 2 --durations=10 tests
+	$(PY) -m pytest -q -m "not e2e" -n 2 --dist loadgroup --durations=10 tests
 	$(PY) -m pytest -q -m e2e --durations=30 tests
 
 lint: install

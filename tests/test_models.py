@@ -25,6 +25,11 @@ from bulkinfer.models import ModelError
 REPO = Path(__file__).resolve().parents[1]
 
 
+# One worker runs this module (make test: --dist loadgroup): its fixture converts the default model (~28 s),
+# which two workers would each do.
+pytestmark = pytest.mark.xdist_group("default-model-conversion")
+
+
 @pytest.fixture(scope="module")
 def home(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path]:
     """A BULKINFER_HOME in which the default model has been prepared once."""

@@ -106,6 +106,19 @@ def serve(
             ),
         ),
     ] = None,
+    prefill_beside_online: Annotated[
+        int | None,
+        typer.Option(
+            metavar="TOKENS",
+            min=0,
+            help=described(
+                "While an online request is in flight, a batch row enters the engine only while the prompts "
+                "of the batch rows in it not yet prefilled hold fewer tokens than this (0: none enters): "
+                "the batch's prefill is what makes an engine step long.",
+                "no bound",
+            ),
+        ),
+    ] = None,
     max_file_bytes: Annotated[
         int,
         typer.Option(
@@ -135,7 +148,7 @@ def serve(
         try:
             from bulkinfer.serve.api import Limits
 
-            limits = Limits(max_file_bytes, max_online, batch_beside_online)
+            limits = Limits(max_file_bytes, max_online, batch_beside_online, prefill_beside_online)
             _serve(host, port, data_dir, keys, model, config, webhooks, limits)
         except OSError as exc:
             raise write_error(exc) from exc
@@ -195,7 +208,7 @@ def _serve(
     settings = load_settings(config, {"model": model})
     store = Store(data_dir, webhook_url=webhooks[0] if webhooks else None)
     worker = BatchWorker(store, settings, vllm_engine, online_seats=limits.max_online,
-                         batch_beside_online=limits.batch_beside_online)  # fmt: skip
+                         beside_online=(limits.batch_beside_online, limits.prefill_beside_online))  # fmt: skip
     tenants = {key: tenant_of(key) for key in keys}
     app = create_app(store, tenants, worker, limits, model=settings.model or DEFAULT_MODEL)
     sender = WebhookSender(store, webhooks[1]) if webhooks else None

@@ -17,8 +17,9 @@ to finish), and every step an online request shares with batch prefills
 takes as long as those prefills. So the mux admits batch rows itself (the
 rest wait in the mux, in the order the batch sent them): at most
 ``max_num_seqs - online_seats`` at any time, so an online request always
-finds a seat, and at most ``batch_beside_online`` while any online request
-is in flight, so that its steps carry little batch work.
+finds a seat, and while any online request is in flight at most
+``batch_beside_online`` rows and ``prefill_beside_online`` prompt tokens
+waiting for their prefill, so that its steps carry little batch work.
 """
 
 from __future__ import annotations
@@ -71,7 +72,9 @@ class EngineMux:
     online_seats`` of them are in it (``online_seats`` at most half the
     seats, one at least left to the batch), and, while an online
     request is in flight, fewer than ``batch_beside_online`` (None: no
-    further bound); the others wait in the mux, in order.
+    further bound) and only while the prompts of those in the engine not
+    yet prefilled hold fewer than ``prefill_beside_online`` tokens (None: no
+    bound; 0: no batch row enters); the others wait in the mux, in order.
 
     :attr:`generated_tokens` and :attr:`prefilled_tokens` are the batch's:
     the engine's counts minus the online requests'. ``running_lengths()``
@@ -84,12 +87,14 @@ class EngineMux:
         on_death: Callable[[], None] | None = None,
         online_seats: int = 0,
         batch_beside_online: int | None = None,
+        prefill_beside_online: int | None = None,
     ):
         self._engine = engine
         self._on_death = on_death
         self.max_model_len, self.max_num_seqs = engine.max_model_len, engine.max_num_seqs
         self.batch_seats = max(1, engine.max_num_seqs - min(online_seats, engine.max_num_seqs // 2))
         self.batch_beside_online = batch_beside_online
+        self.prefill_beside_online = prefill_beside_online
         self.online = callable(getattr(engine, "abort", None))  # replicas abort only everything: no online requests
         watch = getattr(engine, "watch", None)
         self._watch: Callable[[str, Any], None] | None = watch if callable(watch) else None
@@ -99,7 +104,9 @@ class EngineMux:
         self._batch_ids: set[str] = set()  # batch requests added and not yet returned by step()
         self._held: deque[tuple[str, Request]] = deque()  # batch requests not yet in the engine, in order
         self._batch_in_engine = 0
+        self._batch_admitted_tokens = 0  # prompt tokens of the batch rows let into the engine (see _batch_pending)
         self._online_in_flight = 0
+        self._online_started: set[str] = set()  # online requests whose prompt the engine has processed
         self._batch_done: queue.SimpleQueue[Completion] = queue.SimpleQueue()
         self._online_generated = self._online_prefilled = 0
         self._error: EngineError | None = None
@@ -289,10 +296,23 @@ class EngineMux:
         seats = self.batch_seats
         if self._online_in_flight and self.batch_beside_online is not None:
             seats = min(seats, self.batch_beside_online)
+        budget = self.prefill_beside_online if self._online_in_flight else None
         while self._held and self._batch_in_engine < seats:
+            if budget is not None and self._batch_pending() >= budget:
+                break
             request_id, request = self._held.popleft()
             self._batch_in_engine += 1
+            self._batch_admitted_tokens += request.prompt_length
             self._add(request_id, request, None)
+
+    def _batch_pending(self) -> int:
+        """Prompt tokens of the batch rows in the engine not yet prefilled
+        (the engine counts a prompt as prefilled at its request's first
+        output); 0, and counted afresh, when no batch row is in the engine."""
+        prefilled = self._engine.prefilled_tokens - self._online_prefilled
+        if self._batch_in_engine == 0:
+            self._batch_admitted_tokens = prefilled
+        return max(0, self._batch_admitted_tokens - prefilled)
 
     def _add(self, request_id: str, request: Request, listener: Listener | None) -> None:
         self._owners[request_id] = listener
@@ -302,12 +322,18 @@ class EngineMux:
         if rejected is not None:
             self._route([rejected])
         elif listener is not None and self._watch is not None:
-            self._watch(request_id, self._counted(listener))
+            self._watch(request_id, self._counted(request_id, request.prompt_length, listener))
 
-    def _counted(self, listener: Listener) -> Callable[[int, str, int, str | None], None]:
-        """``listener.piece``, counting its tokens as the online requests'."""
+    def _counted(
+        self, request_id: str, prompt_tokens: int, listener: Listener
+    ) -> Callable[[int, str, int, str | None], None]:
+        """``listener.piece``, counting its tokens (and at the first, its
+        prompt's) as the online requests'."""
 
         def piece(index: int, text: str, tokens: int, finish_reason: str | None) -> None:
+            if request_id not in self._online_started:
+                self._online_started.add(request_id)
+                self._online_prefilled += prompt_tokens
             self._online_generated += tokens
             listener.piece(index, text, tokens, finish_reason)
 
@@ -319,6 +345,7 @@ class EngineMux:
         ids = [rid for rid in request_ids if rid in self._owners]
         for rid in ids:
             self._left(self._owners.pop(rid))
+            self._online_started.discard(rid)
         if not ids:
             return
         abort = getattr(self._engine, "abort", None)
@@ -343,7 +370,10 @@ class EngineMux:
             if listener is None:
                 self._batch_done.put(completion)
                 continue
-            self._online_prefilled += completion.prompt_tokens
+            if completion.request_id in self._online_started:
+                self._online_started.discard(completion.request_id)
+            else:  # no piece came before the end
+                self._online_prefilled += completion.prompt_tokens
             if self._watch is None:
                 self._online_generated += completion.completion_tokens
             listener.done(completion)

@@ -49,12 +49,15 @@ MULTIPART_SLACK_BYTES = 64 * 1024  # boundaries and part headers around the file
 class Limits:
     """``max_file_bytes``: the largest upload (OpenAI's 200 MB for batch input);
     ``max_online``: online requests in flight at once (one more gets 429);
-    ``batch_beside_online``: batch rows the engine takes on while an online
-    request is in flight (None: no bound; see :class:`~bulkinfer.engine.mux.EngineMux`)."""
+    ``batch_beside_online`` / ``prefill_beside_online``: batch rows the
+    engine takes on while an online request is in flight, and prompt tokens
+    of theirs waiting for prefill (None: no bound; see
+    :class:`~bulkinfer.engine.mux.EngineMux`)."""
 
     max_file_bytes: int = 200 * 1024 * 1024
     max_online: int = 64
     batch_beside_online: int | None = None
+    prefill_beside_online: int | None = None
 
 
 class BatchCreate(BaseModel):

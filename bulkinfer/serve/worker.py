@@ -102,8 +102,9 @@ class BatchWorker(threading.Thread):
 
     ``engine_factory`` and ``tokenizer_factory`` as for :func:`run` (tests
     give fakes); the engine is made once and kept until :meth:`close`.
-    ``online_seats`` and ``batch_beside_online``: how the engine's seats are
-    shared with online requests (see :class:`~bulkinfer.engine.mux.EngineMux`).
+    ``online_seats`` and ``beside_online`` (``batch_beside_online``,
+    ``prefill_beside_online``): how the engine is shared with online
+    requests (see :class:`~bulkinfer.engine.mux.EngineMux`).
     """
 
     def __init__(
@@ -114,11 +115,11 @@ class BatchWorker(threading.Thread):
         tokenizer_factory: TokenizerFactory = load_tokenizer,
         max_lines: int = MAX_LINES,
         online_seats: int = 0,
-        batch_beside_online: int | None = None,
+        beside_online: tuple[int | None, int | None] = (None, None),
     ):
         super().__init__(name="bulkinfer-batch-worker", daemon=True)
         self.store, self.settings, self.max_lines = store, settings, max_lines
-        self._online_seats, self._batch_beside_online = online_seats, batch_beside_online
+        self._online_seats, self._beside_online = online_seats, beside_online
         self._health = "starting"
         self._deaths = 0  # engine deaths in a row
         self._online: OnlineRequests | None = None
@@ -162,7 +163,7 @@ class BatchWorker(threading.Thread):
 
         def start(model_path: str, settings: Settings) -> Engine:
             engine = factory(model_path, settings)
-            mux = EngineMux(engine, self._poke, self._online_seats, self._batch_beside_online)
+            mux = EngineMux(engine, self._poke, self._online_seats, *self._beside_online)
             try:
                 if self._tokenizer is None or self._tokenizer[0] != model_path:
                     trust = settings.engine.trust_remote_code

@@ -234,6 +234,28 @@ def test_an_engine_death_fails_online_requests_and_raises_in_the_batch() -> None
     mux.close()
 
 
+def test_beside_an_online_request_batch_rows_enter_as_the_prefill_backlog_drains() -> None:
+    """``prefill_beside_online`` 3 tokens, two-token prompts: beside an online
+    request a batch row enters while its predecessors' prompts not yet
+    prefilled hold fewer than 3 tokens: two, then two more once the engine
+    has prefilled the first two."""
+    engine = RecordingEngine(hang_at=1)
+    mux = EngineMux(engine, prefill_beside_online=3)
+    try:
+        mux.submit("o0", request(9), Heard())
+        for k in range(5):
+            mux.add(f"b{k}", request(k))
+        wait_for(lambda: len(engine.added) == 3)
+        time.sleep(0.3)
+        assert [rid for rid, _ in engine.added] == ["o0", "b0", "b1"]
+        engine.prefilled_tokens = 4  # b0's and b1's first outputs
+        wait_for(lambda: len(engine.added) == 5)
+        time.sleep(0.3)
+        assert [rid for rid, _ in engine.added] == ["o0", "b0", "b1", "b2", "b3"]
+    finally:
+        mux.close()
+
+
 class DyingEngine(FakeEngine):
     """Its first step waits for ``release``, then raises: the engine died during that step."""
 
