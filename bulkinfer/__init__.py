@@ -12,6 +12,7 @@ and run in any thread; stop one from another thread with a
     result = bulkinfer.run("prompts.jsonl", max_tokens=64, temperature=0)
     print(result.completed, result.failed, result.report["throughput"])
     vectors = bulkinfer.embed("docs.jsonl", "docs.parquet")  # bulkinfer embed
+    scores = bulkinfer.score("pairs.jsonl")  # bulkinfer score: INPUT_STEM.scores.jsonl
 
     with bulkinfer.open_engine(max_num_seqs=128) as engine:  # one engine start for many files
         for name in ("a.jsonl", "b.jsonl"):
@@ -56,6 +57,7 @@ __all__ = [
     "open_engine",
     "plan",
     "run",
+    "score",
 ]
 
 
@@ -222,13 +224,66 @@ def embed(
     Raises:
         As :func:`run`.
     """
-    from bulkinfer.io.output_files import RunPaths
     from bulkinfer.jobs.embed import DEFAULT_SUFFIX
     from bulkinfer.jobs.embed import embed as embed_job
 
-    embed_settings, context = _prepare(settings, options, engine_args, None)
+    return _encoder_job(embed_job, DEFAULT_SUFFIX, (input_path, output_path, settings, truncate), engine_args, options)
+
+
+def score(
+    input_path: str | Path,
+    output_path: str | Path | None = None,
+    settings: Settings | None = None,
+    *,
+    truncate: bool = False,
+    engine_args: Mapping[str, Any] | None = None,
+    **options: Any,
+) -> RunReport:
+    """Score every row of ``input_path`` (JSONL or Parquet) with a
+    bi-encoder, the cosine of the texts' embeddings: ``bulkinfer score``.
+    Pair rows (``text_1``, ``text_2``) get a ``score``; rerank rows
+    (``query``, ``documents``, optional ``top_n``, ``return_documents``)
+    get ``results`` (``[{index, relevance_score}]``, best first). Writes
+    ``OUT`` (default ``INPUT_STEM.scores.jsonl``), ``OUT.errors.jsonl``,
+    ``OUT.report.json``, ``OUT.report.html`` and ``OUT.log``; every input
+    row ends as exactly one output or error record. The model (``model=``)
+    defaults to the embedded all-MiniLM-L6-v2.
+
+    Args:
+        truncate: cut each text over the model's ``max_seq_length`` tokens
+            to it, each side of a pair on its own (``--truncate``), instead
+            of failing its row.
+        Others: as :func:`embed`.
+
+    Returns:
+        The :class:`RunReport` (exit code 0, or 3 when some rows failed).
+
+    Raises:
+        As :func:`run`; ConfigError for a cross-encoder model (not built yet).
+    """
+    from bulkinfer.jobs.score import DEFAULT_SUFFIX
+    from bulkinfer.jobs.score import score as score_job
+
+    return _encoder_job(score_job, DEFAULT_SUFFIX, (input_path, output_path, settings, truncate), engine_args, options)
+
+
+def _encoder_job(
+    job: Any,
+    suffix: str,
+    given: tuple[str | Path, str | Path | None, Settings | None, bool],
+    engine_args: Mapping[str, Any] | None,
+    options: Mapping[str, Any],
+) -> RunReport:
+    """Run an encoder ``job`` (:func:`bulkinfer.jobs.embed.embed` or
+    :func:`bulkinfer.jobs.score.score`) on ``given`` (input, output or None
+    for ``INPUT_STEM`` + ``suffix``, settings, truncate)."""
+    from bulkinfer.io.output_files import RunPaths
+
+    input_path, output_path, settings, truncate = given
+    job_settings, context = _prepare(settings, options, engine_args, None)
     out = Path(output_path) if output_path is not None else None
-    return embed_job(RunPaths.build(Path(input_path), out, DEFAULT_SUFFIX), embed_settings, context, truncate)
+    report: RunReport = job(RunPaths.build(Path(input_path), out, suffix), job_settings, context, truncate)
+    return report
 
 
 def plan(input_path: str | Path, settings: Settings | None = None, **overrides: Any) -> dict[str, Any]:

@@ -113,7 +113,7 @@ def wait_for(predicate, timeout: float = 60.0) -> None:  # type: ignore[no-untyp
 
 
 class FakeEncoder(FakeEngine):
-    """Returns, for each input, the vector [tokens, index, 1.0]."""
+    """Returns, for each input, the vector [tokens, index, 1.0] (:meth:`vector`)."""
 
     max_model_len = 256
 
@@ -130,6 +130,21 @@ class FakeEncoder(FakeEngine):
         for _ in range(min(2, len(self.queue))):
             rid, req = self.queue.popleft()
             ids = req.input_token_ids or []
-            vectors = tuple([float(len(one)), float(k), 1.0] for k, one in enumerate(ids))
+            vectors = tuple(self.vector(k, one) for k, one in enumerate(ids))
             done.append(Completion(rid, "", "stop", req.prompt_length, 0, embeddings=vectors))
         return done
+
+    def vector(self, index: int, ids: list[int]) -> list[float]:
+        return [float(len(ids)), float(index), 1.0]
+
+
+class FakeBagEncoder(FakeEncoder):
+    """Returns, for each input, its token ids counted into 64 bins (id % 64),
+    not normalized: the same text, the same vector; texts sharing tokens, a
+    higher cosine."""
+
+    def vector(self, index: int, ids: list[int]) -> list[float]:
+        bins = [0.0] * 64
+        for token in ids:
+            bins[token % 64] += 1.0
+        return bins

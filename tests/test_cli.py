@@ -668,3 +668,12 @@ def test_embed_help_names_its_output_and_truncate() -> None:
     result = runner.invoke(app, ["embed", "--help"])
     assert result.exit_code == 0
     assert "--truncate" in result.output and "embeddings.parquet" in result.output
+
+
+def test_score_help_names_its_output_truncate_per_text_and_no_cross_encoders() -> None:
+    result = runner.invoke(app, ["score", "--help"])
+    assert result.exit_code == 0
+    text = " ".join(result.output.replace("│", " ").split())
+    assert "--truncate" in text and "scores.jsonl" in text and "each on its own" in text
+    assert "cross-encoders are not supported yet" in text
+    assert "score" in runner.invoke(app, ["--help"]).output

@@ -16,7 +16,7 @@ from bulkinfer.cli.app import app
 # isort: off
 # The @app.command decorators register the commands; `bulkinfer --help` lists them in this order.
 from bulkinfer.cli.run_command import run
-from bulkinfer.cli import embed_command  # noqa: F401
+from bulkinfer.cli import encoder_commands  # noqa: F401
 from bulkinfer.cli import commands  # noqa: F401
 from bulkinfer.cli import serve_command  # noqa: F401
 

@@ -282,7 +282,7 @@ def models() -> None:
     if not found:
         typer.echo(
             f"no models prepared under {bulkinfer_home()}; `bulkinfer run` prepares the default LLM, "
-            "`bulkinfer embed` the default encoder"
+            "`bulkinfer embed` and `bulkinfer score` the default encoder"
         )
         return
     for info in found:

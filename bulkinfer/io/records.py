@@ -9,6 +9,10 @@
 - embedding rows (``bulkinfer embed``): ``id``, ``embedding`` (a list of
   float32 values; in Parquet a ``fixed_size_list<float32>[dim]`` column),
   ``prompt_tokens`` and the pass-through fields;
+- score rows (``bulkinfer score``): ``id``, ``score`` (a pair row) or
+  ``results`` (a rerank row: ``[{index, relevance_score}]``, best first;
+  in Parquet ``double`` and ``list<struct<index: int64, relevance_score:
+  double>>``), ``prompt_tokens`` and the pass-through fields;
 - errors (``OUT.errors.jsonl``): ``id``, ``line``, ``error`` {``type``,
   ``message``}; OpenAI lines: ``custom_id``, ``response: null``, ``error``
   {``code``, ``message``} and ``line``.
@@ -21,7 +25,7 @@ from __future__ import annotations
 
 import time
 import uuid
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -50,6 +54,8 @@ def output_record(request: Request, completion: Completion, model: str) -> dict[
     sums all choices.
     """
     if completion.embeddings is not None:
+        if request.similarity is not None:
+            return score_record(request, completion)
         return embedding_record(request, completion, model)
     choices = completion.choices or (
         Choice(0, completion.text, completion.finish_reason, completion.completion_tokens),
@@ -133,6 +139,55 @@ def embedding_record(request: Request, completion: Completion, model: str) -> di
     return _batch_output(request.id, body)
 
 
+def score_record(request: Request, completion: Completion) -> dict[str, Any]:
+    """The output row of a scoring request (``request.similarity`` set; see
+    :mod:`bulkinfer.prep.scores`) from its inputs' vectors, in input order.
+
+    Pair rows: the pass-through fields, ``id``, ``score`` (the cosine of
+    ``text_1``'s and ``text_2``'s vectors, :func:`cosines`) and
+    ``prompt_tokens`` (both texts' tokens, special tokens included). Rerank
+    rows: ``results`` in place of ``score``: one ``{"index",
+    "relevance_score"}`` per document (``index`` its 0-based position in
+    ``documents``, the score its cosine with the query), sorted by
+    ``relevance_score`` descending, ties kept in document order (a stable
+    sort), cut to ``top_n`` when given, each with ``document: {"text"}`` for
+    ``return_documents`` (vLLM's and Cohere's ``/rerank`` ``results``).
+    """
+    similarity = request.similarity or {}
+    vectors = completion.embeddings or ()
+    scores = cosines(vectors[0], vectors[1:])
+    row: dict[str, Any] = {**request.passthrough, "id": request.id}
+    if similarity.get("shape") == "pair":
+        row["score"] = scores[0]
+    else:
+        order = sorted(range(len(scores)), key=scores.__getitem__, reverse=True)  # stable: ties keep their order
+        documents = similarity.get("documents")
+        row["results"] = [
+            {"index": k, "relevance_score": scores[k], **({"document": {"text": documents[k]}} if documents else {})}
+            for k in order[: similarity.get("top_n") or len(order)]
+        ]
+    row["prompt_tokens"] = completion.prompt_tokens
+    return row
+
+
+def cosines(query: list[float], others: Sequence[list[float]]) -> list[float]:
+    """The cosine similarity of ``query`` with each of ``others`` (vectors of
+    one length, float32 values as an encoder returns them), computed in
+    float64: dot(a, b) / (|a| |b|), whether or not the vectors are
+    normalized; clipped to [-1, 1] against rounding; 0.0 against an all-zero
+    vector. As sentence-transformers' ``util.cos_sim`` (each vector divided
+    by its L2 norm, then the dot product) and vLLM's score for embedding
+    models (``torch.nn.functional.cosine_similarity``)."""
+    import numpy as np
+
+    a = np.asarray(query, dtype=np.float64)
+    b = np.asarray(others, dtype=np.float64).reshape(len(others), a.shape[0])
+    norms = np.linalg.norm(b, axis=1) * np.linalg.norm(a)
+    dots = b @ a
+    scores = np.divide(dots, norms, out=np.zeros_like(dots), where=norms > 0)
+    return [float(x) for x in np.clip(scores, -1.0, 1.0)]
+
+
 def float32_base64(vector: list[float]) -> str:
     """OpenAI's ``encoding_format: base64``: the vector's little-endian float32 bytes, base64-encoded."""
     import base64
@@ -211,7 +266,7 @@ class OutputRow:
 
 def parse_output(record: dict[str, Any]) -> OutputRow | None:
     """The :class:`OutputRow` of an output record in either shape (what
-    :func:`output_record` writes; an embedding record has the text ``""``);
+    :func:`output_record` writes; an embedding or score record has the text ``""``);
     None when the record has no string id or no completion text."""
     if "custom_id" in record:
         body = ((record.get("response") or {}).get("body")) or {}
@@ -221,7 +276,7 @@ def parse_output(record: dict[str, Any]) -> OutputRow | None:
         text = (choice.get("message") or {}).get("content", choice.get("text"))
         usage = body.get("usage") or {}
         row_id = record["custom_id"]
-    elif "embedding" in record and "completion" not in record:
+    elif "completion" not in record and not _ENCODED.isdisjoint(record):  # an embedding or score record
         return _embedded(record.get("id"), record)
     else:
         text, usage, row_id = record.get("completion"), record, record.get("id")
@@ -230,8 +285,12 @@ def parse_output(record: dict[str, Any]) -> OutputRow | None:
     return OutputRow(row_id, text, int(usage.get("prompt_tokens") or 0), int(usage.get("completion_tokens") or 0))
 
 
+# The result fields of an encoder's records: embed's and score's (pair, rerank).
+_ENCODED = frozenset({"embedding", "score", "results"})
+
+
 def _embedded(row_id: Any, usage: dict[str, Any]) -> OutputRow | None:
-    """The :class:`OutputRow` of an embedding record: no text, its prompt tokens."""
+    """The :class:`OutputRow` of an embedding or score record: no text, its prompt tokens."""
     if not isinstance(row_id, str):
         return None
     return OutputRow(row_id, "", int(usage.get("prompt_tokens") or 0), 0)

@@ -54,7 +54,7 @@ def embed(paths: RunPaths, settings: Settings, context: RunContext | None = None
     """
     job = Job(
         parse=to_embed_request,
-        planner=functools.partial(_planner, truncate),
+        planner=functools.partial(encoder_planner, EmbedPlanner, truncate),
         journal={"embed": {"truncate": truncate}},
         vectors=("embedding",),
         calibrate=False,
@@ -73,21 +73,28 @@ def embedding_settings(settings: Settings) -> Settings:
     return dataclasses.replace(settings, model=settings.model or DEFAULT_ENCODER, engine=engine)
 
 
-def _planner(truncate: bool, tokenizer: Any, settings: Settings, engine: Engine, model_path: str) -> Planner:
-    """The embedding planner: the encoder's ``max_seq_length`` (at most the
-    engine's ``max_model_len``) and normalisation from its sentence-transformers config."""
+def encoder_planner(
+    kind: type[EmbedPlanner], truncate: bool, tokenizer: Any, settings: Settings, engine: Engine, model_path: str
+) -> Planner:
+    """An encoder job's planner (``kind``: :class:`EmbedPlanner` or a
+    subclass): the encoder's ``max_seq_length`` (at most the engine's
+    ``max_model_len``) and normalisation from its sentence-transformers config."""
     config = encoder_config(model_path)
     limit = min(config.max_seq_length or engine.max_model_len, engine.max_model_len)
-    return EmbedPlanner(tokenizer, settings.plan, limit, truncate=truncate, normalize=config.normalize)
+    return kind(tokenizer, settings.plan, limit, truncate=truncate, normalize=config.normalize)
+
+
+def encoder_figures(truncate: bool, planner: Planner) -> dict[str, Any]:
+    """What an encoder job's report says of its inputs: ``max_seq_length``
+    (tokens), ``normalize``, ``truncate`` and ``truncated_inputs`` (texts cut)."""
+    return {
+        "max_seq_length": planner.max_model_len,
+        "normalize": getattr(planner, "normalize", None),
+        "truncate": truncate,
+        "truncated_inputs": getattr(planner, "truncated_inputs", 0),
+    }
 
 
 def _describe(truncate: bool, planner: Planner) -> dict[str, Any]:
     """The embedding figures of the report."""
-    return {
-        "embedding": {
-            "max_seq_length": planner.max_model_len,
-            "normalize": getattr(planner, "normalize", None),
-            "truncate": truncate,
-            "truncated_inputs": getattr(planner, "truncated_inputs", 0),
-        }
-    }
+    return {"embedding": encoder_figures(truncate, planner)}

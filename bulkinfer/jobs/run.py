@@ -59,8 +59,9 @@ def _generation_planner(tokenizer: Any, settings: Settings, engine: Engine, mode
 @dataclass(frozen=True, slots=True)
 class Job:
     """What sets apart the jobs that run rows through this pipeline (read,
-    plan, feed, spool, publish, report): ``bulkinfer run`` (the defaults)
-    and ``bulkinfer embed`` (:mod:`bulkinfer.jobs.embed`).
+    plan, feed, spool, publish, report): ``bulkinfer run`` (the defaults),
+    ``bulkinfer embed`` (:mod:`bulkinfer.jobs.embed`) and ``bulkinfer
+    score`` (:mod:`bulkinfer.jobs.score`).
 
     - ``parse``: a row -> its :class:`~bulkinfer.schema.Request` (raises RowInvalid);
     - ``planner(tokenizer, settings, engine, model_path)``: the window planner;
@@ -70,7 +71,7 @@ class Job:
     - ``calibrate``: record the run as a calibration of the model, and run it
       with the dtype and scheduler limits measured for the model
       (:func:`~bulkinfer.jobs.tune.measured_settings`; generation only);
-    - ``kind``: the report's ``job`` (``run`` or ``embed``; an embedding job's
+    - ``kind``: the report's ``job`` (``run``, ``embed`` or ``score``; an encoder job's
       report has no generation figures: sampling, chat template, finish
       reasons, structured outputs, completion lengths);
     - ``describe(planner)``: the job's own figures for the report (keys -> values);

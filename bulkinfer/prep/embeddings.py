@@ -56,7 +56,7 @@ def parse_embed_row(data: Any, seq: int, line: int) -> Request:
     if not isinstance(text, str) or not text:
         raise field_error(given[0], "a non-empty string", text, row_id, False)
     passthrough = {k: v for k, v in data.items() if k not in ("id", *TEXT_FIELDS)}
-    return _request(seq, line, row_id, [text], {"encoding_format": "float"}, None, passthrough)
+    return encoder_request(seq, line, row_id, [text], {"encoding_format": "float"}, None, passthrough)
 
 
 def _parse_openai(data: dict[str, Any], seq: int, line: int) -> Request:
@@ -80,10 +80,10 @@ def _parse_openai(data: dict[str, Any], seq: int, line: int) -> Request:
         raise field_error("body.dimensions", "an integer >= 1", dimensions, custom_id, True)
     pooling = {"encoding_format": encoding, "dimensions": dimensions}
     model = {"model": body["model"]} if isinstance(body.get("model"), str) else {}
-    return _request(seq, line, custom_id, inputs, pooling, url, model)
+    return encoder_request(seq, line, custom_id, inputs, pooling, url, model)
 
 
-def _request(
+def encoder_request(
     seq: int,
     line: int,
     row_id: str,
@@ -92,6 +92,9 @@ def _request(
     url: str | None,
     passthrough: dict[str, Any],
 ) -> Request:
+    """The :class:`Request` of a row whose ``inputs`` (texts, one vector
+    each) go to an encoder: no prompt, no sampling, ``pooling`` as
+    :class:`Request` says; ``url`` the OpenAI line's endpoint (None: a bulkinfer row)."""
     return Request(
         seq=seq,
         line=line,
@@ -186,9 +189,16 @@ class EmbedPlanner(Planner):
         self.padding.add_window([r.prompt_length for r in planned])
         return order_for_feed(planned, self.settings.order), errors
 
+    def input_name(self, request: Request, index: int, count: int) -> str:
+        """The row's name for input ``index`` of ``count`` (in error messages):
+        ``text``, or an OpenAI line's ``input`` / ``input[K]``."""
+        if request.openai_url is None:
+            return "text"
+        return "input" if count == 1 else f"input[{index}]"
+
     def _too_long(self, request: Request, ids: list[list[int]], too_long: list[int]) -> RowError:
         first = too_long[0]
-        where = "text" if request.openai_url is None else ("input" if len(ids) == 1 else f"input[{first}]")
+        where = self.input_name(request, first, len(ids))
         more = f" (and {len(too_long) - 1} more inputs)" if len(too_long) > 1 else ""
         return RowError(
             request.line,

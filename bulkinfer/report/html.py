@@ -183,9 +183,9 @@ def _summary(r: RunReport) -> list[str]:
     if r.peak_rss_bytes.children:
         rows.append(["peak memory of the largest engine process (RSS)", format_bytes(r.peak_rss_bytes.children)])
     parts = ['<div class="tables"><div><h2>Summary</h2>', _table(rows), "</div>"]
-    if r.embedding:
-        settings = _table([[k, _setting(k, v)] for k, v in dataclasses.asdict(r.embedding).items()])
-        parts.append(f"<div><h2>Embedding</h2>{settings}</div>")
+    if r.encoder:
+        settings = _table([[k, _setting(k, v)] for k, v in dataclasses.asdict(r.encoder).items()])
+        parts.append(f"<div><h2>{'Scoring' if r.scoring else 'Embedding'}</h2>{settings}</div>")
     if r.sampling:
         settings = _table([[k, _setting(k, v)] for k, v in r.sampling.items()])
         parts.append(f"<div><h2>Sampling settings</h2>{settings}</div>")
@@ -268,7 +268,7 @@ def _rows_chart(title: str, bins: Sequence[Bucket | LengthBin], xlabel: str, alt
 
 
 def run_sections(report: RunReport | dict[str, Any]) -> list[str]:
-    """HTML sections for a run or embed report (typed, or the dict of
+    """HTML sections for a run, embed or score report (typed, or the dict of
     ``OUT.report.json``: :func:`~bulkinfer.report.model.as_run_report`; a
     report of an older bulkinfer, without ``tokens_over_time``, sampling or
     end-to-end throughput, renders without them).
@@ -285,7 +285,7 @@ def run_sections(report: RunReport | dict[str, Any]) -> list[str]:
         charts.append(_img(_tokens_chart(series), "tokens over time"))
     if buckets:
         charts.append(_rows_chart("prompt length (rows per bucket)", buckets, "prompt tokens", "prompt lengths"))
-    completions = r.completion_length_histogram if r.embedding is None else []  # embed: no completions
+    completions = r.completion_length_histogram if r.encoder is None else []  # embed, score: no completions
     if completions:
         charts.append(
             _rows_chart("completion length (rows per bin)", completions, "completion tokens", "completion lengths")
@@ -424,7 +424,7 @@ def write_html(title: str, sections: Sequence[str], path: Path) -> None:
 
 
 def write_run_html(report: RunReport | dict[str, Any], path: Path) -> None:
-    """The self-contained HTML report of a run or embed report (typed, or the
+    """The self-contained HTML report of a run, embed or score report (typed, or the
     dict a run builds) at ``path``. A failure to draw it (a dict that is no
     report included) is reported on stderr and never fails the run (the JSON
     report has it all)."""

@@ -127,6 +127,20 @@ class Embedding:
 
 
 @dataclass(frozen=True, slots=True)
+class Scoring:
+    """``bulkinfer score``: ``method`` ("bi-encoder cosine": each text
+    embedded on its own, a score the cosine of two vectors), and of its
+    texts as :class:`Embedding` says (``truncated_inputs`` counts texts cut,
+    each side of a pair on its own)."""
+
+    method: str
+    max_seq_length: int
+    normalize: bool | None
+    truncate: bool
+    truncated_inputs: int
+
+
+@dataclass(frozen=True, slots=True)
 class StructuredCounts:
     """Completions under one kind of constraint, checked against it."""
 
@@ -248,7 +262,8 @@ class PeakRss:
 class RunReport:
     """``OUT.report.json`` of ``bulkinfer run`` (``job`` "run") or ``bulkinfer
     embed`` (``job`` "embed", with ``embedding`` and no sampling, finish
-    reasons or structured outputs). Paths are as the run was given them.
+    reasons or structured outputs) or ``bulkinfer score`` (``job`` "score",
+    with ``scoring``, no generation figures either). Paths are as the run was given them.
     Keys an older bulkinfer did not write take the defaults below."""
 
     input: str
@@ -281,6 +296,12 @@ class RunReport:
     engine_choice: EngineChoice = field(default_factory=EngineChoice)
     peak_rss_bytes: PeakRss = field(default_factory=PeakRss)
     embedding: Embedding | None = None
+    scoring: Scoring | None = None
+
+    @property
+    def encoder(self) -> Embedding | Scoring | None:
+        """The figures of an encoder job (embed or score; None for a run: it generated text)."""
+        return self.embedding or self.scoring
 
     @property
     def engine_settings(self) -> dict[str, Any]:

@@ -20,7 +20,7 @@ def _pct(x: float) -> str:
 
 
 def print_summary(report: RunReport | dict[str, Any], console: Console) -> None:
-    """The run or embed report (typed, or as a run builds it: see
+    """The run, embed or score report (typed, or as a run builds it: see
     :func:`~bulkinfer.report.model.as_run_report`) as rich tables: counts,
     tokens, seconds by phase, throughput (rows/s, tokens/s), buckets.
 
@@ -50,12 +50,14 @@ def print_summary(report: RunReport | dict[str, Any], console: Console) -> None:
             f"tokenizer {start.tokenizer:.1f}, engine choice {start.engine_choice:.1f}, "
             f"engine {start.engine:.1f}; first token at {first}",
         )
-    if r.embedding:
-        embedding = r.embedding
+    if r.scoring:
+        summary.add_row("scoring", f"{r.scoring.method} (each text embedded, and cut by --truncate, on its own)")
+    if r.encoder:
+        encoder = r.encoder
         summary.add_row(
             "embedding",
-            f"max_seq_length {embedding.max_seq_length}, normalize {embedding.normalize}, "
-            f"{embedding.truncated_inputs} inputs truncated",
+            f"max_seq_length {encoder.max_seq_length}, normalize {encoder.normalize}, "
+            f"{encoder.truncated_inputs} inputs truncated",
         )
         summary.add_row("throughput", f"{tput.requests_per_s:.2f} rows/s, {tput.prompt_tokens_per_s:.1f} prompt tok/s")
         if e2e:

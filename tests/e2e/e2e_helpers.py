@@ -85,56 +85,93 @@ def engine_children(driver: int) -> list[psutil.Process]:
         return []
 
 
+# The flags of a killed `run`: short completions, deterministic.
+RUN_FLAGS = ("--max-tokens", "24", "--temperature", "0")
+
+
 def kill_9_mid_run(
     tmp_path: Path,
     *extra: str,
     rows: int = 32,
-    engines: Callable[[int], list[psutil.Process]] = engine_children,
+    engines: Callable[[int], list[psutil.Process]] | None = engine_children,
+    command: str = "run",
+    data: list[Any] | None = None,
 ) -> dict[str, Any]:
-    """``kill -9`` of a real run (flags ``extra``) once five rows are on
-    disk: its engine processes (``engines(driver pid)``) must go too; a
-    second run meanwhile is refused by the lock. Returns what
-    :func:`resume_to_the_end` takes: ``src``, ``out``, ``flags``, ``rows``
-    and ``kept`` (rows on disk at the kill)."""
+    """``kill -9`` of a real ``bulkinfer COMMAND`` (flags ``extra``; ``run``
+    also gets :data:`RUN_FLAGS`) on ``data`` (default: the first ``rows``
+    ShareGPT rows) once five rows are on disk: its engine processes
+    (``engines(driver pid)``; None: the engine runs in the driver's process)
+    must go too; a second run meanwhile is refused by the lock. Returns what
+    :func:`resume_to_the_end` takes: ``src``, ``out``, ``command``,
+    ``flags``, ``rows`` (of the input) and ``kept`` (rows on disk at the kill)."""
     src, out = tmp_path / "in.jsonl", tmp_path / "out.jsonl"
-    write_jsonl(src, read_jsonl(SAMPLE / "sharegpt.jsonl")[:rows])
+    data = data if data is not None else read_jsonl(SAMPLE / "sharegpt.jsonl")[:rows]
+    write_jsonl(src, data)
     # four requests in flight: rows finish a few at a time, so the kill lands mid-run
-    flags = ["--max-tokens", "24", "--temperature", "0", "--plain-progress", "--max-in-flight", "4", *extra]
-    first = start("run", str(src), "-o", str(out), *flags)
+    job_flags = RUN_FLAGS if command == "run" else ()
+    flags = [*job_flags, "--plain-progress", "--max-in-flight", "4", *extra]
+    first = start(command, str(src), "-o", str(out), *flags)
     spool = tmp_path / ".out.jsonl.partial.jsonl"
     wait_until(lambda: spool_lines(spool) >= 5, first)
 
-    second = bulkinfer("run", str(src), "-o", str(out), "--resume", *flags)
+    second = bulkinfer(command, str(src), "-o", str(out), "--resume", *flags)
     assert second.returncode == 7 and "another bulkinfer run" in second.stderr
 
-    engine = engines(first.pid)
-    assert engine, "no engine processes found"
+    engine = engines(first.pid) if engines is not None else []
+    assert engine or engines is None, "no engine processes found"
     first.kill()
     first.wait()
     _, alive = psutil.wait_procs(engine, timeout=60)
     assert not alive, f"engine processes outlived bulkinfer: {alive}"
-    return {"src": src, "out": out, "flags": flags, "rows": rows, "kept": spool_lines(spool)}
+    return {
+        "src": src,
+        "out": out,
+        "command": command,
+        "flags": flags,
+        "rows": len(data),
+        "kept": spool_lines(spool),
+    }
+
+
+def row_key(record: dict[str, Any]) -> Any:
+    """A row's or record's id: ``custom_id`` (OpenAI lines), else ``id``."""
+    return record.get("custom_id") or record.get("id")
 
 
 def resume_to_the_end(
-    killed: dict[str, Any], during_resume: Callable[[subprocess.Popen[str], int], None] | None = None
+    killed: dict[str, Any],
+    during_resume: Callable[[subprocess.Popen[str], int], None] | None = None,
+    exit_code: int = 0,
 ) -> dict[str, Any]:
     """``--resume`` of a run :func:`kill_9_mid_run` killed, to the end
     (``during_resume(process, rows kept)``, when given, acts on it while it
-    runs): every id exactly once. Returns the resumed run's report, with
-    ``kept``, ``stderr``, ``outputs`` (its rows) and ``src`` (the input file)."""
+    runs), ending with ``exit_code`` (3: some rows failed): every id
+    exactly once in the output or the errors file. Returns the resumed
+    run's report, with ``kept``, ``stderr``, ``outputs`` (its rows),
+    ``error_records`` (its errors file's records) and ``src`` (the input file)."""
     src, out, rows = killed["src"], killed["out"], killed["rows"]
-    resumed = start("run", str(src), "-o", str(out), "--resume", *killed["flags"])
+    resumed = start(killed["command"], str(src), "-o", str(out), "--resume", *killed["flags"])
     if during_resume is not None:
         during_resume(resumed, killed["kept"])
     _, stderr = resumed.communicate(timeout=900)
-    assert resumed.returncode == 0, stderr[-3000:]
-    ids = [r["id"] for r in read_jsonl(out)]
-    assert sorted(ids) == sorted(r["id"] for r in read_jsonl(src))
+    assert resumed.returncode == exit_code, stderr[-3000:]
+    errors_file = out.parent / "out.errors.jsonl"
+    errors = read_jsonl(errors_file) if errors_file.exists() else []
+    ids = [row_key(r) for r in read_jsonl(out) + errors]
+    assert sorted(ids) == sorted(row_key(r) for r in read_jsonl(src))
     report = read_report(out.parent / "out.report.json")
     assert report["resumed"]["completed"] >= 5
-    assert report["request_counts"]["completed"] == rows
-    return {**report, "kept": killed["kept"], "stderr": stderr, "outputs": read_jsonl(out), "src": str(src)}
+    counts = report["request_counts"]
+    assert counts["completed"] + counts["failed"] == rows and (counts["failed"] == 0) == (exit_code == 0)
+    outputs = read_jsonl(out)
+    return {
+        **report,
+        "kept": killed["kept"],
+        "stderr": stderr,
+        "outputs": outputs,
+        "error_records": errors,
+        "src": str(src),
+    }
 
 
 def stored_dtype_choice() -> dict[str, Any] | None:

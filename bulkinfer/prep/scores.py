@@ -1,0 +1,166 @@
+"""Scoring rows (``bulkinfer score``) -> :class:`Request` objects whose texts a
+bi-encoder embeds one by one, planned as embedding requests are
+(:class:`~bulkinfer.prep.embeddings.EmbedPlanner`: each text tokenized,
+checked against ``max_seq_length`` or cut with ``--truncate``, each sent to
+vLLM as its own pooling request).
+
+Two row shapes (both may appear in one file); every other field passes
+through to the output:
+
+- pair rows: ``id`` (optional, as for ``bulkinfer run``), ``text_1`` and
+  ``text_2``, non-empty strings. Inputs ``[text_1, text_2]``; the output's
+  ``score`` is their cosine (:func:`bulkinfer.io.records.score_record`).
+- rerank rows: ``id``, ``query`` (a non-empty string), ``documents`` (a
+  non-empty list of non-empty strings), ``top_n`` (optional, an integer >= 1:
+  keep the best N results) and ``return_documents`` (optional boolean: each
+  result carries ``document: {"text": ...}``, as vLLM's ``RerankDocument``).
+  Inputs ``[query, *documents]``; the output's ``results`` rank the documents
+  (vLLM's and Cohere's ``/rerank`` shape).
+
+Every problem is an error record naming the row and the field. OpenAI batch
+lines are error records too: ``/v1/score`` and ``/v1/rerank`` lines are not
+supported yet; chat and completions lines name ``bulkinfer run``,
+``/v1/embeddings`` lines ``bulkinfer embed``.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from bulkinfer.config import Settings
+from bulkinfer.fields import is_int
+from bulkinfer.prep.embeddings import EmbedPlanner, encoder_request
+from bulkinfer.prep.rows import field_error, row_id_of
+from bulkinfer.schema import CHAT_URL, COMPLETIONS_URL, EMBEDDINGS_URL, Request, RowInvalid
+
+PAIR_FIELDS = ("text_1", "text_2")
+RERANK_FIELDS = ("query", "documents", "top_n", "return_documents")
+# The row fields read by score; the rest pass through.
+SCORE_FIELDS = (*PAIR_FIELDS, *RERANK_FIELDS)
+# A Parquet input needs one of these columns.
+SCORE_TEXT_COLUMNS = ("text_1", "query")
+SCORE_URL, RERANK_URL = "/v1/score", "/v1/rerank"
+_ELSEWHERE = {CHAT_URL: "bulkinfer run", COMPLETIONS_URL: "bulkinfer run", EMBEDDINGS_URL: "bulkinfer embed"}
+_SHAPES = "text_1 and text_2 (a pair to score) or query and documents (a query and the documents to rerank)"
+
+
+def parse_score_row(data: Any, seq: int, line: int) -> Request:
+    """Validate one decoded row of a scoring job and build its :class:`Request`
+    (``inputs`` and ``similarity`` set; ``seq`` 0-based arrival position,
+    ``line`` 1-based line or row).
+
+    Raises:
+        RowInvalid: not an object; an OpenAI batch line; pair and rerank
+            fields both, or neither (the message says which fields are
+            expected, and names ``bulkinfer run`` for a prompt/messages row,
+            ``bulkinfer embed`` for a text/input row); a text missing, not
+            a string or empty; ``documents`` not a non-empty list, or an
+            item (``documents[K]``) not a non-empty string; ``top_n`` not an
+            integer >= 1; ``return_documents`` not a boolean.
+    """
+    if not isinstance(data, dict):
+        raise RowInvalid("invalid_row", f"expected a JSON object, got {type(data).__name__}")
+    if "custom_id" in data and "body" in data:
+        raise _openai_line(data)
+    row_id = row_id_of(data, line)
+    pair = [name for name in PAIR_FIELDS if data.get(name) is not None]
+    rerank = [name for name in RERANK_FIELDS if data.get(name) is not None]
+    if pair and rerank:
+        raise RowInvalid(
+            "invalid_row",
+            f"row has both pair fields ({', '.join(pair)}) and rerank fields ({', '.join(rerank)}); give {_SHAPES}",
+            row_id,
+        )
+    if not pair and not rerank:
+        raise RowInvalid("missing_field", f"row needs {_SHAPES}{_hint(data)}", row_id)
+    passthrough = {k: v for k, v in data.items() if k not in ("id", *SCORE_FIELDS)}
+    if pair:
+        texts = [_text(data, name, row_id) for name in PAIR_FIELDS]
+        request = encoder_request(seq, line, row_id, texts, {}, None, passthrough)
+        request.similarity = {"shape": "pair"}
+        return request
+    query = _text(data, "query", row_id)
+    documents = _documents(data.get("documents"), row_id)
+    top_n = data.get("top_n")
+    if top_n is not None and not (is_int(top_n) and top_n >= 1):
+        raise field_error("top_n", "an integer >= 1", top_n, row_id, False)
+    keep = data.get("return_documents")
+    if keep is not None and not isinstance(keep, bool):
+        raise field_error("return_documents", "true or false", keep, row_id, False)
+    request = encoder_request(seq, line, row_id, [query, *documents], {}, None, passthrough)
+    request.similarity = {"shape": "rerank", "top_n": top_n, "documents": documents if keep else None}
+    return request
+
+
+def _hint(data: dict[str, Any]) -> str:
+    """Where a row of another job's shape belongs."""
+    if {"prompt", "messages"} & data.keys():
+        return "; prompt/messages rows are generated by `bulkinfer run`"
+    if {"text", "input"} & data.keys():
+        return "; text/input rows are embedded by `bulkinfer embed`"
+    return ""
+
+
+def _text(data: dict[str, Any], name: str, row_id: str) -> str:
+    value = data.get(name)
+    if value is None:
+        other = "text_2" if name == "text_1" else "text_1"
+        needs = f"with '{other}'" if name in PAIR_FIELDS else "with 'documents'"
+        raise RowInvalid("missing_field", f"field '{name}' is required {needs}: {_SHAPES}", row_id)
+    if not isinstance(value, str) or not value:
+        raise field_error(name, "a non-empty string", value, row_id, False)
+    return value
+
+
+def _documents(value: Any, row_id: str) -> list[str]:
+    if value is None:
+        raise RowInvalid("missing_field", f"field 'documents' is required with 'query': {_SHAPES}", row_id)
+    if not isinstance(value, list) or not value:
+        raise field_error("documents", "a non-empty list of non-empty strings", value, row_id, False)
+    for index, document in enumerate(value):
+        if not isinstance(document, str) or not document:
+            raise field_error(f"documents[{index}]", "a non-empty string", document, row_id, False)
+    return value
+
+
+def _openai_line(data: dict[str, Any]) -> RowInvalid:
+    """The error of an OpenAI batch line: none is run by ``bulkinfer score`` (yet)."""
+    custom_id = data.get("custom_id")
+    if not isinstance(custom_id, str) or not custom_id:
+        return field_error("custom_id", "a non-empty string", custom_id, None, True)
+    url = data.get("url", CHAT_URL)
+    if url in _ELSEWHERE:
+        why = f"{url} lines are run by `{_ELSEWHERE[url]}`"
+    elif url in (SCORE_URL, RERANK_URL):
+        why = f"{url} batch lines are not supported yet"
+    else:
+        why = f"{url!r} is no endpoint bulkinfer runs"
+    return RowInvalid(
+        "invalid_field",
+        f"field 'url': {why}; `bulkinfer score` takes rows with {_SHAPES}; the row was not run",
+        custom_id,
+        True,
+    )
+
+
+def to_score_request(data: Any, seq: int, line: int, settings: Settings) -> Request:
+    """:func:`parse_score_row` with the row parser signature of
+    :func:`bulkinfer.prep.rows.iter_windows` (``settings`` is not read).
+
+    Raises:
+        RowInvalid: as parse_score_row.
+    """
+    return parse_score_row(data, seq, line)
+
+
+class ScorePlanner(EmbedPlanner):
+    """An :class:`~bulkinfer.prep.embeddings.EmbedPlanner` for scoring rows:
+    the same tokenizing, ``max_seq_length`` check and ``--truncate`` (every
+    text cut on its own: a bi-encoder embeds the two sides of a pair
+    separately), its errors naming the row's own fields."""
+
+    def input_name(self, request: Request, index: int, count: int) -> str:
+        """``text_1``/``text_2`` of a pair row; ``query`` or ``documents[K]`` of a rerank row."""
+        if (request.similarity or {}).get("shape") == "pair":
+            return PAIR_FIELDS[index]
+        return "query" if index == 0 else f"documents[{index - 1}]"
