@@ -239,8 +239,10 @@ def score(
     engine_args: Mapping[str, Any] | None = None,
     **options: Any,
 ) -> RunReport:
-    """Score every row of ``input_path`` (JSONL or Parquet) with a
-    bi-encoder, the cosine of the texts' embeddings: ``bulkinfer score``.
+    """Score every row of ``input_path`` (JSONL or Parquet): ``bulkinfer
+    score``. An embedding model (a bi-encoder) scores by the cosine of the
+    texts' embeddings; a one-label ``*ForSequenceClassification`` model (a
+    cross-encoder) reads each pair at once and outputs its score.
     Pair rows (``text_1``, ``text_2``) get a ``score``; rerank rows
     (``query``, ``documents``, optional ``top_n``, ``return_documents``)
     get ``results`` (``[{index, relevance_score}]``, best first). Writes
@@ -251,15 +253,15 @@ def score(
 
     Args:
         truncate: cut each text over the model's ``max_seq_length`` tokens
-            to it, each side of a pair on its own (``--truncate``), instead
-            of failing its row.
+            to it, each side of a pair on its own (a cross-encoder's pair:
+            longest first) (``--truncate``), instead of failing its row.
         Others: as :func:`embed`.
 
     Returns:
         The :class:`RunReport` (exit code 0, or 3 when some rows failed).
 
     Raises:
-        As :func:`run`; ConfigError for a cross-encoder model (not built yet).
+        As :func:`run`; ConfigError for a cross-encoder with more than one label.
     """
     from bulkinfer.jobs.score import DEFAULT_SUFFIX
     from bulkinfer.jobs.score import score as score_job

@@ -62,11 +62,12 @@ class Request:
     inputs: list[str] | None = None
     input_token_ids: list[list[int]] | None = None
     pooling: dict[str, Any] = field(default_factory=dict)
-    # A similarity request (bulkinfer score, a bi-encoder): how its inputs'
-    # vectors become the output. ``{"shape": "pair"}`` (inputs text_1,
-    # text_2: one ``score``) or ``{"shape": "rerank", "top_n": int | None,
-    # "documents": list[str] | None}`` (inputs query, then the documents:
-    # ``results`` ranked; ``documents`` kept only for ``return_documents``).
+    # A similarity request (bulkinfer score): which pairs of its inputs are
+    # scored and how the scores become the output: ``shape`` ("pair",
+    # "rerank" or "score"), ``pairs`` ((i, j) positions in ``inputs``, in
+    # output order), ``names`` (each input's field), ``top_n`` and
+    # ``documents`` (rerank), and ``method`` "cross-encoder" once planned for
+    # one (then one pooled output per pair); see bulkinfer.prep.scores.
     similarity: dict[str, Any] | None = None
 
     @property

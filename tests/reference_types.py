@@ -15,6 +15,7 @@ from vllm.entrypoints.launchers.run_batch import BatchRequestOutput
 from vllm.entrypoints.openai.chat_completion.protocol import ChatCompletionResponse, ChatCompletionStreamResponse
 from vllm.entrypoints.openai.completion.protocol import CompletionResponse, CompletionStreamResponse
 from vllm.entrypoints.pooling.embed.protocol import EmbeddingResponse
+from vllm.entrypoints.pooling.scoring.protocol import RerankResponse, ScoreResponse
 
 
 def check_openai_line(record: dict[str, Any]) -> Any:
@@ -49,6 +50,34 @@ def check_embeddings_line(record: dict[str, Any]) -> Any:
         CreateEmbeddingResponse.model_validate({**body, "data": data})
         assert isinstance(parsed.response.body, EmbeddingResponse), type(parsed.response.body)
     return parsed
+
+
+def check_scoring_line(record: dict[str, Any]) -> Any:
+    """Validate one output or error line of an OpenAI-style ``/v1/score`` or
+    ``/v1/rerank`` batch against vLLM's ``BatchRequestOutput`` and its body
+    against vLLM's ``ScoreResponse`` / ``RerankResponse`` (by the body's
+    ``object``: ScoreResponse's is ``list``), with no field those types do
+    not declare (vLLM's models accept and drop extra fields, so a misnamed
+    one would pass validation alone). Returns the parsed body (None for an
+    error line); raises pydantic's ValidationError or AssertionError."""
+    BatchRequestOutput.model_validate(record)
+    response = record.get("response")
+    if response is None:
+        return None
+    body = response["body"]
+    parsed = (ScoreResponse if body.get("object") == "list" else RerankResponse).model_validate(body)
+    _no_extra(parsed)
+    return parsed
+
+
+def _no_extra(model: Any) -> None:
+    """No pydantic model in ``model`` (recursively) holds an undeclared field."""
+    assert not (getattr(model, "model_extra", None) or {}), (type(model).__name__, model.model_extra)
+    for name in type(model).model_fields:
+        value = getattr(model, name)
+        for item in value if isinstance(value, list) else [value]:
+            if hasattr(type(item), "model_fields"):
+                _no_extra(item)
 
 
 def decode_base64(text: str) -> list[float]:

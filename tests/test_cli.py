@@ -670,10 +670,11 @@ def test_embed_help_names_its_output_and_truncate() -> None:
     assert "--truncate" in result.output and "embeddings.parquet" in result.output
 
 
-def test_score_help_names_its_output_truncate_per_text_and_no_cross_encoders() -> None:
+def test_score_help_names_its_output_truncate_both_ways_and_the_two_kinds_of_model() -> None:
     result = runner.invoke(app, ["score", "--help"])
     assert result.exit_code == 0
     text = " ".join(result.output.replace("│", " ").split())
     assert "--truncate" in text and "scores.jsonl" in text and "each on its own" in text
-    assert "cross-encoders are not supported yet" in text
+    assert "cross-encoder's pair longest first" in text and "/v1/rerank" in text
+    assert "ForSequenceClassification" in text
     assert "score" in runner.invoke(app, ["--help"]).output

@@ -115,25 +115,28 @@ encoder_command(
 encoder_command(
     EncoderCommand(
         name="score",
-        summary="Score pairs and rerank documents with an embedding model (cosine similarity); write OUT, "
-        "OUT.errors.jsonl and OUT.report.json.",
+        summary="Score pairs and rerank documents with an embedding model (cosine similarity) or a "
+        "cross-encoder; write OUT, OUT.errors.jsonl and OUT.report.json.",
         input="Rows with text_1 and text_2 (a pair: its score), or query, documents and optional top_n "
-        "(results ranked by relevance_score); .jsonl or .parquet.",
+        "(results ranked by relevance_score), or OpenAI-style /v1/score and /v1/rerank batch lines "
+        "(vLLM's bodies); .jsonl or .parquet.",
         output=described("Output: .jsonl or .parquet.", "INPUT_STEM.scores.jsonl beside INPUT"),
         model=described(
-            "A local embedding model directory (a bi-encoder: a score is the cosine of the two texts' "
-            "embeddings; cross-encoders are not supported yet) or prepared model name.",
+            "A local model directory or prepared model name: an embedding model (a bi-encoder: a score is "
+            "the cosine of the two texts' embeddings) or a one-label *ForSequenceClassification model (a "
+            "cross-encoder: it reads each pair at once).",
             DEFAULT_ENCODER_HELP,
         ),
         truncate=described(
-            "Cut each text over the model's max_seq_length tokens to it, each on its own (both texts of "
-            "a pair, the query and each document), as sentence-transformers does.",
+            "Cut what is over the model's max_seq_length tokens, as sentence-transformers does: a "
+            "bi-encoder's texts each on its own, a cross-encoder's pair longest first.",
             "such a row fails",
         ),
         examples=(
             "bulkinfer score pairs.jsonl",
             "bulkinfer score queries.parquet -o ranked.parquet --truncate",
             "bulkinfer score pairs.jsonl --model ./my-encoder",
+            "bulkinfer score rerank.jsonl --model ./my-cross-encoder",
             "bulkinfer score pairs.jsonl --resume",
         ),
     )

@@ -40,19 +40,35 @@ def sampling_params(request: Request, sampling_params_cls: Any, output_kind: Any
     )
 
 
-def pooling_params(request: Request, pooling_params_cls: Any) -> Any:
-    """vLLM ``PoolingParams`` for one embedding request: ``task="embed"``,
-    its ``dimensions`` (Matryoshka models only) and ``use_activation``
-    (normalisation; None: vLLM's default from the model's pooler config).
+def pooling_params(request: Request, pooling_params_cls: Any) -> list[Any]:
+    """vLLM ``PoolingParams`` for each input of one pooling request, in
+    input order: ``task`` (``request.pooling["task"]``, default ``"embed"``;
+    ``"classify"`` for a cross-encoder's pairs), ``dimensions`` (Matryoshka
+    models only) and ``use_activation`` (None: vLLM's default from the
+    model's pooler config: normalisation for ``embed``, the sigmoid of a
+    one-label classifier). A pair input with ``token_type_starts`` gets
+    ``extra_kwargs["compressed_token_type_ids"]``: the position of its first
+    segment-B token, as vLLM's cross-encoder renderer passes BERT's token
+    type ids (``vllm.entrypoints.pooling.scoring.utils.compress_token_type_ids``).
 
     Raises:
         whatever vLLM raises for values it rejects (when the request is added).
     """
-    return pooling_params_cls(
-        task="embed",
+    params = pooling_params_cls(
+        task=request.pooling.get("task", "embed"),
         dimensions=request.pooling.get("dimensions"),
         use_activation=request.pooling.get("use_activation"),
     )
+    count = len(request.input_token_ids or ())
+    starts = request.pooling.get("token_type_starts")
+    if starts is None:
+        return [params.clone() for _ in range(count)]
+    each = []
+    for start in starts:
+        one = params.clone()
+        one.extra_kwargs = {**(one.extra_kwargs or {}), "compressed_token_type_ids": start}
+        each.append(one)
+    return each
 
 
 def check_sampling_defaults(defaults: SamplingDefaults) -> None:

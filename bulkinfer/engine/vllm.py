@@ -207,9 +207,10 @@ class VllmEngine:
         return None
 
     def _add_embedding(self, request_id: str, request: Request) -> Completion | None:
-        """Queue an embedding request: one vLLM pooling request (``PoolingParams``,
-        task ``embed``) per input, ``REQUEST_ID#K``; their vectors come back as
-        one :class:`Completion`. A rejected input aborts the others and fails the request.
+        """Queue an embedding or pair-scoring request: one vLLM pooling request
+        (``PoolingParams``, task ``embed`` or ``classify``) per input,
+        ``REQUEST_ID#K``; their vectors come back as one :class:`Completion`.
+        A rejected input aborts the others and fails the request.
 
         Raises:
             EngineError: the engine died.
@@ -219,8 +220,8 @@ class VllmEngine:
         added: list[str] = []
         try:
             params = pooling_params(request, self._pooling_params)
-            for part, ids in zip(parts, request.input_token_ids, strict=True):
-                self._engine.add_request(part, self._tokens_input(ids), params.clone(), priority=request.priority)
+            for part, ids, one in zip(parts, request.input_token_ids, params, strict=True):
+                self._engine.add_request(part, self._tokens_input(ids), one, priority=request.priority)
                 added.append(part)
         except Exception as exc:
             self._check_alive()

@@ -55,7 +55,7 @@ def output_record(request: Request, completion: Completion, model: str) -> dict[
     """
     if completion.embeddings is not None:
         if request.similarity is not None:
-            return score_record(request, completion)
+            return score_record(request, completion, model)
         return embedding_record(request, completion, model)
     choices = completion.choices or (
         Choice(0, completion.text, completion.finish_reason, completion.completion_tokens),
@@ -139,35 +139,91 @@ def embedding_record(request: Request, completion: Completion, model: str) -> di
     return _batch_output(request.id, body)
 
 
-def score_record(request: Request, completion: Completion) -> dict[str, Any]:
+def score_record(request: Request, completion: Completion, model: str) -> dict[str, Any]:
     """The output row of a scoring request (``request.similarity`` set; see
-    :mod:`bulkinfer.prep.scores`) from its inputs' vectors, in input order.
+    :mod:`bulkinfer.prep.scores`), from its engine outputs in input order:
+    a bi-encoder's embeddings (one per text), or a cross-encoder's one-value
+    output per pair (``similarity["method"]`` ``"cross-encoder"``: the score
+    itself). :func:`pair_scores` gives each pair's score.
 
-    Pair rows: the pass-through fields, ``id``, ``score`` (the cosine of
-    ``text_1``'s and ``text_2``'s vectors, :func:`cosines`) and
-    ``prompt_tokens`` (both texts' tokens, special tokens included). Rerank
-    rows: ``results`` in place of ``score``: one ``{"index",
-    "relevance_score"}`` per document (``index`` its 0-based position in
-    ``documents``, the score its cosine with the query), sorted by
-    ``relevance_score`` descending, ties kept in document order (a stable
-    sort), cut to ``top_n`` when given, each with ``document: {"text"}`` for
-    ``return_documents`` (vLLM's and Cohere's ``/rerank`` ``results``).
+    bulkinfer pair rows: the pass-through fields, ``id``, ``score`` and
+    ``prompt_tokens`` (the tokens of every input sent, special tokens
+    included). bulkinfer rerank rows: ``results`` in place of ``score``:
+    one ``{"index", "relevance_score"}`` per document (``index`` its 0-based
+    position in ``documents``) sorted by ``relevance_score`` descending,
+    ties kept in document order (a stable sort), cut to ``top_n`` when
+    given, each with ``document: {"text"}`` for ``return_documents`` (vLLM's
+    and Cohere's ``/rerank`` ``results``).
+
+    OpenAI-style lines: vLLM's ``BatchRequestOutput`` around vLLM's
+    ``ScoreResponse`` (``/v1/score``: ``data[{index, object: score,
+    score}]`` one per pair, ``usage``) or ``RerankResponse`` (``/v1/rerank``:
+    ``results[{index, document: {text, multi_modal: null}, relevance_score}]``
+    ranked and cut to ``top_n``, ``usage``), as
+    ``vllm.entrypoints.pooling.scoring.serving`` builds them; ``model`` the
+    line's or the job's.
     """
     similarity = request.similarity or {}
-    vectors = completion.embeddings or ()
-    scores = cosines(vectors[0], vectors[1:])
-    row: dict[str, Any] = {**request.passthrough, "id": request.id}
-    if similarity.get("shape") == "pair":
-        row["score"] = scores[0]
-    else:
-        order = sorted(range(len(scores)), key=scores.__getitem__, reverse=True)  # stable: ties keep their order
-        documents = similarity.get("documents")
-        row["results"] = [
-            {"index": k, "relevance_score": scores[k], **({"document": {"text": documents[k]}} if documents else {})}
-            for k in order[: similarity.get("top_n") or len(order)]
-        ]
-    row["prompt_tokens"] = completion.prompt_tokens
-    return row
+    scores = pair_scores(similarity, completion.embeddings or ())
+    tokens = completion.prompt_tokens
+    if request.openai_url is None:
+        row: dict[str, Any] = {**request.passthrough, "id": request.id}
+        if similarity["shape"] == "pair":
+            row["score"] = scores[0]
+        else:
+            documents = similarity.get("documents")
+            row["results"] = [
+                {
+                    "index": k,
+                    "relevance_score": scores[k],
+                    **({"document": {"text": documents[k]}} if documents else {}),
+                }
+                for k in ranked(scores, similarity.get("top_n"))
+            ]
+        row["prompt_tokens"] = tokens
+        return row
+    name = request.passthrough.get("model", model)
+    if similarity["shape"] == "score":
+        body = {
+            "id": f"score-{uuid.uuid4().hex}",
+            "object": "list",
+            "created": int(time.time()),
+            "model": name,
+            "data": [{"index": k, "object": "score", "score": value} for k, value in enumerate(scores)],
+            "usage": {"prompt_tokens": tokens, "total_tokens": tokens, "completion_tokens": 0},
+        }
+        return _batch_output(request.id, body)
+    documents = similarity["documents"]
+    body = {
+        "id": f"rerank-{uuid.uuid4().hex}",
+        "model": name,
+        "usage": {"prompt_tokens": tokens, "total_tokens": tokens},
+        "results": [
+            {"index": k, "document": {"text": documents[k], "multi_modal": None}, "relevance_score": scores[k]}
+            for k in ranked(scores, similarity.get("top_n"))
+        ],
+    }
+    return _batch_output(request.id, body)
+
+
+def pair_scores(similarity: dict[str, Any], outputs: Sequence[list[float]]) -> list[float]:
+    """Each pair's score, in ``similarity["pairs"]`` order: a cross-encoder's
+    outputs (one ``[score]`` per pair) as they are, or the cosine
+    (:func:`cosines`) of the two embeddings a pair's ``(i, j)`` points to."""
+    if similarity.get("method") == "cross-encoder":
+        return [float(output[0]) for output in outputs]
+    pairs = similarity["pairs"]
+    first = {i for i, _ in pairs}
+    if len(first) == 1:  # one query (a pair, a rerank, a 1:N score): one matrix product
+        return cosines(outputs[pairs[0][0]], [outputs[j] for _, j in pairs])
+    return [cosines(outputs[i], [outputs[j]])[0] for i, j in pairs]
+
+
+def ranked(scores: Sequence[float], top_n: int | None) -> list[int]:
+    """The positions of ``scores`` best first, ties in position order (a
+    stable sort), the first ``top_n`` of them (all for None)."""
+    order = sorted(range(len(scores)), key=scores.__getitem__, reverse=True)
+    return order[: top_n or len(order)]
 
 
 def cosines(query: list[float], others: Sequence[list[float]]) -> list[float]:

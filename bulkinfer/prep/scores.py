@@ -1,26 +1,39 @@
-"""Scoring rows (``bulkinfer score``) -> :class:`Request` objects whose texts a
-bi-encoder embeds one by one, planned as embedding requests are
-(:class:`~bulkinfer.prep.embeddings.EmbedPlanner`: each text tokenized,
-checked against ``max_seq_length`` or cut with ``--truncate``, each sent to
-vLLM as its own pooling request).
+"""Scoring rows (``bulkinfer score``) -> :class:`Request` objects: the texts
+of each row and the pairs of them to score, planned for a bi-encoder (each
+text embedded on its own, as ``embed`` plans them: :class:`ScorePlanner`) or
+a cross-encoder (each pair read at once: :class:`CrossScorePlanner`).
 
-Two row shapes (both may appear in one file); every other field passes
-through to the output:
+Three row shapes (all may appear in one file):
 
 - pair rows: ``id`` (optional, as for ``bulkinfer run``), ``text_1`` and
-  ``text_2``, non-empty strings. Inputs ``[text_1, text_2]``; the output's
-  ``score`` is their cosine (:func:`bulkinfer.io.records.score_record`).
+  ``text_2``, non-empty strings; every other field passes through. The
+  output's ``score`` scores the pair (:func:`bulkinfer.io.records.score_record`).
 - rerank rows: ``id``, ``query`` (a non-empty string), ``documents`` (a
   non-empty list of non-empty strings), ``top_n`` (optional, an integer >= 1:
   keep the best N results) and ``return_documents`` (optional boolean: each
   result carries ``document: {"text": ...}``, as vLLM's ``RerankDocument``).
-  Inputs ``[query, *documents]``; the output's ``results`` rank the documents
-  (vLLM's and Cohere's ``/rerank`` shape).
+  The output's ``results`` rank the documents (vLLM's and Cohere's
+  ``/rerank`` shape).
+- OpenAI-style batch lines with the bodies of vLLM's scoring endpoints
+  (``vllm.entrypoints.pooling.scoring.protocol``), answered in vLLM's
+  response shapes: ``url`` ``/v1/score`` (or ``/score``) with two sides
+  named ``queries`` + ``documents`` (or ``items``), ``data_1`` + ``data_2``
+  or ``text_1`` + ``text_2``, each a string or a list of strings, one to
+  one, one to many or many to many (vLLM's rule); ``url`` ``/v1/rerank``
+  (or ``/rerank``) with ``query``, ``documents`` and ``top_n`` (0: all).
+  ``model`` and the harmless metadata are accepted; any other body field
+  (``use_activation``, ``truncate_prompt_tokens``, ``max_tokens_per_doc``,
+  ``instruction``, ...) would change the output and fails the line.
 
-Every problem is an error record naming the row and the field. OpenAI batch
-lines are error records too: ``/v1/score`` and ``/v1/rerank`` lines are not
-supported yet; chat and completions lines name ``bulkinfer run``,
-``/v1/embeddings`` lines ``bulkinfer embed``.
+Every problem is an error record naming the row and the field; chat and
+completions lines name ``bulkinfer run``, ``/v1/embeddings`` lines
+``bulkinfer embed``.
+
+A planned request's ``similarity`` (see :class:`~bulkinfer.schema.Request`)
+holds ``shape`` (``pair``, ``rerank`` or ``score``), ``pairs`` (the
+``(i, j)`` positions in ``inputs`` of each pair scored, in output order),
+``names`` (each input's field, for error messages), ``top_n`` and
+``documents`` (rerank only: kept for ``return_documents`` and OpenAI lines).
 """
 
 from __future__ import annotations
@@ -30,8 +43,9 @@ from typing import Any
 from bulkinfer.config import Settings
 from bulkinfer.fields import is_int
 from bulkinfer.prep.embeddings import EmbedPlanner, encoder_request
-from bulkinfer.prep.rows import field_error, row_id_of
-from bulkinfer.schema import CHAT_URL, COMPLETIONS_URL, EMBEDDINGS_URL, Request, RowInvalid
+from bulkinfer.prep.planner import order_for_feed
+from bulkinfer.prep.rows import field_error, openai_line, row_id_of
+from bulkinfer.schema import CHAT_URL, COMPLETIONS_URL, EMBEDDINGS_URL, Request, RowError, RowInvalid
 
 PAIR_FIELDS = ("text_1", "text_2")
 RERANK_FIELDS = ("query", "documents", "top_n", "return_documents")
@@ -39,7 +53,14 @@ RERANK_FIELDS = ("query", "documents", "top_n", "return_documents")
 SCORE_FIELDS = (*PAIR_FIELDS, *RERANK_FIELDS)
 # A Parquet input needs one of these columns.
 SCORE_TEXT_COLUMNS = ("text_1", "query")
-SCORE_URL, RERANK_URL = "/v1/score", "/v1/rerank"
+SCORE_URLS, RERANK_URLS = ("/v1/score", "/score"), ("/v1/rerank", "/rerank")
+# vLLM's ScoreRequest: the two sides, by the names of its four request types.
+SCORE_SIDES = (("queries", "documents"), ("queries", "items"), ("data_1", "data_2"), ("text_1", "text_2"))
+_SCORE_BODY = frozenset({"model", *(name for sides in SCORE_SIDES for name in sides)})
+_BODY_FIELDS = {
+    **{url: _SCORE_BODY for url in SCORE_URLS},
+    **{url: frozenset({"model", "query", "documents", "top_n"}) for url in RERANK_URLS},
+}
 _ELSEWHERE = {CHAT_URL: "bulkinfer run", COMPLETIONS_URL: "bulkinfer run", EMBEDDINGS_URL: "bulkinfer embed"}
 _SHAPES = "text_1 and text_2 (a pair to score) or query and documents (a query and the documents to rerank)"
 
@@ -50,18 +71,19 @@ def parse_score_row(data: Any, seq: int, line: int) -> Request:
     ``line`` 1-based line or row).
 
     Raises:
-        RowInvalid: not an object; an OpenAI batch line; pair and rerank
-            fields both, or neither (the message says which fields are
-            expected, and names ``bulkinfer run`` for a prompt/messages row,
-            ``bulkinfer embed`` for a text/input row); a text missing, not
-            a string or empty; ``documents`` not a non-empty list, or an
-            item (``documents[K]``) not a non-empty string; ``top_n`` not an
-            integer >= 1; ``return_documents`` not a boolean.
+        RowInvalid: not an object; pair and rerank fields both, or neither
+            (the message says which fields are expected, and names
+            ``bulkinfer run`` for a prompt/messages row, ``bulkinfer embed``
+            for a text/input row); a text missing, not a string or empty;
+            ``documents`` not a non-empty list, or an item
+            (``documents[K]``) not a non-empty string; ``top_n`` not an
+            integer >= 1; ``return_documents`` not a boolean; an OpenAI
+            line as :func:`_parse_openai` says.
     """
     if not isinstance(data, dict):
         raise RowInvalid("invalid_row", f"expected a JSON object, got {type(data).__name__}")
     if "custom_id" in data and "body" in data:
-        raise _openai_line(data)
+        return _parse_openai(data, seq, line)
     row_id = row_id_of(data, line)
     pair = [name for name in PAIR_FIELDS if data.get(name) is not None]
     rerank = [name for name in RERANK_FIELDS if data.get(name) is not None]
@@ -76,9 +98,7 @@ def parse_score_row(data: Any, seq: int, line: int) -> Request:
     passthrough = {k: v for k, v in data.items() if k not in ("id", *SCORE_FIELDS)}
     if pair:
         texts = [_text(data, name, row_id) for name in PAIR_FIELDS]
-        request = encoder_request(seq, line, row_id, texts, {}, None, passthrough)
-        request.similarity = {"shape": "pair"}
-        return request
+        return _scoring(encoder_request(seq, line, row_id, texts, {}, None, passthrough), "pair", list(PAIR_FIELDS))
     query = _text(data, "query", row_id)
     documents = _documents(data.get("documents"), row_id)
     top_n = data.get("top_n")
@@ -88,7 +108,18 @@ def parse_score_row(data: Any, seq: int, line: int) -> Request:
     if keep is not None and not isinstance(keep, bool):
         raise field_error("return_documents", "true or false", keep, row_id, False)
     request = encoder_request(seq, line, row_id, [query, *documents], {}, None, passthrough)
-    request.similarity = {"shape": "rerank", "top_n": top_n, "documents": documents if keep else None}
+    names = ["query", *(f"documents[{k}]" for k in range(len(documents)))]
+    return _scoring(request, "rerank", names, top_n=top_n, documents=documents if keep else None)
+
+
+def _scoring(
+    request: Request, shape: str, names: list[str], pairs: list[tuple[int, int]] | None = None, **more: Any
+) -> Request:
+    """``request`` with its ``similarity``: ``pairs`` default to the first
+    input with each of the others (a pair row's one pair; a query with each document)."""
+    count = len(request.inputs or ())
+    pairs = pairs if pairs is not None else [(0, k) for k in range(1, count)]
+    request.similarity = {"shape": shape, "pairs": pairs, "names": names, **more}
     return request
 
 
@@ -123,24 +154,73 @@ def _documents(value: Any, row_id: str) -> list[str]:
     return value
 
 
-def _openai_line(data: dict[str, Any]) -> RowInvalid:
-    """The error of an OpenAI batch line: none is run by ``bulkinfer score`` (yet)."""
-    custom_id = data.get("custom_id")
-    if not isinstance(custom_id, str) or not custom_id:
-        return field_error("custom_id", "a non-empty string", custom_id, None, True)
-    url = data.get("url", CHAT_URL)
-    if url in _ELSEWHERE:
-        why = f"{url} lines are run by `{_ELSEWHERE[url]}`"
-    elif url in (SCORE_URL, RERANK_URL):
-        why = f"{url} batch lines are not supported yet"
-    else:
-        why = f"{url!r} is no endpoint bulkinfer runs"
-    return RowInvalid(
-        "invalid_field",
-        f"field 'url': {why}; `bulkinfer score` takes rows with {_SHAPES}; the row was not run",
-        custom_id,
-        True,
-    )
+def _parse_openai(data: dict[str, Any], seq: int, line: int) -> Request:
+    """An OpenAI-style ``/v1/score`` or ``/v1/rerank`` line (vLLM's request bodies).
+
+    Raises:
+        RowInvalid: the envelope (:func:`bulkinfer.prep.rows.openai_line`:
+            a chat, completions or embeddings line names the command that
+            runs it; a body field that would change the output); no side, or
+            sides of two request types; a side not a non-empty string or a
+            non-empty list of them (multimodal content is not supported);
+            side lengths not 1:1, 1:N or N:N; ``top_n`` not an integer >= 0.
+    """
+    custom_id, url, body = openai_line(data, _BODY_FIELDS, _ELSEWHERE)
+    model = {"model": body["model"]} if isinstance(body.get("model"), str) else {}
+    if url in RERANK_URLS:
+        query = body.get("query")
+        if not isinstance(query, str) or not query:
+            raise field_error("body.query", "a non-empty string", query, custom_id, True)
+        documents, names = _side(body, "documents", custom_id)
+        top_n = body.get("top_n", 0)
+        if not (is_int(top_n) and top_n >= 0):
+            raise field_error("body.top_n", "an integer >= 0 (0: every document)", top_n, custom_id, True)
+        request = encoder_request(seq, line, custom_id, [query, *documents], {}, url, model)
+        return _scoring(request, "rerank", ["body.query", *names], top_n=top_n or None, documents=documents)
+    given = [sides for sides in SCORE_SIDES if sides[0] in body and sides[1] in body]
+    if len(given) != 1 or len({name for sides in SCORE_SIDES for name in sides} & body.keys()) != 2:
+        named = " + ".join(name for name in body if name in _SCORE_BODY - {"model"}) or "neither"
+        raise RowInvalid(
+            "invalid_field",
+            f"field 'body': {url} needs two sides, one of "
+            + ", ".join(" + ".join(sides) for sides in SCORE_SIDES)
+            + f" (vLLM's ScoreRequest); got {named}; the row was not run",
+            custom_id,
+            True,
+        )
+    first, first_names = _side(body, given[0][0], custom_id)
+    second, second_names = _side(body, given[0][1], custom_id)
+    if len(first) > 1 and len(first) != len(second):
+        raise RowInvalid(
+            "invalid_field",
+            f"field 'body.{given[0][0]}' has {len(first)} items and 'body.{given[0][1]}' {len(second)}: "
+            "the sides must be 1:1, 1:N or N:N, as vLLM's; the row was not run",
+            custom_id,
+            True,
+        )
+    request = encoder_request(seq, line, custom_id, [*first, *second], {}, url, model)
+    n = len(first)
+    pairs = [(0 if n == 1 else k, n + k) for k in range(len(second))]
+    return _scoring(request, "score", [*first_names, *second_names], pairs)
+
+
+def _side(body: dict[str, Any], name: str, custom_id: str) -> tuple[list[str], list[str]]:
+    """A side of a scoring body (a string or a non-empty list of them) as a
+    list, with each item's field name.
+
+    Raises:
+        RowInvalid: as :func:`_parse_openai` says.
+    """
+    value = body.get(name)
+    if isinstance(value, str) and value:
+        return [value], [f"body.{name}"]
+    if not isinstance(value, list) or not value:
+        raise field_error(f"body.{name}", "a non-empty string or a non-empty list of them", value, custom_id, True)
+    for index, item in enumerate(value):
+        if not isinstance(item, str) or not item:
+            why = "a non-empty string (multimodal content is not supported)"
+            raise field_error(f"body.{name}[{index}]", why, item, custom_id, True)
+    return value, [f"body.{name}[{k}]" for k in range(len(value))]
 
 
 def to_score_request(data: Any, seq: int, line: int, settings: Settings) -> Request:
@@ -160,7 +240,96 @@ class ScorePlanner(EmbedPlanner):
     separately), its errors naming the row's own fields."""
 
     def input_name(self, request: Request, index: int, count: int) -> str:
-        """``text_1``/``text_2`` of a pair row; ``query`` or ``documents[K]`` of a rerank row."""
-        if (request.similarity or {}).get("shape") == "pair":
-            return PAIR_FIELDS[index]
-        return "query" if index == 0 else f"documents[{index - 1}]"
+        """The row's field of input ``index``: ``text_1``, ``query``, ``documents[K]``, ``body.text_1[K]``, ..."""
+        return str((request.similarity or {})["names"][index])
+
+
+CROSS_ENCODER = "cross-encoder"
+
+
+class CrossScorePlanner(ScorePlanner):
+    """Plans scoring rows for a cross-encoder (a ``*ForSequenceClassification``
+    model with one label), which reads both texts of a pair at once.
+
+    Each pair is one input: ``(text_1, text_2)`` of a pair row, ``(query,
+    documents[K])`` for each document of a rerank row, encoded as the
+    tokenizer's text pair (``[CLS] a [SEP] b [SEP]`` for BERT, segment B's
+    token type ids 1), as sentence-transformers' ``CrossEncoder.predict``
+    and vLLM's cross-encoder scoring encode it. A pair over
+    ``max_seq_length`` tokens (``max_model_len`` here) fails its row
+    (``context_length_exceeded``) unless ``truncate``: then it is cut
+    longest first (``truncation=True``: the longer text loses tokens first,
+    as ``CrossEncoder`` cuts). The planned request's ``pooling`` asks for
+    vLLM's ``classify`` task with each pair's ``token_type_starts`` (when
+    the tokenizer has token type ids); ``similarity["method"]`` is
+    ``"cross-encoder"``: the output's scores are the classifier's outputs.
+    """
+
+    def plan_window(self, requests: Any) -> tuple[list[Request], list[RowError]]:
+        """Tokenize the pairs of ``requests`` (arrival order); return the
+        requests in feed order (by total input tokens) and the rows that failed."""
+        errors: list[RowError] = []
+        pairs = [pair for request in requests for pair in _pairs(request)]
+        encoded = iter(self._encode_pairs(pairs))
+        planned: list[Request] = []
+        for request in requests:
+            if request.openai_url is None:
+                self.passthrough.update(request.passthrough.keys())
+            own = _pairs(request)
+            parts = [next(encoded) for _ in own]
+            too_long = [i for i, (ids, _) in enumerate(parts) if len(ids) > self.max_model_len]
+            if too_long and not self.truncate:
+                errors.append(self._too_long(request, [ids for ids, _ in parts], too_long))
+                continue
+            if too_long:
+                cut = self._encode_pairs([own[i] for i in too_long], truncate=True)
+                for i, short in zip(too_long, cut, strict=True):
+                    parts[i] = short
+                self.truncated_inputs += len(too_long)
+            request.input_token_ids, request.inputs = [ids for ids, _ in parts], None
+            starts = [start for _, start in parts]
+            request.pooling = {"task": "classify", "token_type_starts": None if None in starts else starts}
+            request.similarity = {**(request.similarity or {}), "method": CROSS_ENCODER}
+            planned.append(request)
+        planned.sort(key=lambda r: r.seq)
+        self.padding.add_window([r.prompt_length for r in planned])
+        return order_for_feed(planned, self.settings.order), errors
+
+    def input_name(self, request: Request, index: int, count: int) -> str:
+        """Pair ``index`` by its fields: ``the pair text_1 + text_2``, ``the pair query + documents[K]``, ..."""
+        similarity = request.similarity or {}
+        first, second = similarity["pairs"][index]
+        return f"the pair {similarity['names'][first]} + {similarity['names'][second]}"
+
+    def _encode_pairs(self, pairs: list[tuple[str, str]], truncate: bool = False) -> list[tuple[list[int], int | None]]:
+        """Each pair's token ids (special tokens included) and the position of
+        its first segment-B token (None when the tokenizer has no token type ids)."""
+        if not pairs:
+            return []
+        cut = {"truncation": True, "max_length": self.max_model_len} if truncate else {}
+        encoded = self.tokenizer([a for a, _ in pairs], [b for _, b in pairs], **cut)
+        types = encoded.get("token_type_ids") if "token_type_ids" in self.tokenizer.model_input_names else None
+        return [
+            (list(ids), None if types is None else _segment_b_start(types[k]))
+            for k, ids in enumerate(encoded["input_ids"])
+        ]
+
+
+def _pairs(request: Request) -> list[tuple[str, str]]:
+    """The text pairs a cross-encoder scores for one row, in output order."""
+    texts = request.inputs or []
+    return [(texts[i], texts[j]) for i, j in (request.similarity or {})["pairs"]]
+
+
+def _segment_b_start(token_type_ids: list[int]) -> int:
+    """Where segment B starts in a pair's token type ids (zeros, then ones):
+    the position of the first 1, or the length when there is none; vLLM's
+    ``compress_token_type_ids``, which the engine expands back.
+
+    Raises:
+        ValueError: the ids are not zeros followed by ones.
+    """
+    start = next((i for i, t in enumerate(token_type_ids) if t == 1), len(token_type_ids))
+    if any(t != 0 for t in token_type_ids[:start]) or any(t != 1 for t in token_type_ids[start:]):
+        raise ValueError(f"token type ids are not zeros followed by ones: {token_type_ids}")
+    return start

@@ -1,13 +1,19 @@
-"""``bulkinfer score`` end to end: the real CLI, vLLM's pooling runner and the
-embedded all-MiniLM-L6-v2 as a bi-encoder. One job (``--truncate``, as
+"""``bulkinfer score`` end to end: the real CLI and vLLM's pooling runner.
+
+The bi-encoder job (the embedded all-MiniLM-L6-v2, ``--truncate``, as
 sentence-transformers cuts) scores 200 ShareGPT prompt/reply pairs (each
-prompt with its own reply, or with another prompt's) and reranks replies for
-20 more prompts, with bad rows among them; its first run is killed with
-SIGKILL mid-run and ``--resume`` finishes it (every id once). The finished
-output is checked against sentence-transformers: ``util.cos_sim`` of
-``SentenceTransformer.encode`` on the same model directory. (Error shapes,
-ties, top_n and the Parquet types are checked with a fake encoder in
-tests/jobs/test_score_job.py.)
+prompt with its own reply, or with another prompt's), reranks replies for
+20 more prompts and answers OpenAI-style /v1/score and /v1/rerank lines,
+with bad rows among them; its first run is killed with SIGKILL mid-run and
+``--resume`` finishes it (every id once). Its output is checked against
+sentence-transformers (``util.cos_sim`` of ``SentenceTransformer.encode`` on
+the same model directory) and vLLM's response types.
+
+The cross-encoder job scores the same rows with a tiny
+``BertForSequenceClassification`` (one label, random weights) the test
+saves locally, checked against sentence-transformers' ``CrossEncoder`` on
+the same directory. (Error shapes, ties, top_n and the Parquet types are
+checked with a fake encoder in tests/jobs/test_score_job.py.)
 """
 
 from __future__ import annotations
@@ -16,7 +22,17 @@ from typing import Any
 
 import numpy as np
 import pytest
-from e2e_helpers import SAMPLE, kill_9_mid_run, read_jsonl, resume_to_the_end, row_key
+from e2e_helpers import (
+    SAMPLE,
+    bulkinfer,
+    kill_9_mid_run,
+    read_jsonl,
+    read_report,
+    resume_to_the_end,
+    row_key,
+    write_jsonl,
+)
+from reference_types import check_scoring_line
 
 from bulkinfer.default_model import prepare_default_encoder
 
@@ -52,21 +68,44 @@ TIE = {
     "documents": [SHAREGPT[251]["reference"], SHAREGPT[250]["reference"], SHAREGPT[251]["reference"]],
     "return_documents": True,
 }
+LINES = [
+    {
+        "custom_id": "line-score",
+        "method": "POST",
+        "url": "/v1/score",
+        "body": {"queries": SHAREGPT[230]["prompt"], "documents": [SHAREGPT[k]["reference"] for k in (230, 231, 232)]},
+    },
+    {
+        "custom_id": "line-rerank",
+        "method": "POST",
+        "url": "/v1/rerank",
+        "body": {
+            "query": SHAREGPT[233]["prompt"],
+            "documents": [SHAREGPT[k]["reference"] for k in (234, 233, 235)],
+            "top_n": 2,
+        },
+    },
+]
 BAD = [
     {"id": "bad-empty", "text_1": "", "text_2": "x"},
     {"id": "bad-docs", "query": "q", "documents": []},
     {"id": "bad-both", "text_1": "a", "text_2": "b", "query": "c"},
     {"id": "bad-prompt", "prompt": "hi"},
-    {"custom_id": "bad-openai", "method": "POST", "url": "/v1/rerank", "body": {"query": "q", "documents": ["d"]}},
+    {
+        "custom_id": "bad-openai",
+        "method": "POST",
+        "url": "/v1/rerank",
+        "body": {"query": "q", "documents": [], "top_n": 1},
+    },
 ]
+ROWS: list[Any] = [*PAIRS[:100], *BAD[:3], *RERANKS, TIE, *LINES, *PAIRS[100:], *BAD[3:]]
 
 
 @pytest.fixture(scope="module")
 def scored(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
     """The job, killed once five rows are on disk, then resumed to the end (exit 3: the bad rows)."""
-    rows: list[Any] = [*PAIRS[:100], *BAD[:3], *RERANKS, TIE, *PAIRS[100:], *BAD[3:]]
-    killed = kill_9_mid_run(tmp_path_factory.mktemp("score"), "--truncate", command="score", data=rows, engines=None)
-    return {**resume_to_the_end(killed, exit_code=3), "rows": rows}
+    killed = kill_9_mid_run(tmp_path_factory.mktemp("score"), "--truncate", command="score", data=ROWS, engines=None)
+    return {**resume_to_the_end(killed, exit_code=3), "rows": ROWS}
 
 
 @pytest.fixture(scope="module")
@@ -86,6 +125,7 @@ def reference(model: Any) -> dict[str, np.ndarray]:
         {r["text_1"] for r in PAIRS}
         | {r["text_2"] for r in PAIRS}
         | {t for r in [*RERANKS, TIE] for t in [r["query"], *r["documents"]]}
+        | {t for r in LINES for t in [r["body"].get("query") or r["body"]["queries"], *r["body"]["documents"]]}
     )
     vectors = model.encode(texts, batch_size=32, convert_to_numpy=True)
     return dict(zip(texts, vectors, strict=True))
@@ -101,10 +141,11 @@ def cos_sim(a: np.ndarray, b: np.ndarray) -> np.ndarray:
 def test_every_row_ends_as_one_record_and_the_report_says_how_it_scored(scored: dict[str, Any]) -> None:
     errors = {row_key(r): r for r in scored["error_records"]}
     assert set(errors) == {row_key(r) for r in BAD}
-    assert "not supported yet" in errors["bad-openai"]["error"]["message"]
+    assert "field 'body.documents'" in errors["bad-openai"]["error"]["message"]
     assert "`bulkinfer run`" in errors["bad-prompt"]["error"]["message"]
     assert "field 'documents'" in errors["bad-docs"]["error"]["message"]
-    assert scored["job"] == "score" and scored["request_counts"]["completed"] == len(PAIRS) + len(RERANKS) + 1
+    completed = len(PAIRS) + len(RERANKS) + 1 + len(LINES)
+    assert scored["job"] == "score" and scored["request_counts"]["completed"] == completed
     scoring = scored["scoring"]
     assert (scoring["method"], scoring["max_seq_length"], scoring["truncate"]) == ("bi-encoder cosine", 256, True)
     assert scoring["normalize"] is True and scoring["truncated_inputs"] > 0
@@ -158,4 +199,89 @@ def test_kill_9_mid_run_then_resume_scores_every_id_once(scored: dict[str, Any])
     assert 5 <= kept < len(rows)
     assert scored["resumed"]["completed"] == kept
     good = [row_key(r) for r in rows if row_key(r) not in {row_key(b) for b in BAD}]
-    assert [r["id"] for r in scored["outputs"]] == good  # every id once, in input order
+    assert [row_key(r) for r in scored["outputs"]] == good  # every id once, in input order
+
+
+def test_openai_lines_are_vllms_score_and_rerank_responses_with_sentence_transformers_scores(
+    scored: dict[str, Any], reference: dict[str, np.ndarray]
+) -> None:
+    lines = {r["custom_id"]: r for r in scored["outputs"] if "custom_id" in r}
+    score = check_scoring_line(lines["line-score"])
+    body = LINES[0]["body"]
+    theirs = cos_sim(reference[body["queries"]][None], np.stack([reference[d] for d in body["documents"]]))[0]
+    assert [d.index for d in score.data] == [0, 1, 2]
+    assert max(abs(d.score - theirs[d.index]) for d in score.data) <= 1e-5
+    rerank = check_scoring_line(lines["line-rerank"])
+    body = LINES[1]["body"]
+    theirs = cos_sim(reference[body["query"]][None], np.stack([reference[d] for d in body["documents"]]))[0]
+    assert [r.index for r in rerank.results] == sorted(range(3), key=lambda k: -theirs[k])[:2]  # top_n 2
+    assert all(r.document.text == body["documents"][r.index] for r in rerank.results)
+    assert max(abs(r.relevance_score - theirs[r.index]) for r in rerank.results) <= 1e-5
+    assert check_scoring_line(next(r for r in scored["error_records"] if r.get("custom_id") == "bad-openai")) is None
+
+
+def make_cross_encoder(path: Any) -> Any:
+    """A tiny one-label ``BertForSequenceClassification`` (2 layers, hidden
+    128, 4 heads of 32: a head size vLLM's CPU attention has; 128
+    positions, so long pairs are cut; random weights with a wide
+    initializer, so scores spread) saved at ``path`` with the default
+    encoder's tokenizer."""
+    import torch
+    from transformers import AutoTokenizer, BertConfig, BertForSequenceClassification
+
+    torch.manual_seed(0)
+    tokenizer = AutoTokenizer.from_pretrained(str(prepare_default_encoder()))
+    config = BertConfig(
+        vocab_size=tokenizer.vocab_size,
+        hidden_size=128,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        intermediate_size=256,
+        max_position_embeddings=128,
+        num_labels=1,
+        initializer_range=0.2,
+    )
+    BertForSequenceClassification(config).save_pretrained(path)
+    tokenizer.save_pretrained(path)
+    return path
+
+
+@pytest.fixture(scope="module")
+def crossed(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
+    """The same rows scored by a cross-encoder made here (``--truncate``)."""
+    work = tmp_path_factory.mktemp("cross")
+    model = make_cross_encoder(work / "tiny-cross-encoder")
+    write_jsonl(work / "in.jsonl", ROWS)
+    done = bulkinfer(
+        "score", str(work / "in.jsonl"), "-o", str(work / "out.jsonl"), "--model", str(model), "--truncate"
+    )
+    assert done.returncode == 3, done.stderr[-3000:]
+    outputs = {row_key(r): r for r in read_jsonl(work / "out.jsonl")}
+    return {"model": model, "outputs": outputs, "report": read_report(work / "out.report.json")}
+
+
+def test_a_cross_encoder_scores_as_sentence_transformers_cross_encoder(crossed: dict[str, Any]) -> None:
+    from sentence_transformers import CrossEncoder
+
+    reference = CrossEncoder(str(crossed["model"]), device="cpu")
+    outputs = crossed["outputs"]
+    pairs = [(r["text_1"], r["text_2"]) for r in PAIRS]
+    theirs = reference.predict(pairs, batch_size=32)
+    ours = np.array([outputs[r["id"]]["score"] for r in PAIRS])
+    difference = np.abs(ours - theirs).max()
+    print(f"cross-encoder pair scores vs sentence-transformers CrossEncoder.predict: max |diff| {difference:.2e}")
+    assert difference <= 1e-4 and np.std(ours) > 0.05  # scores that differ, and equal theirs
+    worst = 0.0
+    for row in RERANKS:
+        expected = reference.predict([(row["query"], d) for d in row["documents"]])
+        results = outputs[row["id"]]["results"]
+        assert {r["index"] for r in results} == set(sorted(range(4), key=lambda k: -expected[k])[: row.get("top_n", 4)])
+        worst = max(worst, max(abs(r["relevance_score"] - expected[r["index"]]) for r in results))
+    line = check_scoring_line(outputs["line-rerank"])
+    body = LINES[1]["body"]
+    expected = reference.predict([(body["query"], d) for d in body["documents"]])
+    worst = max(worst, max(abs(r.relevance_score - expected[r.index]) for r in line.results))
+    assert worst <= 1e-4
+    scoring = crossed["report"]["scoring"]
+    assert (scoring["method"], scoring["max_seq_length"], scoring["truncate"]) == ("cross-encoder", 128, True)
+    assert scoring["truncated_inputs"] > 0  # ShareGPT pairs over 128 tokens, cut longest first as CrossEncoder cuts

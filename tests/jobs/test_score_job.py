@@ -2,7 +2,7 @@
 real tokenizer of the embedded all-MiniLM-L6-v2; vectors that count tokens,
 so the same text has the same vector): one record per row, the cosine in
 float64, rerank order with ties and top_n, the Parquet column types, resume
-reading score records back, a cross-encoder refused, the report. It never
+reading score records back, the method read from the model, the report. It never
 stands in as proof that scoring works: tests/e2e/test_score_e2e.py runs vLLM."""
 
 from __future__ import annotations
@@ -23,7 +23,7 @@ from bulkinfer.errors import ConfigError, Interrupted
 from bulkinfer.io.output_files import RunPaths
 from bulkinfer.io.records import cosines, parse_output
 from bulkinfer.jobs.context import RunContext
-from bulkinfer.jobs.score import score
+from bulkinfer.jobs.score import score, scoring_method
 from bulkinfer.models import load_tokenizer, resolve_model
 from bulkinfer.report.model import RunReport
 from bulkinfer.stop import StopToken
@@ -36,7 +36,14 @@ ROWS: list[Any] = [
     {"id": "docs", "query": "cat", "documents": ["cat", "dog"], "return_documents": True},
     {"id": "empty", "query": "q", "documents": []},
     {"id": "long", "text_1": "x", "text_2": "word " * 300},
-    {"custom_id": "c", "method": "POST", "url": "/v1/rerank", "body": {"query": "q", "documents": ["d"]}},
+    {"custom_id": "c", "method": "POST", "url": "/v1/rerank", "body": {"query": "cat", "documents": ["dogs", "cat"]}},
+    {
+        "custom_id": "s",
+        "method": "POST",
+        "url": "/v1/score",
+        "body": {"text_1": ["cat", "a dog"], "text_2": ["cat", "cat"]},
+    },
+    {"custom_id": "bad", "url": "/v1/score", "body": {"text_1": "a", "text_2": "b", "truncate_prompt_tokens": 3}},
     {"id": "both", "text_1": "a", "text_2": "b", "query": "c"},
 ]
 
@@ -69,9 +76,9 @@ def test_every_row_is_one_record_scored_by_the_cosine_of_its_vectors(tmp_path: P
     paths = RunPaths.build(write(tmp_path / "in.jsonl"), None, ".scores.jsonl")
     assert paths.output == tmp_path / "in.scores.jsonl"
     result = score(paths, Settings(), fake())
-    assert (result.exit_code, result.completed, result.failed) == (3, 4, 4)
-    out = {r["id"]: r for r in map(orjson.loads, paths.output.read_bytes().splitlines())}
-    assert list(out) == ["p", "r", "top", "docs"]  # input order
+    assert (result.exit_code, result.completed, result.failed) == (3, 6, 4)
+    out = {r.get("custom_id") or r["id"]: r for r in map(orjson.loads, paths.output.read_bytes().splitlines())}
+    assert list(out) == ["p", "r", "top", "docs", "c", "s"]  # input order
     pair = out["p"]
     assert list(pair) == ["lang", "id", "score", "prompt_tokens"]
     expected = reference_cosine(bag(ROWS[0]["text_1"]), bag(ROWS[0]["text_2"]))
@@ -93,11 +100,23 @@ def test_every_row_is_one_record_scored_by_the_cosine_of_its_vectors(tmp_path: P
     assert {k: (e.get("error") or {}).get("type", e["error"].get("code")) for k, e in errors.items()} == {
         "empty": "invalid_field",
         "long": "context_length_exceeded",
-        "c": "invalid_field",
+        "bad": "unsupported_field",
         "both": "invalid_row",
     }
     assert "text_2 is 302 tokens" in errors["long"]["error"]["message"]
-    assert "not supported yet" in errors["c"]["error"]["message"] and errors["c"]["response"] is None
+    assert "'body.truncate_prompt_tokens' is not supported" in errors["bad"]["error"]["message"]
+    assert errors["bad"]["response"] is None
+    rerank = out["c"]["response"]["body"]  # vLLM's RerankResponse: checked against its type in tests/e2e
+    assert [(r["index"], r["document"]) for r in rerank["results"]] == [
+        (1, {"text": "cat", "multi_modal": None}),
+        (0, {"text": "dogs", "multi_modal": None}),
+    ]
+    assert rerank["results"][0]["relevance_score"] == pytest.approx(1.0, abs=1e-12)
+    assert rerank["usage"] == {"prompt_tokens": 3 + 3 + 3, "total_tokens": 9} and rerank["model"] == "all-minilm-l6-v2"
+    scored = out["s"]["response"]["body"]  # vLLM's ScoreResponse; N:N: cat-cat, a dog-cat
+    assert [d["index"] for d in scored["data"]] == [0, 1] and scored["data"][0]["score"] == pytest.approx(1.0)
+    assert scored["data"][1]["score"] == pytest.approx(reference_cosine(bag("a dog"), bag("cat")), abs=1e-12)
+    assert scored["object"] == "list" and scored["usage"]["completion_tokens"] == 0
     report = result.report
     assert report["job"] == "score" and report["model"] == "all-minilm-l6-v2"
     assert report["scoring"] == {
@@ -175,12 +194,25 @@ def test_the_cosine_is_the_true_one_in_float64_normalized_or_not() -> None:
     assert cosines(a, [b])[0] == pytest.approx(reference_cosine(a, b), abs=1e-15)
 
 
-def test_a_cross_encoder_is_refused_before_any_file_is_written(tmp_path: Path) -> None:
+def test_a_classifier_of_two_labels_is_refused_before_any_file_is_written(tmp_path: Path) -> None:
     model = tmp_path / "reranker"
     model.mkdir()
-    (model / "config.json").write_text('{"architectures": ["BertForSequenceClassification"]}')
+    (model / "config.json").write_text('{"architectures": ["BertForSequenceClassification"]}')  # num_labels 2
     (model / "model.safetensors").write_bytes(b"")
     paths = RunPaths(write(tmp_path / "in.jsonl"), tmp_path / "out.jsonl")
-    with pytest.raises(ConfigError, match="cross-encoder scoring is not built yet"):
+    with pytest.raises(ConfigError, match="a classifier with 2 labels .* needs a cross-encoder with one label"):
         score(paths, Settings(model=str(model)), fake())
     assert not paths.output.exists() and not paths.errors.exists()
+
+
+def test_the_method_is_read_from_the_model_config(tmp_path: Path) -> None:
+    model = tmp_path / "m"
+    model.mkdir()
+    (model / "model.safetensors").write_bytes(b"")
+    for config, method in [
+        ({"architectures": ["BertForSequenceClassification"], "num_labels": 1}, "cross-encoder"),
+        ({"architectures": ["XLMRobertaForSequenceClassification"], "id2label": {"0": "LABEL_0"}}, "cross-encoder"),
+        ({"architectures": ["BertModel"]}, "bi-encoder cosine"),
+    ]:
+        (model / "config.json").write_text(orjson.dumps(config).decode())
+        assert scoring_method(str(model)) == method

@@ -12,7 +12,7 @@ import pytest
 from bulkinfer.config import PlanSettings
 from bulkinfer.default_model import prepare_default_encoder
 from bulkinfer.models import load_tokenizer
-from bulkinfer.prep.scores import ScorePlanner, parse_score_row
+from bulkinfer.prep.scores import CrossScorePlanner, ScorePlanner, parse_score_row
 from bulkinfer.schema import RowInvalid
 
 
@@ -24,16 +24,22 @@ def test_a_pair_row_keeps_its_other_fields() -> None:
         {"label": 1},
         None,
     )
-    assert request.similarity == {"shape": "pair"}
+    assert request.similarity == {"shape": "pair", "pairs": [(0, 1)], "names": ["text_1", "text_2"]}
 
 
 def test_a_rerank_row_sends_the_query_then_the_documents() -> None:
     row = {"query": "q", "documents": ["d0", "d1"], "top_n": 1, "topic": "x"}
     request = parse_score_row(row, 4, 5)
     assert (request.id, request.inputs, request.passthrough) == ("5", ["q", "d0", "d1"], {"topic": "x"})
-    assert request.similarity == {"shape": "rerank", "top_n": 1, "documents": None}
+    assert request.similarity == {
+        "shape": "rerank",
+        "pairs": [(0, 1), (0, 2)],
+        "names": ["query", "documents[0]", "documents[1]"],
+        "top_n": 1,
+        "documents": None,
+    }
     kept = parse_score_row({"query": "q", "documents": ["d0"], "return_documents": True}, 0, 1)
-    assert kept.similarity == {"shape": "rerank", "top_n": None, "documents": ["d0"]}
+    assert (kept.similarity or {})["documents"] == ["d0"]
 
 
 @pytest.mark.parametrize(
@@ -78,18 +84,60 @@ def refused(row: object) -> RowInvalid:
 
 
 @pytest.mark.parametrize(
-    ("url", "words"),
+    ("body", "inputs", "pairs"),
     [
-        ("/v1/score", "/v1/score batch lines are not supported yet"),
-        ("/v1/rerank", "/v1/rerank batch lines are not supported yet"),
-        ("/v1/chat/completions", "run by `bulkinfer run`"),
-        ("/v1/embeddings", "run by `bulkinfer embed`"),
+        ({"text_1": "a", "text_2": "b"}, ["a", "b"], [(0, 1)]),
+        ({"queries": "q", "documents": ["d0", "d1"]}, ["q", "d0", "d1"], [(0, 1), (0, 2)]),
+        ({"queries": ["q"], "items": ["d0", "d1"]}, ["q", "d0", "d1"], [(0, 1), (0, 2)]),
+        ({"data_1": ["a0", "a1"], "data_2": ["b0", "b1"], "model": "m"}, ["a0", "a1", "b0", "b1"], [(0, 2), (1, 3)]),
     ],
 )
-def test_openai_lines_are_error_records_never_ignored(url: str, words: str) -> None:
-    error = refused({"custom_id": "c1", "method": "POST", "url": url, "body": {"query": "q", "documents": ["d"]}})
-    assert (error.type, error.row_id, error.openai) == ("invalid_field", "c1", True)
-    assert words in error.message and "text_1 and text_2" in error.message
+def test_a_score_line_pairs_its_sides_one_to_one_one_to_many_or_many_to_many(
+    body: dict[str, object], inputs: list[str], pairs: list[tuple[int, int]]
+) -> None:
+    request = parse_score_row({"custom_id": "c", "method": "POST", "url": "/v1/score", "body": body}, 0, 1)
+    assert (request.id, request.openai_url, request.inputs) == ("c", "/v1/score", inputs)
+    assert (request.similarity or {})["shape"] == "score" and (request.similarity or {})["pairs"] == pairs
+    assert request.passthrough == ({"model": "m"} if "model" in body else {})
+
+
+def test_a_rerank_line_keeps_its_documents_and_top_n_zero_means_all() -> None:
+    line = {"custom_id": "c", "url": "/rerank", "body": {"query": "q", "documents": ["d0", "d1"], "top_n": 0}}
+    similarity = parse_score_row(line, 0, 1).similarity or {}
+    assert (similarity["shape"], similarity["top_n"], similarity["documents"]) == ("rerank", None, ["d0", "d1"])
+    assert similarity["names"] == ["body.query", "body.documents[0]", "body.documents[1]"]
+    line["body"] = {"query": "q", "documents": "d", "top_n": 3}
+    similarity = parse_score_row(line, 0, 1).similarity or {}
+    assert (similarity["top_n"], similarity["documents"], similarity["names"]) == (
+        3,
+        ["d"],
+        ["body.query", "body.documents"],
+    )
+
+
+@pytest.mark.parametrize(
+    ("url", "body", "words"),
+    [
+        ("/v1/score", {"text_1": "a"}, "needs two sides, one of queries + documents"),
+        ("/v1/score", {"text_1": "a", "documents": ["b"]}, "got text_1 + documents"),
+        ("/v1/score", {"text_1": "a", "text_2": "b", "data_1": "c", "data_2": "d"}, "needs two sides"),
+        ("/v1/score", {"text_1": ["a", "b"], "text_2": ["c", "d", "e"]}, "has 2 items and 'body.text_2' 3"),
+        ("/v1/score", {"text_1": [], "text_2": "b"}, "field 'body.text_1': expected a non-empty string or"),
+        ("/v1/score", {"text_1": "a", "text_2": ["b", {"type": "image_url"}]}, "'body.text_2[1]'"),
+        ("/v1/score", {"text_1": "a", "text_2": "b", "use_activation": False}, "'body.use_activation' is not"),
+        ("/v1/rerank", {"query": "q", "documents": ["d"], "max_tokens_per_doc": 5}, "'body.max_tokens_per_doc'"),
+        ("/v1/rerank", {"query": "", "documents": ["d"]}, "field 'body.query': expected a non-empty string"),
+        ("/v1/rerank", {"query": "q", "documents": []}, "field 'body.documents': expected a non-empty"),
+        ("/v1/rerank", {"query": "q", "documents": ["d"], "top_n": -1}, "field 'body.top_n': expected an integer"),
+        ("/v1/chat/completions", {"messages": []}, "run by `bulkinfer run`"),
+        ("/v1/embeddings", {"input": "x"}, "run by `bulkinfer embed`"),
+        ("/v2/score", {"text_1": "a", "text_2": "b"}, "field 'url': expected /v1/score or /score"),
+    ],
+)
+def test_bad_openai_lines_are_error_records_naming_the_field(url: str, body: dict[str, object], words: str) -> None:
+    error = refused({"custom_id": "c1", "method": "POST", "url": url, "body": body})
+    assert (error.row_id, error.openai) == ("c1", True)
+    assert words in error.message, error.message
 
 
 @pytest.fixture(scope="module")
@@ -107,7 +155,7 @@ def test_each_text_is_its_own_input_with_its_special_tokens(encoder: Path) -> No
     ids = planned[0].input_token_ids
     assert errors == [] and ids is not None
     assert [len(one) for one in ids] == [9, 4]  # [CLS] ... [SEP] each
-    assert planned[0].prompt_length == 13 and planned[0].similarity == {"shape": "pair"}
+    assert planned[0].prompt_length == 13 and (planned[0].similarity or {})["shape"] == "pair"
 
 
 def test_a_long_text_fails_naming_its_field_or_each_is_cut_on_its_own(encoder: Path) -> None:
@@ -130,3 +178,37 @@ def test_a_long_text_fails_naming_its_field_or_each_is_cut_on_its_own(encoder: P
     lengths = {r.id: [len(one) for one in r.input_token_ids or []] for r in planned}
     assert lengths == {"pair": [256, 256], "rerank": [3, 3, 256]}
     assert cut.truncated_inputs == 3
+
+
+def test_a_cross_encoder_reads_each_pair_as_one_text_pair_with_its_segment_b_start(encoder: Path) -> None:
+    tokenizer = load_tokenizer(str(encoder))
+    cross = CrossScorePlanner(tokenizer, PlanSettings(), 32)
+    rows = [
+        parse_score_row({"id": "p", "text_1": "The cat sat.", "text_2": "A cat"}, 0, 1),
+        parse_score_row({"id": "r", "query": "cat", "documents": ["a dog", "The cat sat on the mat."]}, 1, 2),
+    ]
+    planned, errors = cross.plan_window(rows)
+    assert errors == []
+    by_id = {r.id: r for r in planned}
+    pair = tokenizer("The cat sat.", "A cat")
+    assert by_id["p"].input_token_ids == [pair["input_ids"]]
+    assert by_id["p"].pooling == {"task": "classify", "token_type_starts": [pair["token_type_ids"].index(1)]}
+    assert (by_id["p"].similarity or {})["method"] == "cross-encoder"
+    rerank = tokenizer(["cat", "cat"], ["a dog", "The cat sat on the mat."])
+    assert by_id["r"].input_token_ids == rerank["input_ids"]
+    assert by_id["r"].pooling["token_type_starts"] == [3, 3]  # [CLS] cat [SEP] | ...
+
+
+def test_a_long_pair_fails_naming_both_fields_or_is_cut_longest_first(encoder: Path) -> None:
+    tokenizer = load_tokenizer(str(encoder))
+    long = "word " * 40
+    rows = [parse_score_row({"id": "r", "query": "cat", "documents": ["a dog", long]}, 0, 1)]
+    planned, errors = CrossScorePlanner(tokenizer, PlanSettings(), 32).plan_window(rows)
+    assert planned == [] and errors[0].type == "context_length_exceeded"
+    assert "the pair query + documents[1] is 44 tokens, over the encoder's max_seq_length of 32" in errors[0].message
+    cut = CrossScorePlanner(tokenizer, PlanSettings(), 32, truncate=True)
+    rows = [parse_score_row({"id": "r", "query": long, "documents": ["a dog", long + "cat"]}, 0, 1)]
+    planned, errors = cut.plan_window(rows)
+    expected = tokenizer([long, long], ["a dog", long + "cat"], truncation=True, max_length=32)["input_ids"]
+    assert errors == [] and planned[0].input_token_ids == expected and cut.truncated_inputs == 2
+    assert [len(ids) for ids in expected] == [32, 32]
