@@ -53,6 +53,7 @@ __all__ = [
     "StopToken",
     "embed",
     "evaluate",
+    "evaluate_rank",
     "load_settings",
     "open_engine",
     "plan",
@@ -93,6 +94,7 @@ def _engine_overrides(overrides: Mapping[str, Any], engine_args: Mapping[str, An
 
 # Keyword arguments of evaluate that say how to score: EvalOptions' fields.
 EVAL_OPTIONS = ("predictions", "perplexity", "bootstrap", "fail_under")
+RANK_EVAL_OPTIONS = ("predictions", "measures", "fail_under", "truncate")
 # Keyword arguments of run, embed and evaluate that are about the invocation: RunContext's fields.
 CONTEXT_OPTIONS = ("overwrite", "resume", "stop", "verbose", "progress_plain", "observer")
 
@@ -286,6 +288,48 @@ def _encoder_job(
     out = Path(output_path) if output_path is not None else None
     report: RunReport = job(RunPaths.build(Path(input_path), out, suffix), job_settings, context, truncate)
     return report
+
+
+def evaluate_rank(
+    golden: str | Path,
+    output_path: str | Path | None = None,
+    settings: Settings | None = None,
+    *,
+    engine_args: Mapping[str, Any] | None = None,
+    **options: Any,
+) -> EvalResult:
+    """Rerank a golden set with :func:`score` (or take ``predictions``) and
+    score the rankings with ir-measures: ``bulkinfer eval-rank``. Golden rows
+    are rerank rows with ``relevant`` (document indices, or index -> grade).
+    Writes the scored rows (default ``GOLDEN_STEM.scores.jsonl``) and
+    ``OUT.eval.json`` (``measures``: each measure's mean, 0-1).
+
+    Args:
+        **options: the ranking options (:data:`RANK_EVAL_OPTIONS`, see
+            :class:`~bulkinfer.jobs.eval_rank.RankEvalOptions`):
+            ``predictions`` (a score output to evaluate instead of running
+            the model), ``measures`` (ir-measures names; default nDCG@10,
+            RR@10, R@10), ``fail_under`` (measure -> bar, ``{"nDCG@10":
+            0.5}``: exit code 8 below it), ``truncate``; then as :func:`score`'s.
+        the others: as :func:`score`.
+
+    Returns:
+        The :class:`~bulkinfer.jobs.eval.EvalResult`.
+
+    Raises:
+        as :func:`score`; InputFileError when no golden row has a usable
+        ``relevant``; ConfigError for an unknown measure, or when no ranking
+        matches a golden id.
+    """
+    from bulkinfer.io.formats import default_output
+    from bulkinfer.jobs.eval_rank import RankEvalOptions, run_eval_rank
+    from bulkinfer.jobs.score import DEFAULT_SUFFIX
+
+    golden = Path(golden)
+    ranking = RankEvalOptions(**{name: options.pop(name) for name in RANK_EVAL_OPTIONS if name in options})
+    rank_settings, context = _prepare(settings, options, engine_args, None)
+    out = Path(output_path) if output_path is not None else default_output(golden, DEFAULT_SUFFIX)
+    return run_eval_rank(golden, out, rank_settings, context, ranking)
 
 
 def plan(input_path: str | Path, settings: Settings | None = None, **overrides: Any) -> dict[str, Any]:

@@ -1,5 +1,6 @@
 """`bulkinfer embed` and `bulkinfer score`: the commands of an encoder job,
-their flags declared once (:func:`encoder_command`).
+their flags declared once (:func:`encoder_command`); and `bulkinfer
+eval-rank`, which scores the rankings of `score`.
 
 This module evaluates its annotations (no ``from __future__ import
 annotations``): each command's flags carry that command's help texts, which
@@ -13,7 +14,7 @@ from typing import Annotated
 
 import typer
 
-from bulkinfer.cli.app import Command, app, epilog
+from bulkinfer.cli.app import Command, app, epilog, exit_codes
 from bulkinfer.cli.options import (
     ConfigOption,
     DtypeOption,
@@ -141,3 +142,97 @@ encoder_command(
         ),
     )
 )
+
+
+RANK_EXAMPLES = (
+    "bulkinfer eval-rank golden-rerank.jsonl",
+    "bulkinfer eval-rank golden-rerank.jsonl --model ./my-cross-encoder --truncate",
+    "bulkinfer eval-rank golden-rerank.jsonl --predictions ranked.jsonl --measure nDCG@5 --measure AP",
+    "bulkinfer eval-rank golden-rerank.jsonl --fail-under nDCG@10=0.6,RR@10=0.5",
+)
+
+
+@app.command(
+    name="eval-rank",
+    cls=Command,
+    epilog=epilog(RANK_EXAMPLES, exit_codes(("8", "a measure is below its --fail-under bar"))),
+)
+def eval_rank_command(
+    golden: Annotated[
+        Path,
+        typer.Argument(
+            metavar="GOLDEN",
+            help="Rerank rows with id, query, documents and relevant (the indices of the relevant documents, "
+            "or an object of index -> graded relevance); .jsonl or .parquet.",
+        ),
+    ],
+    output: Annotated[
+        Path | None,
+        typer.Option(
+            "--output", "-o", metavar="FILE", help=described("The scored rankings.", "GOLDEN_STEM.scores.jsonl")
+        ),
+    ] = None,
+    predictions: Annotated[
+        Path | None,
+        typer.Option(
+            metavar="FILE",
+            help=described("Evaluate this `bulkinfer score` output instead of running the model (by id).", "rerank"),
+        ),
+    ] = None,
+    measure: Annotated[
+        list[str] | None,
+        typer.Option(
+            metavar="MEASURE",
+            help=described(
+                "An ir-measures measure, repeatable: nDCG@10, RR@10 (MRR@10), R@10, P@5, AP, ...",
+                "nDCG@10, RR@10, R@10",
+            ),
+        ),
+    ] = None,
+    fail_under: Annotated[
+        str | None,
+        typer.Option(
+            metavar="MEASURE=BAR,...",
+            help=described("Exit 8 when a measure's mean is below its bar (0-1), e.g. nDCG@10=0.6.", "none"),
+        ),
+    ] = None,
+    model: Annotated[
+        str | None,
+        typer.Option(
+            metavar="MODEL", help=described("The scoring model, as for `bulkinfer score`.", DEFAULT_ENCODER_HELP)
+        ),
+    ] = None,
+    truncate: Annotated[
+        bool, typer.Option("--truncate", help=described("As `bulkinfer score --truncate`.", "off"))
+    ] = False,
+    config: ConfigOption = None,
+    overwrite: OverwriteOption = False,
+    resume: ResumeOption = False,
+    plain_progress: PlainProgressOption = False,
+    verbose: VerboseOption = False,
+    engine_arg: EngineArgOption = None,
+) -> None:
+    """Rerank GOLDEN (or take --predictions) and score the rankings with ir-measures: nDCG, MRR, recall."""
+    options = dict(locals())  # first: only the options are local yet
+    import bulkinfer
+    from bulkinfer.cli.signals import fail
+    from bulkinfer.errors import BulkinferError
+    from bulkinfer.jobs.eval import eval_path
+    from bulkinfer.jobs.eval_rank import DEFAULT_MEASURES, parse_measures, parse_rank_bars
+
+    names = tuple(measure or DEFAULT_MEASURES)
+    try:
+        bars = parse_rank_bars(fail_under, parse_measures(names)) if fail_under else None
+    except BulkinferError as exc:
+        fail(exc)
+    ranking = {"predictions": predictions, "measures": names, "fail_under": bars, "truncate": truncate}
+    result = invoke(options, bulkinfer.evaluate_rank, golden, output, **ranking)
+    report = result.report
+    counts = report["row_counts"]
+    typer.echo(f"{counts['scored']} of {counts['golden']} queries scored ({report['scoring']})")
+    for name, value in report["measures"].items():
+        typer.echo(f"  {name:<12} {value:.4f}")
+    typer.echo(f"written: {report['output']}, {eval_path(Path(report['output']))}")
+    for line in result.below_bar:
+        typer.echo(f"bulkinfer: below the bar: {line}", err=True)
+    raise typer.Exit(code=result.exit_code)

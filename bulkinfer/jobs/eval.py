@@ -270,7 +270,7 @@ def run_eval(
                 records[index] = {**records[index], **per_row[row_id], **nll.row_fields(row_id)}
             if generated is None:  # OUT is what was scored; a run's output keeps every row, for --resume
                 records = [records[index] for index in sorted(scored_index)]
-            _write_records(paths, records)
+            write_records(paths, records)
 
             corpus = {**scores.to_dict(), **(nll.corpus_fields() if options.perplexity else {})}
             below = bars.check_fail_under(corpus, options.fail_under) if options.fail_under else []
@@ -343,7 +343,7 @@ def _first_prediction_by_id(records: list[dict[str, Any]]) -> dict[str, tuple[in
     return by_id
 
 
-def _write_records(paths: RunPaths, records: list[dict[str, Any]]) -> None:
+def write_records(paths: RunPaths, records: list[dict[str, Any]]) -> None:
     """Replace ``paths.output`` with ``records`` atomically, under its lock."""
     files = OutputFiles(paths.output)
     with files.locked():

@@ -21,12 +21,14 @@ one of the two ways vLLM's ``LLM.score`` scores:
 from __future__ import annotations
 
 import functools
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 from bulkinfer.config import Settings
 from bulkinfer.errors import ConfigError
 from bulkinfer.io.output_files import RunPaths
+from bulkinfer.io.readers import RawRow
 from bulkinfer.jobs.context import RunContext
 from bulkinfer.jobs.embed import embedding_settings, encoder_figures, encoder_planner
 from bulkinfer.jobs.run import Job, RunReport, run
@@ -47,7 +49,13 @@ DEFAULT_SUFFIX = ".scores.jsonl"
 BI_ENCODER = "bi-encoder cosine"
 
 
-def score(paths: RunPaths, settings: Settings, context: RunContext | None = None, truncate: bool = False) -> RunReport:
+def score(
+    paths: RunPaths,
+    settings: Settings,
+    context: RunContext | None = None,
+    truncate: bool = False,
+    check_row: Callable[[RawRow], RawRow] | None = None,
+) -> RunReport:
     """Score every row of ``paths.input`` (pair rows: ``text_1``, ``text_2``;
     rerank rows: ``query``, ``documents``, ``top_n``; see
     :mod:`bulkinfer.prep.scores`); write the output (see
@@ -69,8 +77,8 @@ def score(paths: RunPaths, settings: Settings, context: RunContext | None = None
     longest first, as ``CrossEncoder.predict`` does. The method and
     ``truncate`` are part of what ``--resume`` checks.
 
-    ``context``: as for :func:`bulkinfer.jobs.run.run`. Returns and raises
-    as that function (exit 0, or 3 when some rows failed), and:
+    ``context`` and ``check_row``: as for :func:`bulkinfer.jobs.run.run`.
+    Returns and raises as that function (exit 0, or 3 when some rows failed), and:
 
     Raises:
         ConfigError: a cross-encoder with more than one label, checked
@@ -89,7 +97,7 @@ def score(paths: RunPaths, settings: Settings, context: RunContext | None = None
         text_columns=SCORE_TEXT_COLUMNS,
         consumed=frozenset({"id", *SCORE_FIELDS}),
     )
-    return run(paths, settings, context, job=job)
+    return run(paths, settings, context, job=job, check_row=check_row)
 
 
 def scoring_method(model: str | None) -> str:

@@ -285,3 +285,25 @@ def test_a_cross_encoder_scores_as_sentence_transformers_cross_encoder(crossed: 
     scoring = crossed["report"]["scoring"]
     assert (scoring["method"], scoring["max_seq_length"], scoring["truncate"]) == ("cross-encoder", 128, True)
     assert scoring["truncated_inputs"] > 0  # ShareGPT pairs over 128 tokens, cut longest first as CrossEncoder cuts
+
+
+def test_eval_rank_scores_the_jobs_rankings_with_ir_measures(scored: dict[str, Any], tmp_path: Any) -> None:
+    golden = [{**row, "relevant": [int(row["id"].split("-")[1]) % 4]} for row in RERANKS]  # each prompt's own reply
+    write_jsonl(tmp_path / "golden.jsonl", golden)
+    out = tmp_path / "ranked.jsonl"
+    args = ["eval-rank", str(tmp_path / "golden.jsonl"), "--predictions", str(scored["output"]), "-o", str(out)]
+    done = bulkinfer(*args, "--measure", "MRR@10", "--measure", "R@1", "--fail-under", "RR@10=0.99")
+    report = read_report(tmp_path / "ranked.eval.json")
+    by_id = {r["id"]: r for r in scored["outputs"]}
+    expected = []
+    for row in golden:
+        ranked = [r["index"] for r in by_id[row["id"]]["results"]]
+        own = row["relevant"][0]
+        expected.append(1 / (ranked.index(own) + 1) if own in ranked else 0.0)
+    assert report["measures"]["RR@10"] == pytest.approx(sum(expected) / len(expected))
+    assert report["measures"]["R@1"] == pytest.approx(sum(e == 1.0 for e in expected) / len(expected))
+    assert report["row_counts"]["scored"] == len(RERANKS) and report["scoring"]["method"] == "bi-encoder cosine"
+    assert report["measures"]["RR@10"] > 0.5  # a prompt's own reply ranks near the top
+    below = report["measures"]["RR@10"] < 0.99
+    assert done.returncode == (8 if below else 0), done.stderr[-2000:]
+    assert "RR@10" in done.stdout and f"{len(RERANKS)} of {len(RERANKS)} queries scored" in done.stdout
