@@ -45,7 +45,7 @@ from bench.measure import machine, run_measured, tail, versions
 ROOT = Path(__file__).resolve().parents[1]
 RESULTS = ROOT / "bench" / "results"
 BATCH_SIZES = (16, 32, 64, 128)
-PROBE_PAIRS = 500
+PROBE_PAIRS = 300
 
 
 def make_pairs(n: int) -> list[tuple[str, str]]:
@@ -113,7 +113,7 @@ def cross_encoder_rate(model_dir: str, pairs: list[tuple[str, str]]) -> dict[str
     def run(batch: list[tuple[str, str]], batch_size: int) -> None:
         model.predict(batch, batch_size=batch_size)
 
-    return {**best_rate(run, pairs), "max_length": model.max_length}
+    return {**best_rate(run, pairs), "max_seq_length": model.max_seq_length}
 
 
 def bulkinfer_rate(src: Path, work: Path, n: int, model: str | None) -> dict[str, Any]:
@@ -177,7 +177,7 @@ def render(doc: dict[str, Any]) -> str:
 
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--pairs", type=int, default=2000)
+    parser.add_argument("--pairs", type=int, default=1000)
     args = parser.parse_args(argv)
     from bulkinfer.default_model import prepare_default_encoder
 

@@ -11,6 +11,10 @@ ShareGPT prompts with their first replies, ``reference``).
   rotated so the query's own reply sits at position i % 5 (``relevant``:
   ``[i % 5]``, for a ranking evaluation); every other row asks for
   ``top_n`` 3.
+- ``openai_score.jsonl``: OpenAI-style batch lines with vLLM's scoring
+  bodies: a ``/v1/score`` line scoring one query against three replies
+  (1:N), a ``/v1/score`` line of two pairs (N:N), a ``/v1/rerank`` line
+  with ``top_n`` 2, from golden rows 40-44.
 
 Running it again gives byte-identical files: ``python -m bench.score_data``.
 """
@@ -43,8 +47,29 @@ def main() -> None:
         documents = replies[-shift:] + replies[:-shift] if shift else replies  # the own reply (index 0) at `shift`
         row = {"id": f"rerank-{i}", "query": group[0]["prompt"], "documents": documents, "relevant": [shift]}
         rerank.append(row | ({"top_n": 3} if i % 2 else {}))
-    for name, rows in (("pairs.jsonl", pairs), ("rerank.jsonl", rerank)):
+    near = golden[40:45]
+    lines = [
+        _openai(
+            "score-1n", "/v1/score", {"queries": near[0]["prompt"], "documents": [r["reference"] for r in near[:3]]}
+        ),
+        _openai(
+            "score-nn",
+            "/v1/score",
+            {"text_1": [near[3]["prompt"], near[4]["prompt"]], "text_2": [near[3]["reference"], near[3]["reference"]]},
+        ),
+        _openai(
+            "rerank-top2",
+            "/v1/rerank",
+            {"query": near[4]["prompt"], "documents": [r["reference"] for r in near[2:5]], "top_n": 2},
+        ),
+    ]
+    for name, rows in (("pairs.jsonl", pairs), ("rerank.jsonl", rerank), ("openai_score.jsonl", lines)):
         (SAMPLE / name).write_bytes(b"".join(_line(r) for r in rows))
+
+
+def _openai(custom_id: str, url: str, body: dict[str, object]) -> dict[str, object]:
+    """An OpenAI-style batch line for ``url`` with ``body`` (and the model named, as a client sends it)."""
+    return {"custom_id": custom_id, "method": "POST", "url": url, "body": {"model": "all-minilm-l6-v2", **body}}
 
 
 def _line(row: dict[str, object]) -> bytes:

@@ -121,7 +121,7 @@ def test_help_has_readable_metavars_examples_and_one_line_per_exit_code(name: st
 def test_root_help_lists_run_first_and_takes_dash_h() -> None:
     result = runner.invoke(app, ["-h"], env={"COLUMNS": "80"})
     assert result.exit_code == 0
-    commands = re.findall(r"^│ (\w+) ", result.output, re.M)
+    commands = re.findall(r"^│ (\w[\w-]*) ", result.output, re.M)
     assert commands[0] == "run" and set(commands) == set(COMMANDS)
 
 

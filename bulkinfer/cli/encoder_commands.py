@@ -229,7 +229,9 @@ def eval_rank_command(
     result = invoke(options, bulkinfer.evaluate_rank, golden, output, **ranking)
     report = result.report
     counts = report["row_counts"]
-    typer.echo(f"{counts['scored']} of {counts['golden']} queries scored ({report['scoring']})")
+    scoring = report["scoring"]
+    method = scoring.get("method", "unknown") if isinstance(scoring, dict) else scoring
+    typer.echo(f"{counts['scored']} of {counts['golden']} queries scored (rankings by: {method})")
     for name, value in report["measures"].items():
         typer.echo(f"  {name:<12} {value:.4f}")
     typer.echo(f"written: {report['output']}, {eval_path(Path(report['output']))}")

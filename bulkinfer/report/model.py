@@ -129,9 +129,10 @@ class Embedding:
 @dataclass(frozen=True, slots=True)
 class Scoring:
     """``bulkinfer score``: ``method`` ("bi-encoder cosine": each text
-    embedded on its own, a score the cosine of two vectors), and of its
-    texts as :class:`Embedding` says (``truncated_inputs`` counts texts cut,
-    each side of a pair on its own)."""
+    embedded on its own, a score the cosine of two vectors; "cross-encoder":
+    each pair read at once, a score the classifier's output), and of its
+    inputs as :class:`Embedding` says (``truncated_inputs`` counts texts
+    cut, each side of a pair on its own; for a cross-encoder, pairs cut)."""
 
     method: str
     max_seq_length: int
@@ -364,6 +365,38 @@ class EvalReport:
         return _report(cls, data, source, "OUT.eval.json")
 
 
+@dataclass(frozen=True, slots=True)
+class RankEvalReport:
+    """``OUT.eval.json`` of ``bulkinfer eval-rank``: ``measures`` (each
+    ir-measures measure's mean over the scored queries, 0-1, by its name in
+    ir-measures' notation), the scoring that produced the rankings
+    (``scoring``: the score report's, or "unknown"), row counts and the
+    library versions. ``seconds``: the eval's wall time."""
+
+    golden: str
+    output: str
+    measures: dict[str, float]
+    measure_names: list[str]
+    row_counts: EvalRowCounts
+    version: int = field(default=REPORT_VERSION, metadata={"key": "report_version"})
+    predictions: str | None = None
+    model: str | None = None
+    model_path: str | None = None
+    scoring: Any = None
+    run_report: str | None = None
+    seconds: float | None = None
+    row_set: dict[str, Any] | None = None
+
+    @classmethod
+    def from_dict(cls, data: Any, source: str = "the ranking eval report") -> RankEvalReport:
+        """A ranking eval report from its JSON object.
+
+        Raises:
+            InputFileError: as :meth:`RunReport.from_dict`.
+        """
+        return _report(cls, data, source, "OUT.eval.json of eval-rank")
+
+
 def load_report(path: Path) -> tuple[RunReport | EvalReport, dict[str, Any]]:
     """A saved report (``OUT.report.json`` of run or embed, ``OUT.eval.json``
     of eval), typed, and the JSON object it was read from.
@@ -375,6 +408,11 @@ def load_report(path: Path) -> tuple[RunReport | EvalReport, dict[str, Any]]:
     from bulkinfer.io.records import read_json_file
 
     data = read_json_file(path, "report file")
+    if "measures" in data:
+        raise InputFileError(
+            f"{path} is the OUT.eval.json of `bulkinfer eval-rank`: its measures are in the file; "
+            "`bulkinfer report` shows run and eval reports"
+        )
     if "scores" in data:
         return EvalReport.from_dict(data, str(path)), data
     if "request_counts" in data:

@@ -23,7 +23,7 @@ import orjson
 from bulkinfer.engine.log import terminal
 from bulkinfer.errors import InputFileError
 from bulkinfer.prep.planner import bucket_index, bucket_label
-from bulkinfer.report.model import REPORT_VERSION, EvalReport, RunReport
+from bulkinfer.report.model import REPORT_VERSION, EvalReport, RankEvalReport, RunReport
 from bulkinfer.report.structured import StructuredStats
 from bulkinfer.schema import Completion, Done
 
@@ -53,7 +53,7 @@ def peak_rss_bytes() -> dict[str, int]:
 
 
 def write_report(report: dict[str, Any], path: Path) -> None:
-    """Write a run, embed or eval ``report`` as indented JSON, atomically
+    """Write a run, embed, eval or eval-rank ``report`` as indented JSON, atomically
     (:func:`write_json`), its first key ``report_version``
     (:data:`bulkinfer.report.model.REPORT_VERSION`); the format is
     ``report.schema.json`` beside this module and the types of
@@ -66,7 +66,8 @@ def write_report(report: dict[str, Any], path: Path) -> None:
     """
     data = write_json({"report_version": REPORT_VERSION, **report}, path)
     try:
-        (EvalReport if "scores" in report else RunReport).from_dict(orjson.loads(data), str(path))
+        kind = RankEvalReport if "measures" in report else EvalReport if "scores" in report else RunReport
+        kind.from_dict(orjson.loads(data), str(path))
     except InputFileError as exc:
         print(f"bulkinfer: warning: the report does not read back as one (a bug): {exc}", file=terminal())
 

@@ -51,7 +51,12 @@ def print_summary(report: RunReport | dict[str, Any], console: Console) -> None:
             f"engine {start.engine:.1f}; first token at {first}",
         )
     if r.scoring:
-        summary.add_row("scoring", f"{r.scoring.method} (each text embedded, and cut by --truncate, on its own)")
+        how = (
+            "each pair read at once, and cut by --truncate longest first"
+            if r.scoring.method == "cross-encoder"
+            else "each text embedded, and cut by --truncate, on its own"
+        )
+        summary.add_row("scoring", f"{r.scoring.method} ({how})")
     if r.encoder:
         encoder = r.encoder
         summary.add_row(

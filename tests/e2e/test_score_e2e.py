@@ -18,9 +18,12 @@ checked with a fake encoder in tests/jobs/test_score_job.py.)
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Any
 
+import jsonschema
 import numpy as np
+import orjson
 import pytest
 from e2e_helpers import (
     SAMPLE,
@@ -282,6 +285,8 @@ def test_a_cross_encoder_scores_as_sentence_transformers_cross_encoder(crossed: 
     expected = reference.predict([(body["query"], d) for d in body["documents"]])
     worst = max(worst, max(abs(r.relevance_score - expected[r.index]) for r in line.results))
     assert worst <= 1e-4
+    schema = orjson.loads((Path(__file__).parents[2] / "bulkinfer" / "report" / "report.schema.json").read_bytes())
+    jsonschema.Draft202012Validator(schema).validate(crossed["report"])
     scoring = crossed["report"]["scoring"]
     assert (scoring["method"], scoring["max_seq_length"], scoring["truncate"]) == ("cross-encoder", 128, True)
     assert scoring["truncated_inputs"] > 0  # ShareGPT pairs over 128 tokens, cut longest first as CrossEncoder cuts

@@ -11,6 +11,7 @@ import math
 from pathlib import Path
 from typing import Any
 
+import jsonschema
 import orjson
 import pytest
 from fakes import FakeBagEncoder
@@ -29,6 +30,9 @@ from bulkinfer.jobs.eval_rank import (
     read_rank_golden,
     run_eval_rank,
 )
+from bulkinfer.report.model import RankEvalReport, load_report
+
+SCHEMA = Path(__file__).parents[2] / "bulkinfer" / "report" / "report.schema.json"
 
 GOLDEN: list[Any] = [
     # the query's own words first: a token bag puts "the cat sat" above the others
@@ -103,6 +107,11 @@ def test_a_rerank_run_is_scored_and_each_row_carries_its_measures(tmp_path: Path
     assert saved["scoring"]["method"] == "bi-encoder cosine" and saved["model"] == "all-minilm-l6-v2"
     assert saved["measures"]["RR@10"] == pytest.approx((1.0 + records["q2"]["RR@10"]) / 2)
     assert set(saved["metrics_version"]) == {"ir-measures", "pytrec-eval-terrier"}
+    jsonschema.Draft202012Validator(orjson.loads(SCHEMA.read_bytes())).validate(saved)
+    typed = RankEvalReport.from_dict(saved)
+    assert typed.measures == saved["measures"] and typed.row_counts.scored == 2
+    with pytest.raises(InputFileError, match="OUT.eval.json of `bulkinfer eval-rank`"):
+        load_report(tmp_path / "g.scores.eval.json")
 
 
 def test_predictions_are_scored_without_a_model_and_bars_fail_with_exit_8(tmp_path: Path) -> None:
