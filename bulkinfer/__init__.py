@@ -332,9 +332,17 @@ def evaluate_rank(
     return run_eval_rank(golden, out, rank_settings, context, ranking)
 
 
-def plan(input_path: str | Path, settings: Settings | None = None, **overrides: Any) -> dict[str, Any]:
-    """Read and tokenize ``input_path`` as :func:`run` would, without an
-    engine: ``bulkinfer plan``. Returns the plan (row counts, errors by type,
+def plan(
+    input_path: str | Path,
+    settings: Settings | None = None,
+    *,
+    job: str = "run",
+    truncate: bool = False,
+    **overrides: Any,
+) -> dict[str, Any]:
+    """Read and tokenize ``input_path`` as :func:`run` would (``job="score"``:
+    as :func:`score` would, with ``truncate``), without an engine:
+    ``bulkinfer plan``. Returns the plan (row counts, errors by type,
     prompt-token percentiles, buckets, padding efficiency, a time estimate
     as a range of seconds from this model's calibrations on this machine,
     or None with the reason in ``estimate_source``; see
@@ -345,7 +353,7 @@ def plan(input_path: str | Path, settings: Settings | None = None, **overrides: 
     """
     from bulkinfer.jobs.plan import plan_file
 
-    return plan_file(Path(input_path), _settings(settings, overrides, None))
+    return plan_file(Path(input_path), _settings(settings, overrides, None), job, truncate)
 
 
 def evaluate(

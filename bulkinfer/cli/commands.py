@@ -99,6 +99,7 @@ PLAN_EXAMPLES = (
     "bulkinfer plan prompts.jsonl",
     "bulkinfer plan prompts.jsonl --max-tokens 128 --json plan.json",
     "bulkinfer plan prompts.jsonl --strict",
+    "bulkinfer plan rerank.jsonl --job score --model ./my-cross-encoder",
 )
 
 
@@ -132,6 +133,21 @@ def plan(
         typer.Option("--json", metavar="FILE", help=described("Also write the plan as JSON to this file.", "none")),
     ] = None,
     strict: Annotated[bool, typer.Option("--strict", help=described("Exit 3 when any row would fail.", "off"))] = False,
+    job: Annotated[
+        str,
+        typer.Option(
+            metavar="JOB",
+            show_default=False,
+            help=described(
+                "The job to plan: run (generation), or score (pairs and reranking, as `bulkinfer score`: "
+                "--model an embedding model or a cross-encoder).",
+                "run",
+            ),
+        ),
+    ] = "run",
+    truncate: Annotated[
+        bool, typer.Option("--truncate", help=described("With --job score: as `bulkinfer score --truncate`.", "off"))
+    ] = False,
 ) -> None:
     """Dry run: row counts, failures, prompt lengths, buckets, padding and a time estimate. Loads no engine."""
     options = dict(locals())  # first: only the options are local yet
@@ -142,7 +158,7 @@ def plan(
     from bulkinfer.report.terminal import print_plan
 
     try:
-        result = plan_file(input_path, settings_from_flags(config, options))
+        result = plan_file(input_path, settings_from_flags(config, options), job, truncate)
     except BulkinferError as exc:
         fail(exc)
     print_plan(result, Console())

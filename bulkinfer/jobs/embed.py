@@ -77,10 +77,17 @@ def encoder_planner(
     kind: type[EmbedPlanner], truncate: bool, tokenizer: Any, settings: Settings, engine: Engine, model_path: str
 ) -> Planner:
     """An encoder job's planner (``kind``: :class:`EmbedPlanner` or a
-    subclass): the encoder's ``max_seq_length`` (at most the engine's
-    ``max_model_len``) and normalisation from its sentence-transformers config."""
+    subclass) for ``engine``: :func:`sized_encoder_planner` at its ``max_model_len``."""
+    return sized_encoder_planner(kind, truncate, tokenizer, settings, engine.max_model_len, model_path)
+
+
+def sized_encoder_planner(
+    kind: type[EmbedPlanner], truncate: bool, tokenizer: Any, settings: Settings, max_model_len: int, model_path: str
+) -> EmbedPlanner:
+    """An encoder job's planner: the encoder's ``max_seq_length`` (at most
+    ``max_model_len``, tokens) and normalisation from its sentence-transformers config."""
     config = encoder_config(model_path)
-    limit = min(config.max_seq_length or engine.max_model_len, engine.max_model_len)
+    limit = min(config.max_seq_length or max_model_len, max_model_len)
     return kind(tokenizer, settings.plan, limit, truncate=truncate, normalize=config.normalize)
 
 

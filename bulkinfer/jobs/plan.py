@@ -22,11 +22,12 @@ from typing import Any
 from bulkinfer.config import Settings
 from bulkinfer.default_model import DEFAULT_MODEL
 from bulkinfer.engine.args import detect_device, this_machine
+from bulkinfer.errors import ConfigError
 from bulkinfer.io.readers import open_reader
 from bulkinfer.models import load_tokenizer, resolve_model
 from bulkinfer.prep.planner import Planner, efficiency, static_batch_tokens
 from bulkinfer.prep.prefix import CPU_BLOCK_TOKENS, GPU_BLOCK_TOKENS
-from bulkinfer.prep.rows import CONSUMED_FIELDS, iter_windows
+from bulkinfer.prep.rows import CONSUMED_FIELDS, iter_windows, to_request
 from bulkinfer.report.calibration import estimate, load_calibrations
 from bulkinfer.schema import RowError
 
@@ -67,8 +68,11 @@ def percentile(sorted_values: Any, q: float) -> int:
     return int(sorted_values[int(min(rank, len(sorted_values))) - 1])
 
 
-def plan_file(input_path: Path, settings: Settings) -> dict[str, Any]:
-    """Read and tokenize ``input_path`` as ``run`` would; return the plan.
+def plan_file(input_path: Path, settings: Settings, job: str = "run", truncate: bool = False) -> dict[str, Any]:
+    """Read and tokenize ``input_path`` as ``run`` would (``job`` "run"),
+    or as ``score`` would (``job`` "score", ``truncate`` as its
+    ``--truncate``: the default encoder without a model, each row's texts
+    or pairs tokenized and checked against ``max_seq_length``); return the plan.
 
     Keys: ``rows`` {``total``, ``valid``, ``failed``, ``skipped``},
     ``errors`` {type: count}, ``error_examples`` (first 20), ``prompt_tokens``
@@ -82,17 +86,28 @@ def plan_file(input_path: Path, settings: Settings) -> dict[str, Any]:
     (``generate_seconds`` and ``load_seconds`` as ``{"low", "high"}``, the
     ``calibrations`` it comes from, ``derivation``, ``assumes``; or None),
     ``estimate_source`` (where the estimate comes from, or why there is
-    none), ``context``, ``seconds`` (the plan's own time).
+    none), ``context``, ``seconds`` (the plan's own time); for a score job,
+    ``scoring`` (``method`` "bi-encoder cosine" or "cross-encoder",
+    ``max_seq_length``, ``normalize``, ``truncate``, ``truncated_inputs``)
+    and no estimate (calibrations are of generation).
 
     Raises:
-        InputFileError, ModelError: as ``run``.
+        InputFileError, ModelError: as ``run``; ConfigError: an unknown ``job``,
+            or as ``score`` (a classifier of more than one label).
     """
     started = time.monotonic()
-    reader = open_reader(input_path, None if settings.passthrough else CONSUMED_FIELDS)
-    model = resolve_model(settings.model)
-    tokenizer = load_tokenizer(model, settings.engine.trust_remote_code)
-    settings = settings.resolve_chat_template(tokenizer)
-    planner = Planner(tokenizer, settings.plan, context_length(model, settings), block_tokens(settings))
+    parse: Any = to_request
+    if job == "score":
+        settings, model, planner, parse, consumed = _score_parts(settings, truncate)
+    elif job == "run":
+        consumed = CONSUMED_FIELDS
+        model = resolve_model(settings.model)
+        tokenizer = load_tokenizer(model, settings.engine.trust_remote_code)
+        settings = settings.resolve_chat_template(tokenizer)
+        planner = Planner(tokenizer, settings.plan, context_length(model, settings), block_tokens(settings))
+    else:
+        raise ConfigError(f"--job: expected run or score, got {job!r}")
+    reader = open_reader(input_path, None if settings.passthrough else consumed)
     errors: Counter[str] = Counter()
     examples: list[dict[str, Any]] = []
 
@@ -103,11 +118,11 @@ def plan_file(input_path: Path, settings: Settings) -> dict[str, Any]:
 
     lengths = array("i")
     max_completion = 0
-    for window in iter_windows(reader, settings, on_error):
+    for window in iter_windows(reader, settings, on_error, parse=parse):
         planned, window_errors = planner.plan_window(window)
         for error in window_errors:
             on_error(error)
-        lengths.extend(len(r.prompt_token_ids or ()) for r in planned)
+        lengths.extend(r.prompt_length for r in planned)
         max_completion += sum(r.max_completion_tokens for r in planned)
     planner.padding.finish()
     padding = planner.padding.to_report()
@@ -149,8 +164,37 @@ def plan_file(input_path: Path, settings: Settings) -> dict[str, Any]:
         "prefix": planner.prefix.to_report() if planner.prefix is not None else None,
         "estimate": None,
     }
-    plan["estimate"], plan["estimate_source"] = estimate(
-        load_calibrations(), model, settings.model or DEFAULT_MODEL, this_machine(), max_completion
-    )
+    if job == "score":
+        from bulkinfer.jobs.score import scoring_figures
+
+        plan["chat_template_applied"] = None
+        plan["scoring"] = scoring_figures(truncate, planner)
+        plan["estimate_source"] = "none for a score job: calibrations are of generation"
+    else:
+        plan["estimate"], plan["estimate_source"] = estimate(
+            load_calibrations(), model, settings.model or DEFAULT_MODEL, this_machine(), max_completion
+        )
     plan["seconds"] = time.monotonic() - started
     return plan
+
+
+def _score_parts(settings: Settings, truncate: bool) -> tuple[Settings, str, Planner, Any, frozenset[str]]:
+    """What a score job's plan reads the file with, as ``bulkinfer score``
+    would: the settings (the default encoder without a model), the model
+    directory, the planner (a bi- or cross-encoder's, sized by the model's
+    ``max_position_embeddings`` or ``--max-model-len``, as vLLM sizes it),
+    the row parser and the fields the rows consume.
+
+    Raises:
+        ConfigError, ModelError: as :func:`bulkinfer.jobs.score.scoring_method`.
+    """
+    from bulkinfer.jobs.embed import embedding_settings, sized_encoder_planner
+    from bulkinfer.jobs.score import CROSS_ENCODER, scoring_method
+    from bulkinfer.prep.scores import SCORE_FIELDS, CrossScorePlanner, ScorePlanner, to_score_request
+
+    settings = embedding_settings(settings)
+    model = resolve_model(settings.model)
+    kind = CrossScorePlanner if scoring_method(model) == CROSS_ENCODER else ScorePlanner
+    tokenizer = load_tokenizer(model, settings.engine.trust_remote_code)
+    planner = sized_encoder_planner(kind, truncate, tokenizer, settings, context_length(model, settings), model)
+    return settings, model, planner, to_score_request, frozenset({"id", *SCORE_FIELDS})

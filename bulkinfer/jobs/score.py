@@ -93,7 +93,7 @@ def score(
         journal={"score": {"method": method, "truncate": truncate}},
         calibrate=False,
         kind="score",
-        describe=functools.partial(_describe, method, truncate),
+        describe=functools.partial(_describe, truncate),
         text_columns=SCORE_TEXT_COLUMNS,
         consumed=frozenset({"id", *SCORE_FIELDS}),
     )
@@ -131,10 +131,17 @@ def scoring_method(model: str | None) -> str:
     return CROSS_ENCODER
 
 
-def _describe(method: str, truncate: bool, planner: Planner) -> dict[str, Any]:
-    """The scoring figures of the report (``truncated_inputs`` counts pairs
-    for a cross-encoder, texts for a bi-encoder)."""
+def _describe(truncate: bool, planner: Planner) -> dict[str, Any]:
+    """The scoring figures of the report."""
+    return {"scoring": scoring_figures(truncate, planner)}
+
+
+def scoring_figures(truncate: bool, planner: Planner) -> dict[str, Any]:
+    """How a score job scores (``method``, from its planner's kind) and
+    :func:`~bulkinfer.jobs.embed.encoder_figures` (``truncated_inputs``
+    counts pairs for a cross-encoder, texts for a bi-encoder)."""
     figures = encoder_figures(truncate, planner)
+    method = CROSS_ENCODER if isinstance(planner, CrossScorePlanner) else BI_ENCODER
     if method == CROSS_ENCODER:
         figures["normalize"] = None  # a classifier's score: nothing is normalized
-    return {"scoring": {"method": method, **figures}}
+    return {"method": method, **figures}

@@ -306,9 +306,14 @@ class CrossScorePlanner(ScorePlanner):
         its first segment-B token (None when the tokenizer has no token type ids)."""
         if not pairs:
             return []
+        typed = "token_type_ids" in self.tokenizer.model_input_names
+        backend = getattr(self.tokenizer, "backend_tokenizer", None)
+        if backend is not None and not truncate:  # a fast tokenizer's Rust encode_batch: the same ids, no copy
+            found = backend.encode_batch(pairs, add_special_tokens=True)
+            return [(e.ids, _segment_b_start(e.type_ids) if typed else None) for e in found]
         cut = {"truncation": True, "max_length": self.max_model_len} if truncate else {}
         encoded = self.tokenizer([a for a, _ in pairs], [b for _, b in pairs], **cut)
-        types = encoded.get("token_type_ids") if "token_type_ids" in self.tokenizer.model_input_names else None
+        types = encoded.get("token_type_ids") if typed else None
         return [
             (list(ids), None if types is None else _segment_b_start(types[k]))
             for k, ids in enumerate(encoded["input_ids"])

@@ -172,13 +172,22 @@ def print_plan(plan: dict[str, Any], console: Any) -> None:
         f"p99 {tokens['p99']}, max {tokens['max']} (total {tokens['total']})",
     )
     summary.add_row("context", f"{plan['context']} tokens")
-    summary.add_row("prompt rows", "through the chat template" if plan.get("chat_template_applied") else "sent raw")
+    scoring = plan.get("scoring")
+    if scoring:
+        summary.add_row(
+            "scoring",
+            f"{scoring['method']}, max_seq_length {scoring['max_seq_length']}, "
+            f"truncate {scoring['truncate']} ({scoring['truncated_inputs']} inputs cut)",
+        )
+    else:
+        summary.add_row("prompt rows", "through the chat template" if plan.get("chat_template_applied") else "sent raw")
     summary.add_row(
         f"padding efficiency (static B={pad['batch_size']})",
         f"arrival {100 * pad['arrival']:.1f}%, bucketed {100 * pad['bucketed']:.1f}%, "
         f"sorted {100 * pad['sorted']:.1f}%",
     )
-    summary.add_row("completion tokens", f"at most {plan['max_completion_tokens']}")
+    if not scoring:
+        summary.add_row("completion tokens", f"at most {plan['max_completion_tokens']}")
     prefix = plan.get("prefix")
     if prefix:
         summary.add_row(

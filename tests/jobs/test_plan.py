@@ -290,3 +290,37 @@ def test_plan_counts_n_choices_in_the_completion_tokens(tmp_path: Path) -> None:
     src = tmp_path / "in.jsonl"
     src.write_bytes(b'{"prompt": "hi", "max_tokens": 10, "n": 3}\n{"prompt": "hi", "max_tokens": 5}\n')
     assert plan_file(src, load_settings())["max_completion_tokens"] == 35
+
+
+SAMPLE = Path(__file__).parents[2] / "sample_data"
+
+
+def test_a_score_plan_counts_as_bulkinfer_score_would_for_either_kind_of_model(tmp_path: Path) -> None:
+    import shutil
+
+    from bulkinfer.default_model import prepare_default_encoder
+    from bulkinfer.errors import ConfigError
+
+    plan = plan_file(SAMPLE / "rerank.jsonl", load_settings(None), "score", truncate=True)
+    assert plan["rows"] == {"total": 20, "valid": 20, "failed": 0, "skipped": 0}
+    assert plan["scoring"] == {
+        "method": "bi-encoder cosine",
+        "max_seq_length": 256,
+        "normalize": True,
+        "truncate": True,
+        "truncated_inputs": 49,  # as the real run's report (README)
+    }
+    assert plan["estimate"] is None and "score job" in plan["estimate_source"]
+    assert [f["name"] for f in plan["passthrough_fields"]] == ["relevant"]
+    cross = tmp_path / "cross"
+    shutil.copytree(prepare_default_encoder(), cross, ignore=shutil.ignore_patterns("*.safetensors", "modules.json"))
+    (cross / "model.safetensors").write_bytes(b"")
+    config = {"architectures": ["BertForSequenceClassification"], "num_labels": 1, "max_position_embeddings": 128}
+    (cross / "config.json").write_bytes(orjson.dumps(config))
+    (cross / "sentence_bert_config.json").unlink(missing_ok=True)
+    crossed = plan_file(SAMPLE / "rerank.jsonl", dataclasses.replace(load_settings(None), model=str(cross)), "score")
+    assert crossed["scoring"]["method"] == "cross-encoder" and crossed["context"] == 128
+    assert crossed["rows"]["failed"] == 20 and crossed["errors"] == {"context_length_exceeded": 20}
+    assert "the pair query + documents[0] is" in crossed["error_examples"][0]["message"]
+    with pytest.raises(ConfigError, match="--job: expected run or score"):
+        plan_file(SAMPLE / "rerank.jsonl", load_settings(None), "embed")
