@@ -27,7 +27,6 @@ from __future__ import annotations
 
 import argparse
 import re
-import sys
 import tempfile
 import time
 from pathlib import Path
@@ -35,7 +34,7 @@ from typing import Any
 
 import orjson
 
-from bench.measure import machine, run_measured, tail, versions
+from bench.measure import bulkinfer_job, machine, versions
 
 ROOT = Path(__file__).resolve().parents[1]
 RESULTS = ROOT / "bench" / "results"
@@ -91,13 +90,10 @@ def _torch_threads() -> int:
 def bulkinfer_rate(src: Path, work: Path, n: int) -> dict[str, Any]:
     """``bulkinfer embed`` on ``src`` as a subprocess; its report's figures."""
     out = work / "out.parquet"
-    cmd = [sys.executable, "-m", "bulkinfer", "embed", str(src), "-o", str(out), "--truncate", "--plain-progress"]
-    measured = run_measured(cmd, work / "bulkinfer.log", cwd=ROOT)
-    if measured.returncode != 0:
-        raise SystemExit(f"bulkinfer embed exited {measured.returncode}:\n{tail(work / 'bulkinfer.log')}")
-    report = orjson.loads((work / "out.report.json").read_bytes())
+    args = ["embed", str(src), "-o", str(out), "--truncate", "--plain-progress"]
+    measured, report = bulkinfer_job(args, work / "out.report.json", work / "bulkinfer.log", ROOT)
     return {
-        "command": " ".join(["bulkinfer", *cmd[3:]]),
+        "command": " ".join(["bulkinfer", *args]),
         "texts_per_s": report["throughput"]["requests_per_s"],
         "prompt_tokens_per_s": report["throughput"]["prompt_tokens_per_s"],
         "texts_per_s_wall": n / measured.wall_s,

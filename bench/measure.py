@@ -108,6 +108,21 @@ def run_measured(
     return Measured(returncode, wall, peak_sum, peak_one, loadavg, by_name)
 
 
+def bulkinfer_job(args: list[str], report: Path, log_path: Path, cwd: Path) -> tuple[Measured, dict[str, Any]]:
+    """``python -m bulkinfer ARGS`` measured (:func:`run_measured`, its output
+    to ``log_path``) and the report it wrote at ``report``.
+
+    Raises:
+        SystemExit: it exited non-zero (the log's end in the message).
+    """
+    import orjson
+
+    measured = run_measured([sys.executable, "-m", "bulkinfer", *args], log_path, cwd=cwd)
+    if measured.returncode != 0:
+        raise SystemExit(f"bulkinfer {args[0]} exited {measured.returncode}:\n{tail(log_path)}")
+    return measured, orjson.loads(report.read_bytes())
+
+
 def tail(path: Path, chars: int = 4000) -> str:
     text = path.read_text(errors="replace")
     return text[-chars:]

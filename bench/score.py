@@ -32,7 +32,6 @@ machine: ``python -m bench.score`` (``--pairs N`` for a shorter run).
 from __future__ import annotations
 
 import argparse
-import sys
 import tempfile
 import time
 from pathlib import Path
@@ -40,7 +39,7 @@ from typing import Any
 
 import orjson
 
-from bench.measure import machine, run_measured, tail, versions
+from bench.measure import bulkinfer_job, machine, versions
 
 ROOT = Path(__file__).resolve().parents[1]
 RESULTS = ROOT / "bench" / "results"
@@ -119,12 +118,9 @@ def cross_encoder_rate(model_dir: str, pairs: list[tuple[str, str]]) -> dict[str
 def bulkinfer_rate(src: Path, work: Path, n: int, model: str | None) -> dict[str, Any]:
     """``bulkinfer score`` on ``src`` as a subprocess; its report's figures."""
     out = work / "out.jsonl"
-    cmd = [sys.executable, "-m", "bulkinfer", "score", str(src), "-o", str(out), "--truncate", "--plain-progress"]
-    cmd += ["--model", model, "--overwrite"] if model else ["--overwrite"]
-    measured = run_measured(cmd, work / "bulkinfer.log", cwd=ROOT)
-    if measured.returncode != 0:
-        raise SystemExit(f"bulkinfer score exited {measured.returncode}:\n{tail(work / 'bulkinfer.log')}")
-    report = orjson.loads((work / "out.report.json").read_bytes())
+    args = ["score", str(src), "-o", str(out), "--truncate", "--plain-progress", "--overwrite"]
+    args += ["--model", model] if model else []
+    measured, report = bulkinfer_job(args, work / "out.report.json", work / "bulkinfer.log", ROOT)
     shown = ["bulkinfer", "score", "pairs.jsonl", "-o", "out.jsonl", "--truncate"]
     return {
         "command": " ".join(shown + (["--model", "DIR"] if model else [])),

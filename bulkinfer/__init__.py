@@ -163,6 +163,11 @@ def run(
     ``OUT.report.html`` and the engine's log ``OUT.log``; every input row ends
     as exactly one output or error record.
 
+    ``input_path`` ``-`` reads JSONL rows from standard input as they arrive
+    and writes each result as soon as it is done, in completion order, to
+    ``output_path`` (default ``-``: standard output; failed rows' error
+    records on the same stream): :func:`bulkinfer.jobs.stream.stream`.
+
     Args:
         settings: a :class:`Settings` (e.g. from :func:`load_settings` on a
             TOML file); built-in defaults when None.
@@ -193,6 +198,13 @@ def run(
     from bulkinfer.jobs.run import run as run_job
 
     run_settings, context = _prepare(settings, options, engine_args, engine)
+    if str(input_path) == "-":
+        import sys
+
+        from bulkinfer.jobs.stream import StreamPaths, stream
+
+        out = StreamPaths.build(Path(output_path) if output_path is not None else None)
+        return stream(sys.stdin.buffer, out, run_settings, context)
     paths = RunPaths.build(Path(input_path), Path(output_path) if output_path is not None else None)
     return run_job(paths, run_settings, context)
 

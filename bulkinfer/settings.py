@@ -102,6 +102,11 @@ class PlanSettings:
       alive but no longer answers. One step is at most one batch of
       ``max_num_batched_tokens`` prompt tokens: raise it for large models on
       CPU. ``None``: wait for ever.
+    - ``max_wait_s``: a stream's rows (``bulkinfer run -``) go to the
+      planner when ``window_rows`` of them arrived or the oldest of them has
+      waited this many seconds: longer fills fuller, better-sorted windows,
+      shorter answers sooner. A file's rows never wait (they are read as
+      fast as the engine takes them).
     - ``output_order``: the order of the rows in the output and errors files:
       ``input`` (the input's, restored at publishing by an external merge in
       bounded memory, see :mod:`bulkinfer.io.spool`) or ``completion`` (the
@@ -116,6 +121,7 @@ class PlanSettings:
     padding_batch_size: int = 16
     stall_timeout_s: float | None = 600.0
     output_order: OutputOrder = "input"
+    max_wait_s: float = 1.0
 
 
 @dataclass(frozen=True, slots=True)

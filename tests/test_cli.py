@@ -323,6 +323,7 @@ def test_every_override_option_reaches_its_setting() -> None:
         "padding_batch_size": 4,
         "stall_timeout_s": 30.0,
         "output_order": "completion",
+        "max_wait_s": 0.25,
         "ray": "auto",
         "ray_cpus_per_replica": 4,
         "ray_max_restarts": -1,
@@ -343,6 +344,7 @@ def test_every_override_option_reaches_its_setting() -> None:
     assert (s.engine.trust_remote_code, s.engine.extra_args) == (True, {"quantization": "fp8"})
     assert (s.plan.order, s.plan.buckets, s.plan.window_rows) == ("ascending", (64, 128), 100)
     assert (s.plan.max_in_flight, s.plan.padding_batch_size, s.plan.stall_timeout_s) == (16, 4, 30.0)
+    assert s.plan.max_wait_s == 0.25
     assert (s.ray.address, s.ray.cpus_per_replica, s.ray.max_restarts) == ("auto", 4, -1)
     assert (s.plan.output_order, s.plan.prefix_aware) == ("completion", False)
     # Options not given (None) keep the defaults.

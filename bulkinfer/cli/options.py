@@ -54,6 +54,16 @@ def _buckets(value: str | None) -> tuple[int, ...] | None:
 InputArgument = Annotated[Path, typer.Argument(metavar="INPUT", help="Prompts: a .jsonl or .parquet file.")]
 
 
+RunInputArgument = Annotated[
+    Path,
+    typer.Argument(
+        metavar="INPUT",
+        help="Prompts: a .jsonl or .parquet file; or - for JSONL rows from standard input, run as they arrive "
+        "and written as they finish (completion order, the only order of a stream; -o - by default).",
+    ),
+]
+
+
 OutputOption = Annotated[
     Path | None,
     typer.Option(
@@ -61,6 +71,20 @@ OutputOption = Annotated[
         "-o",
         metavar="FILE",
         help=described("Output: .jsonl or .parquet.", "INPUT_STEM.out.jsonl beside INPUT"),
+    ),
+]
+
+
+RunOutputOption = Annotated[
+    Path | None,
+    typer.Option(
+        "--output",
+        "-o",
+        metavar="FILE",
+        help=described(
+            "Output: .jsonl or .parquet; with INPUT -, - (standard output) or a .jsonl file.",
+            "INPUT_STEM.out.jsonl beside INPUT; - for INPUT -",
+        ),
     ),
 ]
 
@@ -590,6 +614,20 @@ BucketsOption = Annotated[
         help=described(
             "Bucket upper bounds in prompt tokens.",
             f"{DEFAULT_BUCKETS[0]},{DEFAULT_BUCKETS[1]},...,{DEFAULT_BUCKETS[-1]} (doubling)",
+        ),
+        rich_help_panel=PLAN,
+    ),
+]
+
+
+MaxWaitOption = Annotated[
+    float | None,
+    typer.Option(
+        "--max-wait",
+        metavar="SECONDS",
+        help=described(
+            "With INPUT -: plan a window once its oldest row waited this long, or it holds --window-rows rows.",
+            f"{_PLAN.max_wait_s:g}",
         ),
         rich_help_panel=PLAN,
     ),

@@ -19,7 +19,6 @@ from bulkinfer.cli.options import (
     FrequencyPenaltyOption,
     GpuMemoryUtilizationOption,
     IgnoreEosOption,
-    InputArgument,
     JsonSchemaOption,
     KvCacheMemoryBytesOption,
     LogitBiasOption,
@@ -29,6 +28,7 @@ from bulkinfer.cli.options import (
     MaxNumBatchedTokensOption,
     MaxNumSeqsOption,
     MaxTokensOption,
+    MaxWaitOption,
     MinPOption,
     MinTokensOption,
     ModelOption,
@@ -37,7 +37,6 @@ from bulkinfer.cli.options import (
     NoPrefixAwareOption,
     NOption,
     OrderOption,
-    OutputOption,
     OutputOrderOption,
     OverwriteOption,
     PaddingBatchSizeOption,
@@ -54,6 +53,8 @@ from bulkinfer.cli.options import (
     RegexOption,
     RepetitionPenaltyOption,
     ResumeOption,
+    RunInputArgument,
+    RunOutputOption,
     SeedOption,
     StallTimeoutOption,
     StopOption,
@@ -79,13 +80,14 @@ EXAMPLES = (
     "bulkinfer run prompts.jsonl --resume",
     "bulkinfer run reviews.jsonl --choice positive,negative,neutral --temperature 0",
     "bulkinfer run texts.jsonl --json-schema person.schema.json",
+    "tail -f requests.jsonl | bulkinfer run - --max-wait 0.5 > answers.jsonl",
 )
 
 
 @app.command(cls=Command, epilog=epilog(EXAMPLES))
 def run(
-    input_path: InputArgument,
-    output: OutputOption = None,
+    input_path: RunInputArgument,
+    output: RunOutputOption = None,
     config: ConfigOption = None,
     model: ModelOption = None,
     apply_chat_template: ChatTemplateOption = None,
@@ -137,6 +139,7 @@ def run(
     no_prefix_aware: NoPrefixAwareOption = False,
     buckets: BucketsOption = None,
     window_rows: WindowRowsOption = None,
+    max_wait_s: MaxWaitOption = None,
     max_in_flight: MaxInFlightOption = None,
     padding_batch_size: PaddingBatchSizeOption = None,
     stall_timeout_s: StallTimeoutOption = None,
@@ -145,7 +148,10 @@ def run(
     """Generate a completion for every row of INPUT; write OUT, OUT.errors.jsonl and OUT.report.json."""
     import bulkinfer
 
-    summarize(invoke(dict(locals()), bulkinfer.run, input_path, output))
+    result = invoke(dict(locals()), bulkinfer.run, input_path, output)
+    if str(input_path) == "-":  # the stream printed its line on standard error: standard output is data
+        raise typer.Exit(code=result.exit_code)
+    summarize(result)
 
 
 def summarize(result: RunReport) -> NoReturn:

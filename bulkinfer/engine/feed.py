@@ -13,6 +13,7 @@ several replicas or a remote actor plug in behind it without touching this.
 
 from __future__ import annotations
 
+import time
 from collections.abc import Callable, Iterator
 
 from bulkinfer.engine.base import Engine
@@ -25,6 +26,23 @@ from bulkinfer.stop import StopToken
 STEP_WAIT_S = 0.5
 
 
+# With nothing in the engine and no request ready yet (a stream's rows still
+# to come), the loop looks for one again after this long (seconds).
+IDLE_WAIT_S = 0.02
+
+
+class _Pending:
+    """The type of :data:`PENDING`."""
+
+    def __repr__(self) -> str:
+        return "PENDING"
+
+
+# What a stream's request iterator yields when no request is ready yet but
+# more may come: the loop steps the engine (or waits) and asks again.
+PENDING = _Pending()
+
+
 class FeedStopped(Exception):
     """The stop token was set: no request was added after it; the requests
     still in flight were left unfinished (their rows run again on resume)."""
@@ -32,7 +50,7 @@ class FeedStopped(Exception):
 
 def feed(
     engine: Engine,
-    requests: Iterator[Request],
+    requests: Iterator[Request | _Pending],
     *,
     max_in_flight: int,
     on_finished: Callable[[Request, Completion], None],
@@ -46,6 +64,9 @@ def feed(
     message)`` (the engine rejected it, or it failed in the engine). After
     each engine step ``on_step(completions of that step)`` runs (flush,
     progress). Engine request ids are ``id_prefix + str(request.seq)``.
+    ``requests`` may yield :data:`PENDING` (a stream: nothing ready yet, more
+    may come): the loop goes on stepping the engine, or waits
+    :data:`IDLE_WAIT_S` when it holds nothing, and asks again.
 
     Raises:
         FeedStopped: ``stop`` was set (checked before adding and after each
@@ -58,10 +79,14 @@ def feed(
     while True:
         if stop is not None and stop.is_set():
             raise FeedStopped
+        pending = False
         while not exhausted and len(in_flight) < max_in_flight:
             request = next(requests, None)
             if request is None:
                 exhausted = True
+                break
+            if isinstance(request, _Pending):
+                pending = True
                 break
             request_id = id_prefix + str(request.seq)
             rejected = engine.add(request_id, request)
@@ -70,7 +95,10 @@ def feed(
             else:
                 in_flight[request_id] = request
         if not in_flight:
-            return
+            if not pending:
+                return
+            time.sleep(IDLE_WAIT_S)
+            continue
         try:
             finished = engine.step(wait=STEP_WAIT_S)
         except EngineError:

@@ -18,10 +18,10 @@ from __future__ import annotations
 import io
 import re
 import zlib
-from collections.abc import Collection, Iterator
+from collections.abc import Callable, Collection, Iterator
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Protocol
+from typing import IO, Any, Protocol
 
 import orjson
 
@@ -118,47 +118,93 @@ class JsonlReader:
             f = open_binary(self.path, self.compression)
         except OSError as exc:
             raise InputFileError(f"{self.path}: cannot read the input file: {exc.strerror or exc}") from None
-        line_no = 0
         with f:
-            while True:
-                try:
-                    raw, size = _next_line(f)
-                except _STREAM_ERRORS as exc:
-                    if self.compression is None:
-                        raise InputFileError(f"{self.path}: reading failed after line {line_no}: {exc}") from None
-                    yield RawRow(line_no + 1, error=self._broken_stream(line_no + 1, exc))
-                    return
-                if not raw:
-                    return
-                line_no += 1
-                if line_no == 1 and raw.startswith(_BOM):
-                    raw, size = raw[len(_BOM) :], size - len(_BOM)
-                if size > MAX_LINE_BYTES:
-                    yield RawRow(
-                        line_no,
-                        error=RowInvalid(
-                            "invalid_row", f"line is {size} bytes, over the limit of {MAX_LINE_BYTES} bytes"
-                        ),
-                    )
-                    continue
-                if not raw.strip():
-                    self.blank_lines += 1
-                    continue
-                try:
-                    yield RawRow(line_no, data=orjson.loads(raw))
-                except orjson.JSONDecodeError as exc:
-                    yield RawRow(line_no, error=_decode_error(raw, line_no, exc))
+            yield from _rows(f, self, self._read_failed)
 
-    def _broken_stream(self, line: int, exc: Exception) -> RowInvalid:
-        return RowInvalid(
-            "invalid_row",
-            f"the {self.compression} stream of {self.path.name} is corrupt or truncated at line {line} "
-            f"({type(exc).__name__}: {exc}); the {line - 1} lines before it were read, any rows after it "
-            "could not be: fix or re-download the file and run those rows again",
+    def _read_failed(self, lines: int, exc: Exception) -> RawRow:
+        """The row that ends a compressed stream broken after ``lines`` lines.
+
+        Raises:
+            InputFileError: reading an uncompressed file failed.
+        """
+        if self.compression is None:
+            raise InputFileError(f"{self.path}: reading failed after line {lines}: {exc}") from None
+        line = lines + 1
+        return RawRow(
+            line,
+            error=RowInvalid(
+                "invalid_row",
+                f"the {self.compression} stream of {self.path.name} is corrupt or truncated at line {line} "
+                f"({type(exc).__name__}: {exc}); the {line - 1} lines before it were read, any rows after it "
+                "could not be: fix or re-download the file and run those rows again",
+            ),
         )
 
 
-def _next_line(f: io.BufferedIOBase) -> tuple[bytes, int]:
+def line_row(raw: bytes, size: int, line_no: int) -> RawRow | None:
+    """The row of JSONL line ``line_no`` (1-based; ``raw`` its bytes, at most
+    :data:`MAX_LINE_BYTES` of its ``size``), or None for a blank line. A
+    UTF-8 BOM on the first line is dropped. A line over the limit or that is
+    not JSON is a row whose ``error`` says where and why."""
+    if line_no == 1 and raw.startswith(_BOM):
+        raw, size = raw[len(_BOM) :], size - len(_BOM)
+    if size > MAX_LINE_BYTES:
+        message = f"line is {size} bytes, over the limit of {MAX_LINE_BYTES} bytes"
+        return RawRow(line_no, error=RowInvalid("invalid_row", message))
+    if not raw.strip():
+        return None
+    try:
+        return RawRow(line_no, data=orjson.loads(raw))
+    except orjson.JSONDecodeError as exc:
+        return RawRow(line_no, error=_decode_error(raw, line_no, exc))
+
+
+class StreamReader:
+    """Reads JSONL rows from a binary stream (standard input) as they
+    arrive, with the rules of :class:`JsonlReader` (BOM, CRLF, blank lines
+    skipped and counted, a bad line a row error); no compression. ``path``
+    is ``-``.
+
+    Raises:
+        InputFileError: while iterating, when reading the stream fails.
+    """
+
+    def __init__(self, source: IO[bytes]):
+        self.path = Path("-")
+        self.blank_lines = 0
+        self._source = source
+
+    def __iter__(self) -> Iterator[RawRow]:
+        yield from _rows(self._source, self, self._read_failed)
+
+    def _read_failed(self, lines: int, exc: Exception) -> RawRow:
+        raise InputFileError(f"standard input: reading failed after line {lines}: {exc}") from None
+
+
+def _rows(
+    f: io.BufferedIOBase | IO[bytes], reader: Any, read_failed: Callable[[int, Exception], RawRow]
+) -> Iterator[RawRow]:
+    """The rows of the JSONL lines of ``f`` (:func:`line_row`), blank lines
+    counted in ``reader.blank_lines``; a read that fails after N lines ends
+    them with ``read_failed(N, exc)`` (which may raise instead)."""
+    lines = 0
+    while True:
+        try:
+            raw, size = _next_line(f)
+        except _STREAM_ERRORS as exc:
+            yield read_failed(lines, exc)
+            return
+        if not raw:
+            return
+        lines += 1
+        row = line_row(raw, size, lines)
+        if row is None:
+            reader.blank_lines += 1
+            continue
+        yield row
+
+
+def _next_line(f: io.BufferedIOBase | IO[bytes]) -> tuple[bytes, int]:
     """The next line of ``f`` and its length in bytes; ``(b"", 0)`` at the end.
 
     At most ``MAX_LINE_BYTES + 1`` bytes of a line are returned: the rest of

@@ -1,0 +1,389 @@
+"""``bulkinfer run -``: rows read from standard input as they arrive, each
+result written as soon as it is done.
+
+The file pipeline reads its input to the end before the last window is
+planned and publishes at the end; a stream never ends on its own schedule
+(``tail -f``, a queue consumer, another program's output). Here:
+
+- a thread reads JSONL rows from the stream into a bounded queue (the writer
+  blocks when it is full), so memory holds at most the queue, a window and
+  ``max_in_flight`` requests however long the stream runs;
+- a window goes to the planner (tokenized, sorted by length, as a file's)
+  when it holds ``[plan] window_rows`` rows or its oldest row has waited
+  ``[plan] max_wait_s`` seconds (``--max-wait``), or the input ended; its
+  requests join the engine while earlier ones generate (the one feed loop,
+  :func:`bulkinfer.engine.feed.feed`, which steps the engine while no
+  request is ready);
+- every finished row is one JSONL line on the output (``-o -``, standard
+  output, the default; or a ``.jsonl`` file), in completion order (a
+  stream's only order), flushed after each engine step; a failed row is an
+  error record on the same stream (or on ``paths.errors`` when given).
+
+The end of the input finishes the run as usual; a stop signal (SIGTERM,
+SIGINT) stops it with every row finished so far written (rows still in the
+engine are not: they have no record). Rows are not checked for duplicate
+ids (that would hold every id of an unbounded stream): each row gets its
+record. ``--resume`` is refused.
+
+vLLM logs to standard output: while the engine runs, file descriptors 1 and
+2 go to a log file (:class:`~bulkinfer.engine.log.EngineLog`; with
+``--verbose``, file descriptor 1 goes to standard error instead) and the
+output is written to a copy of the original standard output, so no log
+line enters the data.
+"""
+
+from __future__ import annotations
+
+import os
+import queue
+import threading
+import time
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import IO, Any
+
+import orjson
+
+from bulkinfer.config import Settings
+from bulkinfer.default_model import DEFAULT_MODEL, bulkinfer_home
+from bulkinfer.engine.feed import PENDING, FeedStopped, feed
+from bulkinfer.engine.log import EngineLog, terminal
+from bulkinfer.errors import EXIT_OK, EXIT_PARTIAL, ConfigError, EngineError, ModelError, OutputExistsError
+from bulkinfer.io import records
+from bulkinfer.io.inputs import InputScan
+from bulkinfer.io.readers import RawRow, StreamReader
+from bulkinfer.jobs.context import RunContext
+from bulkinfer.jobs.engine_choice import choose_engine_settings
+from bulkinfer.jobs.run import GENERATE, RunReport
+from bulkinfer.models import resolve_model
+from bulkinfer.prep.planner import Planner
+from bulkinfer.prep.rows import to_request
+from bulkinfer.report.progress import Progress
+from bulkinfer.schema import Completion, Request, RowError, RowInvalid
+
+# Rows read ahead of the planner at most, in windows (the reading thread waits beyond).
+QUEUE_WINDOWS = 2
+STDOUT = Path("-")
+
+
+@dataclass(frozen=True, slots=True)
+class StreamPaths:
+    """Where a stream's records go: ``output`` (``-``: standard output) and
+    ``errors`` (None: the output stream itself); ``log``: the engine's log."""
+
+    output: Path
+    errors: Path | None
+    log: Path
+
+    @classmethod
+    def build(cls, output: Path | None, errors: Path | None = None) -> StreamPaths:
+        """``output`` None or ``-`` is standard output, logging to
+        ``$BULKINFER_HOME/logs/stream-<time>-<pid>.log``; a file logs beside it (``OUT.log``).
+
+        Raises:
+            ConfigError: an output or errors file that is not JSONL (Parquet cannot be appended to).
+        """
+        output = output or STDOUT
+        for path in (output, errors):
+            if path is not None and path != STDOUT and path.suffix.lower() not in (".jsonl", ".ndjson"):
+                raise ConfigError(f"{path}: a stream's records are written as they finish: give a .jsonl file or -")
+        if output == STDOUT:
+            logs = bulkinfer_home() / "logs"
+            logs.mkdir(parents=True, exist_ok=True)
+            log = logs / f"stream-{time.strftime('%Y%m%d-%H%M%S')}-{os.getpid()}.log"
+        else:
+            log = output.with_name(output.stem + ".log")
+        return cls(output, errors, log)
+
+
+class RowQueue:
+    """The rows of ``reader`` (a :class:`StreamReader`), read on a daemon
+    thread into a queue of at most ``capacity`` rows: the stream's writer
+    blocks while the queue is full."""
+
+    _END = object()
+
+    def __init__(self, reader: StreamReader, capacity: int):
+        self._queue: queue.Queue[Any] = queue.Queue(maxsize=max(capacity, 1))
+        self.ended = False
+        self.blank_lines = lambda: reader.blank_lines
+        threading.Thread(target=self._read, args=(reader,), name="bulkinfer-stdin", daemon=True).start()
+
+    def _read(self, reader: StreamReader) -> None:
+        try:
+            for row in reader:
+                self._queue.put(row)
+        except BaseException as exc:  # noqa: BLE001 (handed to the main thread, raised there)
+            self._queue.put(exc)
+        self._queue.put(self._END)
+
+    def get(self) -> RawRow | None:
+        """The next row read, or None when none is there now (or the stream ended: :attr:`ended`).
+
+        Raises:
+            InputFileError: reading the stream failed.
+        """
+        if self.ended:
+            return None
+        try:
+            item = self._queue.get_nowait()
+        except queue.Empty:
+            return None
+        if item is self._END:
+            self.ended = True
+            return None
+        if isinstance(item, BaseException):
+            raise item
+        return item  # type: ignore[no-any-return]
+
+
+def stream_requests(
+    rows: RowQueue,
+    settings: Settings,
+    planner: Planner,
+    on_error: Callable[[RowError], None],
+    on_planned: Callable[[Request], None],
+    clock: Callable[[], float] = time.monotonic,
+    on_window: Callable[[int], None] | None = None,
+) -> Iterator[Request | Any]:
+    """Planned requests of ``rows`` a window at a time, :data:`PENDING` while
+    the next window is not due: a window is due when it holds
+    ``settings.plan.window_rows`` rows, its oldest row has waited
+    ``settings.plan.max_wait_s`` seconds (``clock``), or the stream ended.
+    Rows that cannot be parsed or planned go to ``on_error``; each window
+    planned is told to ``on_window`` (its rows)."""
+    window: list[Request] = []
+    oldest = 0.0
+    seq = 0
+    size, wait = settings.plan.window_rows, settings.plan.max_wait_s
+    while True:
+        while len(window) < size:
+            raw = rows.get()
+            if raw is None:
+                break
+            try:
+                if raw.error is not None:
+                    raise raw.error
+                request = to_request(raw.data, seq, raw.line, settings)
+            except RowInvalid as exc:
+                on_error(exc.to_error(raw.line))
+                continue
+            finally:
+                seq += 1
+            if not settings.passthrough and request.openai_url is None:
+                request.passthrough = {}
+            if not window:
+                oldest = clock()
+            window.append(request)
+        if window and (len(window) >= size or rows.ended or clock() - oldest >= wait):
+            if on_window is not None:
+                on_window(len(window))
+            planned, errors = planner.plan_window(window)
+            window = []
+            for error in errors:
+                on_error(error)
+            for request in planned:
+                on_planned(request)
+            yield from planned
+        elif rows.ended:
+            return
+        else:
+            yield PENDING
+
+
+def stream(
+    source: IO[bytes],
+    paths: StreamPaths,
+    settings: Settings,
+    context: RunContext | None = None,
+) -> RunReport:
+    """Run every row of ``source`` (a binary stream of JSONL rows, read as
+    they arrive) and write each result as soon as it is done (see the
+    module docstring): ``paths.output`` gets one output record per finished
+    row, in completion order (standard output for ``-``), the errors stream
+    one error record per failed row. Returns the report (rows, tokens,
+    seconds, windows; also written to ``OUT.report.json`` for a file
+    output) and exit code 0, or 3 when some rows failed.
+
+    Raises:
+        ConfigError: ``--resume`` (a stream cannot be read again).
+        OutputExistsError: a file output exists, without ``overwrite``.
+        Interrupted: a stop signal (every row finished so far is written).
+        EngineError, ModelError: the engine failed (likewise).
+        OSError: the output cannot be written.
+    """
+    started = time.monotonic()
+    context = context or RunContext()
+    if context.resume:
+        raise ConfigError(
+            "--resume is not offered for standard input: a stream cannot be read again; "
+            "run the rows not in the output again as a new stream"
+        )
+    sink = _open_sink(paths.output, context.overwrite)
+    errors = _open_sink(paths.errors, context.overwrite) if paths.errors is not None else sink
+    # --verbose keeps the engine's log on the terminal: on standard error, never in the data
+    saved = os.dup(1) if context.verbose and paths.output == STDOUT else None
+    try:
+        if saved is not None:
+            os.dup2(2, 1)
+        with EngineLog(paths.log, context.verbose) as log:
+            try:
+                return _stream(source, paths, settings, context, sink, errors, started)
+            except (EngineError, ModelError) as exc:
+                raise log.explain(exc) from exc
+    finally:
+        for out in {id(sink): sink, id(errors): errors}.values():
+            out.flush()
+            out.close()
+        if saved is not None:
+            os.dup2(saved, 1)
+            os.close(saved)
+
+
+def _open_sink(path: Path, overwrite: bool) -> IO[bytes]:
+    """A binary stream for ``path``: a copy of standard output for ``-`` (taken
+    before the engine's log takes file descriptor 1), else the file, created
+    (replaced with ``overwrite``).
+
+    Raises:
+        OutputExistsError: the file exists and ``overwrite`` is not set.
+    """
+    if path == STDOUT:
+        return os.fdopen(os.dup(1), "wb", buffering=1 << 16)
+    if path.exists() and not overwrite:
+        raise OutputExistsError(f"output {path} already exists; use --overwrite to replace it")
+    return open(path, "wb", buffering=1 << 16)  # noqa: SIM115 (closed by stream())
+
+
+def _stream(
+    source: IO[bytes],
+    paths: StreamPaths,
+    settings: Settings,
+    context: RunContext,
+    sink: IO[bytes],
+    errors_sink: IO[bytes],
+    started: float,
+) -> RunReport:
+    model = resolve_model(settings.model)
+    tokenizer = context.tokenizer_factory(model, settings.engine.trust_remote_code)
+    scan = InputScan(rows=None, mentions_priority=True)  # rows may set priority: vLLM's priority scheduling
+    settings, engine_choice = choose_engine_settings(model, settings, scan, True, False)
+    engine = context.engine_factory(model, settings)
+    settings = settings.resolve_chat_template(tokenizer)
+    load_s = time.monotonic() - started
+    counts = {"completed": 0, "failed": 0, "prompt_tokens": 0, "completion_tokens": 0, "windows": 0}
+    progress = Progress(None, force_plain=context.progress_plain, max_running=engine.max_num_seqs)
+    name = settings.model or DEFAULT_MODEL
+
+    def on_error(error: RowError) -> None:
+        errors_sink.write(orjson.dumps(records.error_record(error)) + b"\n")
+        counts["failed"] += 1
+        progress.update(failed=1, planned=False)
+
+    def on_finished(request: Request, completion: Completion) -> None:
+        sink.write(orjson.dumps(records.output_record(request, completion, name)) + b"\n")
+        counts["completed"] += 1
+        counts["prompt_tokens"] += completion.prompt_tokens
+        counts["completion_tokens"] += completion.completion_tokens
+        progress.update(done=1, completion_tokens=completion.completion_tokens)
+
+    def on_failed(request: Request, message: str) -> None:
+        on_error(RowError(request.line, request.id, "engine_error", message, request.openai_url is not None))
+
+    def on_step(finished: list[Completion]) -> None:
+        if finished:
+            sink.flush()
+            errors_sink.flush()
+        progress.tick(engine.generated_tokens, engine.prefilled_tokens, engine.running_lengths())
+
+    def on_planned(request: Request) -> None:
+        progress.planned(request.prompt_length, request.max_completion_tokens)
+
+    planner = GENERATE.planner(tokenizer, settings, engine, model)
+    rows = RowQueue(StreamReader(source), QUEUE_WINDOWS * settings.plan.window_rows)
+
+    def on_window(size: int) -> None:
+        counts["windows"] += 1
+
+    windows = stream_requests(rows, settings, planner, on_error, on_planned, on_window=on_window)
+    generate_start = time.monotonic()
+    context.stop.starting = False
+    try:
+        feed(
+            engine,
+            windows,
+            max_in_flight=settings.plan.max_in_flight or 2 * engine.max_num_seqs,
+            on_finished=on_finished,
+            on_failed=on_failed,
+            on_step=on_step,
+            stop=context.stop,
+        )
+    except FeedStopped:
+        raise context.stop.interrupted(
+            f"{counts['completed']} finished rows and {counts['failed']} errors were written; "
+            "rows still in the engine were not"
+        ) from None
+    finally:
+        progress.close()
+        engine.close()
+        sink.flush()
+        errors_sink.flush()
+    generate_s = time.monotonic() - generate_start
+    report = _report(paths, name, model, settings, counts, load_s, generate_s, time.monotonic() - started)
+    report["engine_choice"] = engine_choice
+    report["blank_lines"] = rows.blank_lines()
+    if paths.output != STDOUT:
+        from bulkinfer.report.stats import write_json
+
+        write_json(report, paths.output.with_name(paths.output.stem + ".report.json"))
+    print(_summary(report), file=terminal())
+    return RunReport(report, EXIT_PARTIAL if counts["failed"] else EXIT_OK, paths.output)
+
+
+def _report(
+    paths: StreamPaths,
+    name: str,
+    model_path: str,
+    settings: Settings,
+    counts: dict[str, int],
+    load_s: float,
+    generate_s: float,
+    total_s: float,
+) -> dict[str, Any]:
+    """A stream's report: rows, tokens, windows, seconds and throughput (tokens/s over the generate phase)."""
+    done = counts["completed"] + counts["failed"]
+    return {
+        "job": "stream",
+        "input": "-",
+        "output": str(paths.output),
+        "errors": str(paths.errors) if paths.errors is not None else str(paths.output),
+        "log": str(paths.log),
+        "model": name,
+        "model_path": model_path,
+        "request_counts": {"completed": counts["completed"], "failed": counts["failed"]},
+        "tokens": {"prompt": counts["prompt_tokens"], "completion": counts["completion_tokens"]},
+        "windows": {
+            "count": counts["windows"],
+            "mean_rows": done / counts["windows"] if counts["windows"] else 0.0,
+            "window_rows": settings.plan.window_rows,
+            "max_wait_s": settings.plan.max_wait_s,
+        },
+        "seconds": {"load": load_s, "generate": generate_s, "total": total_s},
+        "throughput": {
+            "requests_per_s": counts["completed"] / generate_s if generate_s > 0 else 0.0,
+            "completion_tokens_per_s": counts["completion_tokens"] / generate_s if generate_s > 0 else 0.0,
+        },
+        "output_order": "completion",
+    }
+
+
+def _summary(report: dict[str, Any]) -> str:
+    """One line on standard error at the end of a stream."""
+    counts, seconds = report["request_counts"], report["seconds"]
+    return (
+        f"bulkinfer: stream ended: {counts['completed']} rows completed, {counts['failed']} failed, "
+        f"{report['tokens']['completion']} completion tokens in {seconds['generate']:.1f} s "
+        f"({report['throughput']['completion_tokens_per_s']:.1f} tok/s), {report['windows']['count']} windows "
+        f"(max wait {report['windows']['max_wait_s']:g} s); load {seconds['load']:.1f} s; log {report['log']}"
+    )
