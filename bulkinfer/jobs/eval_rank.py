@@ -262,12 +262,12 @@ def run_eval_rank(
         raise OutputExistsError(f"output {paths.output} already exists; use --overwrite to replace it")
     predictions = options.predictions or out
     records = read_predictions(predictions)
-    first: dict[str, int] = {}
+    first: dict[str, int] = {}  # golden id -> index of its first ranking in records
+    rankings: dict[str, list[int]] = {}
     for index, record in enumerate(records):
         found = ranking_of(record)
-        if found is not None and found[0] in relevant:
-            first.setdefault(found[0], index)
-    rankings = {row_id: (ranking_of(records[index]) or ("", []))[1] for row_id, index in first.items()}
+        if found is not None and found[0] in relevant and found[0] not in first:
+            first[found[0]], rankings[found[0]] = index, found[1]
     if not rankings:
         raise ConfigError(f"no ranking in {predictions} matches an id of {golden}")
     means, per_query = rank_measures(relevant, rankings, measures)

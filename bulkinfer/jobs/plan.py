@@ -189,12 +189,12 @@ def _score_parts(settings: Settings, truncate: bool) -> tuple[Settings, str, Pla
         ConfigError, ModelError: as :func:`bulkinfer.jobs.score.scoring_method`.
     """
     from bulkinfer.jobs.embed import embedding_settings, sized_encoder_planner
-    from bulkinfer.jobs.score import CROSS_ENCODER, scoring_method
-    from bulkinfer.prep.scores import SCORE_FIELDS, CrossScorePlanner, ScorePlanner, to_score_request
+    from bulkinfer.jobs.score import planner_kind, scoring_method
+    from bulkinfer.prep.scores import SCORE_FIELDS, to_score_request
 
     settings = embedding_settings(settings)
     model = resolve_model(settings.model)
-    kind = CrossScorePlanner if scoring_method(model) == CROSS_ENCODER else ScorePlanner
+    kind = planner_kind(scoring_method(model))
     tokenizer = load_tokenizer(model, settings.engine.trust_remote_code)
     planner = sized_encoder_planner(kind, truncate, tokenizer, settings, context_length(model, settings), model)
     return settings, model, planner, to_score_request, frozenset({"id", *SCORE_FIELDS})

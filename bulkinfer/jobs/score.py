@@ -86,7 +86,7 @@ def score(
     """
     settings = embedding_settings(settings)
     method = scoring_method(settings.model)
-    kind = CrossScorePlanner if method == CROSS_ENCODER else ScorePlanner
+    kind = planner_kind(method)
     job = Job(
         parse=to_score_request,
         planner=functools.partial(encoder_planner, kind, truncate),
@@ -98,6 +98,11 @@ def score(
         consumed=frozenset({"id", *SCORE_FIELDS}),
     )
     return run(paths, settings, context, job=job, check_row=check_row)
+
+
+def planner_kind(method: str) -> type[ScorePlanner]:
+    """The planner of a scoring ``method`` (:func:`scoring_method`)."""
+    return CrossScorePlanner if method == CROSS_ENCODER else ScorePlanner
 
 
 def scoring_method(model: str | None) -> str:
