@@ -4,7 +4,8 @@ models offline; and replay a recording into the shipped estimator.
 Record (``python -m bench.eta_trace record short``): runs ``bulkinfer.run``
 in this process on a workload of :mod:`bench.eta` (``short``: 1,000 short
 questions, default settings; ``sharegpt``: ``sample_data/sharegpt.jsonl``
-with ``configs/demo.toml``) with :class:`bulkinfer.report.progress.Progress`
+with ``configs/demo.toml``; ``multiturn``: the 452 turns of
+``sample_data/sharegpt_multiturn.jsonl``, shared prefixes, likewise) with :class:`bulkinfer.report.progress.Progress`
 wrapped, and writes every call the estimator gets, with its
 ``time.monotonic()`` second: ``["p", t, prompt_tokens, max_tokens]`` (a row
 planned), ``["u", t, done, failed, completion_tokens, planned]`` (rows
@@ -20,6 +21,13 @@ time from the first planned row to the last event; with ``--prior-from``,
 FILE2's completion lengths are given as an earlier run of the same job
 (``--other-job``: of another job of the model).
 
+Score (``python -m bench.eta_trace score FILE [--prior-from FILE2]
+[--step-cost-from FILE3]``): replays a recording through the shipped
+progress line and scores its ETA trace (:func:`score_trace`: how often the
+range held the real time left, how wide it was, how far the point was);
+``--step-cost-from``: the step model fitted to FILE3's run (an earlier run
+of the model on the machine), else the defaults.
+
 Rates (``python -m bench.eta_trace rates FILE [--prior-from FILE2]``): the
 live completion tokens/s a progress line could show, since the start and
 over trailing windows (:data:`RATE_WINDOWS_S`), and the run's expected
@@ -31,6 +39,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import statistics
 import sys
 import tempfile
 import time
@@ -42,11 +51,14 @@ import orjson
 
 ROOT = Path(__file__).resolve().parents[1]
 FRACTIONS = (0.10, 0.25, 0.50, 0.75)
+LAST_LINE_S = 10.0
 RATE_WINDOWS_S = (30.0, 60.0)
 
 
-def record(workload: str, out: Path) -> None:
-    """One real run of ``workload`` with the estimator's inputs recorded to ``out``."""
+def record(workload: str, out: Path, job_output: Path | None = None) -> None:
+    """One real run of ``workload`` with the estimator's inputs recorded to
+    ``out``; ``job_output``: the run's output file (the same one for a job
+    run again: its stored lengths are found by it), else a temporary one."""
     import bulkinfer.report.progress as progress
     from bench.eta import short_prompts
     from bulkinfer import load_settings, run
@@ -74,9 +86,13 @@ def record(workload: str, out: Path) -> None:
             src = Path(tmp) / "short.jsonl"
             src.write_bytes(b"".join(orjson.dumps(row) + b"\n" for row in short_prompts(1000)))
             settings = load_settings()
+        elif workload == "multiturn":  # 452 turns of real ShareGPT conversations: each turn repeats the earlier ones
+            src = ROOT / "sample_data" / "sharegpt_multiturn.jsonl"
+            settings = load_settings(ROOT / "configs" / "demo.toml")
         else:
             src, settings = ROOT / "sample_data" / "sharegpt.jsonl", load_settings(ROOT / "configs" / "demo.toml")
-        result = run(src, Path(tmp) / "out.jsonl", settings=settings, overwrite=True, progress_plain=True)
+        output = job_output or Path(tmp) / "out.jsonl"
+        result = run(src, output, settings=settings, overwrite=True, progress_plain=True)
     data = {
         "machine": {"cpu": cpu_model(), "cores": os.cpu_count()},
         "command": f"python -m bench.eta_trace record {workload}",
@@ -104,7 +120,70 @@ def replay(path: Path, prior_from: Path | None = None, same_job: bool = True) ->
     return errors
 
 
-def _replayed(recording: dict[str, Any], prior_from: Path | None, same_job: bool) -> Iterator[tuple[float, Any]]:
+def score_trace(points: list[list[float]], end_s: float, first_run: bool) -> dict[str, Any]:
+    """Scores an ETA trace (``[seconds, low, point, high]`` each, the
+    report's ``eta_trace.points``) against the run's real end ``end_s`` (its
+    ``eta_trace.end_s``): from 10% of the run on, the share of estimates whose
+    range held the real time left (``coverage``, goal >= 0.8); from 25% on,
+    the widest range as the larger of high / point - 1 and 1 - low / point
+    (``max_half_width``, goal <= 0.5); the point's largest error, point /
+    real left - 1, from 10% on for a run again and from 50% on for a first
+    run (``max_point_error``, goal <= 0.35). Estimates with less than 1 s
+    left are not scored, and the width and the point's error not on the
+    last :data:`LAST_LINE_S` seconds (the last progress line's interval:
+    a second off with 3 s left is not a 33% error to a reader)."""
+    scored = [(t, lo, pt, hi, end_s - t) for t, lo, pt, hi in points if t >= 0.10 * end_s and end_s - t >= 1.0]
+    held = [lo - 0.5 <= left <= hi + 0.5 for _, lo, _, hi, left in scored]
+    relative = [x for x in scored if x[4] >= LAST_LINE_S and x[2] > 0]
+    widths = [max(hi / pt - 1, 1 - lo / pt) for t, lo, pt, hi, _ in relative if t >= 0.25 * end_s]
+    point_from = 0.5 if first_run else 0.10
+    errors = [pt / left - 1 for t, _, pt, _, left in relative if t >= point_from * end_s]
+    return {
+        "estimates": len(scored),
+        "coverage": sum(held) / len(held) if held else None,
+        "max_half_width": max(widths, default=None),
+        "median_half_width": statistics.median(widths) if widths else None,
+        "max_point_error": max(errors, key=abs, default=None),
+        "point_error_from": point_from,
+        "met": bool(
+            held
+            and sum(held) / len(held) >= 0.8
+            and max(widths, default=0.0) <= 0.5
+            and abs(max(errors, key=abs, default=0.0)) <= 0.35
+        ),
+    }
+
+
+def replay_score(
+    path: Path, prior_from: Path | None = None, same_job: bool = True, step_cost_from: Path | None = None
+) -> dict[str, Any]:
+    """:func:`score_trace` of the shipped progress line replayed on a recording."""
+    recording = orjson.loads(path.read_bytes())
+    step_cost = fitted_step_cost(orjson.loads(step_cost_from.read_bytes())) if step_cost_from else None
+    progress = None
+    for _, seen in _replayed(recording, prior_from, same_job, step_cost):
+        progress = seen
+    assert progress is not None
+    events = recording["events"]
+    return score_trace(progress.eta_trace, events[-1][1] - events[0][1], first_run=prior_from is None or not same_job)
+
+
+def fitted_step_cost(recording: dict[str, Any]) -> Any:
+    """The step model fitted to a recording's steps, as its run would have stored it."""
+    from bulkinfer.report.eta import WorkEstimate
+
+    work = WorkEstimate(recording["events"][0][1])
+    for e in recording["events"]:
+        if e[0] == "p":
+            work.plan(e[2], e[3])
+        elif e[0] == "t":
+            work.observe(e[1], e[2], e[3], e[4])
+    return work.fitted_step_cost()
+
+
+def _replayed(
+    recording: dict[str, Any], prior_from: Path | None, same_job: bool, step_cost: Any = None
+) -> Iterator[tuple[float, Any]]:
     """Feeds a recording's events into the shipped
     :class:`bulkinfer.report.progress.Progress` on the recording's clock;
     yields (time, the progress) at most once a second of that clock."""
@@ -128,7 +207,7 @@ def _replayed(recording: dict[str, Any], prior_from: Path | None, same_job: bool
         stream=io.StringIO(),
         force_plain=True,
         clock=lambda: clock[0],
-        prior=LengthPrior(prior, same_job),
+        prior=LengthPrior(prior, same_job, step_cost),
         max_running=recording["report"]["engine"].get("max_num_seqs"),
     )
     last = -1.0
@@ -194,12 +273,17 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     sub = parser.add_subparsers(dest="action", required=True)
     rec = sub.add_parser("record")
-    rec.add_argument("workload", choices=["short", "sharegpt"])
+    rec.add_argument("workload", choices=["short", "sharegpt", "multiturn"])
+    rec.add_argument("--out", type=Path, help="the recording (default bench/results/eta-trace-WORKLOAD.json)")
+    rec.add_argument("--job-output", type=Path, help="the run's output file (the same one when the job runs again)")
     rep = sub.add_parser("replay")
     rep.add_argument("path", type=Path)
     rat = sub.add_parser("rates")
     rat.add_argument("path", type=Path)
-    for sub_parser in (rep, rat):
+    sco = sub.add_parser("score")
+    sco.add_argument("path", type=Path)
+    sco.add_argument("--step-cost-from", type=Path, help="a recording whose fitted step model is the stored one")
+    for sub_parser in (rep, rat, sco):
         sub_parser.add_argument(
             "--prior-from", type=Path, help="a recording whose completion lengths are the earlier run's"
         )
@@ -207,14 +291,17 @@ def main() -> None:
             "--other-job", action="store_true", help="--prior-from is another job of the model, not this one run again"
         )
     args = parser.parse_args()
-    if args.action == "rates":
+    if args.action == "score":
+        print(orjson.dumps(replay_score(args.path, args.prior_from, not args.other_job, args.step_cost_from)).decode())
+    elif args.action == "rates":
         series = rates(args.path, args.prior_from, same_job=not args.other_job)
         for name, points in series.items():  # none for a run shorter than 20 s
             worst = max((abs(e) for _, e in points), default=0.0)
             shown = " ".join(f"{at:.0f}s:{e:+.0%}" for at, e in points)
             print(f"{name}: worst {worst:.0%} | {shown}")
     elif args.action == "record":
-        record(args.workload, ROOT / "bench" / "results" / f"eta-trace-{args.workload}.json")
+        out = args.out or ROOT / "bench" / "results" / f"eta-trace-{args.workload}.json"
+        record(args.workload, out, args.job_output)
     else:
         errors = replay(args.path, args.prior_from, same_job=not args.other_job)
         print(

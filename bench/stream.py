@@ -16,6 +16,15 @@ Rows: the prompts of ``sample_data/sharegpt.jsonl`` cycled with a numbered
 prefix to ``--rows`` rows, each with ``max_tokens`` ``--max-tokens``,
 temperature 0. One engine at a time (two cores): the runs are sequential.
 
+``--max-chars N`` keeps the prompts of at most N characters (short prompts:
+a decode-bound stream; the ShareGPT prompts' prefill dominates on a CPU).
+
+``--duration S`` (memory over a long stream): the rows repeat (fresh ids)
+for S seconds at ``--rate``, one stream per ``--max-wait``; the process
+tree's resident memory (psutil, the sum over bulkinfer's processes) is
+sampled every ``RSS_INTERVAL_S`` seconds and the result must still hold
+every row once. No file run.
+
 ``python -m bench.stream --rows 300 --rate 2 --max-wait 0.1 1 5 --tag T``
 writes ``bench/results/stream-T.{json,md}``.
 """
@@ -23,34 +32,59 @@ writes ``bench/results/stream-T.{json,md}``.
 from __future__ import annotations
 
 import argparse
+import itertools
 import re
 import subprocess
 import sys
 import tempfile
 import threading
 import time
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import orjson
+import psutil
 
 from bench.measure import bulkinfer_job, machine, versions
 
 ROOT = Path(__file__).resolve().parents[1]
 RESULTS = ROOT / "bench" / "results"
 SUMMARY = re.compile(rb"stream ended: .*?([\d.]+) tok/s\), (\d+) windows")
+RSS_INTERVAL_S = 10.0
 
 
-def make_rows(n: int, max_tokens: int) -> list[dict[str, Any]]:
-    """``n`` rows from the ShareGPT sample's prompts, each distinct (a numbered prefix once cycled)."""
+def endless_rows(max_tokens: int, max_chars: int | None = None) -> Iterator[dict[str, Any]]:
+    """Rows from the ShareGPT sample's prompts (those of at most ``max_chars``
+    characters), cycled without end, each distinct (a numbered prefix once cycled)."""
     prompts = [
         orjson.loads(line)["prompt"] for line in (ROOT / "sample_data" / "sharegpt.jsonl").read_bytes().splitlines()
     ]
-    return [
-        {"id": f"s{k}", "prompt": (f"{k // len(prompts)}. " if k >= len(prompts) else "") + prompts[k % len(prompts)],
-         "max_tokens": max_tokens, "temperature": 0}
-        for k in range(n)
-    ]  # fmt: skip
+    prompts = [p for p in prompts if max_chars is None or len(p) <= max_chars]
+    for k in itertools.count():
+        prefix = f"{k // len(prompts)}. " if k >= len(prompts) else ""
+        yield {"id": f"s{k}", "prompt": prefix + prompts[k % len(prompts)], "max_tokens": max_tokens, "temperature": 0}
+
+
+def make_rows(n: int, max_tokens: int, max_chars: int | None = None) -> list[dict[str, Any]]:
+    """The first ``n`` rows of :func:`endless_rows`."""
+    return list(itertools.islice(endless_rows(max_tokens, max_chars), n))
+
+
+def tree_rss(pid: int) -> int:
+    """Resident bytes of process ``pid`` and its descendants (0 once it is gone)."""
+    try:
+        root = psutil.Process(pid)
+        procs = [root, *root.children(recursive=True)]
+    except psutil.Error:
+        return 0
+    total = 0
+    for p in procs:
+        try:
+            total += p.memory_info().rss
+        except psutil.Error:
+            continue
+    return total
 
 
 def percentile(values: list[float], q: float) -> float:
@@ -59,8 +93,11 @@ def percentile(values: list[float], q: float) -> float:
     return ordered[max(0, min(len(ordered) - 1, round(q / 100 * len(ordered) + 0.5) - 1))]
 
 
-def stream_run(rows: list[dict[str, Any]], rate: float, max_wait: float) -> dict[str, Any]:
-    """One ``bulkinfer run -`` fed at ``rate`` rows/s; latencies and figures."""
+def stream_run(
+    rows: Iterator[dict[str, Any]] | list[dict[str, Any]], rate: float, max_wait: float, duration: float | None = None
+) -> dict[str, Any]:
+    """One ``bulkinfer run -`` fed ``rows`` at ``rate`` rows/s (for ``duration``
+    seconds at most); latencies, figures and the RSS samples."""
     cmd = [sys.executable, "-m", "bulkinfer", "run", "-", "--max-wait", str(max_wait), "--plain-progress"]
     proc = subprocess.Popen(cmd, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE, cwd=ROOT)
     assert proc.stdin is not None and proc.stdout is not None and proc.stderr is not None
@@ -68,13 +105,17 @@ def stream_run(rows: list[dict[str, Any]], rate: float, max_wait: float) -> dict
     arrived: dict[str, float] = {}
     errors: list[bytes] = []
     stderr: list[bytes] = []
+    rss: list[tuple[float, int]] = []
     started = time.monotonic()
+    ended = threading.Event()
 
     def produce() -> None:
         stdin = proc.stdin
         assert stdin is not None
         for k, row in enumerate(rows):
             time.sleep(max(0.0, started + k / rate - time.monotonic()))
+            if duration is not None and time.monotonic() - started >= duration:
+                break
             written[row["id"]] = time.monotonic()
             stdin.write(orjson.dumps(row) + b"\n")
             stdin.flush()
@@ -90,16 +131,23 @@ def stream_run(rows: list[dict[str, Any]], rate: float, max_wait: float) -> dict
             else:
                 arrived[record["id"]] = time.monotonic()
 
+    def sample() -> None:
+        while not ended.wait(RSS_INTERVAL_S):
+            rss.append((round(time.monotonic() - started, 1), tree_rss(proc.pid)))
+
     threads = [threading.Thread(target=produce), threading.Thread(target=consume)]
     threads.append(threading.Thread(target=lambda: stderr.append(proc.stderr.read())))  # type: ignore[union-attr]
     for thread in threads:
         thread.start()
+    sampler = threading.Thread(target=sample, daemon=True)
+    sampler.start()
     for thread in threads:
         thread.join()
     code = proc.wait()
+    ended.set()
     text = b"".join(stderr)
-    if code != 0 or len(arrived) != len(rows) or errors:
-        raise SystemExit(f"bulkinfer run - exited {code}, {len(arrived)}/{len(rows)} rows, {len(errors)} errors:\n"
+    if code != 0 or arrived.keys() != written.keys() or errors:
+        raise SystemExit(f"bulkinfer run - exited {code}, {len(arrived)}/{len(written)} rows, {len(errors)} errors:\n"
                          f"{text[-3000:].decode(errors='replace')}")  # fmt: skip
     first = min(arrived.values())
     latency = [arrived[i] - written[i] for i in arrived]
@@ -117,6 +165,8 @@ def stream_run(rows: list[dict[str, Any]], rate: float, max_wait: float) -> dict
         "completion_tokens_per_s": float(found.group(1)) if found else None,
         "windows": int(found.group(2)) if found else None,
         "wall_s": time.monotonic() - started,
+        "rows": len(arrived),
+        "rss_bytes": rss,
         "summary": text.strip().splitlines()[-1].decode(errors="replace") if text.strip() else "",
     }
 
@@ -138,22 +188,40 @@ def render(doc: dict[str, Any]) -> str:
     """The Markdown summary of one bench run."""
     m = doc["machine"]
     where = f"{m['cpu']} ({m.get('cpu_kind', '')}), {m['logical_cores']} logical cores"
+    source = f"{doc['rows']} ShareGPT prompts" if doc.get("duration_s") is None else (
+        f"ShareGPT prompts repeated (fresh ids) for {doc['duration_s']:g} s")  # fmt: skip
+    if doc.get("max_chars"):
+        source += f" (those of at most {doc['max_chars']} characters)"
     head = (
-        f"# bulkinfer run - (a stream) against --max-wait and a file\n\n{doc['rows']} ShareGPT prompts written at "
+        f"# bulkinfer run - (a stream) against --max-wait and a file\n\n{source} written at "
         f"{doc['rate']:g} rows/s, `max_tokens` {doc['max_tokens']}, temperature 0; {where}. `{doc['command']}`\n\n"
-        "| run | latency p50 / p99 s (all rows) | warm p50 / p99 s | first result s | completion tok/s | windows |\n"
-        "| --- | --: | --: | --: | --: | --: |"
+        "| run | rows | latency p50 / p99 s (all rows) | warm p50 / p99 s | first result s | completion tok/s "
+        "| windows |\n"
+        "| --- | --: | --: | --: | --: | --: | --: |"
     )
     lines = [head]
     for r in doc["streams"]:
         warm = r["warm_latency_s"]
         lines.append(
-            f"| `--max-wait {r['max_wait_s']:g}` | {r['latency_s']['p50']:.1f} / {r['latency_s']['p99']:.1f} "
-            f"| {warm['p50'] or 0:.1f} / {warm['p99'] or 0:.1f} ({warm['rows']} rows) | {r['first_result_s']:.1f} "
-            f"| {r['completion_tokens_per_s'] or 0:.1f} | {r['windows']} |"
+            f"| `--max-wait {r['max_wait_s']:g}` | {r['rows']} | {r['latency_s']['p50']:.1f} / "
+            f"{r['latency_s']['p99']:.1f} | {warm['p50'] or 0:.1f} / {warm['p99'] or 0:.1f} ({warm['rows']} rows) "
+            f"| {r['first_result_s']:.1f} | {r['completion_tokens_per_s'] or 0:.1f} | {r['windows']} |"
         )
-    f = doc["file"]
-    lines.append(f"| the same rows from a file | - | - | - | {f['completion_tokens_per_s']:.1f} | - |")
+    if doc.get("file") is not None:
+        f = doc["file"]
+        rate = f["completion_tokens_per_s"]
+        lines.append(f"| the same rows from a file | {doc['rows']} | - | - | - | {rate:.1f} | - |")
+    for r in doc["streams"]:
+        if doc.get("duration_s") is not None and r["rss_bytes"]:
+            lines.append(f"\nResident memory of bulkinfer's process tree, `--max-wait {r['max_wait_s']:g}` "
+                         f"(psutil every {RSS_INTERVAL_S:g} s; MiB at each 5 minutes):\n")  # fmt: skip
+            minutes = range(5, int(r["wall_s"] // 60) + 1, 5)
+            lines.append("| minute | " + " | ".join(str(t) for t in minutes) + " | max |")
+            samples = r["rss_bytes"]
+            marks = [next((b for t, b in samples if t >= 60 * t_min), samples[-1][1]) for t_min in minutes]
+            lines.append("| --- |" + " --: |" * (len(marks) + 1))
+            peak = max(b for _, b in r["rss_bytes"])
+            lines.append("| MiB | " + " | ".join(f"{b / 2**20:.0f}" for b in marks) + f" | {peak / 2**20:.0f} |")
     return "\n".join(lines) + "\n"
 
 
@@ -162,24 +230,32 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--rows", type=int, default=300)
     parser.add_argument("--rate", type=float, default=2.0, help="rows written per second")
     parser.add_argument("--max-tokens", type=int, default=64)
+    parser.add_argument("--max-chars", type=int, default=None, help="only prompts of at most this many characters")
     parser.add_argument("--max-wait", type=float, nargs="+", default=[0.1, 1.0, 5.0])
+    parser.add_argument("--duration", type=float, default=None, help="seconds of a repeating source (no file run)")
     parser.add_argument("--tag", default="default")
     args = parser.parse_args(argv)
-    rows = make_rows(args.rows, args.max_tokens)
     streams = []
     for wait in args.max_wait:
         print(f"bench.stream: --max-wait {wait:g}", file=sys.stderr, flush=True)
-        streams.append(stream_run(rows, args.rate, wait))
+        if args.duration is not None:
+            streams.append(stream_run(endless_rows(args.max_tokens, args.max_chars), args.rate, wait, args.duration))
+        else:
+            streams.append(stream_run(make_rows(args.rows, args.max_tokens, args.max_chars), args.rate, wait))
         print(f"  {streams[-1]['summary']}", file=sys.stderr, flush=True)
-    with tempfile.TemporaryDirectory(prefix="bench-stream-") as tmp:
-        print("bench.stream: the file", file=sys.stderr, flush=True)
-        baseline = file_run(rows, Path(tmp))
+    baseline = None
+    if args.duration is None:
+        with tempfile.TemporaryDirectory(prefix="bench-stream-") as tmp:
+            print("bench.stream: the file", file=sys.stderr, flush=True)
+            baseline = file_run(make_rows(args.rows, args.max_tokens, args.max_chars), Path(tmp))
     command = " ".join(["python -m bench.stream", *(argv if argv is not None else sys.argv[1:])])
     doc = {
         "command": command,
-        "rows": args.rows,
+        "rows": args.rows if args.duration is None else None,
+        "duration_s": args.duration,
         "rate": args.rate,
         "max_tokens": args.max_tokens,
+        "max_chars": args.max_chars,
         "machine": machine(),
         "versions": versions(),
         "streams": streams,

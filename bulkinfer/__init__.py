@@ -155,6 +155,7 @@ def run(
     *,
     engine_args: Mapping[str, Any] | None = None,
     engine: SharedEngine | None = None,
+    errors_path: str | Path | None = None,
     **options: Any,
 ) -> RunReport:
     """Generate a completion for every row of ``input_path`` (JSONL or
@@ -166,7 +167,8 @@ def run(
     ``input_path`` ``-`` reads JSONL rows from standard input as they arrive
     and writes each result as soon as it is done, in completion order, to
     ``output_path`` (default ``-``: standard output; failed rows' error
-    records on the same stream): :func:`bulkinfer.jobs.stream.stream`.
+    records on the same stream, or in ``errors_path``, a JSONL file):
+    :func:`bulkinfer.jobs.stream.stream`.
 
     Args:
         settings: a :class:`Settings` (e.g. from :func:`load_settings` on a
@@ -203,8 +205,15 @@ def run(
 
         from bulkinfer.jobs.stream import StreamPaths, stream
 
-        out = StreamPaths.build(Path(output_path) if output_path is not None else None)
+        out = StreamPaths.build(
+            Path(output_path) if output_path is not None else None,
+            Path(errors_path) if errors_path is not None else None,
+        )
         return stream(sys.stdin.buffer, out, run_settings, context)
+    if errors_path is not None:
+        from bulkinfer.errors import ConfigError
+
+        raise ConfigError(f"--errors is for a stream (INPUT -); a run of {input_path} writes OUT.errors.jsonl")
     paths = RunPaths.build(Path(input_path), Path(output_path) if output_path is not None else None)
     return run_job(paths, run_settings, context)
 

@@ -92,7 +92,12 @@ def validate(settings: Settings, names: Mapping[str, str] | None = None) -> None
             "a number of seconds > 0",
         ),
         ("plan.padding_batch_size", p.padding_batch_size, int_ge_1(p.padding_batch_size), "an integer >= 1"),
-        ("plan.output_order", p.output_order, p.output_order in OUTPUT_ORDERS, f"one of {', '.join(OUTPUT_ORDERS)}"),
+        (
+            "plan.output_order",
+            p.output_order,
+            p.output_order is None or p.output_order in OUTPUT_ORDERS,
+            f"one of {', '.join(OUTPUT_ORDERS)}",
+        ),
         (
             "ray.address",
             r.address,

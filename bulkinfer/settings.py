@@ -111,6 +111,9 @@ class PlanSettings:
       ``input`` (the input's, restored at publishing by an external merge in
       bounded memory, see :mod:`bulkinfer.io.spool`) or ``completion`` (the
       order rows finished in, published in one streaming pass without a sort).
+      None (unset): ``input`` for a file, ``completion`` for a stream
+      (``bulkinfer run -``, whose input order holds finished rows in a bounded
+      reorder buffer: :mod:`bulkinfer.io.stream_out`).
     """
 
     buckets: tuple[int, ...] = DEFAULT_BUCKETS
@@ -120,8 +123,13 @@ class PlanSettings:
     max_in_flight: int | None = None
     padding_batch_size: int = 16
     stall_timeout_s: float | None = 600.0
-    output_order: OutputOrder = "input"
+    output_order: OutputOrder | None = None
     max_wait_s: float = 1.0
+
+    @property
+    def file_output_order(self) -> OutputOrder:
+        """The output order of a file's run: ``output_order``, ``input`` when unset."""
+        return self.output_order or "input"
 
 
 @dataclass(frozen=True, slots=True)

@@ -147,12 +147,13 @@ def test_vllm_short_forms(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> No
 
 
 @pytest.mark.parametrize("command", ["run", "eval"])
-@pytest.mark.parametrize(("flags", "expected"), [([], "input"), (["--output-order", "completion"], "completion")])
+@pytest.mark.parametrize(("flags", "expected"), [([], None), (["--output-order", "completion"], "completion")])
 def test_output_order_flag_reaches_the_setting(
-    command: str, flags: list[str], expected: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+    command: str, flags: list[str], expected: str | None, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     settings = _settings_of([command, str(tmp_path / "in.jsonl"), *flags], monkeypatch)
-    assert settings.plan.output_order == expected
+    assert settings.plan.output_order == expected  # unset: input for a file, completion for a stream
+    assert settings.plan.file_output_order == (expected or "input")
 
 
 def _settings_of(args: list[str], monkeypatch: pytest.MonkeyPatch) -> Settings:

@@ -59,7 +59,19 @@ RunInputArgument = Annotated[
     typer.Argument(
         metavar="INPUT",
         help="Prompts: a .jsonl or .parquet file; or - for JSONL rows from standard input, run as they arrive "
-        "and written as they finish (completion order, the only order of a stream; -o - by default).",
+        "and written as they finish (in completion order unless --output-order input; -o - by default; "
+        "--resume only with -o FILE.jsonl, by id).",
+    ),
+]
+
+
+StreamErrorsOption = Annotated[
+    Path | None,
+    typer.Option(
+        "--errors",
+        metavar="FILE",
+        help=described("With INPUT -: write error records to this .jsonl file.", "the output stream"),
+        show_default=False,
     ),
 ]
 
@@ -682,8 +694,9 @@ OutputOrderOption = Annotated[
     typer.Option(
         metavar="ORDER",
         help=described(
-            "Order of OUT's rows: input (restored when the run ends) or completion (no sort: the largest files).",
-            _PLAN.output_order,
+            "Order of OUT's rows: input (restored when the run ends; a stream holds finished rows in a bounded "
+            "buffer) or completion (no sort: the largest files; a stream's rows as they finish).",
+            "input for a file, completion for a stream (INPUT -)",
         ),
         rich_help_panel=PLAN,
     ),

@@ -59,6 +59,7 @@ from bulkinfer.cli.options import (
     StallTimeoutOption,
     StopOption,
     StopTokenIdsOption,
+    StreamErrorsOption,
     TemperatureOption,
     TensorParallelSizeOption,
     TopKOption,
@@ -88,6 +89,7 @@ EXAMPLES = (
 def run(
     input_path: RunInputArgument,
     output: RunOutputOption = None,
+    errors: StreamErrorsOption = None,
     config: ConfigOption = None,
     model: ModelOption = None,
     apply_chat_template: ChatTemplateOption = None,
@@ -148,7 +150,7 @@ def run(
     """Generate a completion for every row of INPUT; write OUT, OUT.errors.jsonl and OUT.report.json."""
     import bulkinfer
 
-    result = invoke(dict(locals()), bulkinfer.run, input_path, output)
+    result = invoke(dict(locals()), bulkinfer.run, input_path, output, errors_path=errors)
     if str(input_path) == "-":  # the stream printed its line on standard error: standard output is data
         raise typer.Exit(code=result.exit_code)
     summarize(result)

@@ -131,7 +131,7 @@ class Generation:
         self.stats.generation_ended()
         with self.stats.timed("write"):
             self._close()
-            self.files.finish(self.settings.plan.output_order)
+            self.files.finish(self.settings.plan.file_output_order)
         self.planner.padding.finish()
 
     def _requests(self, windows: Iterator[list[Request]]) -> Iterator[Request]:
@@ -209,7 +209,7 @@ class Generation:
             "plan": {
                 "order": plan.order,
                 "prefix_aware": plan.prefix_aware and self.planner.prefix is not None,
-                "output_order": plan.output_order,
+                "output_order": plan.file_output_order,
                 "window_rows": plan.window_rows,
                 "max_in_flight": self.max_in_flight,
                 "bucket_bounds": list(plan.buckets),
@@ -221,4 +221,11 @@ class Generation:
             report["chat_template_applied"] = self.settings.apply_chat_template
             report["structured_outputs"] = self.stats.structured_report(engine.get("structured_outputs_backend"))
         report["passthrough_fields"] = self.planner.passthrough_fields()
+        work = self.progress.work
+        report["eta_trace"] = {
+            "points": self.progress.eta_trace,
+            "end_s": self.progress.ended_s,
+            "step_cost": work.step_cost.to_json(),
+            "step_cost_stored": work.step_cost_stored,
+        }
         return report

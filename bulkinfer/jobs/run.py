@@ -272,7 +272,7 @@ def _run_locked(attempt: Attempt, job: Job, settings: Settings, context: RunCont
     load_s = time.monotonic() - attempt.started
     try:
         planner = job.planner(tokenizer, settings, engine, model)
-        prior = length_prior(model, str(paths.output))
+        prior = length_prior(model, str(paths.output), this_machine())
         generation = Generation(attempt, settings, engine, planner, context, scan.rows, prior, job.parse)
         generation.run(itertools.chain([first], attempt.rows) if first is not None else ())
     finally:
@@ -291,5 +291,6 @@ def _run_locked(attempt: Attempt, job: Job, settings: Settings, context: RunCont
     write_report(report, paths.report)
     write_run_html(report, paths.html)
     if job.calibrate:
-        record_calibration(report, this_machine(), completion_lengths=generation.progress.work.length_quantiles())
+        work = generation.progress.work
+        record_calibration(report, this_machine(), "run", work.length_quantiles(), work.fitted_step_cost())
     return report

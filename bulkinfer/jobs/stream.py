@@ -15,15 +15,23 @@ planned and publishes at the end; a stream never ends on its own schedule
   :func:`bulkinfer.engine.feed.feed`, which steps the engine while no
   request is ready);
 - every finished row is one JSONL line on the output (``-o -``, standard
-  output, the default; or a ``.jsonl`` file), in completion order (a
-  stream's only order), flushed after each engine step; a failed row is an
-  error record on the same stream (or on ``paths.errors`` when given).
+  output, the default; or a ``.jsonl`` file), flushed after each engine
+  step; a failed row is an error record on the same stream (or on
+  ``paths.errors`` when given). Completion order by default (``[plan]
+  output_order`` unset); ``input`` holds finished records in a bounded
+  reorder buffer (:class:`~bulkinfer.io.stream_out.StreamWriter`, at most
+  ``window_rows`` records plus a window's rows) until every earlier row has
+  its record.
 
 The end of the input finishes the run as usual; a stop signal (SIGTERM,
 SIGINT) stops it with every row finished so far written (rows still in the
-engine are not: they have no record). Rows are not checked for duplicate
-ids (that would hold every id of an unbounded stream): each row gets its
-record. ``--resume`` is refused.
+engine are not: they have no record; in input order, neither are records
+held for an earlier unfinished row). Rows are not checked for duplicate ids
+(that would hold every id of an unbounded stream): each row gets its
+record. ``--resume`` needs a file output: it appends to it, and rows whose
+id has a record there (output or errors file) are skipped
+(:func:`~bulkinfer.io.stream_out.done_ids`); standard output keeps nothing
+to resume from.
 
 vLLM logs to standard output: while the engine runs, file descriptors 1 and
 2 go to a log file (:class:`~bulkinfer.engine.log.EngineLog`; with
@@ -43,8 +51,6 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import IO, Any
 
-import orjson
-
 from bulkinfer.config import Settings
 from bulkinfer.default_model import DEFAULT_MODEL, bulkinfer_home
 from bulkinfer.engine.feed import PENDING, FeedStopped, feed
@@ -53,6 +59,7 @@ from bulkinfer.errors import EXIT_OK, EXIT_PARTIAL, ConfigError, EngineError, Mo
 from bulkinfer.io import records
 from bulkinfer.io.inputs import InputScan
 from bulkinfer.io.readers import RawRow, StreamReader
+from bulkinfer.io.stream_out import StreamWriter, done_ids
 from bulkinfer.jobs.context import RunContext
 from bulkinfer.jobs.engine_choice import choose_engine_settings
 from bulkinfer.jobs.run import GENERATE, RunReport
@@ -146,13 +153,17 @@ def stream_requests(
     on_planned: Callable[[Request], None],
     clock: Callable[[], float] = time.monotonic,
     on_window: Callable[[int], None] | None = None,
+    writer: StreamWriter | None = None,
 ) -> Iterator[Request | Any]:
     """Planned requests of ``rows`` a window at a time, :data:`PENDING` while
     the next window is not due: a window is due when it holds
     ``settings.plan.window_rows`` rows, its oldest row has waited
     ``settings.plan.max_wait_s`` seconds (``clock``), or the stream ended.
     Rows that cannot be parsed or planned go to ``on_error``; each window
-    planned is told to ``on_window`` (its rows)."""
+    planned is told to ``on_window`` (its rows). Each row read is told to
+    ``writer`` (:meth:`StreamWriter.read`); a row whose id is in its
+    ``done`` (a resumed stream's) is skipped (:meth:`StreamWriter.skip`)."""
+    done = writer.done if writer is not None else ()
     window: list[Request] = []
     oldest = 0.0
     seq = 0
@@ -162,15 +173,24 @@ def stream_requests(
             raw = rows.get()
             if raw is None:
                 break
+            if writer is not None:
+                writer.read(raw.line)
             try:
                 if raw.error is not None:
                     raise raw.error
                 request = to_request(raw.data, seq, raw.line, settings)
             except RowInvalid as exc:
-                on_error(exc.to_error(raw.line))
+                error = exc.to_error(raw.line)
+                if error.id in done:
+                    _skip(writer, raw.line)
+                else:
+                    on_error(error)
                 continue
             finally:
                 seq += 1
+            if request.id in done:
+                _skip(writer, raw.line)
+                continue
             if not settings.passthrough and request.openai_url is None:
                 request.passthrough = {}
             if not window:
@@ -192,6 +212,12 @@ def stream_requests(
             yield PENDING
 
 
+def _skip(writer: StreamWriter | None, line: int) -> None:
+    """Row ``line`` has its record from before a resume: nothing is written for it."""
+    if writer is not None:
+        writer.skip(line)
+
+
 def stream(
     source: IO[bytes],
     paths: StreamPaths,
@@ -204,10 +230,13 @@ def stream(
     row, in completion order (standard output for ``-``), the errors stream
     one error record per failed row. Returns the report (rows, tokens,
     seconds, windows; also written to ``OUT.report.json`` for a file
-    output) and exit code 0, or 3 when some rows failed.
+    output) and exit code 0, or 3 when some rows failed. With
+    ``context.resume`` (a file output), the files are appended to and rows
+    with a record there are skipped (``request_counts.resumed``).
 
     Raises:
-        ConfigError: ``--resume`` (a stream cannot be read again).
+        ConfigError: ``--resume`` with standard output (nothing to resume
+            from); an output to resume from that is not JSONL records.
         OutputExistsError: a file output exists, without ``overwrite``.
         Interrupted: a stop signal (every row finished so far is written).
         EngineError, ModelError: the engine failed (likewise).
@@ -215,13 +244,19 @@ def stream(
     """
     started = time.monotonic()
     context = context or RunContext()
+    done: set[str] = set()
     if context.resume:
-        raise ConfigError(
-            "--resume is not offered for standard input: a stream cannot be read again; "
-            "run the rows not in the output again as a new stream"
-        )
-    sink = _open_sink(paths.output, context.overwrite)
-    errors = _open_sink(paths.errors, context.overwrite) if paths.errors is not None else sink
+        if paths.output == STDOUT:
+            raise ConfigError(
+                "--resume is not offered for standard input to standard output: a stream cannot be read again "
+                "and standard output keeps nothing; give -o OUT.jsonl, and a stream to a file can be resumed by "
+                "id (rows whose id has a record there are skipped)"
+            )
+        for path in (paths.output, paths.errors):
+            if path is not None:
+                done |= done_ids(path)
+    sink = _open_sink(paths.output, context.overwrite, context.resume)
+    errors = _open_sink(paths.errors, context.overwrite, context.resume) if paths.errors is not None else sink
     # --verbose keeps the engine's log on the terminal: on standard error, never in the data
     saved = os.dup(1) if context.verbose and paths.output == STDOUT else None
     try:
@@ -229,7 +264,8 @@ def stream(
             os.dup2(2, 1)
         with EngineLog(paths.log, context.verbose) as log:
             try:
-                return _stream(source, paths, settings, context, sink, errors, started)
+                writer = StreamWriter(sink, errors, *_order(settings), done=done)
+                return _stream(source, paths, settings, context, writer, started)
             except (EngineError, ModelError) as exc:
                 raise log.explain(exc) from exc
     finally:
@@ -241,19 +277,25 @@ def stream(
             os.close(saved)
 
 
-def _open_sink(path: Path, overwrite: bool) -> IO[bytes]:
+def _order(settings: Settings) -> tuple[bool, int]:
+    """Whether records are written in input order (``[plan] output_order``
+    ``input``; completion order unless asked), and the reorder buffer's bound."""
+    return settings.plan.output_order == "input", settings.plan.window_rows
+
+
+def _open_sink(path: Path, overwrite: bool, append: bool = False) -> IO[bytes]:
     """A binary stream for ``path``: a copy of standard output for ``-`` (taken
     before the engine's log takes file descriptor 1), else the file, created
-    (replaced with ``overwrite``).
+    (replaced with ``overwrite``, appended to with ``append``).
 
     Raises:
-        OutputExistsError: the file exists and ``overwrite`` is not set.
+        OutputExistsError: the file exists and neither ``overwrite`` nor ``append`` is set.
     """
     if path == STDOUT:
         return os.fdopen(os.dup(1), "wb", buffering=1 << 16)
-    if path.exists() and not overwrite:
-        raise OutputExistsError(f"output {path} already exists; use --overwrite to replace it")
-    return open(path, "wb", buffering=1 << 16)  # noqa: SIM115 (closed by stream())
+    if path.exists() and not (overwrite or append):
+        raise OutputExistsError(f"output {path} already exists; use --overwrite to replace it or --resume to go on")
+    return open(path, "ab" if append else "wb", buffering=1 << 16)  # noqa: SIM115 (closed by stream())
 
 
 def _stream(
@@ -261,8 +303,7 @@ def _stream(
     paths: StreamPaths,
     settings: Settings,
     context: RunContext,
-    sink: IO[bytes],
-    errors_sink: IO[bytes],
+    writer: StreamWriter,
     started: float,
 ) -> RunReport:
     model = resolve_model(settings.model)
@@ -277,12 +318,12 @@ def _stream(
     name = settings.model or DEFAULT_MODEL
 
     def on_error(error: RowError) -> None:
-        errors_sink.write(orjson.dumps(records.error_record(error)) + b"\n")
+        writer.error(error.line, records.error_record(error))
         counts["failed"] += 1
         progress.update(failed=1, planned=False)
 
     def on_finished(request: Request, completion: Completion) -> None:
-        sink.write(orjson.dumps(records.output_record(request, completion, name)) + b"\n")
+        writer.output(request.line, records.output_record(request, completion, name))
         counts["completed"] += 1
         counts["prompt_tokens"] += completion.prompt_tokens
         counts["completion_tokens"] += completion.completion_tokens
@@ -293,8 +334,7 @@ def _stream(
 
     def on_step(finished: list[Completion]) -> None:
         if finished:
-            sink.flush()
-            errors_sink.flush()
+            writer.flush()
         progress.tick(engine.generated_tokens, engine.prefilled_tokens, engine.running_lengths())
 
     def on_planned(request: Request) -> None:
@@ -306,7 +346,10 @@ def _stream(
     def on_window(size: int) -> None:
         counts["windows"] += 1
 
-    windows = stream_requests(rows, settings, planner, on_error, on_planned, on_window=on_window)
+    windows = writer.gate(
+        stream_requests(rows, settings, planner, on_error, on_planned, on_window=on_window, writer=writer),
+        PENDING,
+    )
     generate_start = time.monotonic()
     context.stop.starting = False
     try:
@@ -327,12 +370,15 @@ def _stream(
     finally:
         progress.close()
         engine.close()
-        sink.flush()
-        errors_sink.flush()
+        writer.flush()
     generate_s = time.monotonic() - generate_start
     report = _report(paths, name, model, settings, counts, load_s, generate_s, time.monotonic() - started)
     report["engine_choice"] = engine_choice
     report["blank_lines"] = rows.blank_lines()
+    report["request_counts"]["resumed"] = writer.skipped
+    report["output_order"] = "input" if writer.input_order else "completion"
+    if writer.input_order:
+        report["reorder"] = {"bound": writer.bound, "peak_held": writer.peak_held}
     if paths.output != STDOUT:
         from bulkinfer.report.stats import write_json
 
@@ -374,7 +420,6 @@ def _report(
             "requests_per_s": counts["completed"] / generate_s if generate_s > 0 else 0.0,
             "completion_tokens_per_s": counts["completion_tokens"] / generate_s if generate_s > 0 else 0.0,
         },
-        "output_order": "completion",
     }
 
 

@@ -24,6 +24,7 @@ import orjson
 
 from bulkinfer.default_model import bulkinfer_home
 from bulkinfer.io.files import atomic_write
+from bulkinfer.report.step_cost import StepCost
 
 # A calibration smaller than this (rows, completion tokens generated) is
 # neither stored nor used: bulkinfer calibrate's workload is 64 x 64 tokens.
@@ -74,12 +75,14 @@ def record_calibration(
     machine: dict[str, Any],
     source: str = "run",
     completion_lengths: list[int] | None = None,
+    step_cost: StepCost | None = None,
 ) -> dict[str, Any] | None:
     """Store a finished run's throughput for its model on ``machine``
     (``{"cpu": model name, "cores": n}``) and return the entry; ``source`` is
     ``"run"`` or ``"calibrate"``; ``completion_lengths``: the run's
     completion lengths as quantiles (tokens), the ETA's prior for a later
-    run (:func:`length_prior`). A run below the minimum size is not stored
+    run (:func:`length_prior`); ``step_cost``: the step model fitted to
+    the run (the ETA's time model for later runs on ``machine``). A run below the minimum size is not stored
     (returns None). An entry measured on the same output file is replaced
     (``calibrate`` replaces the entry its own run stored); only the
     newest :data:`KEEP_PER_MODEL_AND_MACHINE` per model and machine are kept.
@@ -101,6 +104,7 @@ def record_calibration(
         "dtype": report.get("engine", {}).get("dtype"),
         "output": report.get("output") if source == "run" else None,
         "completion_lengths": completion_lengths or [],
+        "step_cost": step_cost.to_json() if step_cost is not None else None,
     }
     if not adequate(entry):
         return None
@@ -167,21 +171,30 @@ def _save(entries: list[dict[str, Any]] | None = None, choices: list[dict[str, A
 
 
 class LengthPrior(NamedTuple):
-    """An earlier run's completion lengths (quantiles, tokens) and whether
-    that run wrote the same output (the same job run again)."""
+    """An earlier run's completion lengths (quantiles, tokens), whether
+    that run wrote the same output (the same job run again), and the step
+    model fitted to the newest run of the model on this machine (None: none stored)."""
 
     lengths: list[int]
     same_job: bool
+    step_cost: StepCost | None = None
 
 
-def length_prior(model_path: str, output: str) -> LengthPrior:
+def length_prior(model_path: str, output: str, machine: dict[str, Any] | None = None) -> LengthPrior:
     """The completion lengths stored with the newest run that wrote
     ``output`` (``same_job``), else with the newest run of ``model_path`` on
-    any machine; empty lengths when there is none."""
-    runs = [e for e in load_calibrations() if e.get("completion_lengths")]
+    any machine; empty lengths when there is none. The step model: of the
+    newest run of ``model_path`` on ``machine`` that stored one (None without ``machine``)."""
+    entries = load_calibrations()
+    runs = [e for e in entries if e.get("completion_lengths")]
     same_job = [e for e in runs if e.get("output") == output]
     same = same_job or [e for e in runs if e.get("model_path") == model_path]
-    return LengthPrior([int(n) for n in same[-1]["completion_lengths"]] if same else [], bool(same_job))
+    fitted = [e for e in entries if machine is not None and e.get("step_cost") and _matches(e, model_path, machine)]
+    return LengthPrior(
+        [int(n) for n in same[-1]["completion_lengths"]] if same else [],
+        bool(same_job),
+        StepCost.from_json(fitted[-1]["step_cost"]) if fitted else None,
+    )
 
 
 def load_calibrations() -> list[dict[str, Any]]:

@@ -1,55 +1,59 @@
-"""The ETA of a generation run: the completion tokens left, and the engine
-steps they take. Under continuous batching hundreds of rows run at once and
-few finish early on, so rows left over rows done would mislead; the work
-left does not.
+"""The ETA of a generation run, as a range: the completion tokens left, and
+the engine steps and seconds they take, with what is not known yet drawn
+many times over.
 
-Two parts, both measured during the run:
+Under continuous batching hundreds of rows run at once and few finish early
+on, so rows left over rows done would mislead; the work left does not. What
+is unknown is the completion length of every row not finished (how long the
+running ones still go, how long the waiting ones will be) and the rate of
+the steps to come. :meth:`WorkEstimate.outlook` draws :data:`SAMPLES`
+futures: in each, every running row gets a length past the tokens it has,
+the last :data:`TAIL_ROWS_PER_SLOT` x slots waiting rows get lengths and are
+fed to the slots as they free (the tail, which decides how many steps the
+drain takes), the waiting rows before them add their expected tokens
+(their sum's spread from the central limit theorem), and the step rate is
+scaled by a draw of the rate's drift (:class:`~bulkinfer.report.step_cost.StepCost`'s
+``spread``). The range is the 10th to 90th percentile of the futures' seconds,
+the point their median: its width is the spread of what is still unknown,
+and it narrows as rows finish.
 
 - **Lengths**: the Kaplan-Meier estimate of the completion lengths (rows
   still running are censored at the tokens they have), joined with the
-  lengths of an earlier run of the same job (or, failing that, of the same
-  model) where bulkinfer has one: ``PRIOR_ROWS`` rows' worth, which the
-  run's own rows soon outweigh. Without one, rows are assumed to run to
-  ``max_tokens`` past the lengths seen: the ETA errs long, never short.
-- **The same job run again** (``same_job``): its rows as a whole are
-  expected to generate the earlier run's mean per row, so the completion
-  tokens left are that total less the tokens generated so far (at least
-  what the running rows are expected to add). Rows are fed in length
-  order, so the rows left differ from the rows done: 1,000 short questions
-  finished their short answers first, and the estimate from the rows done
-  was 43% short at half-time; the total less the tokens done was 12% short
-  (``python -m bench.eta_trace replay`` on the recording below, its own
-  lengths as the prior).
-- **Steps**: an engine step decodes one token for each running request,
-  prefills some prompt tokens, and costs ``rate * (decoded + OVERHEAD_TOKENS
-  + PREFILL_WEIGHT * prefilled)`` seconds, ``rate`` the median over the
-  recent steps. While rows wait, the engine runs full; once none waits, the
-  running rows drain: the steps cost less but only the longest rows are
-  left, so the tail is simulated row by row.
-
-Measured on a recording of a real run (``python -m bench.eta_trace``,
-1,000 short questions, AMD EPYC 2 cores, SmolLM2-135M): a step costs
-~0.065 s plus ~4 ms per decoded token and ~2 ms per prompt token, hence
-``OVERHEAD_TOKENS`` = 16 and ``PREFILL_WEIGHT`` = 0.5.
+  lengths of an earlier run of the model where bulkinfer has one:
+  ``PRIOR_ROWS`` rows' worth, which the run's own rows soon outweigh. Where
+  fewer than :data:`MIN_AT_RISK` rows are known to reach a length, what lies
+  past it is not known: each future draws where those rows stop, anywhere
+  up to ``max_tokens`` (one draw per future: the unknown is the job's, not
+  each row's).
+- **The same job run again** (``same_job``): its rows are expected to have
+  the earlier run's lengths, the ones already seen taken out. Rows are fed
+  in length order, so the rows left differ from the rows done (1,000 short
+  questions finished their short answers first); the earlier run's lengths
+  less the ones done know that.
+- **Steps**: :mod:`bulkinfer.report.step_cost` (the fixed cost of a step,
+  the tokens it decodes, attends over and prefills); its scale is the median
+  over the :data:`RECENT_STEPS` latest steps.
 """
 
 from __future__ import annotations
 
 import bisect
+import heapq
+import math
+import random
 import statistics
 from collections import Counter, deque
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 
-# A step's fixed cost in decoded-token equivalents (see the module docstring).
-OVERHEAD_TOKENS = 16.0
-
-
-# A prompt token's cost, in decoded tokens (see the module docstring).
-PREFILL_WEIGHT = 0.5
-
+from bulkinfer.report.step_cost import Step, StepCost
 
 # Steps whose rate the median is taken over.
-RECENT_STEPS = 32
+RECENT_STEPS = 64
+
+
+# Steps kept (every one, then every 2nd, 4th, ... in order) for the run's own step-cost fit at its end.
+FIT_STEPS = 4096
 
 
 # An earlier run's lengths weigh as much as this many rows of this run.
@@ -65,8 +69,45 @@ LENGTH_QUANTILES = 101
 MIN_AT_RISK = 20
 
 
-# Low-discrepancy spread of quantiles over the running rows (the golden ratio's fraction).
-SPREAD = 0.6180339887498949
+# A first run's lengths are estimated from the rows started last: this many
+# of the 4 x as many that ended last (see WorkEstimate._cohort).
+COHORT_ROWS = 256
+
+
+# Past the known lengths, the futures' rows stop at these shares of the way to
+# max_tokens: (i + 0.5) / SAMPLES to this power (below 1: nearer max_tokens).
+BEYOND_POWER = 0.5
+
+
+# Futures drawn per estimate, and the last waiting rows per slot drawn one by one.
+SAMPLES = 32
+
+
+TAIL_ROWS_PER_SLOT = 1
+
+
+# A run again draws its rows' lengths from at most this many (see _Futures._pool).
+POOL_ROWS = 8192
+
+
+# The range's ends: these quantiles of the futures' seconds.
+RANGE_QUANTILES = (0.1, 0.9)
+
+
+# A row's completion length drawn given the tokens it has (tokens -> tokens).
+_Draw = Callable[[int], int]
+
+
+@dataclass(frozen=True, slots=True)
+class EtaRange:
+    """Seconds left: ``low`` and ``high`` (the 10th and 90th percentiles of
+    the drawn futures) around ``point`` (their median); ``completion_tokens``:
+    the completion tokens left, the futures' mean."""
+
+    low: float
+    point: float
+    high: float
+    completion_tokens: float
 
 
 class WorkEstimate:
@@ -74,9 +115,8 @@ class WorkEstimate:
     the module docstring for the model).
 
     Completion length: ``S(k)``, the share of rows longer than ``k`` tokens
-    (:meth:`survival`). A row that has ``g`` tokens is expected to add
-    ``sum(S(k) for k >= g) / S(g)`` more. Rows not yet planned (the input is
-    planned window by window) are assumed like the planned ones on average.
+    (:meth:`survival`). Rows not yet planned (the input is planned window by
+    window) are assumed like the planned ones on average.
 
     Args:
         start: when generation started (seconds, the clock of :meth:`observe`).
@@ -84,9 +124,10 @@ class WorkEstimate:
             :meth:`length_quantiles`; empty for none.
         max_running: the most requests the engine runs at once (vLLM's
             ``max_num_seqs``); None: the most seen running so far.
-        same_job: ``prior`` is an earlier run of this job (the same output):
-            the completion tokens left are its mean per row times the rows,
-            less the tokens generated (see the module docstring).
+        same_job: ``prior`` is an earlier run of this job (the same output).
+        step_cost: the step model's weights for this model and machine
+            (stored by an earlier run); the defaults when None.
+        seed: of the futures' draws (an estimate is reproducible).
     """
 
     def __init__(
@@ -95,6 +136,8 @@ class WorkEstimate:
         prior: Sequence[int] = (),
         max_running: int | None = None,
         same_job: bool = False,
+        step_cost: StepCost | None = None,
+        seed: int = 0,
     ) -> None:
         self.planned_rows = 0
         self.planned_prompt_tokens = 0
@@ -102,6 +145,8 @@ class WorkEstimate:
         self.longest_max_tokens = 0
         self.finished_rows = 0  # planned rows that ended, with or without error
         self.lengths: Counter[int] = Counter()  # completion lengths of the rows that ended with one
+        # (step it started at, length) of the rows that ended last with one
+        self._recent: deque[tuple[int, int]] = deque(maxlen=4 * COHORT_ROWS)
         self.prior = Counter(prior)
         self.same_job = same_job and bool(prior)
         self.generated_tokens = 0
@@ -109,8 +154,14 @@ class WorkEstimate:
         self.running: list[int] = []  # the tokens so far of each row the engine is generating
         self.max_running = max_running
         self.concurrency = 0  # the most rows seen generating at once
+        self.step_cost = step_cost or StepCost()
+        self.step_cost_stored = step_cost is not None
+        self.steps: deque[Step] = deque(maxlen=RECENT_STEPS)
+        self.sampled_steps: list[Step] = []  # every _stride-th step, in order, for fit_step_cost
+        self._stride = 1
+        self.step_count = 0
         self._last_step = (start, 0, 0)  # time, prefilled, generated when the counts last moved
-        self._rates: deque[float] = deque(maxlen=RECENT_STEPS)  # seconds per unit of a step's work
+        self._rng = random.Random(seed)
 
     def plan(self, prompt_tokens: int, max_tokens: int) -> None:
         """A row was planned: ``prompt_tokens`` long, at most ``max_tokens`` to generate."""
@@ -124,22 +175,31 @@ class WorkEstimate:
         self.finished_rows += 1
         if completion_tokens is not None:
             self.lengths[completion_tokens] += 1
+            self._recent.append((self.step_count - completion_tokens, completion_tokens))
 
     def observe(self, now: float, generated_tokens: int, prefilled_tokens: int, running: list[int]) -> None:
         """The engine's totals at ``now`` (seconds): completion tokens
         generated, prompt tokens processed, and the completion tokens so far
         of each request it is generating. Counts that moved since the last
-        call end an engine step: its seconds per unit of work (see the
-        module docstring) join the recent rates."""
+        call end an engine step (its seconds, tokens and context join the
+        recent steps)."""
         self.generated_tokens, self.prefilled_tokens, self.running = generated_tokens, prefilled_tokens, running
         self.concurrency = max(self.concurrency, len(running))
         then, prompt_then, completion_then = self._last_step
         if (prefilled_tokens, generated_tokens) == (prompt_then, completion_then):
             return  # a step still running
         self._last_step = (now, prefilled_tokens, generated_tokens)
-        work = generated_tokens - completion_then + OVERHEAD_TOKENS + PREFILL_WEIGHT * (prefilled_tokens - prompt_then)
-        if now > then:
-            self._rates.append((now - then) / work)
+        if now <= then:
+            return
+        context = sum(running) + len(running) * self._mean_prompt()
+        step = Step(now - then, generated_tokens - completion_then, prefilled_tokens - prompt_then, context)
+        self.steps.append(step)
+        self.step_count += 1
+        if self.step_count % self._stride == 0:  # every stride-th step, in order
+            self.sampled_steps.append(step)
+            if len(self.sampled_steps) >= FIT_STEPS:
+                del self.sampled_steps[::2]
+                self._stride *= 2
 
     @property
     def done(self) -> int:
@@ -149,24 +209,46 @@ class WorkEstimate:
     def survival(self) -> list[float]:
         """``S[k]`` for k = 0 .. the longest ``max_tokens``: the Kaplan-Meier
         estimate of the share of completions longer than ``k`` tokens, the
-        prior's lengths counted as :data:`PRIOR_ROWS` rows that ended."""
+        prior's lengths counted as :data:`PRIOR_ROWS` rows that ended. Past
+        where the lengths are known (see :meth:`known_lengths`), ``S`` stays
+        flat: the rows left run to ``max_tokens``."""
+        return self._survival()[0]
+
+    def known_lengths(self) -> int:
+        """The length up to which :meth:`survival` is estimated from rows (tokens)."""
+        return self._survival()[1]
+
+    def _cohort(self) -> Counter[int]:
+        """The lengths of the :data:`COHORT_ROWS` rows that started last
+        among the rows that ended lately (with the running ones, censored,
+        they say most about the rows still to come: rows are fed in prompt
+        length order, and completion lengths drift along it), or of every
+        row that ended when fewer than :data:`MIN_AT_RISK` did."""
+        latest = heapq.nlargest(COHORT_ROWS, self._recent)
+        if len(latest) < MIN_AT_RISK:
+            return self.lengths
+        return Counter(length for _, length in latest)
+
+    def _survival(self) -> tuple[list[float], int]:
         top = self.longest_max_tokens
         censored = Counter(min(g, top) for g in self.running)  # running with g tokens: longer than g
         prior_weight = PRIOR_ROWS / self.prior.total() if self.prior else 0.0
-        ended = {k: float(n) for k, n in self.lengths.items()}
+        lengths = self._cohort()
+        ended = {k: float(n) for k, n in lengths.items()}
         for length, n in self.prior.items():
             ended[min(length, top)] = ended.get(min(length, top), 0.0) + n * prior_weight
-        at_risk: float = self.lengths.total() + len(self.running) + (PRIOR_ROWS if self.prior else 0)
-        last_seen = max(max(self.lengths, default=0), max(self.running, default=0))
-        s, out = 1.0, []
+        at_risk: float = lengths.total() + len(self.running) + (PRIOR_ROWS if self.prior else 0)
+        last_seen = max(max(lengths, default=0), max(self.running, default=0))
+        s, out, known = 1.0, [], top
         for k in range(top + 1):
             if not self.prior and (k > last_seen or at_risk < MIN_AT_RISK):
+                known = min(known, k)
                 out.append(s if k < top else 0.0)  # past what was seen well: the rows left run to max_tokens
                 continue
             s *= 1 - ended.get(k, 0.0) / at_risk if at_risk > 0 else 1.0
             out.append(max(s, 0.0) if k < top else 0.0)
             at_risk -= ended.get(k, 0.0) + censored.get(k, 0)
-        return out
+        return out, known
 
     def length_quantiles(self) -> list[int]:
         """The completion lengths of the rows that ended, as
@@ -181,47 +263,65 @@ class WorkEstimate:
     def remaining_tokens(self, total_rows: int | None, failed_rows: int = 0) -> tuple[float, float]:
         """(prompt, completion) tokens left for ``total_rows`` rows in all
         (None: only the planned ones) of which ``failed_rows`` failed before
-        they were planned."""
-        if not self.planned_rows:
+        they were planned: the completion tokens are the futures' mean."""
+        outlook = self.outlook(total_rows, failed_rows, timed=False)
+        if outlook is None:
             return 0.0, 0.0
-        completion = self._completion_left(self.survival(), self._rows_left(total_rows, failed_rows))
-        return self._prompt_left(total_rows, failed_rows), completion
+        return self._prompt_left(total_rows, failed_rows), outlook.completion_tokens
 
     def eta_s(self, total_rows: int | None, failed_rows: int = 0) -> float | None:
         """Seconds left for ``total_rows`` rows in all (see
-        :meth:`remaining_tokens`); None before a step was timed."""
-        if not self._rates or not self.planned_rows:
-            return None
-        rate = statistics.median(self._rates)
-        survival = self.survival()
-        waiting = self._rows_left(total_rows, failed_rows)
-        if waiting <= 0:  # draining: the rows running are all that is left
-            return _drain_s(rate, _residuals(survival, self.running))
-        full = max(self.max_running or self.concurrency, 1)
-        tokens = self._completion_left(survival, waiting)
-        # the engine runs full until the last row waiting starts; then the full
-        # batch drains, its rows part-way through (a renewal process's residual lengths)
-        drain = _equilibrium_residuals(survival, full)
-        steps = max(tokens - sum(drain), 0.0) / full
-        prefill_s = rate * PREFILL_WEIGHT * self._prompt_left(total_rows, failed_rows)
-        return steps * rate * (full + OVERHEAD_TOKENS) + prefill_s + _drain_s(rate, drain)
+        :meth:`remaining_tokens`): :meth:`outlook`'s point; None before a step was timed."""
+        outlook = self.outlook(total_rows, failed_rows)
+        return None if outlook is None else outlook.point
 
-    def _completion_left(self, survival: list[float], waiting: int) -> float:
-        """Completion tokens expected of the ``waiting`` rows and of the running ones."""
-        tail = _tail_sums(survival)
-        running = sum(_expected_left(tail, survival, g) for g in self.running)
-        if not self.same_job:
-            return waiting * tail[0] + running
-        mean = sum(k * n for k, n in self.prior.items()) / self.prior.total()
-        rows = self.lengths.total() + len(self.running) + waiting
-        generated = sum(k * n for k, n in self.lengths.items()) + sum(self.running)
-        return max(rows * mean - generated, running)
+    def outlook(self, total_rows: int | None, failed_rows: int = 0, timed: bool = True) -> EtaRange | None:
+        """The seconds left as a range (see the module docstring) for
+        ``total_rows`` rows in all (None: the planned ones), of which
+        ``failed_rows`` failed before they were planned. None before a row
+        was planned or (``timed``) before a step was timed."""
+        if not self.planned_rows or (timed and not self.steps):
+            return None
+        rows = _Futures(self, total_rows, failed_rows)
+        prompt_left = self._prompt_left(total_rows, failed_rows)
+        normal = statistics.NormalDist()
+        drift = [math.exp(self.step_cost.spread * normal.inv_cdf((i + 0.5) / SAMPLES)) for i in range(SAMPLES)]
+        self._rng.shuffle(drift)
+        models = self.step_cost.neighbours()
+        rates = [self._rate(model) if timed else 0.0 for model in models]
+        seconds, tokens = [], []
+        for i in range(SAMPLES):
+            steps, decoded, context = rows.draw(i)
+            cost, rate = models[i % len(models)], rates[i % len(models)]
+            work = (
+                cost.overhead_tokens * steps
+                + decoded
+                + cost.context_weight * context
+                + cost.prefill_weight * prompt_left
+            )
+            seconds.append(rate * drift[i] * work)
+            tokens.append(decoded)
+        seconds.sort()
+        low, high = (seconds[min(round(q * (SAMPLES - 1)), SAMPLES - 1)] for q in RANGE_QUANTILES)
+        return EtaRange(low, statistics.median(seconds), high, statistics.fmean(tokens))
+
+    def _rate(self, model: StepCost) -> float:
+        """Seconds per unit of a step's work under ``model``: the median over the recent steps."""
+        return statistics.median(s.seconds / model.work(s) for s in self.steps)
+
+    def fitted_step_cost(self) -> StepCost | None:
+        """The step model fitted to this run's steps (None for too few): the next run's ``step_cost``."""
+        from bulkinfer.report.step_cost import fit_step_cost
+
+        return fit_step_cost(self.sampled_steps)
+
+    def _mean_prompt(self) -> float:
+        return self.planned_prompt_tokens / self.planned_rows if self.planned_rows else 0.0
 
     def _prompt_left(self, total_rows: int | None, failed_rows: int) -> float:
         """Prompt tokens not yet processed, the unplanned rows' at the planned rows' mean."""
-        mean_prompt = self.planned_prompt_tokens / self.planned_rows
         unplanned = max((total_rows or 0) - self.planned_rows - failed_rows, 0)
-        return max(self.planned_prompt_tokens - self.prefilled_tokens, 0) + unplanned * mean_prompt
+        return max(self.planned_prompt_tokens - self.prefilled_tokens, 0) + unplanned * self._mean_prompt()
 
     def _rows_left(self, total_rows: int | None, failed_rows: int) -> int:
         """Rows not started: planned and waiting, or not yet planned."""
@@ -229,52 +329,118 @@ class WorkEstimate:
         return max(self.planned_rows - self.finished_rows - len(self.running), 0) + unplanned
 
 
-def _drain_s(rate: float, residuals: list[int]) -> float:
-    """Seconds until rows with these tokens left all finish, one token per
-    step each, a step with ``n`` rows costing ``rate * (n + OVERHEAD_TOKENS)``."""
-    seconds, done, left = 0.0, 0, len(residuals)
-    for r in sorted(residuals):
-        seconds += (r - done) * rate * (left + OVERHEAD_TOKENS)
-        done, left = r, left - 1
-    return seconds
+class _Futures:
+    """Draws the futures of one estimate: for each, the steps left, the
+    completion tokens left and their context (tokens attended over, summed over steps)."""
+
+    def __init__(self, work: WorkEstimate, total_rows: int | None, failed_rows: int) -> None:
+        self.work = work
+        self.rng = work._rng
+        self.top = max(work.longest_max_tokens, 1)
+        self.waiting = work._rows_left(total_rows, failed_rows)
+        self.slots = max(work.max_running or work.concurrency, len(work.running), 1)
+        self.tail = min(self.waiting, TAIL_ROWS_PER_SLOT * self.slots)
+        self.mean_prompt = work._mean_prompt()
+        self.running = sorted(work.running, reverse=True)
+        if work.same_job:
+            self.pool = self._pool(total_rows or work.planned_rows)
+        else:
+            self.survival, self.known = work._survival()
+            self.falling = [-p for p in self.survival]  # non-decreasing: bisect finds where S drops below a level
+
+    def _pool(self, rows: int) -> list[int]:
+        """The lengths of the rows not finished (sorted; at most
+        :data:`POOL_ROWS`, evenly spaced quantiles when more): the earlier
+        run's lengths for ``rows`` rows, less the lengths of the rows done.
+        The earlier lengths are quantiles, not the rows' own lengths, so each
+        length done takes out the nearest from below: the remaining count at
+        or below ``k`` is the earlier run's less the rows done, never falling."""
+        top = self.top
+        quantiles = [min(v, top) for v in self.work.prior.elements()]
+        expected = [0.0] * (top + 1)
+        for v in quantiles:
+            expected[v] += rows / len(quantiles)
+        done = Counter(min(k, top) for k in self.work.lengths.elements())
+        earlier = finished = at_or_below = 0.0
+        cumulative = []
+        for k in range(top + 1):
+            earlier += expected[k]
+            finished += done.get(k, 0)
+            at_or_below = max(at_or_below, earlier - finished)
+            cumulative.append(at_or_below)
+        total = cumulative[-1]
+        n = min(round(total), POOL_ROWS)
+        return [bisect.bisect_left(cumulative, (j + 0.5) / n * total) for j in range(n)] if n > 0 else []
+
+    def draw(self, i: int) -> tuple[float, float, float]:
+        """One future: (steps, completion tokens, context tokens) left."""
+        draw_length = self._from_pool() if self.work.same_job else self._from_survival(i)
+        slots: list[float] = []
+        decoded, context = 0.0, 0.0
+        for g in self.running:  # the longest first: each can still draw a length past its own
+            length = draw_length(g)
+            slots.append(length - g)
+            decoded += length - g
+            context += (length - g) * self.mean_prompt + (length * length - g * g) / 2
+        slots += [0] * (self.slots - len(slots))
+        tail = [draw_length(0) for _ in range(self.tail)]
+        bulk_rows = self.waiting - self.tail
+        if bulk_rows > 0:  # the rows fed before the tail: their expected sum, spread by the CLT
+            mean = statistics.fmean(tail)
+            mean_square = statistics.fmean(n * n for n in tail)
+            sd = math.sqrt(max(mean_square - mean * mean, 0.0))
+            bulk = max(bulk_rows * mean + math.sqrt(bulk_rows) * sd * self.rng.gauss(0.0, 1.0), 0.0)
+            slots = _fill(slots, bulk)
+            decoded += bulk
+            context += bulk_rows * (mean * self.mean_prompt + mean_square / 2)
+        heapq.heapify(slots)
+        for length in tail:
+            heapq.heapreplace(slots, slots[0] + length)
+            decoded += length
+            context += length * self.mean_prompt + length * length / 2
+        return max(slots, default=0.0), decoded, context
+
+    def _from_pool(self) -> _Draw:
+        pool = list(self.pool)
+        top, rng = self.top, self.rng
+
+        def draw(g: int) -> int:
+            start = bisect.bisect_right(pool, g)
+            if start >= len(pool):  # longer than the earlier run's lengths left: one more token
+                return min(g + 1, max(top, g + 1))
+            return pool.pop(rng.randrange(start, len(pool)))
+
+        return draw
+
+    def _from_survival(self, i: int) -> _Draw:
+        survival, falling, known, top, rng = self.survival, self.falling, self.known, self.top, self.rng
+        beyond = ((i + 0.5) / SAMPLES) ** BEYOND_POWER  # where this future's rows past the known lengths stop
+
+        def draw(g: int) -> int:
+            g = min(g, top - 1)
+            if survival[g] <= 0:
+                return g + 1
+            level = rng.random() * survival[g]
+            k = bisect.bisect_left(falling, -level, lo=g + 1)
+            if k >= top and known < top:  # past the known lengths: this future's share of the way to top
+                base = max(known, g)
+                k = base + 1 + int(beyond * (top - base - 1))
+            return max(min(k, top), g + 1)
+
+        return draw
 
 
-def _tail_sums(survival: list[float]) -> list[float]:
-    """``tail[g] = sum(S(k) for g <= k < top)``: a row's expected tokens past ``g``, times ``S(g)``."""
-    top = len(survival) - 1
-    tail = [0.0] * (top + 1)
-    for k in range(top - 1, -1, -1):
-        tail[k] = tail[k + 1] + survival[k]
-    return tail
-
-
-def _expected_left(tail: list[float], survival: list[float], g: int) -> float:
-    g = min(g, len(survival) - 1)
-    return tail[g] / survival[g] if survival[g] > 0 else 0.0
-
-
-def _residuals(survival: list[float], running: list[int]) -> list[int]:
-    """Tokens left of each running row: a quantile of its length given that
-    it passed ``g`` tokens, the quantiles spread over the rows."""
-    top = len(survival) - 1
-    falling = [-s for s in survival]  # non-decreasing: bisect finds where S drops below a level
-    out, q = [], 0.5
-    for g in sorted(min(g, top) for g in running):
-        q = (q + SPREAD) % 1.0
-        level = (1.0 - q) * survival[g]
-        k = bisect.bisect_left(falling, -level, lo=min(g + 1, top))
-        out.append(max(min(k, top) - g, 1))
-    return out
-
-
-def _equilibrium_residuals(survival: list[float], rows: int) -> list[int]:
-    """Tokens left of ``rows`` rows caught part-way through at a random step
-    (the residual lengths of a renewal process: ``P(R = r)`` proportional to
-    ``S(r - 1)``), as ``rows`` evenly spaced quantiles."""
-    cumulative, total = [], 0.0
-    for s in survival[:-1]:
-        total += s
-        cumulative.append(total)
-    if total <= 0:
-        return [1] * rows
-    return [bisect.bisect_left(cumulative, (i + 0.5) / rows * total) + 1 for i in range(rows)]
+def _fill(slots: list[float], tokens: float) -> list[float]:
+    """The slots' finishing steps after ``tokens`` more are decoded one per
+    slot per step, the emptiest slots first (water filling)."""
+    ordered = sorted(slots)
+    level, used = ordered[0], 0.0
+    for count, value in enumerate(ordered[1:], 1):
+        if used + count * (value - level) > tokens:
+            break
+        used += count * (value - level)
+        level = value
+    else:
+        count = len(ordered)
+    level += (tokens - used) / count
+    return [max(s, level) for s in ordered]

@@ -1,6 +1,5 @@
-"""The saved reports as types: ``OUT.report.json`` of ``bulkinfer run`` and
-``bulkinfer embed`` (:class:`RunReport`), ``OUT.eval.json`` of ``bulkinfer
-eval`` (:class:`EvalReport`).
+"""The saved reports as types: ``OUT.report.json`` of ``bulkinfer run`` and ``bulkinfer
+embed`` (:class:`RunReport`), ``OUT.eval.json`` of ``bulkinfer eval`` (:class:`EvalReport`).
 
 One writer (:func:`bulkinfer.report.stats.write_report`) stamps every report
 with ``report_version`` (:data:`REPORT_VERSION`); a report without one is
@@ -296,6 +295,7 @@ class RunReport:
     passthrough_fields: list[PassthroughField] = field(default_factory=list)
     engine_choice: EngineChoice = field(default_factory=EngineChoice)
     peak_rss_bytes: PeakRss = field(default_factory=PeakRss)
+    eta_trace: dict[str, Any] | None = None  # {"points": [[s, low, point, high]], "end_s"}: see report.schema.json
     embedding: Embedding | None = None
     scoring: Scoring | None = None
 

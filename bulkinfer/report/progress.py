@@ -3,8 +3,8 @@
 Under cron or a pipe there is no terminal: one line every
 :data:`PLAIN_INTERVAL_S` seconds (``BULKINFER_PROGRESS_INTERVAL_S`` overrides
 it) on stderr, no ANSI codes, e.g. ``2026-11-22T20:41:07 bulkinfer: 120/300
-rows (2 failed), 402.5 tok/s, 231.4 completion tok/s, eta 0:01:10 (run ~240.2
-completion tok/s)`` (one line).
+rows (2 failed), 402.5 tok/s, 231.4 completion tok/s, eta 0:01:02-0:01:25
+(run ~240.2 completion tok/s)`` (one line).
 
 The first tokens/s counts the prompt and completion tokens the engine
 processed, the second the completion tokens generated, of finished and
@@ -12,7 +12,11 @@ unfinished rows alike (the engine streams them), over the time since
 generation started: the figures the report ends with. The ETA is the time the
 tokens left take at the rate measured (:class:`WorkEstimate`), not rows left
 over rows done: under continuous batching hundreds of rows run at once and
-few finish early on.
+few finish early on. It is a range (the 10th to 90th percentile of the
+futures :meth:`WorkEstimate.outlook` draws) until the range is within
+:data:`SINGLE_WITHIN` of its point, then the point alone; every estimate is
+kept (:attr:`Progress.eta_trace`, the report's ``eta_trace``) so it can be
+scored against the run's real end.
 
 After the ETA, ``run ~N completion tok/s`` is the run's expected final
 figure: the completion tokens generated and left over the time so far and
@@ -35,11 +39,27 @@ from typing import IO, Any
 
 from bulkinfer.engine.log import terminal
 from bulkinfer.report.calibration import LengthPrior
-from bulkinfer.report.eta import WorkEstimate
+from bulkinfer.report.eta import EtaRange, WorkEstimate
 
 PLAIN_INTERVAL_S = 10.0
 # No ETA before this much generation time (seconds).
 ETA_AFTER_S = 2.0
+
+
+# Seconds between two estimates of the ETA (see Progress._outlook_now).
+OUTLOOK_EVERY_S = 5.0
+
+
+# The ETA is one figure once both ends of its range are within this share of its point.
+SINGLE_WITHIN = 0.1
+
+
+# ETA estimates kept in the trace at most (then every other one is dropped, and
+# the interval between kept estimates doubles), and the first interval (seconds).
+TRACE_POINTS = 1024
+
+
+TRACE_INTERVAL_S = 1.0
 
 
 class Progress:
@@ -79,12 +99,17 @@ class Progress:
         self.completion_tokens = 0
         self._failed_unplanned = 0
         self._start = clock()
-        lengths, same_job = prior or LengthPrior([], same_job=False)
-        self.work = WorkEstimate(self._start, lengths, max_running, same_job=same_job)
+        prior = prior or LengthPrior([], same_job=False)
+        self.work = WorkEstimate(self._start, prior.lengths, max_running, prior.same_job, prior.step_cost)
         self._last_line = self._start
         self._interval = _plain_interval()
-        # (when, ETA s, expected final completion tok/s): computed at most once a second
-        self._outlook: tuple[float, float | None, float | None] = (-1.0, None, None)
+        # (when, ETA range, expected final completion tok/s): computed at most once a second
+        self._outlook: tuple[float, EtaRange | None, float | None] = (-1.0, None, None)
+        # [seconds since the start, low, point, high]: each ETA as it was estimated (seconds)
+        self.eta_trace: list[list[float]] = []
+        self._trace_interval = TRACE_INTERVAL_S
+        self._closing = False
+        self.ended_s: float | None = None  # seconds from the start to close()
         self._bar: Any = None
         self._task: Any = None
         if not force_plain and self.stream.isatty():
@@ -129,6 +154,11 @@ class Progress:
         second); None before :data:`ETA_AFTER_S` seconds or before any tokens
         were timed. Without live engine counts (no :meth:`tick`: the
         perplexity pass), rows left over the rate of rows done."""
+        outlook = self._outlook_now()[0]
+        return None if outlook is None else outlook.point
+
+    def eta_range(self) -> EtaRange | None:
+        """The ETA's range (see :meth:`eta_s`; low = high = point for the rows-done estimate)."""
         return self._outlook_now()[0]
 
     def expected_tokens_per_s(self) -> float | None:
@@ -138,25 +168,49 @@ class Progress:
         engine counts (see the module docstring)."""
         return self._outlook_now()[1]
 
-    def _outlook_now(self) -> tuple[float | None, float | None]:
+    def _outlook_now(self) -> tuple[EtaRange | None, float | None]:
+        """The ETA and the expected tok/s, estimated once a second, once
+        :data:`OUTLOOK_EVERY_S` seconds apart later in the run (at most
+        every 5% of the time so far: drawing futures costs ~60 ms of a
+        core); in between, the last estimate less the time since."""
         now = self.clock()
-        if now - self._outlook[0] >= 1.0:
+        then, outlook, expected = self._outlook
+        if now - then >= min(OUTLOOK_EVERY_S, max(1.0, 0.05 * self.elapsed())):
             self._outlook = (now, *self._compute_outlook())
-        return self._outlook[1], self._outlook[2]
+            self._trace(self._outlook[1])
+            return self._outlook[1], self._outlook[2]
+        if outlook is None:
+            return None, expected
+        since = now - then
+        low, point, high = (max(v - since, 0.0) for v in (outlook.low, outlook.point, outlook.high))
+        return EtaRange(low, point, high, 0.0), expected
 
-    def _compute_outlook(self) -> tuple[float | None, float | None]:
+    def _compute_outlook(self) -> tuple[EtaRange | None, float | None]:
         elapsed = self.elapsed()
         if elapsed < ETA_AFTER_S or not self.total:
             return None, None
         if self.work.planned_rows:
-            eta = self.work.eta_s(self.total, self._failed_unplanned)
-            if eta is None:
+            outlook = self.work.outlook(self.total, self._failed_unplanned)
+            if outlook is None:
                 return None, None
-            _, completion_left = self.work.remaining_tokens(self.total, self._failed_unplanned)
-            return eta, (self.work.generated_tokens + completion_left) / (elapsed + eta)
+            expected = (self.work.generated_tokens + outlook.completion_tokens) / (elapsed + outlook.point)
+            return outlook, expected
         if self.done >= max(1, self.total // 20):  # rows finish in bursts: not from the first few
-            return max(self.total - self.done, 0) * elapsed / self.done, None
+            left = max(self.total - self.done, 0) * elapsed / self.done
+            return EtaRange(left, left, left, 0.0), None
         return None, None
+
+    def _trace(self, outlook: EtaRange | None) -> None:
+        """Keep ``outlook`` in :attr:`eta_trace` (at most :data:`TRACE_POINTS`, evenly spread)."""
+        if outlook is None or self._closing:
+            return
+        at = self.elapsed()
+        if self.eta_trace and at - self.eta_trace[-1][0] < self._trace_interval:
+            return
+        self.eta_trace.append([round(at, 2), round(outlook.low, 2), round(outlook.point, 2), round(outlook.high, 2)])
+        if len(self.eta_trace) >= TRACE_POINTS:
+            del self.eta_trace[1::2]
+            self._trace_interval *= 2
 
     def planned(self, prompt_tokens: int, max_tokens: int) -> None:
         """A row was planned (see :meth:`WorkEstimate.plan`)."""
@@ -194,7 +248,7 @@ class Progress:
                 self._task,
                 completed=self.done,
                 tps=tps,
-                eta="-:--:--" if eta is None else dt.timedelta(seconds=round(eta)),
+                eta="-:--:--" if eta is None else eta_text(eta),
             )
             return
         now = self.clock()
@@ -219,12 +273,12 @@ class Progress:
         print(line, file=self.stream, flush=True)
 
     def _eta_text(self) -> str:
-        """``H:MM:SS`` left and the run's expected completion tokens/s, e.g.
-        ``0:01:10 (run ~117.8 completion tok/s)``; empty without an ETA."""
+        """The ETA (:func:`eta_text`) and the run's expected completion tokens/s, e.g.
+        ``0:01:02-0:01:25 (run ~117.8 completion tok/s)``; empty without an ETA."""
         eta, expected = self._outlook_now()
         if eta is None:
             return ""
-        text = str(dt.timedelta(seconds=round(eta)))
+        text = eta_text(eta)
         return text if expected is None else f"{text} (run ~{expected:.1f} {self.tokens} tok/s)"
 
     def close(self) -> None:
@@ -232,11 +286,22 @@ class Progress:
         if getattr(self, "_closed", False):
             return
         self._closed = True
+        self.ended_s = round(self.elapsed(), 2)
+        self._closing = True  # the last line's ETA is not traced: the run has ended
         self._outlook = (-1.0, None, None)  # the last line's ETA is of now
         if self._bar is not None:
             self._bar.stop()
         else:
             self._plain_line()
+
+
+def eta_text(eta: EtaRange) -> str:
+    """``H:MM:SS-H:MM:SS`` (low to high), or ``H:MM:SS`` (the point) once both
+    ends are within :data:`SINGLE_WITHIN` of it."""
+    point = dt.timedelta(seconds=round(eta.point))
+    if eta.high - eta.low <= 2 * SINGLE_WITHIN * eta.point or eta.high - eta.low < 1.0:
+        return str(point)
+    return f"{dt.timedelta(seconds=round(eta.low))}-{dt.timedelta(seconds=round(eta.high))}"
 
 
 def _plain_interval() -> float:

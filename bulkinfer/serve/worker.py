@@ -394,7 +394,7 @@ class BatchWorker(threading.Thread):
                 if not files.is_complete():
                     for spool in (files.spool, files.errors_spool):
                         spool.touch()
-                    files.finish(self.settings.plan.output_order)
+                    files.finish(self.settings.plan.file_output_order)
                 if status == "expired":
                     requests = custom_ids(self._input_path(batch))
                     add_unfinished_errors(files.out, files.errors, requests, "batch_expired", EXPIRED_MESSAGE)

@@ -20,6 +20,7 @@ from bulkinfer.errors import EngineError
 from bulkinfer.jobs.plan import plan_file
 from bulkinfer.models import load_tokenizer, resolve_model
 from bulkinfer.report.calibration import calibration_path, length_prior, load_calibrations, record_calibration
+from bulkinfer.report.step_cost import StepCost
 from bulkinfer.schema import Completion
 
 runner = CliRunner()
@@ -205,13 +206,17 @@ def test_the_eta_prior_is_the_same_jobs_lengths_else_the_same_models(
 ) -> None:
     monkeypatch.setenv("BULKINFER_HOME", str(tmp_path))
     machine = {"cpu": "Test CPU", "cores": 2}
-    assert length_prior("/models/tiny", "a.jsonl") == ([], False)
+    assert length_prior("/models/tiny", "a.jsonl") == ([], False, None)
+    fitted = StepCost(0.002, 0.5, 0.07, 24.0)
     record_calibration(_report("a.jsonl", 300, 100.0, 50.0), machine, completion_lengths=[5] * 101)
-    record_calibration(_report("b.jsonl", 300, 100.0, 50.0), machine, completion_lengths=[9] * 101)
+    record_calibration(_report("b.jsonl", 300, 100.0, 50.0), machine, "run", [9] * 101, fitted)
     record_calibration(_report("c.jsonl", 300, 100.0, 50.0), machine)  # no lengths: not a prior
-    assert length_prior("/models/tiny", "a.jsonl") == ([5] * 101, True)  # the same job, run again
-    assert length_prior("/models/tiny", "new.jsonl") == ([9] * 101, False)  # a new job: the model's newest
-    assert length_prior("/models/other", "new.jsonl") == ([], False)
+    assert length_prior("/models/tiny", "a.jsonl") == ([5] * 101, True, None)  # the same job, run again
+    assert length_prior("/models/tiny", "new.jsonl") == ([9] * 101, False, None)  # a new job: the model's newest
+    assert length_prior("/models/other", "new.jsonl") == ([], False, None)
+    # the step model of the newest run of the model on this machine that stored one; none from another machine
+    assert length_prior("/models/tiny", "a.jsonl", machine).step_cost == fitted
+    assert length_prior("/models/tiny", "a.jsonl", {"cpu": "Other CPU", "cores": 2}).step_cost is None
 
 
 def test_an_old_calibration_store_is_not_used(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:

@@ -2,8 +2,9 @@
 full, when their oldest row has waited ``max_wait_s`` or when the stream
 ends, PENDING in between; the feed loop steps and waits through PENDING;
 every row of a stream ends as one record (output or error) on the output,
-in completion order, written while the stream is still open; --resume and a
-Parquet output refused. tests/e2e/test_stream_e2e.py runs the real engine."""
+in completion order, written while the stream is still open; input order
+through the bounded reorder buffer; --resume by id to a file output; --resume
+to standard output and a Parquet output refused. tests/e2e/test_stream_e2e.py runs the real engine."""
 
 from __future__ import annotations
 
@@ -18,10 +19,12 @@ import orjson
 import pytest
 from fakes import FakeEngine
 
+import bulkinfer
 from bulkinfer.config import load_settings
 from bulkinfer.engine.feed import PENDING, feed
 from bulkinfer.errors import ConfigError, OutputExistsError
 from bulkinfer.io.readers import RawRow
+from bulkinfer.io.stream_out import StreamWriter, done_ids
 from bulkinfer.jobs.context import RunContext
 from bulkinfer.jobs.stream import StreamPaths, stream, stream_requests
 from bulkinfer.schema import Request, RowError
@@ -122,16 +125,94 @@ def test_every_row_of_a_stream_ends_as_one_record_written_while_the_stream_is_op
     assert seen_early == [7]  # six outputs and the bad line's error before the last row was written
     assert sorted(r["id"] or "" for r in records) == ["", "last", "r0", "r1", "r2", "r3", "r4", "r5"]
     assert [r["error"]["type"] for r in records if "error" in r] == ["invalid_json"]
-    assert result.exit_code == 3 and result.report["request_counts"] == {"completed": 7, "failed": 1}
+    assert result.exit_code == 3 and result.report["request_counts"] == {"completed": 7, "failed": 1, "resumed": 0}
     assert result.report["windows"]["count"] >= 2 and result.report["output_order"] == "completion"
     assert orjson.loads((tmp_path / "out.report.json").read_bytes())["job"] == "stream"
 
 
-def test_resume_and_a_parquet_output_are_refused(tmp_path: Path) -> None:
-    with pytest.raises(ConfigError, match="--resume is not offered for standard input"):
-        stream(io.BytesIO(b""), StreamPaths.build(tmp_path / "o.jsonl"), settings(), RunContext(resume=True))
+def test_resume_to_standard_output_an_errors_file_for_a_file_run_and_a_parquet_output_are_refused(
+    tmp_path: Path,
+) -> None:
+    with pytest.raises(ConfigError, match="--resume is not offered for standard input to standard output"):
+        stream(io.BytesIO(b""), StreamPaths.build(None), settings(), RunContext(resume=True))
+    with pytest.raises(ConfigError, match="--errors is for a stream"):
+        bulkinfer.run(tmp_path / "in.jsonl", errors_path=tmp_path / "e.jsonl")
     with pytest.raises(ConfigError, match="give a .jsonl file or -"):
         StreamPaths.build(tmp_path / "o.parquet")
     (tmp_path / "o.jsonl").write_bytes(b"{}\n")
     with pytest.raises(OutputExistsError, match="use --overwrite"):
         stream(io.BytesIO(b""), StreamPaths.build(tmp_path / "o.jsonl"), settings(), RunContext())
+
+
+def line_rows(*specs: tuple[str, str]) -> bytes:
+    return b"".join(orjson.dumps({"id": i, "prompt": p}) + b"\n" for i, p in specs)
+
+
+def test_input_order_writes_rows_as_they_arrived_though_the_planner_fed_longest_first(tmp_path: Path) -> None:
+    rows = [(f"r{k}", "word " * (1 + (k * 7) % 5)) for k in range(9)]
+    source = io.BytesIO(line_rows(*rows[:4]) + b"not json\n" + line_rows(*rows[4:]))
+    out, errors = tmp_path / "out.jsonl", tmp_path / "errors.jsonl"
+    engine = FakeEngine()
+    context = RunContext(engine_factory=lambda m, s: engine, progress_plain=True)
+    result = stream(source, StreamPaths.build(out, errors), settings(output_order="input", window_rows=4), context)
+    assert [orjson.loads(line)["id"] for line in out.read_bytes().splitlines()] == [i for i, _ in rows]
+    assert [orjson.loads(line)["line"] for line in errors.read_bytes().splitlines()] == [5]
+    assert result.report["output_order"] == "input" and result.report["reorder"]["bound"] == 4
+    assert result.report["reorder"]["peak_held"] >= 2  # the planner fed longer prompts first: rows waited
+
+
+def test_the_reorder_buffer_holds_what_finished_until_earlier_rows_have_their_records() -> None:
+    sink = io.BytesIO()
+    writer = StreamWriter(sink, sink, input_order=True, bound=8)
+    for line in (1, 2, 3, 4, 5):
+        writer.read(line)
+    writer.output(3, {"id": "c"})
+    writer.output(2, {"id": "b"})
+    assert sink.getvalue() == b"" and writer.held == 2
+    writer.error(1, {"id": "a", "error": {}})
+    assert [orjson.loads(x)["id"] for x in sink.getvalue().splitlines()] == ["a", "b", "c"]
+    writer.output(5, {"id": "e"})
+    writer.skip(4)  # a resumed row: no record, and nothing after it waits for one
+    assert [orjson.loads(x)["id"] for x in sink.getvalue().splitlines()] == ["a", "b", "c", "e"]
+    assert (writer.held, writer.peak_held, writer.skipped) == (0, 2, 1)
+
+
+def request(line: int) -> Request:
+    return Request(seq=line - 1, line=line, id=f"r{line}", prompt="p", messages=None, max_tokens=4, temperature=0.0,
+                   top_p=1.0, seed=None, stop=(), prompt_token_ids=[1])  # fmt: skip
+
+
+def test_the_gate_feeds_nothing_new_while_the_buffer_is_full_and_its_oldest_row_is_in_the_engine() -> None:
+    writer = StreamWriter(io.BytesIO(), io.BytesIO(), input_order=True, bound=2)
+    for line in (1, 2, 3, 4, 5):
+        writer.read(line)
+    # the planner fed lines 2 and 3 before 1 (longest first): the oldest row is not fed yet, so 1 goes
+    gated = writer.gate(iter([request(2), request(3), request(1), request(4), request(5)]), PENDING)
+    assert [next(gated).line for _ in range(2)] == [2, 3]
+    writer.output(2, {"id": "r2"})
+    writer.output(3, {"id": "r3"})
+    assert next(gated).line == 1  # full, but line 1 is not in the engine: holding back would never end
+    assert next(gated) is PENDING and next(gated) is PENDING  # full and line 1 in the engine: wait for it
+    writer.output(1, {"id": "r1"})
+    assert next(gated).line == 4 and writer.held == 0
+
+
+def test_a_stream_to_a_file_resumes_by_id_after_cutting_a_torn_line(tmp_path: Path) -> None:
+    out, errors = tmp_path / "out.jsonl", tmp_path / "errors.jsonl"
+    out.write_bytes(b'{"id":"r0","completion":"echo r0"}\n{"id":"r1","completion":"echo r1"}\n{"id":"r2","compl')
+    errors.write_bytes(b'{"id":"bad","line":3,"error":{"type":"invalid_row","message":"m"}}\n')
+    source = io.BytesIO(line_rows(*[(f"r{k}", f"question {k}") for k in range(5)], ("bad", "")))
+    context = RunContext(engine_factory=lambda m, s: FakeEngine(), progress_plain=True, resume=True)
+    result = stream(source, StreamPaths.build(out, errors), settings(), context)
+    ids = [orjson.loads(line)["id"] for line in out.read_bytes().splitlines()]
+    assert ids[:2] == ["r0", "r1"] and sorted(ids) == ["r0", "r1", "r2", "r3", "r4"]  # r2's torn line cut off
+    assert errors.read_bytes().count(b"\n") == 1  # "bad" had its record: skipped, not failed again
+    assert result.report["request_counts"] == {"completed": 3, "failed": 0, "resumed": 3}
+    assert done_ids(out) == {"r0", "r1", "r2", "r3", "r4"}
+
+
+def test_a_resumed_output_that_is_not_records_is_refused_naming_its_line(tmp_path: Path) -> None:
+    out = tmp_path / "out.jsonl"
+    out.write_bytes(b'{"id":"r0"}\nvLLM log line\n')
+    with pytest.raises(ConfigError, match=r"out.jsonl, line 2: not a JSON record"):
+        stream(io.BytesIO(b""), StreamPaths.build(out), settings(), RunContext(resume=True))

@@ -11,12 +11,18 @@ from dataclasses import dataclass, field
 
 import pytest
 
+import bulkinfer.report.progress as progress_module
 from bulkinfer.report.calibration import LengthPrior
-from bulkinfer.report.eta import OVERHEAD_TOKENS, PREFILL_WEIGHT, WorkEstimate
-from bulkinfer.report.progress import Progress
+from bulkinfer.report.eta import EtaRange, WorkEstimate
+from bulkinfer.report.progress import Progress, eta_text
+from bulkinfer.report.step_cost import OVERHEAD_TOKENS, StepCost
 
 PROMPT_S, COMPLETION_S, STEP_S = 0.001, 0.0025, 0.005  # the simulated engine's costs (ratio as measured on CPU)
 BUDGET = 2048  # tokens per step, prompt and completion (vLLM's max_num_batched_tokens)
+# The step model an earlier run on the simulated machine would have stored: no attention cost, a
+# prompt token at PROMPT_S / COMPLETION_S of a decoded one.
+SIMULATED_COST = StepCost(0.0, PROMPT_S / COMPLETION_S, 0.05, STEP_S / COMPLETION_S)
+SIMULATED_MACHINE = LengthPrior([], False, SIMULATED_COST)
 
 
 class Clock:
@@ -102,7 +108,7 @@ def mixed_rows(n: int, max_tokens: int, seed: int = 0) -> list[tuple[int, int]]:
 def test_eta_from_the_work_left_is_close_from_10_percent_on(rows: list[tuple[int, int]], slots: int) -> None:
     max_tokens = max(length for _, length in rows)
     sim = Simulation(rows, slots, max_tokens)
-    progress = Progress(len(rows), stream=io.StringIO(), force_plain=True, clock=sim.clock)
+    progress = Progress(len(rows), stream=io.StringIO(), force_plain=True, clock=sim.clock, prior=SIMULATED_MACHINE)
     sim.run(progress)
     errors = sim.errors_at((0.10, 0.25, 0.50, 0.75))
     assert all(abs(e) <= 0.35 for e in errors), errors
@@ -114,7 +120,7 @@ def test_eta_before_any_row_ended_assumes_max_tokens_then_comes_close() -> None:
     from half-way it is within 35%."""
     rows = mixed_rows(300, 128, seed=1)
     sim = Simulation(rows, 256, 128)
-    progress = Progress(len(rows), stream=io.StringIO(), force_plain=True, clock=sim.clock)
+    progress = Progress(len(rows), stream=io.StringIO(), force_plain=True, clock=sim.clock, prior=SIMULATED_MACHINE)
     sim.run(progress)
     early = sim.errors_at((0.10, 0.25))
     assert all(0 < e <= 1.0 for e in early), early
@@ -127,7 +133,7 @@ def test_rows_left_over_rows_done_would_be_far_off() -> None:
     done) on the all-at-once case: the reason for the work-based one."""
     rows = mixed_rows(300, 128, seed=1)
     sim = Simulation(rows, 256, 128)
-    progress = Progress(len(rows), stream=io.StringIO(), force_plain=True, clock=sim.clock)
+    progress = Progress(len(rows), stream=io.StringIO(), force_plain=True, clock=sim.clock, prior=SIMULATED_MACHINE)
     done_at: list[tuple[float, int]] = []
     real_update = progress.update
 
@@ -169,7 +175,7 @@ def test_plain_lines_show_eta_and_tokens(monkeypatch: pytest.MonkeyPatch) -> Non
     stream = io.StringIO()
     rows = [(100, 50)] * 40
     sim = Simulation(rows, 8, 50)
-    progress = Progress(len(rows), stream=stream, force_plain=True, clock=sim.clock)
+    progress = Progress(len(rows), stream=stream, force_plain=True, clock=sim.clock, prior=SIMULATED_MACHINE)
     sim.run(progress)
     progress.close()
     lines = stream.getvalue().splitlines()
@@ -201,13 +207,17 @@ def test_with_an_earlier_runs_lengths_the_eta_is_close_from_10_percent_on() -> N
     ETA is within 35% from the start instead of erring long."""
     rows = mixed_rows(300, 128, seed=1)
     first = Simulation(rows, 256, 128)
-    earlier = Progress(len(rows), stream=io.StringIO(), force_plain=True, clock=first.clock)
+    earlier = Progress(len(rows), stream=io.StringIO(), force_plain=True, clock=first.clock, prior=SIMULATED_MACHINE)
     first.run(earlier)
     prior = earlier.work.length_quantiles()
     assert len(prior) == 101 and prior[0] == min(n for _, n in rows) and prior[-1] == max(n for _, n in rows)
     again = Simulation(rows, 256, 128)
     progress = Progress(
-        len(rows), stream=io.StringIO(), force_plain=True, clock=again.clock, prior=LengthPrior(prior, same_job=False)
+        len(rows),
+        stream=io.StringIO(),
+        force_plain=True,
+        clock=again.clock,
+        prior=LengthPrior(prior, False, SIMULATED_COST),
     )
     again.run(progress)
     errors = again.errors_at((0.10, 0.25, 0.50, 0.75))
@@ -229,12 +239,16 @@ def test_the_full_batch_is_the_engines_max_num_seqs_not_the_most_seen_yet() -> N
         return result
 
     told, blind = eta(256), eta(None)
-    rate = 1.0 / (11 + OVERHEAD_TOKENS + PREFILL_WEIGHT * 1100)  # seconds per unit of a step's work
+    cost = StepCost()
+    # one step: 11 decoded, 1,100 prefilled, 11 rows of 100 prompt tokens and 1 completion token in context
+    rate = 1.0 / (11 + OVERHEAD_TOKENS + cost.context_weight * 11 * 101 + cost.prefill_weight * 1100)
     # the work left: 289 waiting rows x 50 tokens and 11 x 49, a step's overhead per step (256 rows
-    # a step, then a drain of 50 steps), the prompts of the waiting rows
+    # a step, then a drain of 50 steps), the context each token attends over, the waiting rows' prompts
     tokens = 289 * 50 + 11 * 49
     steps = tokens / 256 + 50
-    assert told == pytest.approx(rate * (tokens + OVERHEAD_TOKENS * steps + PREFILL_WEIGHT * 289 * 100), rel=0.1)
+    context = 289 * (50 * 100 + 50 * 50 / 2) + 11 * (49 * 100 + (50 * 50 - 1) / 2)
+    work = tokens + OVERHEAD_TOKENS * steps + cost.context_weight * context + cost.prefill_weight * 289 * 100
+    assert told == pytest.approx(rate * work, rel=0.1)
     assert blind > 1.5 * told  # 16 overhead tokens a step shared by 11 rows, not 256
 
 
@@ -247,14 +261,18 @@ def test_the_same_job_run_again_expects_its_earlier_total_not_the_rows_done_so_f
     rng = random.Random(3)
     rows = [(400 - i // 4, 10 + i // 8 + rng.randint(0, 20)) for i in range(1000)]  # answers 10..155 tokens
     first = Simulation(rows, 64, 256)
-    earlier = Progress(len(rows), stream=io.StringIO(), force_plain=True, clock=first.clock)
+    earlier = Progress(len(rows), stream=io.StringIO(), force_plain=True, clock=first.clock, prior=SIMULATED_MACHINE)
     first.run(earlier)
     prior = earlier.work.length_quantiles()
 
     def half_time_error(same_job: bool) -> float:
         again = Simulation(rows, 64, 256)
         progress = Progress(
-            len(rows), stream=io.StringIO(), force_plain=True, clock=again.clock, prior=LengthPrior(prior, same_job)
+            len(rows),
+            stream=io.StringIO(),
+            force_plain=True,
+            clock=again.clock,
+            prior=LengthPrior(prior, same_job, SIMULATED_COST),
         )
         again.run(progress)
         return again.errors_at((0.50,))[0]
@@ -272,7 +290,7 @@ def test_the_runs_expected_tokens_per_s_is_near_its_final_figure_when_the_figure
     of the run on."""
     rows = mixed_rows(1000, 256)
     sim = Simulation(rows, 64, 256)
-    progress = Progress(len(rows), stream=io.StringIO(), force_plain=True, clock=sim.clock)
+    progress = Progress(len(rows), stream=io.StringIO(), force_plain=True, clock=sim.clock, prior=SIMULATED_MACHINE)
     end = sim.run(progress)
     final = progress.work.generated_tokens / end
 
@@ -303,3 +321,67 @@ def test_the_bar_fits_80_columns_with_the_runs_expected_tokens_per_s(monkeypatch
     last = [line for line in re.split(r"[\r\n]", shown) if " rows " in line][-1]
     assert len(last) <= 80 and " 40/40 rows " in last, last
     assert re.search(r" completion tok/s, run ~[\d.]+ eta 0:00:00$", last.rstrip()), last
+
+
+def held_and_widths(progress: Progress, end: float) -> tuple[float, list[tuple[float, float]]]:
+    """From the progress's ETA trace: the share of estimates from 10% of the
+    run on whose range held the real time left, and (fraction of the run, half
+    width) of each estimate."""
+    points = [(t, lo, pt, hi) for t, lo, pt, hi in progress.eta_trace if t >= 0.1 * end and end - t >= 0.01 * end]
+    held = [lo * 0.99 <= end - t <= hi * 1.01 for t, lo, _, hi in points]
+    return sum(held) / len(held), [(t / end, max(hi / pt - 1, 1 - lo / pt)) for t, lo, pt, hi in points]
+
+
+def test_the_range_holds_the_real_time_left_and_a_run_again_starts_narrower() -> None:
+    """The all-at-once case: a first run, then the same job again with the
+    first run's lengths. Both ranges hold the real time left on at least 80%
+    of estimates from 10% on and narrow as rows finish; the run again's is
+    narrower than the first run's at the start."""
+    rows = mixed_rows(300, 128, seed=1)
+    first = Simulation(rows, 256, 128)
+    earlier = Progress(len(rows), stream=io.StringIO(), force_plain=True, clock=first.clock, prior=SIMULATED_MACHINE)
+    end = first.run(earlier)
+    held, first_widths = held_and_widths(earlier, end)
+    assert held >= 0.8, held
+    again = Simulation(rows, 256, 128)
+    prior = LengthPrior(earlier.work.length_quantiles(), True, SIMULATED_COST)
+    progress = Progress(len(rows), stream=io.StringIO(), force_plain=True, clock=again.clock, prior=prior)
+    held, again_widths = held_and_widths(progress, again.run(progress))
+    assert held >= 0.8, held
+    for widths in (first_widths, again_widths):
+        assert max(w for f, w in widths if f >= 0.75) < max(w for f, w in widths if f <= 0.25)
+    assert again_widths[0][1] < first_widths[0][1] / 2
+
+
+def test_the_eta_is_a_range_until_both_ends_are_within_10_percent() -> None:
+    assert eta_text(EtaRange(100.0, 130.0, 220.0, 0.0)) == "0:01:40-0:03:40"
+    assert eta_text(EtaRange(120.0, 130.0, 140.0, 0.0)) == "0:02:10"
+    assert eta_text(EtaRange(2.2, 2.6, 3.1, 0.0)) == "0:00:03"  # under a second wide
+
+
+def test_the_trace_keeps_at_most_trace_points_spread_over_the_whole_run(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(progress_module, "TRACE_POINTS", 32)
+    rows = mixed_rows(1000, 256)
+    sim = Simulation(rows, 16, 256)  # a long run: over a hundred estimates
+    progress = Progress(len(rows), stream=io.StringIO(), force_plain=True, clock=sim.clock, prior=SIMULATED_MACHINE)
+    end = sim.run(progress)
+    times = [t for t, *_ in progress.eta_trace]
+    assert 16 <= len(times) < 32
+    assert times == sorted(times) and times[0] < 0.01 * end and times[-1] > 0.95 * end
+    assert all(lo <= pt <= hi for _, lo, pt, hi in progress.eta_trace)
+
+
+def test_a_run_again_takes_the_lengths_done_out_of_the_earlier_runs() -> None:
+    """Earlier: half the rows 10 tokens, half 100 (as quantiles). The 50 rows
+    done ended at 9 tokens (not a length the quantiles hold): they take the
+    short lengths out, and the 50 left are expected to run 100 tokens each."""
+    work = WorkEstimate(0.0, prior=[10] * 50 + [100] * 51, max_running=64, same_job=True)
+    for _ in range(100):
+        work.plan(20, 128)
+    for _ in range(50):
+        work.finish(9)
+    work.observe(1.0, 450, 2000, [])
+    outlook = work.outlook(100)
+    assert outlook is not None
+    assert outlook.completion_tokens == pytest.approx(50 * 100, rel=0.03)
+    assert outlook.low <= outlook.point <= outlook.high

@@ -1,0 +1,176 @@
+"""A stream's records (``bulkinfer run -``): written as rows finish, in
+completion order or in input order through a bounded reorder buffer, and
+read back by id for ``--resume``.
+
+Completion order (a stream's default) writes each record as soon as its row
+ends: nothing is held. Input order holds a finished row's record until
+every row read before it has its record. The buffer is bounded by
+back-pressure: once it holds ``bound`` records and the oldest unfinished row
+is in the engine, no new request is fed (:meth:`StreamWriter.gate`) until
+that row finishes; the held records then drain. A window's rows are fed in
+the planner's order (longest first), so at most ``bound`` records plus one
+window's rows are held at once.
+
+A resumed stream (a file output, never standard output) appends to its
+output and errors files: a torn last line (the previous run killed while
+writing) is cut off, and every id with a record there is done; a row of the
+new stream with a done id is skipped (it has its record). Rows are matched
+by id (``custom_id`` for OpenAI lines, ``id`` otherwise, the default id of a
+row without one is its line number in the stream); a line that was not JSON
+has no id and is not matched.
+"""
+
+from __future__ import annotations
+
+import os
+from collections import deque
+from collections.abc import Collection, Iterator
+from pathlib import Path
+from typing import IO, Any
+
+import orjson
+
+from bulkinfer.errors import ConfigError
+from bulkinfer.schema import Request
+
+
+class StreamWriter:
+    """Writes a stream's output records to ``sink`` and error records to
+    ``errors`` (the same stream when errors are not split off), in
+    completion order, or in input order (``input_order``) holding at most
+    about ``bound`` finished records (see the module docstring). ``done``:
+    the ids a resumed stream has records of (:func:`done_ids`)."""
+
+    def __init__(
+        self, sink: IO[bytes], errors: IO[bytes], input_order: bool, bound: int, done: Collection[str] = ()
+    ) -> None:
+        self.sink, self.errors = sink, errors
+        self.done = done
+        self.input_order = input_order
+        self.bound = max(bound, 1)
+        self._order: deque[int] = deque()  # lines read and not yet written, in arrival order
+        self._held: dict[int, tuple[IO[bytes], bytes] | None] = {}  # line -> record (None: no record)
+        self._fed: set[int] = set()  # lines of _order whose request went to the engine
+        self.peak_held = 0
+        self.skipped = 0
+
+    def read(self, line: int) -> None:
+        """Row ``line`` was read: in input order, its record is awaited."""
+        if self.input_order:
+            self._order.append(line)
+
+    def output(self, line: int, record: dict[str, Any]) -> None:
+        """Row ``line``'s output record."""
+        self._put(line, self.sink, record)
+
+    def error(self, line: int, record: dict[str, Any]) -> None:
+        """Row ``line``'s error record."""
+        self._put(line, self.errors, record)
+
+    def skip(self, line: int) -> None:
+        """Row ``line`` gets no record (a resumed stream's done row)."""
+        self.skipped += 1
+        if self.input_order:
+            self._held[line] = None
+            self._drain()
+
+    def _put(self, line: int, out: IO[bytes], record: dict[str, Any]) -> None:
+        data = orjson.dumps(record, option=orjson.OPT_APPEND_NEWLINE)
+        if not self.input_order:
+            out.write(data)
+            return
+        self._held[line] = (out, data)
+        self._drain()
+        self.peak_held = max(self.peak_held, len(self._held))
+
+    def _drain(self) -> None:
+        while self._order and self._order[0] in self._held:
+            line = self._order.popleft()
+            self._fed.discard(line)
+            held = self._held.pop(line)
+            if held is not None:
+                held[0].write(held[1])
+
+    @property
+    def held(self) -> int:
+        """Finished records waiting for an earlier row's."""
+        return len(self._held)
+
+    def gate(self, requests: Iterator[Any], pending: Any) -> Iterator[Any]:
+        """``requests`` (a stream's planned requests and ``pending`` markers),
+        holding each request back (``pending`` instead) while the buffer is
+        full and its oldest row is in the engine; marks each request fed."""
+        for item in requests:
+            if isinstance(item, Request):
+                if self.input_order:
+                    while self.held >= self.bound and self._order and self._order[0] in self._fed:
+                        yield pending
+                    self._fed.add(item.line)
+            yield item
+
+    def flush(self) -> None:
+        """Flush both streams (the records written so far reach their reader)."""
+        self.sink.flush()
+        if self.errors is not self.sink:
+            self.errors.flush()
+
+
+def record_id(record: dict[str, Any]) -> str | None:
+    """The row id of an output or error record: ``custom_id`` for OpenAI lines, else ``id``."""
+    row_id = record["custom_id"] if "custom_id" in record else record.get("id")
+    return row_id if isinstance(row_id, str) else None
+
+
+def done_ids(path: Path) -> set[str]:
+    """The row ids with a record in ``path`` (a stream's JSONL output or
+    errors file; none when it does not exist), after cutting off a torn last
+    line (the file is truncated after its last newline).
+
+    Raises:
+        ConfigError: a line that is not a JSON record (naming the file and line).
+        OSError: the file cannot be read or truncated.
+    """
+    if not path.exists():
+        return set()
+    _cut_torn_line(path)
+    ids: set[str] = set()
+    with open(path, "rb") as f:
+        for number, raw in enumerate(f, 1):
+            if not raw.strip():
+                continue
+            try:
+                record = orjson.loads(raw)
+            except orjson.JSONDecodeError as exc:
+                raise ConfigError(f"{path}, line {number}: not a JSON record ({exc}); cannot resume from it") from None
+            if not isinstance(record, dict):
+                raise ConfigError(f"{path}, line {number}: not a JSON object; cannot resume from it")
+            row_id = record_id(record)
+            if row_id is not None:
+                ids.add(row_id)
+    return ids
+
+
+def _cut_torn_line(path: Path) -> None:
+    """Truncate ``path`` after its last newline (a line cut short by a kill)."""
+    size = path.stat().st_size
+    if size == 0:
+        return
+    with open(path, "rb+") as f:
+        f.seek(size - 1)
+        if f.read(1) == b"\n":
+            return
+        block = 1 << 16
+        end = size
+        while end > 0:
+            start = max(0, end - block)
+            f.seek(start)
+            chunk = f.read(end - start)
+            cut = chunk.rfind(b"\n")
+            if cut >= 0:
+                f.truncate(start + cut + 1)
+                break
+            end = start
+        else:
+            f.truncate(0)
+        f.flush()
+        os.fsync(f.fileno())

@@ -1,0 +1,153 @@
+"""What an engine step costs: the time model of the ETA.
+
+An engine step decodes one token for each running request, prefills some
+prompt tokens, and attends over the context of every running request. Its
+seconds are modelled as::
+
+    scale * (decoded + OVERHEAD_TOKENS + context_weight * context + prefill_weight * prefilled)
+
+``decoded``, ``prefilled`` and ``context`` (the prompt and completion tokens
+so far of the running requests) in tokens. ``scale`` (seconds per decoded
+token) is measured during each run (the median over its recent steps); the
+weights are a property of the model and the machine: fitted over a whole
+run's steps when it ends (:func:`fit_step_cost`) and stored with the run's
+calibration entry, so the next run of the model on the machine starts with
+them. ``spread`` is how far the model's rate drifts over a run (the standard
+deviation of the log of the median rate of blocks of :data:`BLOCK_STEPS`
+steps, measured against the whole run's): the ETA range's time component.
+
+Fitted on two recordings of real runs on a 2-core AMD EPYC (SmolLM2-135M,
+float32; ``bench/results/eta-trace-{short,sharegpt}.json``):
+``context_weight`` 0.002 and 0.004, ``prefill_weight`` 0.5 and 0.75; the
+fixed cost of a step is about 16 decoded tokens (``OVERHEAD_TOKENS``); the
+defaults below sit between the two. Without the context term the rate
+per decoded token rose 1.65x from the first tenth of a run to the last (the
+context grows), and the ETA of a run again was 15% short at half-time.
+"""
+
+from __future__ import annotations
+
+import math
+import statistics
+from collections.abc import Sequence
+from dataclasses import asdict, dataclass
+from typing import Any
+
+# A step's fixed cost in decoded-token equivalents (see the module docstring).
+OVERHEAD_TOKENS = 16.0
+
+
+# Steps per block when the drift of the rate is measured.
+BLOCK_STEPS = 32
+
+
+# The fit's grids (see fit_step_cost).
+CONTEXT_WEIGHTS = (0.0, 0.00025, 0.0005, 0.001, 0.002, 0.004, 0.008, 0.016, 0.032)
+PREFILL_WEIGHTS = (0.25, 0.5, 0.75, 1.0, 1.25, 1.5, 2.0, 3.0)
+OVERHEADS = (4.0, 8.0, 16.0, 32.0, 64.0)
+
+
+# No fewer steps are fitted.
+MIN_FIT_STEPS = 64
+
+
+# The smallest spread a fit reports: a run is never known to better than this.
+MIN_SPREAD = 0.05
+
+
+@dataclass(frozen=True, slots=True)
+class Step:
+    """One engine step: ``seconds`` it took, tokens ``decoded`` and
+    ``prefilled`` in it, ``context`` tokens of its running requests."""
+
+    seconds: float
+    decoded: int
+    prefilled: int
+    context: float
+
+
+@dataclass(frozen=True, slots=True)
+class StepCost:
+    """The weights of the step model (see the module docstring) and the rate's ``spread``."""
+
+    context_weight: float = 0.003
+    prefill_weight: float = 0.6
+    spread: float = 0.1
+    overhead_tokens: float = OVERHEAD_TOKENS
+
+    def work(self, step: Step) -> float:
+        """A step's work in decoded-token equivalents."""
+        return (
+            step.decoded
+            + self.overhead_tokens
+            + self.context_weight * step.context
+            + self.prefill_weight * step.prefilled
+        )
+
+    def neighbours(self) -> list[StepCost]:
+        """The models around this one that a run's steps cannot tell apart
+        from it (each weight halved, kept and doubled; a zero context weight
+        tried at :data:`CONTEXT_WEIGHTS`' next two): 27 models, this one first."""
+        contexts = (
+            [self.context_weight * f for f in (1.0, 0.5, 2.0)] if self.context_weight else [0.0, *CONTEXT_WEIGHTS[1:3]]
+        )
+        return [
+            StepCost(c, p * self.prefill_weight, self.spread, o * self.overhead_tokens)
+            for c in contexts
+            for p in (1.0, 2 / 3, 1.5)
+            for o in (1.0, 0.5, 2.0)
+        ]
+
+    def to_json(self) -> dict[str, float]:
+        return asdict(self)
+
+    @classmethod
+    def from_json(cls, data: Any) -> StepCost | None:
+        """A stored model, or None when ``data`` is not one."""
+        if not isinstance(data, dict):
+            return None
+        try:
+            values = [float(data[name]) for name in ("context_weight", "prefill_weight", "spread")]
+            values.append(float(data.get("overhead_tokens", OVERHEAD_TOKENS)))
+        except (KeyError, TypeError, ValueError):
+            return None
+        if not all(math.isfinite(v) and v >= 0 for v in values):
+            return None
+        return cls(*values)
+
+
+def fit_step_cost(steps: Sequence[Step]) -> StepCost | None:
+    """The step model (weights on :data:`CONTEXT_WEIGHTS` x
+    :data:`PREFILL_WEIGHTS` x :data:`OVERHEADS`) under which the steps'
+    seconds per unit of work vary least (the mean absolute log deviation
+    from their median), and the drift of that rate over the run
+    (:func:`_drift`) as its ``spread`` (at least :data:`MIN_SPREAD`). None
+    for fewer than :data:`MIN_FIT_STEPS` steps."""
+    steps = [s for s in steps if s.seconds > 0]
+    if len(steps) < MIN_FIT_STEPS:
+        return None
+    best: tuple[float, StepCost] | None = None
+    for context_weight in CONTEXT_WEIGHTS:
+        for prefill_weight in PREFILL_WEIGHTS:
+            for overhead in OVERHEADS:
+                model = StepCost(context_weight, prefill_weight, overhead_tokens=overhead)
+                logs = [math.log(s.seconds / model.work(s)) for s in steps]
+                centre = statistics.median(logs)
+                deviation = statistics.fmean(abs(v - centre) for v in logs)
+                if best is None or deviation < best[0]:
+                    best = (deviation, model)
+    assert best is not None
+    model = best[1]
+    return StepCost(
+        model.context_weight, model.prefill_weight, max(_drift(steps, model), MIN_SPREAD), model.overhead_tokens
+    )
+
+
+def _drift(steps: Sequence[Step], model: StepCost) -> float:
+    """How far the rate of blocks of :data:`BLOCK_STEPS` steps strays from
+    the whole run's: the root mean square of the log of their ratio."""
+    rates = [s.seconds / model.work(s) for s in steps]
+    whole = statistics.median(rates)
+    starts = range(0, len(rates), BLOCK_STEPS)
+    blocks = [math.log(statistics.median(rates[i : i + BLOCK_STEPS]) / whole) for i in starts]
+    return math.sqrt(statistics.fmean(b * b for b in blocks))

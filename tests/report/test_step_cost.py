@@ -1,0 +1,63 @@
+"""The ETA's step model: fitted back from steps a known model timed; stored
+and read back; its neighbours (the models a run cannot tell from it)."""
+
+from __future__ import annotations
+
+import random
+
+import pytest
+
+from bulkinfer.report.step_cost import Step, StepCost, fit_step_cost
+
+
+def timed_steps(model: StepCost, scale: float, seed: int = 0) -> list[Step]:
+    """A run's steps as an engine of ``model`` would time them (2% noise):
+    prefill-heavy steps, full batches with growing context, a draining tail."""
+    rng = random.Random(seed)
+    steps = []
+    for k in range(600):
+        running = 256 if k < 450 else 256 - (k - 450) * 256 // 150
+        prefilled = 2048 if k < 20 else rng.choice((0, 0, 0, 40, 300))
+        context = running * (120 + (k % 200))
+        step = Step(0.0, running, prefilled, context)
+        steps.append(Step(scale * model.work(step) * rng.uniform(0.98, 1.02), running, prefilled, context))
+    return steps
+
+
+@pytest.mark.parametrize(
+    "truth", [StepCost(0.002, 0.5, overhead_tokens=16.0), StepCost(0.0005, 1.0, overhead_tokens=32.0)]
+)
+def test_the_fit_finds_the_weights_the_steps_were_timed_with(truth: StepCost) -> None:
+    fitted = fit_step_cost(timed_steps(truth, 0.003))
+    assert fitted is not None
+    assert (fitted.context_weight, fitted.prefill_weight, fitted.overhead_tokens) == (
+        truth.context_weight,
+        truth.prefill_weight,
+        truth.overhead_tokens,
+    )
+    assert 0.05 <= fitted.spread < 0.1  # the noise is 2%: the floor, MIN_SPREAD, or a little above
+
+
+def test_too_few_steps_fit_nothing() -> None:
+    assert fit_step_cost(timed_steps(StepCost(), 0.003)[:63]) is None
+
+
+def test_a_stored_model_reads_back_and_a_broken_one_reads_as_none() -> None:
+    model = StepCost(0.004, 0.75, 0.08, 24.0)
+    assert StepCost.from_json(model.to_json()) == model
+    assert StepCost.from_json({"context_weight": 0.001, "prefill_weight": 0.5, "spread": 0.1}) == StepCost(
+        0.001, 0.5, 0.1
+    )
+    for broken in (None, [], {"context_weight": "x", "prefill_weight": 0.5, "spread": 0.1}, {"prefill_weight": 1}):
+        assert StepCost.from_json(broken) is None
+    assert StepCost.from_json({"context_weight": -1, "prefill_weight": 0.5, "spread": 0.1}) is None
+
+
+def test_the_neighbours_halve_and_double_each_weight_the_model_first() -> None:
+    model = StepCost(0.002, 0.6, 0.1, 16.0)
+    neighbours = model.neighbours()
+    assert len(neighbours) == 27 and neighbours[0] == model
+    assert {n.context_weight for n in neighbours} == {0.001, 0.002, 0.004}
+    assert {n.overhead_tokens for n in neighbours} == {8.0, 16.0, 32.0}
+    assert {round(n.prefill_weight, 3) for n in neighbours} == {0.4, 0.6, 0.9}
+    assert {n.context_weight for n in StepCost(0.0).neighbours()} == {0.0, 0.00025, 0.0005}
