@@ -12,11 +12,13 @@ time: two cores):
 - ``multiturn``: the 452 turns of ``sample_data/sharegpt_multiturn.jsonl``
   (each turn repeats the conversation so far: shared prefixes), demo.toml.
 
-A first run: the calibration store keeps no completion lengths of the job's
-output (removed before it; the lengths of the model's other jobs stay, as
-do the step models fitted on this machine: a first run of a new job on a
-machine that has run the model). The run again writes the same output, so
-its ETA starts from the first run's lengths.
+Before the first job every completion length stored is removed from the
+calibration store (the step models fitted on this machine stay: a machine
+that has run the model). So ``sharegpt``'s first run knows no lengths,
+``short``'s first run has ShareGPT's (another job of the model, as a
+newcomer's own job after ``make demo``), ``multiturn``'s the short
+questions'. The run again writes the same output, so its ETA starts from
+the first run's lengths.
 
 Scores (:func:`bench.eta_trace.score_trace`): the share of estimates from
 10% of the run on whose range held the real time left (goal >= 80%), the
@@ -27,6 +29,13 @@ results for replay (``python -m bench.eta_trace score``).
 
 ``python -m bench.eta_range [--workloads sharegpt,short,multiturn] [--tag T]``
 writes ``bench/results/eta-range-T.{json,md}`` and ``eta-range-T-WORKLOAD-{first,again}.json``.
+
+``--again-only`` runs each job again only (a run again spoilt, e.g. by
+another process on the cores: its first run's lengths are still stored).
+``--replay`` runs nothing: it feeds the recordings of tag T through the
+estimator as it is now (the run's own stored step model and the lengths it
+had: none, the previous job's first run, or its own first run), and writes
+``eta-range-T-replayed.{json,md}``: to compare a change on the same runs.
 """
 
 from __future__ import annotations
@@ -52,9 +61,9 @@ DESCRIBED = {
 }
 
 
-def forget_job_lengths(output: Path) -> None:
-    """Remove the completion lengths stored with runs that wrote ``output``
-    (the job's own, its ETA prior); every other figure of the store stays."""
+def forget_lengths() -> None:
+    """Remove every completion length stored with earlier runs (the ETA's
+    priors); every other figure of the store stays."""
     from bulkinfer.io.files import atomic_write
     from bulkinfer.report.calibration import calibration_path
 
@@ -63,7 +72,7 @@ def forget_job_lengths(output: Path) -> None:
         return
     store = orjson.loads(path.read_bytes())
     for entry in store.get("entries", []):
-        if isinstance(entry, dict) and entry.get("output") == str(output):
+        if isinstance(entry, dict):
             entry["completion_lengths"] = []
     atomic_write(path, orjson.dumps(store, option=orjson.OPT_INDENT_2))
 
@@ -90,6 +99,32 @@ def scored(recording: dict[str, Any], first_run: bool) -> dict[str, Any]:
         "step_cost_stored": trace.get("step_cost_stored"),
         **score_trace(trace["points"], trace["end_s"], first_run),
     }
+
+
+def replayed(workloads: list[str], tag: str) -> list[dict[str, Any]]:
+    """Each recording of ``tag`` replayed through today's estimator (see the module docstring)."""
+    from bench.eta_trace import _replayed
+    from bulkinfer.report.step_cost import StepCost
+
+    runs = []
+    for k, workload in enumerate(workloads):
+        for first_run in (True, False):
+            name = f"eta-range-{tag}-{workload}-{'first' if first_run else 'again'}.json"
+            recording = orjson.loads((RESULTS / name).read_bytes())
+            trace = recording["report"]["eta_trace"]
+            step_cost = StepCost.from_json(trace["step_cost"]) if trace["step_cost_stored"] else None
+            # the lengths the run had: its own first run's (again), the previous job's first run's, or none
+            prior: Path | None = RESULTS / name.replace("-again", "-first")
+            if first_run:
+                prior = RESULTS / f"eta-range-{tag}-{workloads[k - 1]}-first.json" if k else None
+            progress = None
+            for _, seen in _replayed(recording, prior, not first_run, step_cost):
+                progress = seen
+            assert progress is not None
+            events = recording["events"]
+            score = score_trace(progress.eta_trace, events[-1][1] - events[0][1], first_run)
+            runs.append({"workload": workload, "recording": name, **scored(recording, first_run), **score})
+    return runs
 
 
 def render(doc: dict[str, Any]) -> str:
@@ -125,23 +160,41 @@ def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--workloads", default=",".join(WORKLOADS))
     parser.add_argument("--tag", default="default")
+    parser.add_argument("--replay", action="store_true", help="re-score the recordings of --tag, running nothing")
+    parser.add_argument(
+        "--again-only", action="store_true", help="run the jobs again only (their first runs' lengths stay stored)"
+    )
     args = parser.parse_args(argv)
+    command = " ".join(["python -m bench.eta_range", *(argv if argv is not None else sys.argv[1:])])
+    if args.replay:
+        runs = replayed(args.workloads.split(","), args.tag)
+        doc = {"command": command, "machine": machine(), "versions": versions(), "runs": runs}
+        (RESULTS / f"eta-range-{args.tag}-replayed.json").write_bytes(orjson.dumps(doc, option=orjson.OPT_INDENT_2))
+        (RESULTS / f"eta-range-{args.tag}-replayed.md").write_text(render(doc))
+        print(render(doc))
+        return
     from bulkinfer.default_model import bulkinfer_home
 
     jobs = bulkinfer_home() / "bench-eta"
     jobs.mkdir(parents=True, exist_ok=True)
     runs = []
+    if not args.again_only:
+        forget_lengths()
     for workload in args.workloads.split(","):
         output = jobs / f"{workload}.out.jsonl"
-        forget_job_lengths(output)
-        for first_run in (True, False):
+        for first_run in (False,) if args.again_only else (True, False):
             name = f"eta-range-{args.tag}-{workload}-{'first' if first_run else 'again'}.json"
             print(f"bench.eta_range: {workload}, {'first run' if first_run else 'again'}", file=sys.stderr, flush=True)
             recording = run_job(workload, RESULTS / name, output)
             runs.append({"workload": workload, "recording": name, **scored(recording, first_run)})
             print(f"  {runs[-1]}", file=sys.stderr, flush=True)
-    command = " ".join(["python -m bench.eta_range", *(argv if argv is not None else sys.argv[1:])])
     doc = {"command": command, "machine": machine(), "versions": versions(), "runs": runs}
+    earlier = RESULTS / f"eta-range-{args.tag}.json"
+    if args.again_only and earlier.exists():  # the other runs of the tag stay, each with its command
+        kept = orjson.loads(earlier.read_bytes())
+        again = {(r["workload"], r["first_run"]): {**r, "command": command} for r in runs}
+        runs = [again.pop((r["workload"], r["first_run"]), r) for r in kept["runs"]] + list(again.values())
+        doc = {**kept, "runs": runs, "rerun": command}
     (RESULTS / f"eta-range-{args.tag}.json").write_bytes(orjson.dumps(doc, option=orjson.OPT_INDENT_2))
     (RESULTS / f"eta-range-{args.tag}.md").write_text(render(doc))
     print(render(doc))

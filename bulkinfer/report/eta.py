@@ -6,30 +6,37 @@ Under continuous batching hundreds of rows run at once and few finish early
 on, so rows left over rows done would mislead; the work left does not. What
 is unknown is the completion length of every row not finished (how long the
 running ones still go, how long the waiting ones will be) and the rate of
-the steps to come. :meth:`WorkEstimate.outlook` draws :data:`SAMPLES`
-futures: in each, every running row gets a length past the tokens it has,
-the last :data:`TAIL_ROWS_PER_SLOT` x slots waiting rows get lengths and are
-fed to the slots as they free (the tail, which decides how many steps the
-drain takes), the waiting rows before them add their expected tokens
-(their sum's spread from the central limit theorem), and the step rate is
-scaled by a draw of the rate's drift (:class:`~bulkinfer.report.step_cost.StepCost`'s
-``spread``). The range is the 10th to 90th percentile of the futures' seconds,
-the point their median: its width is the spread of what is still unknown,
-and it narrows as rows finish.
+the steps to come. :meth:`WorkEstimate.outlook` draws
+:data:`~bulkinfer.report.futures.SAMPLES` futures
+(:class:`~bulkinfer.report.futures.Futures`): in each, every running row
+gets a length past the tokens it has, the last waiting rows (one per slot)
+get lengths and are fed to the slots as they free (the tail, which decides
+how many steps the drain takes), the waiting rows before them add their
+expected tokens (their sum's spread from the central limit theorem), and
+the steps are timed by one of the step model's neighbours at its own rate,
+scaled by a draw of the rate's drift (:mod:`bulkinfer.report.step_cost`).
+The range is the 10th to 90th percentile of the futures' seconds, the point
+their median: its width is the spread of what is still unknown, and it
+narrows as rows finish.
 
-- **Lengths**: the Kaplan-Meier estimate of the completion lengths (rows
-  still running are censored at the tokens they have), joined with the
-  lengths of an earlier run of the model where bulkinfer has one:
-  ``PRIOR_ROWS`` rows' worth, which the run's own rows soon outweigh. Where
-  fewer than :data:`MIN_AT_RISK` rows are known to reach a length, what lies
-  past it is not known: each future draws where those rows stop, anywhere
-  up to ``max_tokens`` (one draw per future: the unknown is the job's, not
-  each row's).
+- **Lengths, a first run**: the Kaplan-Meier estimate of the completion
+  lengths (rows still running are censored at the tokens they have) over
+  the rows that started last (:meth:`WorkEstimate._cohort`: rows are fed in
+  prompt length order and lengths drift along it), joined with the lengths
+  of an earlier run of the model where bulkinfer has one: ``PRIOR_ROWS``
+  rows' worth. Where fewer than :data:`MIN_AT_RISK` rows are known to reach
+  a length, what lies past it is not known: each future has those rows stop
+  at its own share of the way to ``max_tokens`` (one draw per future: the
+  unknown is the job's, not each row's). Each future also scales the
+  lengths still to come by a draw of the drift measured along the feed
+  (:meth:`WorkEstimate.length_drift`): the rows to come need not be like
+  the rows seen.
 - **The same job run again** (``same_job``): its rows are expected to have
-  the earlier run's lengths, the ones already seen taken out. Rows are fed
-  in length order, so the rows left differ from the rows done (1,000 short
-  questions finished their short answers first); the earlier run's lengths
-  less the ones done know that.
+  the earlier run's lengths, the ones already seen taken out
+  (:meth:`~bulkinfer.report.futures.Futures._pool`). Rows are fed in length
+  order, so the rows left differ from the rows done (1,000 short questions
+  finished their short answers first); the earlier run's lengths less the
+  ones done know that.
 - **Steps**: :mod:`bulkinfer.report.step_cost` (the fixed cost of a step,
   the tokens it decodes, attends over and prefills); its scale is the median
   over the :data:`RECENT_STEPS` latest steps.
@@ -37,15 +44,15 @@ and it narrows as rows finish.
 
 from __future__ import annotations
 
-import bisect
 import heapq
 import math
 import random
 import statistics
 from collections import Counter, deque
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
 
+from bulkinfer.report.futures import SAMPLES, Futures, spread_factors
 from bulkinfer.report.step_cost import Step, StepCost
 
 # Steps whose rate the median is taken over.
@@ -74,28 +81,17 @@ MIN_AT_RISK = 20
 COHORT_ROWS = 256
 
 
-# Past the known lengths, the futures' rows stop at these shares of the way to
-# max_tokens: (i + 0.5) / SAMPLES to this power (below 1: nearer max_tokens).
-BEYOND_POWER = 0.5
+# A first run's rows still to start may not be like the rows seen: each future
+# scales their lengths by exp(drift x z), the drift measured along the feed
+# (WorkEstimate.length_drift), at least the first, the second until measured.
+MIN_LENGTH_DRIFT = 0.15
 
 
-# Futures drawn per estimate, and the last waiting rows per slot drawn one by one.
-SAMPLES = 32
-
-
-TAIL_ROWS_PER_SLOT = 1
-
-
-# A run again draws its rows' lengths from at most this many (see _Futures._pool).
-POOL_ROWS = 8192
+UNKNOWN_LENGTH_DRIFT = 0.5
 
 
 # The range's ends: these quantiles of the futures' seconds.
 RANGE_QUANTILES = (0.1, 0.9)
-
-
-# A row's completion length drawn given the tokens it has (tokens -> tokens).
-_Draw = Callable[[int], int]
 
 
 @dataclass(frozen=True, slots=True)
@@ -147,6 +143,8 @@ class WorkEstimate:
         self.lengths: Counter[int] = Counter()  # completion lengths of the rows that ended with one
         # (step it started at, length) of the rows that ended last with one
         self._recent: deque[tuple[int, int]] = deque(maxlen=4 * COHORT_ROWS)
+        # rows that ended, by the span of steps they started in (see _span): [rows, completion tokens]
+        self._by_start: dict[int, list[int]] = {}
         self.prior = Counter(prior)
         self.same_job = same_job and bool(prior)
         self.generated_tokens = 0
@@ -161,7 +159,7 @@ class WorkEstimate:
         self._stride = 1
         self.step_count = 0
         self._last_step = (start, 0, 0)  # time, prefilled, generated when the counts last moved
-        self._rng = random.Random(seed)
+        self.rng = random.Random(seed)
 
     def plan(self, prompt_tokens: int, max_tokens: int) -> None:
         """A row was planned: ``prompt_tokens`` long, at most ``max_tokens`` to generate."""
@@ -175,7 +173,11 @@ class WorkEstimate:
         self.finished_rows += 1
         if completion_tokens is not None:
             self.lengths[completion_tokens] += 1
-            self._recent.append((self.step_count - completion_tokens, completion_tokens))
+            start = self.step_count - completion_tokens
+            self._recent.append((start, completion_tokens))
+            block = self._by_start.setdefault(start // self._span(), [0, 0])
+            block[0] += 1
+            block[1] += completion_tokens
 
     def observe(self, now: float, generated_tokens: int, prefilled_tokens: int, running: list[int]) -> None:
         """The engine's totals at ``now`` (seconds): completion tokens
@@ -191,7 +193,7 @@ class WorkEstimate:
         self._last_step = (now, prefilled_tokens, generated_tokens)
         if now <= then:
             return
-        context = sum(running) + len(running) * self._mean_prompt()
+        context = sum(running) + len(running) * self.mean_prompt()
         step = Step(now - then, generated_tokens - completion_then, prefilled_tokens - prompt_then, context)
         self.steps.append(step)
         self.step_count += 1
@@ -212,11 +214,11 @@ class WorkEstimate:
         prior's lengths counted as :data:`PRIOR_ROWS` rows that ended. Past
         where the lengths are known (see :meth:`known_lengths`), ``S`` stays
         flat: the rows left run to ``max_tokens``."""
-        return self._survival()[0]
+        return self.survival_and_known()[0]
 
     def known_lengths(self) -> int:
         """The length up to which :meth:`survival` is estimated from rows (tokens)."""
-        return self._survival()[1]
+        return self.survival_and_known()[1]
 
     def _cohort(self) -> Counter[int]:
         """The lengths of the :data:`COHORT_ROWS` rows that started last
@@ -229,7 +231,29 @@ class WorkEstimate:
             return self.lengths
         return Counter(length for _, length in latest)
 
-    def _survival(self) -> tuple[list[float], int]:
+    def length_drift(self) -> float:
+        """How far the mean completion length strays along the feed: the sd
+        of the log of the mean length of the rows that started in each span
+        of :meth:`_span` steps (spans of at least :data:`MIN_AT_RISK` rows
+        whose rows have all ended: ``max_tokens`` steps ago), at least
+        :data:`MIN_LENGTH_DRIFT`; :data:`UNKNOWN_LENGTH_DRIFT` before two such spans."""
+        span = self._span()
+        ended_before = (self.step_count - self.longest_max_tokens) // span
+        means = [
+            math.log(tokens / rows)
+            for at, (rows, tokens) in self._by_start.items()
+            if at < ended_before and rows >= MIN_AT_RISK and tokens > 0
+        ]
+        if len(means) < 2:
+            return UNKNOWN_LENGTH_DRIFT
+        return max(statistics.pstdev(means), MIN_LENGTH_DRIFT)
+
+    def _span(self) -> int:
+        """Steps per span of :meth:`length_drift`: an eighth of ``max_tokens``, at least 8."""
+        return max(self.longest_max_tokens // 8, 8)
+
+    def survival_and_known(self) -> tuple[list[float], int]:
+        """:meth:`survival` and :meth:`known_lengths` at once (one pass)."""
         top = self.longest_max_tokens
         censored = Counter(min(g, top) for g in self.running)  # running with g tokens: longer than g
         prior_weight = PRIOR_ROWS / self.prior.total() if self.prior else 0.0
@@ -282,11 +306,9 @@ class WorkEstimate:
         was planned or (``timed``) before a step was timed."""
         if not self.planned_rows or (timed and not self.steps):
             return None
-        rows = _Futures(self, total_rows, failed_rows)
+        rows = Futures(self, total_rows, failed_rows)
         prompt_left = self._prompt_left(total_rows, failed_rows)
-        normal = statistics.NormalDist()
-        drift = [math.exp(self.step_cost.spread * normal.inv_cdf((i + 0.5) / SAMPLES)) for i in range(SAMPLES)]
-        self._rng.shuffle(drift)
+        drift = spread_factors(self.step_cost.spread, self.rng)
         models = self.step_cost.neighbours()
         rates = [self._rate(model) if timed else 0.0 for model in models]
         seconds, tokens = [], []
@@ -315,132 +337,16 @@ class WorkEstimate:
 
         return fit_step_cost(self.sampled_steps)
 
-    def _mean_prompt(self) -> float:
+    def mean_prompt(self) -> float:
+        """The planned rows' mean prompt length (tokens; 0 before any)."""
         return self.planned_prompt_tokens / self.planned_rows if self.planned_rows else 0.0
 
     def _prompt_left(self, total_rows: int | None, failed_rows: int) -> float:
         """Prompt tokens not yet processed, the unplanned rows' at the planned rows' mean."""
         unplanned = max((total_rows or 0) - self.planned_rows - failed_rows, 0)
-        return max(self.planned_prompt_tokens - self.prefilled_tokens, 0) + unplanned * self._mean_prompt()
+        return max(self.planned_prompt_tokens - self.prefilled_tokens, 0) + unplanned * self.mean_prompt()
 
-    def _rows_left(self, total_rows: int | None, failed_rows: int) -> int:
+    def rows_left(self, total_rows: int | None, failed_rows: int) -> int:
         """Rows not started: planned and waiting, or not yet planned."""
         unplanned = max((total_rows or 0) - self.planned_rows - failed_rows, 0)
         return max(self.planned_rows - self.finished_rows - len(self.running), 0) + unplanned
-
-
-class _Futures:
-    """Draws the futures of one estimate: for each, the steps left, the
-    completion tokens left and their context (tokens attended over, summed over steps)."""
-
-    def __init__(self, work: WorkEstimate, total_rows: int | None, failed_rows: int) -> None:
-        self.work = work
-        self.rng = work._rng
-        self.top = max(work.longest_max_tokens, 1)
-        self.waiting = work._rows_left(total_rows, failed_rows)
-        self.slots = max(work.max_running or work.concurrency, len(work.running), 1)
-        self.tail = min(self.waiting, TAIL_ROWS_PER_SLOT * self.slots)
-        self.mean_prompt = work._mean_prompt()
-        self.running = sorted(work.running, reverse=True)
-        if work.same_job:
-            self.pool = self._pool(total_rows or work.planned_rows)
-        else:
-            self.survival, self.known = work._survival()
-            self.falling = [-p for p in self.survival]  # non-decreasing: bisect finds where S drops below a level
-
-    def _pool(self, rows: int) -> list[int]:
-        """The lengths of the rows not finished (sorted; at most
-        :data:`POOL_ROWS`, evenly spaced quantiles when more): the earlier
-        run's lengths for ``rows`` rows, less the lengths of the rows done.
-        The earlier lengths are quantiles, not the rows' own lengths, so each
-        length done takes out the nearest from below: the remaining count at
-        or below ``k`` is the earlier run's less the rows done, never falling."""
-        top = self.top
-        quantiles = [min(v, top) for v in self.work.prior.elements()]
-        expected = [0.0] * (top + 1)
-        for v in quantiles:
-            expected[v] += rows / len(quantiles)
-        done = Counter(min(k, top) for k in self.work.lengths.elements())
-        earlier = finished = at_or_below = 0.0
-        cumulative = []
-        for k in range(top + 1):
-            earlier += expected[k]
-            finished += done.get(k, 0)
-            at_or_below = max(at_or_below, earlier - finished)
-            cumulative.append(at_or_below)
-        total = cumulative[-1]
-        n = min(round(total), POOL_ROWS)
-        return [bisect.bisect_left(cumulative, (j + 0.5) / n * total) for j in range(n)] if n > 0 else []
-
-    def draw(self, i: int) -> tuple[float, float, float]:
-        """One future: (steps, completion tokens, context tokens) left."""
-        draw_length = self._from_pool() if self.work.same_job else self._from_survival(i)
-        slots: list[float] = []
-        decoded, context = 0.0, 0.0
-        for g in self.running:  # the longest first: each can still draw a length past its own
-            length = draw_length(g)
-            slots.append(length - g)
-            decoded += length - g
-            context += (length - g) * self.mean_prompt + (length * length - g * g) / 2
-        slots += [0] * (self.slots - len(slots))
-        tail = [draw_length(0) for _ in range(self.tail)]
-        bulk_rows = self.waiting - self.tail
-        if bulk_rows > 0:  # the rows fed before the tail: their expected sum, spread by the CLT
-            mean = statistics.fmean(tail)
-            mean_square = statistics.fmean(n * n for n in tail)
-            sd = math.sqrt(max(mean_square - mean * mean, 0.0))
-            bulk = max(bulk_rows * mean + math.sqrt(bulk_rows) * sd * self.rng.gauss(0.0, 1.0), 0.0)
-            slots = _fill(slots, bulk)
-            decoded += bulk
-            context += bulk_rows * (mean * self.mean_prompt + mean_square / 2)
-        heapq.heapify(slots)
-        for length in tail:
-            heapq.heapreplace(slots, slots[0] + length)
-            decoded += length
-            context += length * self.mean_prompt + length * length / 2
-        return max(slots, default=0.0), decoded, context
-
-    def _from_pool(self) -> _Draw:
-        pool = list(self.pool)
-        top, rng = self.top, self.rng
-
-        def draw(g: int) -> int:
-            start = bisect.bisect_right(pool, g)
-            if start >= len(pool):  # longer than the earlier run's lengths left: one more token
-                return min(g + 1, max(top, g + 1))
-            return pool.pop(rng.randrange(start, len(pool)))
-
-        return draw
-
-    def _from_survival(self, i: int) -> _Draw:
-        survival, falling, known, top, rng = self.survival, self.falling, self.known, self.top, self.rng
-        beyond = ((i + 0.5) / SAMPLES) ** BEYOND_POWER  # where this future's rows past the known lengths stop
-
-        def draw(g: int) -> int:
-            g = min(g, top - 1)
-            if survival[g] <= 0:
-                return g + 1
-            level = rng.random() * survival[g]
-            k = bisect.bisect_left(falling, -level, lo=g + 1)
-            if k >= top and known < top:  # past the known lengths: this future's share of the way to top
-                base = max(known, g)
-                k = base + 1 + int(beyond * (top - base - 1))
-            return max(min(k, top), g + 1)
-
-        return draw
-
-
-def _fill(slots: list[float], tokens: float) -> list[float]:
-    """The slots' finishing steps after ``tokens`` more are decoded one per
-    slot per step, the emptiest slots first (water filling)."""
-    ordered = sorted(slots)
-    level, used = ordered[0], 0.0
-    for count, value in enumerate(ordered[1:], 1):
-        if used + count * (value - level) > tokens:
-            break
-        used += count * (value - level)
-        level = value
-    else:
-        count = len(ordered)
-    level += (tokens - used) / count
-    return [max(s, level) for s in ordered]
