@@ -212,13 +212,9 @@ class WorkEstimate:
         """``S[k]`` for k = 0 .. the longest ``max_tokens``: the Kaplan-Meier
         estimate of the share of completions longer than ``k`` tokens, the
         prior's lengths counted as :data:`PRIOR_ROWS` rows that ended. Past
-        where the lengths are known (see :meth:`known_lengths`), ``S`` stays
-        flat: the rows left run to ``max_tokens``."""
+        where the lengths are known (see :meth:`survival_and_known`), ``S``
+        stays flat: the rows left run to ``max_tokens``."""
         return self.survival_and_known()[0]
-
-    def known_lengths(self) -> int:
-        """The length up to which :meth:`survival` is estimated from rows (tokens)."""
-        return self.survival_and_known()[1]
 
     def _cohort(self) -> Counter[int]:
         """The lengths of the :data:`COHORT_ROWS` rows that started last
@@ -253,7 +249,7 @@ class WorkEstimate:
         return max(self.longest_max_tokens // 8, 8)
 
     def survival_and_known(self) -> tuple[list[float], int]:
-        """:meth:`survival` and :meth:`known_lengths` at once (one pass)."""
+        """:meth:`survival` and the length up to which it is estimated from rows (tokens), in one pass."""
         top = self.longest_max_tokens
         censored = Counter(min(g, top) for g in self.running)  # running with g tokens: longer than g
         prior_weight = PRIOR_ROWS / self.prior.total() if self.prior else 0.0
@@ -284,33 +280,23 @@ class WorkEstimate:
         last = len(lengths) - 1
         return [lengths[round(i * last / (LENGTH_QUANTILES - 1))] for i in range(LENGTH_QUANTILES)]
 
-    def remaining_tokens(self, total_rows: int | None, failed_rows: int = 0) -> tuple[float, float]:
-        """(prompt, completion) tokens left for ``total_rows`` rows in all
-        (None: only the planned ones) of which ``failed_rows`` failed before
-        they were planned: the completion tokens are the futures' mean."""
-        outlook = self.outlook(total_rows, failed_rows, timed=False)
-        if outlook is None:
-            return 0.0, 0.0
-        return self._prompt_left(total_rows, failed_rows), outlook.completion_tokens
-
     def eta_s(self, total_rows: int | None, failed_rows: int = 0) -> float | None:
-        """Seconds left for ``total_rows`` rows in all (see
-        :meth:`remaining_tokens`): :meth:`outlook`'s point; None before a step was timed."""
+        """Seconds left for ``total_rows`` rows in all: :meth:`outlook`'s point; None before a step was timed."""
         outlook = self.outlook(total_rows, failed_rows)
         return None if outlook is None else outlook.point
 
-    def outlook(self, total_rows: int | None, failed_rows: int = 0, timed: bool = True) -> EtaRange | None:
+    def outlook(self, total_rows: int | None, failed_rows: int = 0) -> EtaRange | None:
         """The seconds left as a range (see the module docstring) for
         ``total_rows`` rows in all (None: the planned ones), of which
         ``failed_rows`` failed before they were planned. None before a row
-        was planned or (``timed``) before a step was timed."""
-        if not self.planned_rows or (timed and not self.steps):
+        was planned or before a step was timed."""
+        if not self.planned_rows or not self.steps:
             return None
         rows = Futures(self, total_rows, failed_rows)
         prompt_left = self._prompt_left(total_rows, failed_rows)
         drift = spread_factors(self.step_cost.spread, self.rng)
         models = self.step_cost.neighbours()
-        rates = [self._rate(model) if timed else 0.0 for model in models]
+        rates = [self._rate(model) for model in models]
         seconds, tokens = [], []
         for i in range(SAMPLES):
             steps, decoded, context = rows.draw(i)

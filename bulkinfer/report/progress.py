@@ -108,7 +108,6 @@ class Progress:
         # [seconds since the start, low, point, high]: each ETA as it was estimated (seconds)
         self.eta_trace: list[list[float]] = []
         self._trace_interval = TRACE_INTERVAL_S
-        self._closing = False
         self.ended_s: float | None = None  # seconds from the start to close()
         self._bar: Any = None
         self._task: Any = None
@@ -163,7 +162,7 @@ class Progress:
 
     def expected_tokens_per_s(self) -> float | None:
         """The completion tokens/s the run is expected to end with: the
-        tokens generated and the tokens left (:meth:`WorkEstimate.remaining_tokens`)
+        tokens generated and the tokens left (:attr:`EtaRange.completion_tokens`)
         over the seconds so far and the ETA; None without an ETA from live
         engine counts (see the module docstring)."""
         return self._outlook_now()[1]
@@ -202,7 +201,7 @@ class Progress:
 
     def _trace(self, outlook: EtaRange | None) -> None:
         """Keep ``outlook`` in :attr:`eta_trace` (at most :data:`TRACE_POINTS`, evenly spread)."""
-        if outlook is None or self._closing:
+        if outlook is None or self.ended_s is not None:  # the run has ended: its last line is not an estimate
             return
         at = self.elapsed()
         if self.eta_trace and at - self.eta_trace[-1][0] < self._trace_interval:
@@ -287,7 +286,6 @@ class Progress:
             return
         self._closed = True
         self.ended_s = round(self.elapsed(), 2)
-        self._closing = True  # the last line's ETA is not traced: the run has ended
         self._outlook = (-1.0, None, None)  # the last line's ETA is of now
         if self._bar is not None:
             self._bar.stop()
