@@ -33,6 +33,7 @@ from __future__ import annotations
 
 import argparse
 import itertools
+import os
 import re
 import subprocess
 import sys
@@ -94,12 +95,23 @@ def percentile(values: list[float], q: float) -> float:
 
 
 def stream_run(
-    rows: Iterator[dict[str, Any]] | list[dict[str, Any]], rate: float, max_wait: float, duration: float | None = None
+    rows: Iterator[dict[str, Any]] | list[dict[str, Any]],
+    rate: float,
+    max_wait: float,
+    duration: float | None = None,
+    env: dict[str, str] | None = None,
 ) -> dict[str, Any]:
     """One ``bulkinfer run -`` fed ``rows`` at ``rate`` rows/s (for ``duration``
-    seconds at most); latencies, figures and the RSS samples."""
+    seconds at most; ``env`` added to its environment); latencies, figures and the RSS samples."""
     cmd = [sys.executable, "-m", "bulkinfer", "run", "-", "--max-wait", str(max_wait), "--plain-progress"]
-    proc = subprocess.Popen(cmd, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE, cwd=ROOT)
+    proc = subprocess.Popen(
+        cmd,
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        cwd=ROOT,
+        env={**os.environ, **(env or {})},
+    )
     assert proc.stdin is not None and proc.stdout is not None and proc.stderr is not None
     written: dict[str, float] = {}
     arrived: dict[str, float] = {}
@@ -234,14 +246,19 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--max-wait", type=float, nargs="+", default=[0.1, 1.0, 5.0])
     parser.add_argument("--duration", type=float, default=None, help="seconds of a repeating source (no file run)")
     parser.add_argument("--tag", default="default")
+    parser.add_argument(
+        "--heap", choices=("flat", "glibc"), default="flat", help="glibc: BULKINFER_HEAP=glibc (glibc's own malloc)"
+    )
     args = parser.parse_args(argv)
+    env = {"BULKINFER_HEAP": "glibc"} if args.heap == "glibc" else {}
     streams = []
     for wait in args.max_wait:
         print(f"bench.stream: --max-wait {wait:g}", file=sys.stderr, flush=True)
         if args.duration is not None:
-            streams.append(stream_run(endless_rows(args.max_tokens, args.max_chars), args.rate, wait, args.duration))
+            rows = endless_rows(args.max_tokens, args.max_chars)
+            streams.append(stream_run(rows, args.rate, wait, args.duration, env))
         else:
-            streams.append(stream_run(make_rows(args.rows, args.max_tokens, args.max_chars), args.rate, wait))
+            streams.append(stream_run(make_rows(args.rows, args.max_tokens, args.max_chars), args.rate, wait, env=env))
         print(f"  {streams[-1]['summary']}", file=sys.stderr, flush=True)
     baseline = None
     if args.duration is None:
@@ -256,6 +273,7 @@ def main(argv: list[str] | None = None) -> None:
         "rate": args.rate,
         "max_tokens": args.max_tokens,
         "max_chars": args.max_chars,
+        "heap": args.heap,
         "machine": machine(),
         "versions": versions(),
         "streams": streams,

@@ -362,3 +362,15 @@ def encoder_config(model: str) -> EncoderConfig:
             length = value
             break
     return EncoderConfig(length, normalize)
+
+
+def model_task(model_path: str) -> str:
+    """What the resolved model ``model_path`` does: ``embed`` for a prepared
+    encoder (its marker's ``task``) or a local sentence-transformers
+    directory (a ``modules.json``: the file vLLM reads an embedding model's
+    pooling from), else ``generate`` (a hub id is not looked into)."""
+    path = Path(model_path)
+    marker = _read_marker(path)
+    if marker is not None:
+        return str(marker.get("task", "generate"))
+    return "embed" if (path / "modules.json").is_file() else "generate"

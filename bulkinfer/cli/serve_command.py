@@ -28,6 +28,7 @@ EXAMPLES = (
     "bulkinfer serve --api-key sk-team-a --api-key sk-team-b --data-dir /srv/bulkinfer",
     f"{KEYS_ENV}=sk-a,sk-b bulkinfer serve --host 0.0.0.0 --port 8000",
     "bulkinfer serve --model ./my-model",
+    "bulkinfer serve --model all-minilm-l6-v2",
     "BULKINFER_WEBHOOK_SECRET=whsec_... bulkinfer serve --webhook-url https://hooks.example.com/batches",
 )
 
@@ -137,7 +138,8 @@ def serve(
     ] = None,
 ) -> None:
     """Serve OpenAI's Files and Batch API (batches run one after another on one warm engine) and online
-    chat and text completions on the same engine, ahead of batch rows."""
+    chat and text completions on the same engine, ahead of batch rows; with an embedding --model
+    (all-minilm-l6-v2, or a sentence-transformers directory), embedding batches and online /v1/embeddings."""
     keys = [*(api_key or ()), *(k.strip() for k in os.environ.get(KEYS_ENV, "").split(",") if k.strip())]
     try:
         if not keys and host != LOCALHOST:
@@ -210,7 +212,7 @@ def _serve(
     worker = BatchWorker(store, settings, vllm_engine, online_seats=limits.max_online,
                          beside_online=(limits.batch_beside_online, limits.prefill_beside_online))  # fmt: skip
     tenants = {key: tenant_of(key) for key in keys}
-    app = create_app(store, tenants, worker, limits, model=settings.model or DEFAULT_MODEL)
+    app = create_app(store, tenants, worker, limits, settings.model or DEFAULT_MODEL, worker.served.endpoints)
     sender = WebhookSender(store, webhooks[1]) if webhooks else None
     worker.start()
     if sender is not None:

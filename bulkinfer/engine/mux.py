@@ -321,7 +321,7 @@ class EngineMux:
         rejected = self._engine.add(request_id, request)
         if rejected is not None:
             self._route([rejected])
-        elif listener is not None and self._watch is not None:
+        elif listener is not None and self._watch is not None and request.inputs is None:  # pooling: no pieces
             self._watch(request_id, self._counted(request_id, request.prompt_length, listener))
 
     def _counted(

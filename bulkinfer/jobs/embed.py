@@ -52,9 +52,14 @@ def embed(paths: RunPaths, settings: Settings, context: RunContext | None = None
     ``context``: the invocation's choices, as for :func:`bulkinfer.jobs.run.run`.
     Returns and raises as that function (exit 0, or 3 when some rows failed).
     """
-    job = Job(
+    return run(paths, embedding_settings(settings), context, job=embed_job(truncate))
+
+
+def embed_job(truncate: bool, kind: type[EmbedPlanner] = EmbedPlanner) -> Job:
+    """The :class:`~bulkinfer.jobs.run.Job` of an embedding run (see :func:`embed`), planned by ``kind``."""
+    return Job(
         parse=to_embed_request,
-        planner=functools.partial(encoder_planner, EmbedPlanner, truncate),
+        planner=functools.partial(encoder_planner, kind, truncate),
         journal={"embed": {"truncate": truncate}},
         vectors=("embedding",),
         calibrate=False,
@@ -63,7 +68,6 @@ def embed(paths: RunPaths, settings: Settings, context: RunContext | None = None
         text_columns=TEXT_FIELDS,
         consumed=frozenset({"id", *TEXT_FIELDS}),
     )
-    return run(paths, embedding_settings(settings), context, job=job)
 
 
 def embedding_settings(settings: Settings) -> Settings:

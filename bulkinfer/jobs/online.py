@@ -1,5 +1,7 @@
 """Online requests on a server's engine: one OpenAI ``/v1/chat/completions``
-or ``/v1/completions`` body in, its response (or its stream of chunks) out.
+or ``/v1/completions`` body in, its response (or its stream of chunks) out;
+on an embedding model's engine, one ``/v1/embeddings`` body in, its
+embeddings out (:class:`OnlineEmbeddings`).
 
 A body is read exactly as a batch line's ``body`` is
 (:func:`~bulkinfer.prep.rows.to_request`: the same fields, the same checks,
@@ -21,60 +23,46 @@ import itertools
 import threading
 import time
 import uuid
+from collections.abc import Callable
 from typing import Any
 
 from bulkinfer.config import Settings
 from bulkinfer.engine.mux import EngineMux, Listener
-from bulkinfer.io.records import output_record
+from bulkinfer.io.records import embedding_record, output_record
+from bulkinfer.prep.embeddings import EmbedPlanner, parse_embed_row
 from bulkinfer.prep.planner import Planner
 from bulkinfer.prep.rows import to_request
-from bulkinfer.schema import CHAT_URL, COMPLETIONS_URL, Completion, Request, RowInvalid
+from bulkinfer.schema import CHAT_URL, COMPLETIONS_URL, EMBEDDINGS_URL, Completion, Request, RowInvalid
 
-ONLINE_URLS = (CHAT_URL, COMPLETIONS_URL)
+GENERATION_URLS = (CHAT_URL, COMPLETIONS_URL)
+ONLINE_URLS = (*GENERATION_URLS, EMBEDDINGS_URL)
 STREAM_FIELDS = ("stream", "stream_options")  # read here; a batch line has no use for them
 
 
-class OnlineRequests:
-    """Online requests on ``mux``'s engine: ``settings`` with the chat
-    template resolved, ``tokenizer`` the model's, ``model`` the id answers name.
+class _Online:
+    """Online requests on ``mux``'s engine, tokenized and checked by
+    ``planner``; ``model`` the id answers name; ``urls`` the URLs served.
 
     :meth:`prepare` and :meth:`start` run in any thread; the listener hears
     the engine's thread (see :class:`~bulkinfer.engine.mux.Listener`).
     """
 
-    def __init__(self, mux: EngineMux, tokenizer: Any, settings: Settings, model: str):
-        self.mux, self.settings, self.model = mux, settings, model
-        self._planner = Planner(tokenizer, settings.plan, mux.max_model_len)
+    urls: tuple[str, ...] = ()
+
+    def __init__(self, mux: EngineMux, planner: Planner, model: str):
+        self.mux, self.model = mux, model
+        self._planner = planner
         self._planning = threading.Lock()  # the planner's statistics are not thread-safe
         self._seq = itertools.count()
 
-    def prepare(self, url: str, body: Any) -> Request:
-        """``body`` of an online request to ``url`` as a tokenized Request
-        (``id`` a fresh ``chatcmpl-``/``cmpl-`` id).
+    def _planned(self, parse: Callable[[int], Request]) -> Request:
+        """``parse(seq)``'s request planned alone (tokenized, checked), errors said of a request body.
 
         Raises:
-            RowInvalid: the body is not an object, a field is missing, of the
-                wrong type or range, not supported (the message names it), or
-                the prompt and ``max_tokens`` exceed the context.
+            RowInvalid: as ``parse`` raises it, or the planner's row error.
         """
-        if not isinstance(body, dict):
-            raise RowInvalid("invalid_request", "the request body must be a JSON object")
-        stream = body.get("stream", False)
-        if stream not in (None, True, False):
-            raise RowInvalid("invalid_field", "field 'stream': expected true or false")
-        options = body.get("stream_options")
-        if options is not None and (not isinstance(options, dict) or set(options) - {"include_usage"}):
-            raise RowInvalid("unsupported_field", "field 'stream_options': only include_usage is supported")
-        if stream and body.get("logprobs") not in (None, False):
-            raise RowInvalid("unsupported_field", "field 'logprobs' is not streamed here: ask with stream false")
-        prefix = "chatcmpl" if url == CHAT_URL else "cmpl"
-        line = {
-            "custom_id": f"{prefix}-{uuid.uuid4().hex}",
-            "url": url,
-            "body": {k: v for k, v in body.items() if k not in STREAM_FIELDS},
-        }
         try:
-            request = to_request(line, next(self._seq), 1, self.settings)
+            request = parse(next(self._seq))
         except RowInvalid as exc:
             raise RowInvalid(exc.type, _online_message(exc.message)) from None
         with self._planning:
@@ -95,11 +83,95 @@ class OnlineRequests:
         """Abort ``request`` (its caller went away)."""
         self.mux.cancel(request.id)
 
+
+class OnlineRequests(_Online):
+    """Online chat and text completions: ``settings`` with the chat template
+    resolved, ``tokenizer`` the model's (see :class:`_Online`)."""
+
+    urls = GENERATION_URLS
+
+    def __init__(self, mux: EngineMux, tokenizer: Any, settings: Settings, model: str):
+        super().__init__(mux, Planner(tokenizer, settings.plan, mux.max_model_len), model)
+        self.settings = settings
+
+    def prepare(self, url: str, body: Any) -> Request:
+        """``body`` of an online request to ``url`` as a tokenized Request
+        (``id`` a fresh ``chatcmpl-``/``cmpl-`` id).
+
+        Raises:
+            RowInvalid: the body is not an object, a field is missing, of the
+                wrong type or range, not supported (the message names it), or
+                the prompt and ``max_tokens`` exceed the context.
+        """
+        _check_body(url, body, self.urls)
+        stream = body.get("stream", False)
+        if stream not in (None, True, False):
+            raise RowInvalid("invalid_field", "field 'stream': expected true or false")
+        options = body.get("stream_options")
+        if options is not None and (not isinstance(options, dict) or set(options) - {"include_usage"}):
+            raise RowInvalid("unsupported_field", "field 'stream_options': only include_usage is supported")
+        if stream and body.get("logprobs") not in (None, False):
+            raise RowInvalid("unsupported_field", "field 'logprobs' is not streamed here: ask with stream false")
+        prefix = "chatcmpl" if url == CHAT_URL else "cmpl"
+        line = {
+            "custom_id": f"{prefix}-{uuid.uuid4().hex}",
+            "url": url,
+            "body": {k: v for k, v in body.items() if k not in STREAM_FIELDS},
+        }
+        return self._planned(lambda seq: to_request(line, seq, 1, self.settings))
+
     def response(self, request: Request, completion: Completion) -> dict[str, Any]:
         """The response body: a ``chat.completion`` or ``text_completion``, as in a batch output line."""
         body: dict[str, Any] = output_record(request, completion, self.model)["response"]["body"]
         body["id"] = request.id
         return body
+
+
+class OnlineEmbeddings(_Online):
+    """Online ``/v1/embeddings`` requests on ``mux``'s embedding engine:
+    a body is read as a batch line's (:func:`~bulkinfer.prep.embeddings.parse_embed_row`:
+    ``input`` a string or a list of them, ``encoding_format``, ``dimensions``),
+    tokenized and checked by ``planner`` (the encoder's ``max_seq_length``:
+    a longer input is a 400, as OpenAI's), and answered with the body a batch
+    output line carries (:func:`~bulkinfer.io.records.embedding_record`:
+    vLLM's ``EmbeddingResponse``).
+    """
+
+    urls = (EMBEDDINGS_URL,)
+
+    def __init__(self, mux: EngineMux, planner: EmbedPlanner, model: str):
+        super().__init__(mux, planner, model)
+
+    def prepare(self, url: str, body: Any) -> Request:
+        """``body`` as a tokenized embedding Request (``id`` a fresh ``embd-`` id).
+
+        Raises:
+            RowInvalid: not an object, a bad or unsupported field (named), an input over ``max_seq_length``.
+        """
+        _check_body(url, body, self.urls)
+        line = {"custom_id": f"embd-{uuid.uuid4().hex}", "url": url, "body": body}
+        return self._planned(lambda seq: parse_embed_row(line, seq, 1))
+
+    def response(self, request: Request, completion: Completion) -> dict[str, Any]:
+        """The ``list`` of embeddings, as in a batch output line."""
+        body: dict[str, Any] = embedding_record(request, completion, self.model)["response"]["body"]
+        return body
+
+
+# What a server's engine answers online: a generative model's or an embedding model's requests.
+Online = OnlineRequests | OnlineEmbeddings
+
+
+def _check_body(url: str, body: Any, urls: tuple[str, ...]) -> None:
+    """Raises RowInvalid when ``body`` is no object or the model does not serve ``url``."""
+    if url not in urls:
+        kind = "an embedding model" if url == EMBEDDINGS_URL else "a generative model"
+        raise RowInvalid(
+            "model_not_supported",
+            f"{url} needs {kind}: this server's model serves {', '.join(urls)} (bulkinfer serve --model)",
+        )
+    if not isinstance(body, dict):
+        raise RowInvalid("invalid_request", "the request body must be a JSON object")
 
 
 class Chunks:

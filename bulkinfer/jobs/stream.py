@@ -54,6 +54,7 @@ from typing import IO, Any
 from bulkinfer.config import Settings
 from bulkinfer.default_model import DEFAULT_MODEL, bulkinfer_home
 from bulkinfer.engine.feed import PENDING, FeedStopped, feed
+from bulkinfer.engine.heap import keep_heap_flat
 from bulkinfer.engine.log import EngineLog, terminal
 from bulkinfer.errors import EXIT_OK, EXIT_PARTIAL, ConfigError, EngineError, ModelError, OutputExistsError
 from bulkinfer.io import records
@@ -244,6 +245,7 @@ def stream(
     """
     started = time.monotonic()
     context = context or RunContext()
+    keep_heap_flat()  # a stream's engine runs for as long as it is fed: its heap must not creep
     done: set[str] = set()
     if context.resume:
         if paths.output == STDOUT:

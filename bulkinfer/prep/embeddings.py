@@ -189,6 +189,9 @@ class EmbedPlanner(Planner):
         self.padding.add_window([r.prompt_length for r in planned])
         return order_for_feed(planned, self.settings.order), errors
 
+    # What a too-long input's error message says to do.
+    too_long_hint = "shorten it, or pass --truncate to cut it as sentence-transformers does"
+
     def input_name(self, request: Request, index: int, count: int) -> str:
         """The row's name for input ``index`` of ``count`` (in error messages):
         ``text``, or an OpenAI line's ``input`` / ``input[K]``."""
@@ -205,6 +208,6 @@ class EmbedPlanner(Planner):
             request.id,
             "context_length_exceeded",
             f"{where} is {len(ids[first])} tokens{more}, over the encoder's max_seq_length of "
-            f"{self.max_model_len} tokens; shorten it, or pass --truncate to cut it as sentence-transformers does",
+            f"{self.max_model_len} tokens; {self.too_long_hint}",
             request.openai_url is not None,
         )

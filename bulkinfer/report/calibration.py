@@ -24,7 +24,7 @@ import orjson
 
 from bulkinfer.default_model import bulkinfer_home
 from bulkinfer.io.files import atomic_write
-from bulkinfer.report.step_cost import StepCost
+from bulkinfer.report.step_cost import StepCost, pooled
 
 # A calibration smaller than this (rows, completion tokens generated) is
 # neither stored nor used: bulkinfer calibrate's workload is 64 x 64 tokens.
@@ -173,7 +173,7 @@ def _save(entries: list[dict[str, Any]] | None = None, choices: list[dict[str, A
 class LengthPrior(NamedTuple):
     """An earlier run's completion lengths (quantiles, tokens), whether
     that run wrote the same output (the same job run again), and the step
-    model fitted to the newest run of the model on this machine (None: none stored)."""
+    model of the newest runs of the model on this machine (None: none stored)."""
 
     lengths: list[int]
     same_job: bool
@@ -183,18 +183,16 @@ class LengthPrior(NamedTuple):
 def length_prior(model_path: str, output: str, machine: dict[str, Any] | None = None) -> LengthPrior:
     """The completion lengths stored with the newest run that wrote
     ``output`` (``same_job``), else with the newest run of ``model_path`` on
-    any machine; empty lengths when there is none. The step model: of the
-    newest run of ``model_path`` on ``machine`` that stored one (None without ``machine``)."""
+    any machine; empty lengths when there is none. The step model: the
+    median of the newest fits stored by runs of ``model_path`` on
+    ``machine`` (:func:`~bulkinfer.report.step_cost.pooled`; None without ``machine``)."""
     entries = load_calibrations()
     runs = [e for e in entries if e.get("completion_lengths")]
     same_job = [e for e in runs if e.get("output") == output]
     same = same_job or [e for e in runs if e.get("model_path") == model_path]
     fitted = [e for e in entries if machine is not None and e.get("step_cost") and _matches(e, model_path, machine)]
-    return LengthPrior(
-        [int(n) for n in same[-1]["completion_lengths"]] if same else [],
-        bool(same_job),
-        StepCost.from_json(fitted[-1]["step_cost"]) if fitted else None,
-    )
+    fits = [f for f in (StepCost.from_json(e["step_cost"]) for e in fitted) if f is not None]
+    return LengthPrior([int(n) for n in same[-1]["completion_lengths"]] if same else [], bool(same_job), pooled(fits))
 
 
 def load_calibrations() -> list[dict[str, Any]]:

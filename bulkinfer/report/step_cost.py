@@ -11,10 +11,13 @@ so far of the running requests) in tokens. ``scale`` (seconds per decoded
 token) is measured during each run (the median over its recent steps); the
 weights are a property of the model and the machine: fitted over a whole
 run's steps when it ends (:func:`fit_step_cost`) and stored with the run's
-calibration entry, so the next run of the model on the machine starts with
-them. ``spread`` is how far the model's rate drifts over a run (the standard
-deviation of the log of the median rate of blocks of :data:`BLOCK_STEPS`
-steps, measured against the whole run's): the ETA range's time component.
+calibration entry; the next run of the model on the machine starts with the
+median of the newest :data:`POOLED_FITS` stored fits (:func:`pooled`), so
+one run disturbed by other work on the machine does not mis-time the
+next. ``spread`` is how far the model's rate drifts over a run (the
+standard deviation of the log of the median rate of blocks of
+:data:`BLOCK_STEPS` steps, measured against the whole run's): the ETA
+range's time component.
 
 Fitted on two recordings of real runs on a 2-core AMD EPYC (SmolLM2-135M,
 float32; ``bench/results/eta-trace-{short,sharegpt}.json``):
@@ -49,6 +52,10 @@ OVERHEADS = (4.0, 8.0, 16.0, 32.0, 64.0)
 
 # No fewer steps are fitted.
 MIN_FIT_STEPS = 64
+
+
+# A run's step model: the median of this many newest fits of the model on the machine.
+POOLED_FITS = 5
 
 
 # The smallest spread a fit reports: a run is never known to better than this.
@@ -141,6 +148,22 @@ def fit_step_cost(steps: Sequence[Step]) -> StepCost | None:
     return StepCost(
         model.context_weight, model.prefill_weight, max(_drift(steps, model), MIN_SPREAD), model.overhead_tokens
     )
+
+
+def pooled(fits: Sequence[StepCost]) -> StepCost | None:
+    """The step model of several runs' fits (the newest :data:`POOLED_FITS`
+    of ``fits``, oldest first): each weight and the spread their median. One
+    fit from a run slowed by other work on the machine (measured on a 2-core
+    Zen 3: context weight 0.008, prefill 1.5, overhead 32 against 0.002-0.004,
+    0.5-0.75 and 16 alone) is outvoted once three runs are stored, halved
+    with two. None for no fits."""
+    fits = list(fits)[-POOLED_FITS:]
+    if not fits:
+        return None
+    return StepCost(*(statistics.median(getattr(f, name) for f in fits) for name in _FIELDS))
+
+
+_FIELDS = ("context_weight", "prefill_weight", "spread", "overhead_tokens")
 
 
 def _drift(steps: Sequence[Step], model: StepCost) -> float:

@@ -1,6 +1,7 @@
 """OpenAI's Files and Batch API as a FastAPI app over a :class:`Store` and
 a :class:`Runner` (the worker), and the online ``/v1/chat/completions`` and
-``/v1/completions`` on the worker's engine (:mod:`bulkinfer.serve.online`).
+``/v1/completions`` (or, for an embedding model, ``/v1/embeddings``) on the
+worker's engine (:mod:`bulkinfer.serve.online`).
 
 Every ``/v1`` route wants ``Authorization: Bearer KEY``; the key names the
 tenant, who sees only its own files and batches (another tenant's id is a
@@ -71,11 +72,17 @@ class BatchCreate(BaseModel):
 
 
 def create_app(
-    store: Store, keys: Mapping[str, str], runner: Runner, limits: Limits | None = None, model: str = ""
+    store: Store,
+    keys: Mapping[str, str],
+    runner: Runner,
+    limits: Limits | None = None,
+    model: str = "",
+    endpoints: tuple[str, ...] = ENDPOINTS,
 ) -> FastAPI:
     """The app. ``keys``: API key -> tenant (empty: any bearer is
     ``"default"``); ``runner`` gets each new batch and each cancel;
-    ``model``: the id ``GET /v1/models`` lists."""
+    ``model``: the id ``GET /v1/models`` lists; ``endpoints``: the batch
+    endpoints its model serves (an embedding model's: ``/v1/embeddings``)."""
     app = FastAPI(title="bulkinfer serve", docs_url=None, redoc_url=None)
     app.state.keys = dict(keys)
     app.add_middleware(AccessLog)
@@ -156,8 +163,9 @@ def create_app(
 
     @app.post("/v1/batches")
     def create_batch(body: BatchCreate, who: Tenant) -> dict[str, Any]:
-        if body.endpoint not in ENDPOINTS:
-            raise ApiError(400, f"endpoint must be one of {', '.join(ENDPOINTS)}", param="endpoint")
+        if body.endpoint not in endpoints:
+            served = ", ".join(endpoints)
+            raise ApiError(400, f"endpoint must be one of {served}: what this server's model serves", param="endpoint")
         if body.completion_window not in WINDOWS_S:
             raise ApiError(400, "completion_window must be '24h'", param="completion_window")
         if body.metadata is not None and len(body.metadata) > 16:

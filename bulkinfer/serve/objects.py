@@ -5,6 +5,9 @@ from __future__ import annotations
 
 from typing import Any
 
+from bulkinfer.io.output_files import Published
+from bulkinfer.report.model import as_run_report
+from bulkinfer.serve.progress import report_throughput
 from bulkinfer.serve.store import TIMESTAMPS
 
 
@@ -71,3 +74,29 @@ def list_object(data: list[dict[str, Any]], has_more: bool) -> dict[str, Any]:
 def error_body(message: str, type_: str, code: str | None = None, param: str | None = None) -> dict[str, Any]:
     """OpenAI's error response body."""
     return {"error": {"message": message, "type": type_, "param": param, "code": code}}
+
+
+def finished_columns(report: dict[str, Any]) -> dict[str, Any]:
+    """The columns a finished run's report gives its batch: OpenAI's
+    ``request_counts`` and ``usage`` (the report's ``tokens``: the completed
+    rows', resumed ones included), and ``throughput``.
+
+    Raises:
+        InputFileError: ``report`` is no run report (the batch fails).
+    """
+    typed = as_run_report(report)
+    counts, tokens = typed.request_counts, typed.tokens
+    return {
+        "request_counts": {"total": counts.total, "completed": counts.completed, "failed": counts.failed},
+        "usage": usage_object(tokens.prompt, tokens.completion),
+        "throughput": report_throughput(typed),
+    }
+
+
+def published_columns(published: Published, total: int) -> dict[str, Any]:
+    """``request_counts`` and ``usage`` of a published output and errors
+    (a cancelled batch's: its run wrote no report)."""
+    return {
+        "request_counts": {"total": total, "completed": published.completed, "failed": published.failed},
+        "usage": usage_object(published.prompt_tokens, published.completion_tokens),
+    }

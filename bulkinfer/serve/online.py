@@ -1,6 +1,8 @@
-"""``POST /v1/chat/completions`` and ``POST /v1/completions``: online
+"""``POST /v1/chat/completions`` and ``POST /v1/completions`` (a generative
+model's server), ``POST /v1/embeddings`` (an embedding model's): online
 requests on the server's engine, ahead of the running batch's rows
-(:mod:`bulkinfer.jobs.online`, :class:`~bulkinfer.engine.mux.EngineMux`).
+(:mod:`bulkinfer.jobs.online`, :class:`~bulkinfer.engine.mux.EngineMux`);
+a URL the model does not serve is a 400 (``model_not_supported``).
 
 - ``stream: true`` answers with server-sent events (``data: {chunk}`` lines,
   then ``data: [DONE]``), OpenAI's chunks;
@@ -28,7 +30,7 @@ from fastapi.concurrency import run_in_threadpool
 from fastapi.responses import JSONResponse, Response, StreamingResponse
 
 from bulkinfer.errors import EngineError
-from bulkinfer.jobs.online import ONLINE_URLS, Chunks, OnlineRequests, wants_stream
+from bulkinfer.jobs.online import ONLINE_URLS, Chunks, Online, wants_stream
 from bulkinfer.schema import Choice, Completion, RowInvalid
 from bulkinfer.schema import Request as EngineRequest
 from bulkinfer.serve.http import ApiError, Tenant
@@ -71,7 +73,7 @@ def unavailable(message: str) -> ApiError:
 
 
 def online_router(runner: Runner, max_online: int, metrics: OnlineMetrics) -> APIRouter:
-    """The two routes over ``runner``'s engine (see the module)."""
+    """The online routes over ``runner``'s engine (see the module)."""
     router = APIRouter()
     in_flight = [0]  # requests admitted and not finished (the event loop's thread only)
 
@@ -155,7 +157,7 @@ class Timing:
         self.metrics.latency.labels(self.metrics.model).observe(time.monotonic() - self.started)
 
 
-async def whole(online: OnlineRequests, request: EngineRequest, events: Events, timing: Timing) -> Completion:
+async def whole(online: Online, request: EngineRequest, events: Events, timing: Timing) -> Completion:
     """The finished completion of ``request``.
 
     Raises:
@@ -179,7 +181,7 @@ async def whole(online: OnlineRequests, request: EngineRequest, events: Events, 
 
 
 async def streamed(
-    online: OnlineRequests, request: EngineRequest, events: Events, chunks: Chunks, timing: Timing, left: Any
+    online: Online, request: EngineRequest, events: Events, chunks: Chunks, timing: Timing, left: Any
 ) -> AsyncIterator[bytes]:
     """The server-sent events of ``request``: a chunk per piece, the usage
     chunk if asked, ``[DONE]``; an ``error`` event if the engine rejected it

@@ -26,7 +26,9 @@ cancelled with what they finished.
 The engine starts with the server (vLLM's priority scheduling on) and is
 shared by the running batch and online requests
 (:class:`~bulkinfer.engine.mux.EngineMux`; :attr:`BatchWorker.online`, None
-while no engine is ready).
+while no engine is ready). An embedding model's server runs embedding
+batches and requests (:mod:`bulkinfer.serve.served`); a batch for an
+endpoint its model does not serve (left by a server of another model) fails.
 
 The engine comes back: when it dies (:class:`EngineError`, during a batch or
 between batches), the worker closes it, waits :data:`ENGINE_RESTART_DELAYS_S`,
@@ -39,7 +41,6 @@ restart failed.
 
 from __future__ import annotations
 
-import dataclasses
 import logging
 import threading
 from pathlib import Path
@@ -53,17 +54,17 @@ from bulkinfer.engine.base import Engine, EngineFactory, KeptEngine
 from bulkinfer.engine.mux import EngineMux
 from bulkinfer.errors import BulkinferError, EngineError, Interrupted
 from bulkinfer.io.inputs import InputScan
-from bulkinfer.io.output_files import OutputFiles, Published, RunPaths
+from bulkinfer.io.output_files import OutputFiles, RunPaths
 from bulkinfer.io.unfinished import add_unfinished_errors
 from bulkinfer.jobs.context import RunContext
 from bulkinfer.jobs.engine_choice import choose_engine_settings
-from bulkinfer.jobs.online import OnlineRequests
-from bulkinfer.jobs.run import GENERATE, run
+from bulkinfer.jobs.online import Online
+from bulkinfer.jobs.run import run
 from bulkinfer.models import TokenizerFactory, load_tokenizer, resolve_model
-from bulkinfer.report.model import as_run_report
 from bulkinfer.serve.access import ACCESS_LOGGER, iso_now
-from bulkinfer.serve.objects import usage_object
-from bulkinfer.serve.progress import EXPIRED, ExpiryWatch, LiveCounts, report_throughput
+from bulkinfer.serve.objects import finished_columns, published_columns
+from bulkinfer.serve.progress import EXPIRED, ExpiryWatch, LiveCounts
+from bulkinfer.serve.served import Served, served
 from bulkinfer.serve.store import Store, now
 from bulkinfer.serve.validate import MAX_LINES, batch_error, custom_ids, validate_input
 from bulkinfer.stop import StopToken
@@ -74,9 +75,6 @@ RESUMABLE = ("in_progress", "finalizing")
 EXPIRED_MESSAGE = "This request could not be executed before the completion window expired."  # OpenAI's
 # Seconds before each new engine after an engine death; one more death in a row fails the batch.
 ENGINE_RESTART_DELAYS_S = (2.0, 10.0, 30.0)
-
-# A batch is a generation job whose engine serves the batches after it: its KV cache is not sized to it.
-SERVED = dataclasses.replace(GENERATE, sized_kv_cache=False)
 
 
 class Runner(Protocol):
@@ -93,7 +91,7 @@ class Runner(Protocol):
         """``starting``, ``ready`` or ``failed`` (see :class:`BatchWorker`)."""
 
     @property
-    def online(self) -> OnlineRequests | None:
+    def online(self) -> Online | None:
         """Where online requests go, or None while no engine is ready."""
 
 
@@ -104,7 +102,8 @@ class BatchWorker(threading.Thread):
     give fakes); the engine is made once and kept until :meth:`close`.
     ``online_seats`` and ``beside_online`` (``batch_beside_online``,
     ``prefill_beside_online``): how the engine is shared with online
-    requests (see :class:`~bulkinfer.engine.mux.EngineMux`).
+    requests (see :class:`~bulkinfer.engine.mux.EngineMux`). ``model``:
+    what ``settings.model`` serves (default: :func:`~bulkinfer.serve.served.served` finds it).
     """
 
     def __init__(
@@ -116,13 +115,15 @@ class BatchWorker(threading.Thread):
         max_lines: int = MAX_LINES,
         online_seats: int = 0,
         beside_online: tuple[int | None, int | None] = (None, None),
+        model: Served | None = None,
     ):
         super().__init__(name="bulkinfer-batch-worker", daemon=True)
-        self.store, self.settings, self.max_lines = store, settings, max_lines
+        self.served = model or served(settings.model)
+        self.store, self.settings, self.max_lines = store, self.served.settings(settings), max_lines
         self._online_seats, self._beside_online = online_seats, beside_online
         self._health = "starting"
         self._deaths = 0  # engine deaths in a row
-        self._online: OnlineRequests | None = None
+        self._online: Online | None = None
         self.engine = KeptEngine(self._watched(self._muxed(engine_factory)))
         self.tokenizer_factory = tokenizer_factory
         self._tokenizer: tuple[str, Any] | None = None  # (model, its tokenizer), loaded once
@@ -151,7 +152,7 @@ class BatchWorker(threading.Thread):
         return self._health
 
     @property
-    def online(self) -> OnlineRequests | None:
+    def online(self) -> Online | None:
         online = self._online
         if online is None or online.mux.dead is not None or self._health != "ready":
             return None
@@ -168,9 +169,8 @@ class BatchWorker(threading.Thread):
                 if self._tokenizer is None or self._tokenizer[0] != model_path:
                     trust = settings.engine.trust_remote_code
                     self._tokenizer = (model_path, self.tokenizer_factory(model_path, trust))
-                tokenizer = self._tokenizer[1]
-                chat = settings.resolve_chat_template(tokenizer)
-                self._online = OnlineRequests(mux, tokenizer, chat, self.settings.model or DEFAULT_MODEL)
+                name = self.settings.model or DEFAULT_MODEL
+                self._online = self.served.online(mux, self._tokenizer[1], settings, model_path, name)
             except BaseException:
                 mux.close()
                 raise
@@ -193,7 +193,7 @@ class BatchWorker(threading.Thread):
         """
         model = resolve_model(self.settings.model)
         scan = InputScan(None, mentions_priority=True)
-        chosen, _ = choose_engine_settings(model, self.settings, scan, SERVED.calibrate, False)
+        chosen, _ = choose_engine_settings(model, self.settings, scan, self.served.job.calibrate, False)
         self.engine.get(model, chosen)
 
     def _watched(self, factory: EngineFactory) -> EngineFactory:
@@ -276,6 +276,12 @@ class BatchWorker(threading.Thread):
         if resume and now() > batch["expires_at"]:  # expired while no server ran it
             self._publish_partial(batch_id, "expired", RESUMABLE)
             return
+        if batch["endpoint"] not in self.served.endpoints:
+            why = f"this server's model serves {', '.join(self.served.endpoints)}, not {batch['endpoint']}"
+            self.store.move(
+                batch_id, ("validating", *RESUMABLE), "failed", errors=[batch_error("model_not_supported", why)]
+            )
+            return
         if not resume and not self._validated(batch):
             return
         paths = RunPaths.build(self._input_path(batch), self.store.batch_dir(batch_id) / "output.jsonl")
@@ -294,7 +300,7 @@ class BatchWorker(threading.Thread):
         watch = ExpiryWatch(self.store, batch_id, token)
         watch.start()
         try:
-            result = run(paths, self.settings, context, job=SERVED)
+            result = run(paths, self.settings, context, job=self.served.job)
         except Interrupted:
             if token.reason == EXPIRED:
                 self._publish_partial(batch_id, "expired", RESUMABLE)
@@ -312,7 +318,7 @@ class BatchWorker(threading.Thread):
             watch.close()
             live.finish()  # before the final counts: no live write comes after them
         self._deaths = 0
-        if self.store.move(batch_id, RESUMABLE, "finalizing", **_finished(result.report)):
+        if self.store.move(batch_id, RESUMABLE, "finalizing", **finished_columns(result.report)):
             self._register_outputs(batch, paths, "completed", ("finalizing",))
 
     def _engine_died(self, batch_id: str | None, exc: BulkinferError) -> None:
@@ -400,7 +406,7 @@ class BatchWorker(threading.Thread):
                     add_unfinished_errors(files.out, files.errors, requests, "batch_expired", EXPIRED_MESSAGE)
             total = batch["request_counts"]["total"] if batch["request_counts"] else 0
             published = files.published()
-            self.store.update(batch_id, **_published(published, total or published.completed + published.failed))
+            self.store.update(batch_id, **published_columns(published, total or published.completed + published.failed))
             self._register_outputs(batch, RunPaths(out, out), status, from_)
 
     def _register_outputs(self, batch: dict[str, Any], paths: RunPaths, status: str, from_: tuple[str, ...]) -> None:
@@ -412,29 +418,3 @@ class BatchWorker(threading.Thread):
                 name = f"{batch['id']}_{'output' if key == 'output_file_id' else 'error'}.jsonl"
                 ids[key] = self.store.register_file(batch["tenant"], name, "batch_output", path)["id"]
         self.store.move(batch["id"], from_, status, **ids)
-
-
-def _finished(report: dict[str, Any]) -> dict[str, Any]:
-    """The columns a finished run's report gives its batch: OpenAI's
-    ``request_counts`` and ``usage`` (the report's ``tokens``: the completed
-    rows', resumed ones included), and ``throughput``.
-
-    Raises:
-        InputFileError: ``report`` is no run report (the batch fails).
-    """
-    typed = as_run_report(report)
-    counts, tokens = typed.request_counts, typed.tokens
-    return {
-        "request_counts": {"total": counts.total, "completed": counts.completed, "failed": counts.failed},
-        "usage": usage_object(tokens.prompt, tokens.completion),
-        "throughput": report_throughput(typed),
-    }
-
-
-def _published(published: Published, total: int) -> dict[str, Any]:
-    """``request_counts`` and ``usage`` of a published output and errors
-    (a cancelled batch's: its run wrote no report)."""
-    return {
-        "request_counts": {"total": total, "completed": published.completed, "failed": published.failed},
-        "usage": usage_object(published.prompt_tokens, published.completion_tokens),
-    }

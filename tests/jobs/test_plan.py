@@ -217,6 +217,10 @@ def test_the_eta_prior_is_the_same_jobs_lengths_else_the_same_models(
     # the step model of the newest run of the model on this machine that stored one; none from another machine
     assert length_prior("/models/tiny", "a.jsonl", machine).step_cost == fitted
     assert length_prior("/models/tiny", "a.jsonl", {"cpu": "Other CPU", "cores": 2}).step_cost is None
+    # with more runs, the median of their fits: one run slowed by other work is outvoted
+    record_calibration(_report("d.jsonl", 300, 100.0, 50.0), machine, "run", [9] * 101, StepCost(0.008, 1.5, 0.4, 32.0))
+    record_calibration(_report("e.jsonl", 300, 100.0, 50.0), machine, "run", [9] * 101, StepCost(0.004, 0.75, 0.09))
+    assert length_prior("/models/tiny", "a.jsonl", machine).step_cost == StepCost(0.004, 0.75, 0.09, 24.0)
 
 
 def test_an_old_calibration_store_is_not_used(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:

@@ -7,7 +7,7 @@ import random
 
 import pytest
 
-from bulkinfer.report.step_cost import Step, StepCost, fit_step_cost
+from bulkinfer.report.step_cost import POOLED_FITS, Step, StepCost, fit_step_cost, pooled
 
 
 def timed_steps(model: StepCost, scale: float, seed: int = 0) -> list[Step]:
@@ -61,3 +61,22 @@ def test_the_neighbours_halve_and_double_each_weight_the_model_first() -> None:
     assert {n.overhead_tokens for n in neighbours} == {8.0, 16.0, 32.0}
     assert {round(n.prefill_weight, 3) for n in neighbours} == {0.4, 0.6, 0.9}
     assert {n.context_weight for n in StepCost(0.0).neighbours()} == {0.0, 0.00025, 0.0005}
+
+
+def test_pooled_fits_are_the_median_of_the_newest_each_weight_apart() -> None:
+    calm = [StepCost(0.002, 0.5, 0.06, 16.0), StepCost(0.004, 0.75, 0.08, 16.0), StepCost(0.002, 0.75, 0.07, 8.0)]
+    contended = StepCost(0.008, 1.5, 0.4, 32.0)
+    assert weights(pooled(calm + [contended])) == pytest.approx(StepCost(0.003, 0.75, 0.075, 16.0).to_json())
+    assert weights(pooled([calm[0], contended])) == pytest.approx(
+        StepCost(0.005, 1.0, 0.23, 24.0).to_json()
+    )  # two: halfway
+    assert pooled([calm[1]]) == calm[1]
+    assert pooled([]) is None
+    old = [contended] * 10
+    assert pooled(old + calm + calm[:2]) == StepCost(0.002, 0.75, 0.07, 16.0)  # only the newest POOLED_FITS count
+    assert POOLED_FITS == 5
+
+
+def weights(model: StepCost | None) -> dict[str, float]:
+    assert model is not None
+    return model.to_json()

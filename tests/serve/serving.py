@@ -33,6 +33,7 @@ class Server:
         engine: Callable[[], FakeEngine],
         limits: Limits | None = None,
         webhook_url: str | None = None,
+        model: str | None = None,
     ):
         self.store = Store(data, webhook_url=webhook_url)
         self.engines: list[FakeEngine] = []
@@ -41,8 +42,9 @@ class Server:
             self.engines.append(engine())
             return self.engines[-1]
 
-        self.worker = BatchWorker(self.store, load_settings(), factory)
-        self.app = create_app(self.store, KEYS, self.worker, limits or Limits(), model="tiny")
+        self.worker = BatchWorker(self.store, load_settings(overrides={"model": model}), factory)
+        endpoints = self.worker.served.endpoints
+        self.app = create_app(self.store, KEYS, self.worker, limits or Limits(), "tiny", endpoints)
         self.http = TestClient(self.app)
         self.worker.start()
         wait_for(lambda: self.worker.health != "starting")  # the engine starts with the server
