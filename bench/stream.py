@@ -204,9 +204,12 @@ def render(doc: dict[str, Any]) -> str:
         f"ShareGPT prompts repeated (fresh ids) for {doc['duration_s']:g} s")  # fmt: skip
     if doc.get("max_chars"):
         source += f" (those of at most {doc['max_chars']} characters)"
+    heaps = {"flat": "; the stream's heap fixed (bulkinfer/engine/heap.py)", "glibc": "; glibc's own heap"}
+    heap = heaps.get(doc.get("heap", ""), "")
     head = (
         f"# bulkinfer run - (a stream) against --max-wait and a file\n\n{source} written at "
-        f"{doc['rate']:g} rows/s, `max_tokens` {doc['max_tokens']}, temperature 0; {where}. `{doc['command']}`\n\n"
+        f"{doc['rate']:g} rows/s, `max_tokens` {doc['max_tokens']}, temperature 0; {where}{heap}. "
+        f"`{doc['command']}`\n\n"
         "| run | rows | latency p50 / p99 s (all rows) | warm p50 / p99 s | first result s | completion tok/s "
         "| windows |\n"
         "| --- | --: | --: | --: | --: | --: | --: |"
@@ -247,10 +250,14 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--duration", type=float, default=None, help="seconds of a repeating source (no file run)")
     parser.add_argument("--tag", default="default")
     parser.add_argument(
-        "--heap", choices=("flat", "glibc"), default="flat", help="glibc: BULKINFER_HEAP=glibc (glibc's own malloc)"
+        "--heap",
+        choices=("glibc", "flat"),
+        default="glibc",
+        help="flat: BULKINFER_HEAP=flat (bulkinfer/engine/heap.py)",
     )
+    parser.add_argument("--no-file", action="store_true", help="no run of the same rows from a file")
     args = parser.parse_args(argv)
-    env = {"BULKINFER_HEAP": "glibc"} if args.heap == "glibc" else {}
+    env = {"BULKINFER_HEAP": "flat"} if args.heap == "flat" else {}
     streams = []
     for wait in args.max_wait:
         print(f"bench.stream: --max-wait {wait:g}", file=sys.stderr, flush=True)
@@ -261,7 +268,7 @@ def main(argv: list[str] | None = None) -> None:
             streams.append(stream_run(make_rows(args.rows, args.max_tokens, args.max_chars), args.rate, wait, env=env))
         print(f"  {streams[-1]['summary']}", file=sys.stderr, flush=True)
     baseline = None
-    if args.duration is None:
+    if args.duration is None and not args.no_file:
         with tempfile.TemporaryDirectory(prefix="bench-stream-") as tmp:
             print("bench.stream: the file", file=sys.stderr, flush=True)
             baseline = file_run(make_rows(args.rows, args.max_tokens, args.max_chars), Path(tmp))

@@ -245,7 +245,7 @@ def stream(
     """
     started = time.monotonic()
     context = context or RunContext()
-    keep_heap_flat()  # a stream's engine runs for as long as it is fed: its heap must not creep
+    keep_heap_flat()  # BULKINFER_HEAP=flat: a long stream's C heap levels off, at a cost in speed
     done: set[str] = set()
     if context.resume:
         if paths.output == STDOUT:
