@@ -29,7 +29,7 @@ from typing import Any
 from bulkinfer.config import Settings
 from bulkinfer.engine.mux import EngineMux, Listener
 from bulkinfer.io.records import embedding_record, output_record
-from bulkinfer.prep.embeddings import EmbedPlanner, parse_embed_row
+from bulkinfer.prep.embeddings import parse_embed_row
 from bulkinfer.prep.planner import Planner
 from bulkinfer.prep.rows import to_request
 from bulkinfer.schema import CHAT_URL, COMPLETIONS_URL, EMBEDDINGS_URL, Completion, Request, RowInvalid
@@ -138,9 +138,6 @@ class OnlineEmbeddings(_Online):
     """
 
     urls = (EMBEDDINGS_URL,)
-
-    def __init__(self, mux: EngineMux, planner: EmbedPlanner, model: str):
-        super().__init__(mux, planner, model)
 
     def prepare(self, url: str, body: Any) -> Request:
         """``body`` as a tokenized embedding Request (``id`` a fresh ``embd-`` id).

@@ -31,7 +31,7 @@ from pydantic import BaseModel, ConfigDict
 from starlette.datastructures import FormData, UploadFile
 from starlette.formparsers import MultiPartException, MultiPartParser
 
-from bulkinfer.schema import CHAT_URL, COMPLETIONS_URL
+from bulkinfer.jobs.online import GENERATION_URLS
 from bulkinfer.serve.access import AccessLog
 from bulkinfer.serve.http import ApiError, Tenant, found, not_found
 from bulkinfer.serve.objects import batch_object, error_body, file_object, list_object
@@ -41,7 +41,7 @@ from bulkinfer.serve.prometheus import OnlineMetrics, metrics_registry
 from bulkinfer.serve.store import WINDOWS_S, FileTooLarge, Store
 from bulkinfer.serve.worker import Runner
 
-ENDPOINTS = (CHAT_URL, COMPLETIONS_URL)
+ENDPOINTS = GENERATION_URLS  # a generative model's batch endpoints (the default)
 CHUNK_BYTES = 1 << 20
 MULTIPART_SLACK_BYTES = 64 * 1024  # boundaries and part headers around the file in a multipart body
 

@@ -18,11 +18,10 @@ from bulkinfer.config import Settings
 from bulkinfer.default_model import DEFAULT_ENCODER, DEFAULT_MODEL
 from bulkinfer.errors import ModelError
 from bulkinfer.jobs.embed import embed_job, embedding_settings, sized_encoder_planner
-from bulkinfer.jobs.online import GENERATION_URLS, Online, OnlineEmbeddings, OnlineRequests
+from bulkinfer.jobs.online import Online, OnlineEmbeddings, OnlineRequests
 from bulkinfer.jobs.run import GENERATE, Job
 from bulkinfer.models import model_task, resolve_model
 from bulkinfer.prep.embeddings import EmbedPlanner
-from bulkinfer.schema import EMBEDDINGS_URL
 
 
 class ServedEmbedPlanner(EmbedPlanner):
@@ -44,7 +43,7 @@ class Served:
     @property
     def endpoints(self) -> tuple[str, ...]:
         """The batch endpoints and online URLs the model answers."""
-        return (EMBEDDINGS_URL,) if self.embeds else GENERATION_URLS
+        return OnlineEmbeddings.urls if self.embeds else OnlineRequests.urls
 
     def settings(self, settings: Settings) -> Settings:
         """``settings`` for the server's engine (vLLM's pooling runner for an embedding model)."""
