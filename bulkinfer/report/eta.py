@@ -24,13 +24,18 @@ narrows as rows finish.
   the rows that started last (:meth:`WorkEstimate._cohort`: rows are fed in
   prompt length order and lengths drift along it), joined with the lengths
   of an earlier run of the model where bulkinfer has one: ``PRIOR_ROWS``
-  rows' worth. Where fewer than :data:`MIN_AT_RISK` rows are known to reach
-  a length, what lies past it is not known: each future has those rows stop
-  at its own share of the way to ``max_tokens`` (one draw per future: the
-  unknown is the job's, not each row's). Each future also scales the
-  lengths still to come by a draw of the drift measured along the feed
-  (:meth:`WorkEstimate.length_drift`): the rows to come need not be like
-  the rows seen.
+  rows' worth (alone until this run has seen :data:`MIN_AT_RISK` rows, then
+  only up to the lengths this run's rows reach; its longest lengths count
+  as cut, not ended). Where fewer than :data:`MIN_AT_RISK` of this run's
+  rows are known to reach a length, what lies past it is not known: each
+  future has those rows stop at its own share of the way to ``max_tokens``
+  (one draw per future: the unknown is the job's, not each row's). Each
+  future also scales the lengths of the rows still to start by a draw of
+  the drift measured along the feed (:meth:`WorkEstimate.length_drift`),
+  times sqrt(d / 3) for the share d of the rows still to start (their mean
+  as a random walk along the feed): the rows to come need not be like the
+  rows seen, and the fewer there are, the less they can stray. The running
+  rows are the rows the lengths are estimated from: not scaled.
 - **The same job run again** (``same_job``): its rows are expected to have
   the earlier run's lengths, the ones already seen taken out
   (:meth:`~bulkinfer.report.futures.Futures._pool`). Rows are fed in length
@@ -249,25 +254,41 @@ class WorkEstimate:
         return max(self.longest_max_tokens // 8, 8)
 
     def survival_and_known(self) -> tuple[list[float], int]:
-        """:meth:`survival` and the length up to which it is estimated from rows (tokens), in one pass."""
+        """:meth:`survival` and the length up to which it is estimated from
+        this run's rows (tokens: where fewer than :data:`MIN_AT_RISK` of them
+        are known to reach it, or past the longest seen), in one pass. An
+        earlier run's lengths stand in until this run has seen
+        :data:`MIN_AT_RISK` rows, then count within the known lengths only;
+        its longest count as rows still running, not as rows that ended there
+        (most likely they were cut at its ``max_tokens``, which need not be this
+        job's: 1,000 short questions (max_tokens 256) with ShareGPT's lengths
+        (128) took every row past 128 to end at 129, and the ETA was 50% short)."""
         top = self.longest_max_tokens
-        censored = Counter(min(g, top) for g in self.running)  # running with g tokens: longer than g
-        prior_weight = PRIOR_ROWS / self.prior.total() if self.prior else 0.0
         lengths = self._cohort()
+        running = Counter(min(g, top) for g in self.running)  # running with g tokens: longer than g
+        censored = {k: float(n) for k, n in running.items()}
         ended = {k: float(n) for k, n in lengths.items()}
+        prior_weight = PRIOR_ROWS / self.prior.total() if self.prior else 0.0
+        prior_top = min(max(self.prior, default=0), top)
         for length, n in self.prior.items():
-            ended[min(length, top)] = ended.get(min(length, top), 0.0) + n * prior_weight
-        at_risk: float = lengths.total() + len(self.running) + (PRIOR_ROWS if self.prior else 0)
+            if min(length, top) < prior_top:
+                ended[length] = ended.get(length, 0.0) + n * prior_weight
+            else:
+                censored[prior_top] = censored.get(prior_top, 0.0) + n * prior_weight
+        run_at_risk = lengths.total() + len(self.running)
+        own_rows = not self.prior or run_at_risk >= MIN_AT_RISK  # else the earlier run's lengths stand in
+        at_risk: float = run_at_risk + (PRIOR_ROWS if self.prior else 0)
         last_seen = max(max(lengths, default=0), max(self.running, default=0))
         s, out, known = 1.0, [], top
         for k in range(top + 1):
-            if not self.prior and (k > last_seen or at_risk < MIN_AT_RISK):
+            if own_rows and (k > last_seen or run_at_risk < MIN_AT_RISK):
                 known = min(known, k)
-                out.append(s if k < top else 0.0)  # past what was seen well: the rows left run to max_tokens
+                out.append(s if k < top else 0.0)  # past what was seen well: the tail (see Futures)
                 continue
             s *= 1 - ended.get(k, 0.0) / at_risk if at_risk > 0 else 1.0
             out.append(max(s, 0.0) if k < top else 0.0)
             at_risk -= ended.get(k, 0.0) + censored.get(k, 0)
+            run_at_risk -= lengths.get(k, 0) + running.get(k, 0)
         return out, known
 
     def length_quantiles(self) -> list[int]:
@@ -336,3 +357,4 @@ class WorkEstimate:
         """Rows not started: planned and waiting, or not yet planned."""
         unplanned = max((total_rows or 0) - self.planned_rows - failed_rows, 0)
         return max(self.planned_rows - self.finished_rows - len(self.running), 0) + unplanned
+

@@ -221,6 +221,12 @@ def test_the_eta_prior_is_the_same_jobs_lengths_else_the_same_models(
     record_calibration(_report("d.jsonl", 300, 100.0, 50.0), machine, "run", [9] * 101, StepCost(0.008, 1.5, 0.4, 32.0))
     record_calibration(_report("e.jsonl", 300, 100.0, 50.0), machine, "run", [9] * 101, StepCost(0.004, 0.75, 0.09))
     assert length_prior("/models/tiny", "a.jsonl", machine).step_cost == StepCost(0.004, 0.75, 0.09, 24.0)
+    # a job that stored fits of its own is timed by them alone (the weights differ by job more than by run)
+    own = StepCost(0.0005, 0.5, 0.05, 8.0)
+    record_calibration(_report("a.jsonl", 300, 100.0, 50.0), machine, "run", [5] * 101, own)
+    assert length_prior("/models/tiny", "a.jsonl", machine).step_cost == own
+    every_job = StepCost(0.003, 0.625, 0.08, 20.0)  # the median of all four fits
+    assert length_prior("/models/tiny", "new.jsonl", machine).step_cost == every_job
 
 
 def test_an_old_calibration_store_is_not_used(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
