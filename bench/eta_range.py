@@ -13,8 +13,9 @@ time: two cores):
   (each turn repeats the conversation so far: shared prefixes), demo.toml.
 
 Before the first job every completion length stored is removed from the
-calibration store (the step models fitted on this machine stay: a machine
-that has run the model). So ``sharegpt``'s first run knows no lengths,
+calibration store, and the step models stored by earlier runs of these jobs
+(a run again is timed by its own job's fits); the other step models fitted
+on this machine stay: a machine that has run the model. So ``sharegpt``'s first run knows no lengths,
 ``short``'s first run has ShareGPT's (another job of the model, as a
 newcomer's own job after ``make demo``), ``multiturn``'s the short
 questions'. The run again writes the same output, so its ETA starts from
@@ -61,9 +62,11 @@ DESCRIBED = {
 }
 
 
-def forget_lengths() -> None:
+def forget_lengths(outputs: list[Path]) -> None:
     """Remove every completion length stored with earlier runs (the ETA's
-    priors); every other figure of the store stays."""
+    priors), and the step models stored by earlier runs of the bench's own
+    jobs (``outputs``: a job's run again is timed by its own fits); every
+    other figure of the store stays."""
     from bulkinfer.io.files import atomic_write
     from bulkinfer.report.calibration import calibration_path
 
@@ -74,6 +77,8 @@ def forget_lengths() -> None:
     for entry in store.get("entries", []):
         if isinstance(entry, dict):
             entry["completion_lengths"] = []
+            if entry.get("output") in {str(o) for o in outputs}:
+                entry["step_cost"] = None
     atomic_write(path, orjson.dumps(store, option=orjson.OPT_INDENT_2))
 
 
@@ -179,7 +184,7 @@ def main(argv: list[str] | None = None) -> None:
     jobs.mkdir(parents=True, exist_ok=True)
     runs = []
     if not args.again_only:
-        forget_lengths()
+        forget_lengths([jobs / f"{workload}.out.jsonl" for workload in WORKLOADS])
     for workload in args.workloads.split(","):
         output = jobs / f"{workload}.out.jsonl"
         for first_run in (False,) if args.again_only else (True, False):
