@@ -14,7 +14,8 @@ get lengths and are fed to the slots as they free (the tail, which decides
 how many steps the drain takes), the waiting rows before them add their
 expected tokens (their sum's spread from the central limit theorem), and
 the steps are timed by one of the step model's neighbours at its own rate,
-scaled by a draw of the rate's drift (:mod:`bulkinfer.report.step_cost`).
+scaled by a draw of the rate's drift (:mod:`bulkinfer.report.step_cost`;
+at least :data:`OTHER_JOBS_SPREAD` where the step model is other jobs').
 The range is the 10th to 90th percentile of the futures' seconds, the point
 their median: its width is the spread of what is still unknown, and it
 narrows as rows finish.
@@ -93,6 +94,14 @@ MIN_LENGTH_DRIFT = 0.15
 
 
 UNKNOWN_LENGTH_DRIFT = 0.5
+
+
+# A run timed by other jobs' step models (a first run) draws its rate's drift at least this wide: the
+# weights fitted to a job differ more between jobs than between runs, and a borrowed model's
+# forecasts erred by +42% (ShareGPT's run again timed by the median of other jobs' fits, replayed)
+# and -29% (the multi-turn job's first run at 40%: 6.2 ms a completion token forecast, 8.7 ms taken),
+# 2-core Zen 3 (bench/results/eta-range-zen3b.md).
+OTHER_JOBS_SPREAD = 0.3
 
 
 # The range's ends: these quantiles of the futures' seconds.
@@ -315,7 +324,8 @@ class WorkEstimate:
             return None
         rows = Futures(self, total_rows, failed_rows)
         prompt_left = self._prompt_left(total_rows, failed_rows)
-        drift = spread_factors(self.step_cost.spread, self.rng)
+        spread = self.step_cost.spread if self.same_job else max(self.step_cost.spread, OTHER_JOBS_SPREAD)
+        drift = spread_factors(spread, self.rng)
         models = self.step_cost.neighbours()
         rates = [self._rate(model) for model in models]
         seconds, tokens = [], []
@@ -357,4 +367,3 @@ class WorkEstimate:
         """Rows not started: planned and waiting, or not yet planned."""
         unplanned = max((total_rows or 0) - self.planned_rows - failed_rows, 0)
         return max(self.planned_rows - self.finished_rows - len(self.running), 0) + unplanned
-

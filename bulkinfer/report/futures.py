@@ -198,4 +198,3 @@ def _fill(slots: list[float], tokens: float) -> list[float]:
         count = len(ordered)
     level += (tokens - used) / count
     return [max(s, level) for s in ordered]
-
