@@ -15,8 +15,8 @@ time: two cores):
 Before the first job every completion length stored is removed from the
 calibration store, and the step models stored by earlier runs of these jobs
 (a run again is timed by its own job's fits); the other step models fitted
-on this machine stay: a machine that has run the model. So ``sharegpt``'s first run knows no lengths,
-``short``'s first run has ShareGPT's (another job of the model, as a
+on this machine stay: a machine that has run the model. So ``sharegpt``'s
+first run knows no lengths, ``short``'s first run has ShareGPT's (another job of the model, as a
 newcomer's own job after ``make demo``), ``multiturn``'s the short
 questions'. The run again writes the same output, so its ETA starts from
 the first run's lengths.
@@ -74,10 +74,11 @@ def forget_lengths(outputs: list[Path]) -> None:
     if not path.exists():
         return
     store = orjson.loads(path.read_bytes())
+    own = {str(o) for o in outputs}
     for entry in store.get("entries", []):
         if isinstance(entry, dict):
             entry["completion_lengths"] = []
-            if entry.get("output") in {str(o) for o in outputs}:
+            if entry.get("output") in own:
                 entry["step_cost"] = None
     atomic_write(path, orjson.dumps(store, option=orjson.OPT_INDENT_2))
 
