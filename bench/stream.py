@@ -204,7 +204,11 @@ def render(doc: dict[str, Any]) -> str:
         f"ShareGPT prompts repeated (fresh ids) for {doc['duration_s']:g} s")  # fmt: skip
     if doc.get("max_chars"):
         source += f" (those of at most {doc['max_chars']} characters)"
-    heaps = {"flat": "; the stream's heap fixed (bulkinfer/engine/heap.py)", "glibc": "; glibc's own heap"}
+    heaps = {
+        "flat": "; the stream's heap fixed (bulkinfer/engine/heap.py)",
+        "glibc": "; glibc's own heap",
+        "arenas": "; the default heap, glibc's arenas capped (bulkinfer/engine/heap.py)",
+    }
     heap = heaps.get(doc.get("heap", ""), "")
     head = (
         f"# bulkinfer run - (a stream) against --max-wait and a file\n\n{source} written at "
@@ -251,13 +255,13 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--tag", default="default")
     parser.add_argument(
         "--heap",
-        choices=("glibc", "flat"),
-        default="glibc",
-        help="flat: BULKINFER_HEAP=flat (bulkinfer/engine/heap.py)",
+        choices=("arenas", "flat", "glibc"),
+        default="arenas",
+        help="BULKINFER_HEAP for the stream (bulkinfer/engine/heap.py; arenas is the default)",
     )
     parser.add_argument("--no-file", action="store_true", help="no run of the same rows from a file")
     args = parser.parse_args(argv)
-    env = {"BULKINFER_HEAP": "flat"} if args.heap == "flat" else {}
+    env = {"BULKINFER_HEAP": args.heap}
     streams = []
     for wait in args.max_wait:
         print(f"bench.stream: --max-wait {wait:g}", file=sys.stderr, flush=True)
@@ -281,6 +285,7 @@ def main(argv: list[str] | None = None) -> None:
         "max_tokens": args.max_tokens,
         "max_chars": args.max_chars,
         "heap": args.heap,
+        "malloc_arena_max_env": os.environ.get("MALLOC_ARENA_MAX"),  # the user's own, which stands over the heap's
         "machine": machine(),
         "versions": versions(),
         "streams": streams,

@@ -12,6 +12,7 @@ short; under CI (``CI`` set, not ``0``/``false``) any other skip fails."""
 
 from __future__ import annotations
 
+import os
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -40,6 +41,18 @@ def _tiny_default_model(request: pytest.FixtureRequest) -> Iterator[None]:
         # the same on every CPU: no native bfloat16, so a run never starts the dtype probe on a fake engine
         patch.setattr("bulkinfer.jobs.tune.cpu_flags", lambda: {"avx2"})
         yield
+
+
+@pytest.fixture(autouse=True)
+def _arena_env_kept() -> Iterator[None]:
+    """A stream run in the test process sets ``MALLOC_ARENA_MAX`` for the engine
+    processes it starts (bulkinfer/engine/heap.py): undone after each test."""
+    before = os.environ.get("MALLOC_ARENA_MAX")
+    yield
+    if before is None:
+        os.environ.pop("MALLOC_ARENA_MAX", None)
+    else:
+        os.environ["MALLOC_ARENA_MAX"] = before
 
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:

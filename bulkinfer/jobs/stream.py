@@ -54,7 +54,7 @@ from typing import IO, Any
 from bulkinfer.config import Settings
 from bulkinfer.default_model import DEFAULT_MODEL, bulkinfer_home
 from bulkinfer.engine.feed import PENDING, FeedStopped, feed
-from bulkinfer.engine.heap import keep_heap_flat
+from bulkinfer.engine.heap import set_heap
 from bulkinfer.engine.log import EngineLog, terminal
 from bulkinfer.errors import EXIT_OK, EXIT_PARTIAL, ConfigError, EngineError, ModelError, OutputExistsError
 from bulkinfer.io import records
@@ -237,7 +237,8 @@ def stream(
 
     Raises:
         ConfigError: ``--resume`` with standard output (nothing to resume
-            from); an output to resume from that is not JSONL records.
+            from); an output to resume from that is not JSONL records;
+            ``BULKINFER_HEAP`` other than ``arenas``, ``flat`` or ``glibc``.
         OutputExistsError: a file output exists, without ``overwrite``.
         Interrupted: a stop signal (every row finished so far is written).
         EngineError, ModelError: the engine failed (likewise).
@@ -245,7 +246,10 @@ def stream(
     """
     started = time.monotonic()
     context = context or RunContext()
-    keep_heap_flat()  # BULKINFER_HEAP=flat: a long stream's C heap levels off, at a cost in speed
+    try:
+        heap = set_heap()  # a long stream's C heap levels off (bulkinfer/engine/heap.py)
+    except ValueError as exc:
+        raise ConfigError(str(exc)) from None
     done: set[str] = set()
     if context.resume:
         if paths.output == STDOUT:
@@ -267,7 +271,7 @@ def stream(
         with EngineLog(paths.log, context.verbose) as log:
             try:
                 writer = StreamWriter(sink, errors, *_order(settings), done=done)
-                return _stream(source, paths, settings, context, writer, started)
+                return _stream(source, paths, settings, context, writer, started, heap)
             except (EngineError, ModelError) as exc:
                 raise log.explain(exc) from exc
     finally:
@@ -307,6 +311,7 @@ def _stream(
     context: RunContext,
     writer: StreamWriter,
     started: float,
+    heap: str,
 ) -> RunReport:
     model = resolve_model(settings.model)
     tokenizer = context.tokenizer_factory(model, settings.engine.trust_remote_code)
@@ -379,6 +384,7 @@ def _stream(
     report["blank_lines"] = rows.blank_lines()
     report["request_counts"]["resumed"] = writer.skipped
     report["output_order"] = "input" if writer.input_order else "completion"
+    report["heap"] = heap
     if writer.input_order:
         report["reorder"] = {"bound": writer.bound, "peak_held": writer.peak_held}
     if paths.output != STDOUT:

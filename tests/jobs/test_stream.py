@@ -98,7 +98,11 @@ def test_the_feed_loop_steps_and_waits_through_pending() -> None:
     assert done == ["r0", "r1", "r2"]
 
 
-def test_every_row_of_a_stream_ends_as_one_record_written_while_the_stream_is_open(tmp_path: Path) -> None:
+def test_every_row_of_a_stream_ends_as_one_record_written_while_the_stream_is_open(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.delenv("BULKINFER_HEAP", raising=False)
+    monkeypatch.delenv("MALLOC_ARENA_MAX", raising=False)
     read, write = os.pipe()
     source = os.fdopen(read, "rb")
     out = tmp_path / "out.jsonl"
@@ -127,6 +131,7 @@ def test_every_row_of_a_stream_ends_as_one_record_written_while_the_stream_is_op
     assert [r["error"]["type"] for r in records if "error" in r] == ["invalid_json"]
     assert result.exit_code == 3 and result.report["request_counts"] == {"completed": 7, "failed": 1, "resumed": 0}
     assert result.report["windows"]["count"] >= 2 and result.report["output_order"] == "completion"
+    assert result.report["heap"] == "arenas"  # the default: glibc's arenas capped (bulkinfer/engine/heap.py)
     assert orjson.loads((tmp_path / "out.report.json").read_bytes())["job"] == "stream"
 
 
