@@ -24,8 +24,9 @@ a size that depends on the step's batch.
 Measured on a 2-core AMD EPYC Zen 3, SmolLM2-135M, one run each
 (``bench/results/stream-zen3-30min-rss*.md``, ``stream-zen3-2000-rate8*.md``):
 over a 30-minute stream glibc's own grew 228 MiB from minute 5 to 30, still
-rising; the arenas capped (``MALLOC_ARENA_MAX=2``) 3 MiB; ``flat`` 44 MiB
-from minute 8, none in the last 5. Over capacity a stream made 94.3
+rising; the arenas capped 3 MiB (``MALLOC_ARENA_MAX=2`` in the environment)
+and 27 MiB (as shipped, ``stream-zen3-30min-rss-shipped.md``); ``flat``
+44 MiB from minute 8, none in the last 5. Over capacity a stream made 94.3
 completion tokens/s with glibc's own, 92.7 with the arenas capped and 71.2
 with ``flat`` (each step's large blocks are mapped and their pages faulted
 in again every step).
