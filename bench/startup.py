@@ -11,8 +11,12 @@ start, first token: from the run's start), ``load``, ``generate``, ``total``;
 the process's wall time, and ``wall - total`` (interpreter, imports and the
 command line before the run; summary and exit after it).
 
-Usage: ``python -m bench.startup [--rows 300 --max-tokens 16 --rounds 2]``;
-writes ``bench/results/startup.{json,md}``.
+``--base REF`` compares this checkout with the commit REF instead (both in
+bulkinfer's process, alternating; REF checked out in a temporary git
+worktree): a change to the start or the exit, measured side by side.
+
+Usage: ``python -m bench.startup [--rows 300 --max-tokens 16 --rounds 2]
+[--base REF] [--out FILE]``; writes ``bench/results/startup.{json,md}``.
 """
 
 from __future__ import annotations
@@ -20,6 +24,7 @@ from __future__ import annotations
 import argparse
 import datetime as dt
 import statistics
+import subprocess
 import sys
 import tempfile
 from pathlib import Path
@@ -36,14 +41,17 @@ LAYOUTS = {
 }
 
 
-def one_run(src: Path, work: Path, key: str, env: dict[str, str], max_tokens: int) -> dict[str, Any]:
-    """One ``bulkinfer run`` of ``src``; its timings."""
+def one_run(
+    src: Path, work: Path, key: str, env: dict[str, str], max_tokens: int, root: Path = ROOT
+) -> dict[str, Any]:
+    """One ``bulkinfer run`` of ``src`` by the checkout at ``root``; its timings."""
     import os
 
     out = work / f"{key}.jsonl"
     cmd = [sys.executable, "-m", "bulkinfer", "run", str(src), "-o", str(out), "--overwrite", "--plain-progress"]
     cmd += ["--max-tokens", str(max_tokens), "--temperature", "0"]
-    measured = run_measured(cmd, work / f"{key}.log", env={**os.environ, "PYTHONUNBUFFERED": "1", **env}, cwd=ROOT)
+    env = {**os.environ, "PYTHONUNBUFFERED": "1", "PYTHONPATH": str(root), **env}
+    measured = run_measured(cmd, work / f"{key}.log", env=env, cwd=root)
     if measured.returncode != 0:
         raise SystemExit(f"{key} exited with {measured.returncode}:\n{tail(work / f'{key}.log')}")
     report = orjson.loads(out.with_name(f"{key}.report.json").read_bytes())
@@ -86,11 +94,15 @@ def markdown(doc: dict[str, Any]) -> str:
         "",
         "Means by layout:",
         "",
-        "| layout | engine start | first token | wall |",
-        "| --- | ---: | ---: | ---: |",
+        "| layout | engine start | first token | outside | wall |",
+        "| --- | ---: | ---: | ---: | ---: |",
     ]
     for layout, mean in doc["means"].items():
-        lines.append(f"| {layout} | {mean['engine_s']:.1f} | {mean['first_token_s']:.1f} | {mean['wall_s']:.1f} |")
+        outside = mean.get("outside_s")
+        lines.append(
+            f"| {layout} | {mean['engine_s']:.1f} | {mean['first_token_s']:.1f} "
+            f"| {'-' if outside is None else f'{outside:.1f}'} | {mean['wall_s']:.1f} |"
+        )
     return "\n".join(lines) + "\n"
 
 
@@ -100,18 +112,26 @@ def main() -> None:
     parser.add_argument("--max-tokens", type=int, default=16)
     parser.add_argument("--rounds", type=int, default=2)
     parser.add_argument("--out", type=Path, default=ROOT / "bench" / "results" / "startup.json")
+    parser.add_argument("--base", help="a commit to compare this checkout with (both in bulkinfer's process)")
     args = parser.parse_args()
 
     work = Path(tempfile.mkdtemp(prefix="bench-startup-"))
+    layouts: dict[str, tuple[dict[str, str], Path]] = {name: (env, ROOT) for name, env in LAYOUTS.items()}
+    if args.base:
+        base = work / "base"
+        subprocess.run(["git", "-C", str(ROOT), "worktree", "add", "--detach", str(base), args.base], check=True)
+        layouts = {f"base {args.base}": ({}, base), "this checkout": ({}, ROOT)}
     src = work / "in.jsonl"
     with open(ROOT / "sample_data" / "sharegpt.jsonl", "rb") as f:
         src.write_bytes(b"".join(line for _, line in zip(range(args.rows), f, strict=False)))
     runs = []
     for i in range(1, args.rounds + 1):
-        for layout, env in LAYOUTS.items():
-            key = f"{layout}-{i}"
+        for layout, (env, root) in layouts.items():
+            key = f"{layout.split()[0]}-{i}"
             print(f"[bench.startup] {key}", file=sys.stderr, flush=True)
-            runs.append({**one_run(src, work, key, env, args.max_tokens), "layout": layout})
+            runs.append({**one_run(src, work, key, env, args.max_tokens, root), "layout": layout})
+    if args.base:
+        subprocess.run(["git", "-C", str(ROOT), "worktree", "remove", "--force", str(work / "base")], check=True)
     means = {
         layout: {
             "engine_s": statistics.mean(r["seconds"]["start"]["engine"] for r in runs if r["layout"] == layout),
@@ -119,8 +139,9 @@ def main() -> None:
                 r["seconds"]["start"]["first_token"] for r in runs if r["layout"] == layout
             ),
             "wall_s": statistics.mean(r["wall_s"] for r in runs if r["layout"] == layout),
+            "outside_s": statistics.mean(r["outside_run_s"] for r in runs if r["layout"] == layout),
         }
-        for layout in LAYOUTS
+        for layout in layouts
     }
     doc = {
         "benchmark": "bench.startup",

@@ -37,6 +37,41 @@ def test_help_imports_no_engine() -> None:
     assert "HEAVY=\n" in proc.stdout, proc.stdout
 
 
+EXIT_PROBE = """
+import atexit, logging, sys, types
+sys.modules["torch"] = types.ModuleType("torch")  # as after a command that loaded an engine
+import bulkinfer.cli as cli
+
+class Teardown:
+    def __del__(self):
+        sys.stderr.write("TEARDOWN\\n")
+
+keep = Teardown()  # a module global: deleted only by the interpreter's teardown
+command = cli.app
+
+def app():
+    atexit.register(lambda: sys.stderr.write("LATE HANDLER\\n"))  # as vLLM's, registered during the command
+    logging.getLogger("probe").addHandler(logging.StreamHandler(sys.stderr))
+    command()
+
+cli.app = app
+sys.argv = ["bulkinfer", *sys.argv[1:]]
+cli.main()
+"""
+
+
+@pytest.mark.parametrize("torch_loaded", [True, False])
+def test_the_console_script_skips_the_interpreters_teardown_once_torch_is_loaded(
+    tmp_path: Path, torch_loaded: bool
+) -> None:
+    probe = EXIT_PROBE if torch_loaded else EXIT_PROBE.replace('sys.modules["torch"]', "_unused")
+    missing = tmp_path / "missing.jsonl"
+    proc = subprocess.run([sys.executable, "-c", probe, "run", str(missing)], capture_output=True, text=True)
+    assert proc.returncode == 4, proc.stderr  # the command's own exit code (an input error)
+    assert "LATE HANDLER" in proc.stderr  # every exit handler registered during the command ran
+    assert ("TEARDOWN" in proc.stderr) is not torch_loaded, proc.stderr
+
+
 def test_run_help_lists_exit_codes() -> None:
     result = runner.invoke(app, ["run", "--help"], env={"COLUMNS": "200"})
     assert result.exit_code == 0
