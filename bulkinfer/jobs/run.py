@@ -36,12 +36,13 @@ from bulkinfer.errors import (
     ModelError,
     write_error,
 )
+from bulkinfer.io.formats import JSONL, SUFFIXES, format_suffix
 from bulkinfer.io.inputs import scan_input
 from bulkinfer.io.output_files import OutputFiles, RunPaths, input_identity, results_settings, same_file
 from bulkinfer.io.readers import PROMPT_COLUMNS, RawRow, open_reader
 from bulkinfer.jobs.compile_choice import record_compiled_start
 from bulkinfer.jobs.context import RunContext
-from bulkinfer.jobs.engine_choice import choose_engine_settings
+from bulkinfer.jobs.engine_choice import TokenSample, choose_engine_settings, sample_tokens
 from bulkinfer.jobs.generation import Attempt, Generation
 from bulkinfer.models import resolve_model
 from bulkinfer.prep.planner import Planner
@@ -243,6 +244,24 @@ def _os_error(exc: OSError, paths: RunPaths) -> BulkinferError:
     return write_error(exc, None if exc.filename is not None else paths.output.parent)
 
 
+def _token_sample(path: Path, tokenizer: Any, settings: Settings, job: Job) -> TokenSample | None:
+    """A JSONL input's first rows tokenized (:func:`sample_tokens`), from a
+    reader of their own, to size the KV cache; None for Parquet (its bytes
+    are column bytes, not rows'), for what is not a regular file (a pipe
+    cannot be read twice) or when the input cannot be read again."""
+    if SUFFIXES.get(format_suffix(path)) != JSONL or not path.is_file():
+        return None
+    rows = iter(open_reader(path))
+    try:
+        return sample_tokens(rows, tokenizer, settings.resolve_chat_template(tokenizer), job.parse)
+    except (OSError, BulkinferError):
+        return None
+    finally:
+        close = getattr(rows, "close", None)
+        if close is not None:
+            close()
+
+
 def _run_locked(attempt: Attempt, job: Job, settings: Settings, context: RunContext) -> dict[str, Any]:
     """The body of :func:`run`, with the lock held and the journal written."""
     paths = attempt.paths
@@ -260,7 +279,8 @@ def _run_locked(attempt: Attempt, job: Job, settings: Settings, context: RunCont
         tokenizer = context.tokenizer_factory(model, settings.engine.trust_remote_code)
         start["tokenizer"], clock = time.monotonic() - clock, time.monotonic()
         sized = job.sized_kv_cache and not context.engine_outlives_run  # an engine that outlives the job: not sized
-        settings, engine_choice = choose_engine_settings(model, settings, scan, job.calibrate, sized)
+        sample = _token_sample(paths.input, tokenizer, settings, job) if sized and job.kind == "run" else None
+        settings, engine_choice = choose_engine_settings(model, settings, scan, job.calibrate, sized, sample)
         start["engine_choice"], clock = time.monotonic() - clock, time.monotonic()
         engine = context.engine_factory(model, settings)
         start["engine"] = time.monotonic() - clock

@@ -352,6 +352,38 @@ def test_job_tokens_counts_the_input_and_every_completion(tmp_path: Path) -> Non
     assert job_tokens(remote, scan) is None  # a cluster's machines: their own default
 
 
+def test_the_kv_cache_is_sized_from_the_first_rows_tokenized(tmp_path: Path, tiny_home: Path) -> None:
+    import math
+
+    from transformers import AutoTokenizer
+
+    from bulkinfer.io.inputs import scan_input
+    from bulkinfer.io.readers import open_reader
+    from bulkinfer.jobs.engine_choice import SAMPLE_MARGIN, job_tokens, sample_tokens
+    from bulkinfer.prep.rows import to_request
+
+    tokenizer = AutoTokenizer.from_pretrained(tiny_home / "models" / "smollm2-135m-instruct")
+    src = make_input(tmp_path, 10)  # row i: "word " x (i + 1), as a one-message chat (the tokenizer has a template)
+    with open(src, "ab") as f:
+        f.write(b'{"id": "bad", "prompt": 7}\n')  # a row error: left out of the sample, reported by the run
+    config = load_settings(overrides={"sampling.max_tokens": 100}).resolve_chat_template(tokenizer)
+    chats = [[{"role": "user", "content": "word " * (i + 1)}] for i in range(10)]
+    # transformers' own tokenization of each rendered chat: another path than the planner's batched backend call
+    rendered = [tokenizer.apply_chat_template(c, tokenize=True, add_generation_prompt=True) for c in chats]
+    prompts = sum(len(r["input_ids"] if hasattr(r, "keys") else r) for r in rendered)
+    sample = sample_tokens(open_reader(src), tokenizer, config, to_request)
+    assert sample is not None and sample.whole and sample.rows == 10
+    assert (sample.prompt_tokens, sample.completion_tokens) == (prompts, 10 * 100)
+    scan = scan_input(src)
+    assert job_tokens(config, scan, sample) == prompts + 1000  # the whole input: its own count
+    first = sample_tokens(open_reader(src), tokenizer, config, to_request, limit=4)
+    assert first is not None and not first.whole and (first.rows, first.completion_tokens) == (4, 400)
+    assert scan.bytes is not None and scan.rows == 11
+    estimate = math.ceil(first.prompt_tokens / first.bytes * scan.bytes * SAMPLE_MARGIN + 100 * 11)
+    assert job_tokens(config, scan, first) == estimate
+    assert estimate >= prompts + 1000  # the later rows are longer, and the bytes say so
+
+
 def test_the_report_itemises_the_start_and_the_first_token(tmp_path: Path) -> None:
     import time
 
