@@ -77,7 +77,7 @@ def choose_engine_settings(
         tokens = job_tokens(settings, scan, sample) if size_kv_cache and device == "cpu" else None
         if tokens is not None and (kv := sized_kv_cache(model, settings.engine, tokens)):
             settings = with_engine(settings, kv_cache_memory_bytes=kv["kv_cache_memory_bytes"])
-            choice["kv_cache"] = kv
+            choice["kv_cache"] = {**kv, "job_tokens": tokens, "tokens_from": tokens_from(sample)}
         if device == "cpu":
             expected = expected_completion_tokens(settings, scan) if size_kv_cache else None
             settings, choice["compile"] = choose_compile(model, settings, expected)
@@ -126,6 +126,15 @@ def job_tokens(settings: Settings, scan: InputScan, sample: TokenSample | None =
         return math.ceil(prompts + sample.completion_tokens / sample.rows * scan.rows)
     sampling = settings.sampling
     return scan.bytes // 2 + scan.rows * (sampling.n * sampling.max_tokens + TEMPLATE_TOKENS)
+
+
+def tokens_from(sample: TokenSample | None) -> str:
+    """Where :func:`job_tokens` took its count from, for the report."""
+    if sample is None:
+        return "the input's bytes / 2"
+    if sample.whole:
+        return f"every row tokenized ({sample.rows})"
+    return f"the first {sample.rows} rows tokenized, over the input's bytes"
 
 
 @dataclass(frozen=True, slots=True)

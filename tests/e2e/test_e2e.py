@@ -90,6 +90,10 @@ def test_a_small_job_gets_the_smallest_kv_cache(mixed: dict[str, Any]) -> None:
     choice = report["engine_choice"]
     assert choice["kv_cache"]["kv_cache_memory_bytes"] == GiB
     assert choice["kv_cache"]["why"].startswith("the floor, 1 GiB or one 8192-token request"), choice
+    # every row of the small input tokenized before the engine started (the bad rows left out)
+    assert choice["kv_cache"]["tokens_from"].startswith("every row tokenized"), choice
+    used = report["tokens"]["prompt"] + report["tokens"]["completion"]
+    assert choice["kv_cache"]["job_tokens"] >= used, (choice, report["tokens"])  # every row's max_tokens counted
     per_token = kv_cache_bytes_per_token(resolve_model(None), report["engine"]["dtype"])
     assert per_token is not None
     log = (mixed["out"].parent / "out.log").read_text()
