@@ -19,14 +19,14 @@ from __future__ import annotations
 
 import itertools
 import math
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from typing import Any
 
 import orjson
 
 from bulkinfer.config import Settings, with_engine
-from bulkinfer.engine.args import detect_device, sized_kv_cache
+from bulkinfer.engine.args import detect_device, kv_cache_left_to_bulkinfer, sized_kv_cache
 from bulkinfer.engine.factory import vllm_engine
 from bulkinfer.io.inputs import InputScan
 from bulkinfer.io.readers import RawRow
@@ -53,7 +53,7 @@ def choose_engine_settings(
     scan: InputScan,
     measure: bool,
     size_kv_cache: bool,
-    sample: TokenSample | None = None,
+    sample: Callable[[], TokenSample | None] | None = None,
 ) -> tuple[Settings, dict[str, Any]]:
     """``settings`` for the engine of a job on ``model`` (a local path) with
     input ``scan``, and the report's ``engine_choice`` (what was chosen and why).
@@ -63,8 +63,9 @@ def choose_engine_settings(
             dtype probe, run now if never stored; the tuned scheduler limits).
         size_kv_cache: on CPU, a KV cache sized to the job's tokens instead of
             vLLM's default (off when the engine outlives the job).
-        sample: the input's first rows tokenized (:func:`sample_tokens`),
-            which size the KV cache better than the input's bytes alone.
+        sample: gives the input's first rows tokenized (:func:`sample_tokens`),
+            which size the KV cache better than the input's bytes alone;
+            called only when bulkinfer sizes the cache (CPU, no size of the user's).
 
     Raises:
         EngineError: the dtype probe's engine fails.
@@ -74,10 +75,12 @@ def choose_engine_settings(
         # the probe starts engines of its own: never a kept engine (serve and eval pass one), which it would reuse
         device = detect_device()
         settings, choice = measured_settings(model, settings, device, vllm_engine, print_to_stderr)
-        tokens = job_tokens(settings, scan, sample) if size_kv_cache and device == "cpu" else None
-        if tokens is not None and (kv := sized_kv_cache(model, settings.engine, tokens)):
-            settings = with_engine(settings, kv_cache_memory_bytes=kv["kv_cache_memory_bytes"])
-            choice["kv_cache"] = {**kv, "job_tokens": tokens, "tokens_from": tokens_from(sample)}
+        if size_kv_cache and device == "cpu" and kv_cache_left_to_bulkinfer(settings.engine):
+            rows = sample() if sample is not None else None
+            tokens = job_tokens(settings, scan, rows)
+            if tokens is not None and (kv := sized_kv_cache(model, settings.engine, tokens)):
+                settings = with_engine(settings, kv_cache_memory_bytes=kv["kv_cache_memory_bytes"])
+                choice["kv_cache"] = {**kv, "job_tokens": tokens, "tokens_from": tokens_from(rows)}
         if device == "cpu":
             expected = expected_completion_tokens(settings, scan) if size_kv_cache else None
             settings, choice["compile"] = choose_compile(model, settings, expected)

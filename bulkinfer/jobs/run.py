@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import dataclasses
 import errno
+import functools
 import itertools
 import os
 import time
@@ -279,7 +280,7 @@ def _run_locked(attempt: Attempt, job: Job, settings: Settings, context: RunCont
         tokenizer = context.tokenizer_factory(model, settings.engine.trust_remote_code)
         start["tokenizer"], clock = time.monotonic() - clock, time.monotonic()
         sized = job.sized_kv_cache and not context.engine_outlives_run  # an engine that outlives the job: not sized
-        sample = _token_sample(paths.input, tokenizer, settings, job) if sized and job.kind == "run" else None
+        sample = functools.partial(_token_sample, paths.input, tokenizer, settings, job) if job.kind == "run" else None
         settings, engine_choice = choose_engine_settings(model, settings, scan, job.calibrate, sized, sample)
         start["engine_choice"], clock = time.monotonic() - clock, time.monotonic()
         engine = context.engine_factory(model, settings)
