@@ -69,6 +69,7 @@ def one_request(client: Any, prompt: str, max_tokens: int) -> dict[str, Any]:
     import openai
 
     sent = time.monotonic()
+    at = time.time()
     first = None
     tokens = 0
     try:
@@ -81,7 +82,7 @@ def one_request(client: Any, prompt: str, max_tokens: int) -> dict[str, Any]:
             stream_options={"include_usage": True},
         )
     except openai.APIStatusError as exc:
-        return {"status": exc.status_code}
+        return {"status": exc.status_code, "sent_at": at}
     for chunk in stream:
         if chunk.choices and chunk.choices[0].delta.content and first is None:
             first = time.monotonic() - sent
@@ -90,6 +91,7 @@ def one_request(client: Any, prompt: str, max_tokens: int) -> dict[str, Any]:
     total = time.monotonic() - sent
     return {
         "status": 200,
+        "sent_at": at,
         "ttft_s": first if first is not None else total,
         "latency_s": total,
         "completion_tokens": tokens,
@@ -143,6 +145,7 @@ def describe(online: list[dict[str, Any]]) -> dict[str, Any]:
         "ttft_s": quantiles([r["ttft_s"] for r in online]),
         "latency_s": quantiles([r["latency_s"] for r in online]),
         "online_completion_tokens": sum(r["completion_tokens"] for r in online),
+        "each": sorted(online + refused, key=lambda r: r["sent_at"]),
     }
 
 
@@ -153,6 +156,7 @@ def batch_rate(data_dir: Path, batch: Any) -> dict[str, Any]:
         "completion_tokens": report["tokens"]["completion"],
         "generate_s": report["seconds"].get("generate"),
         "wall_s": batch.completed_at - batch.in_progress_at,
+        "in_progress_at": batch.in_progress_at,
     }
 
 
@@ -166,6 +170,7 @@ def main() -> None:
     parser.add_argument("--online-max-tokens", type=int, default=64)
     parser.add_argument("--config", type=Path, default=None, help="a bulkinfer config for the server (its engine)")
     parser.add_argument("--tag", default="", help="results file suffix: online-latency-TAG.{json,md}")
+    parser.add_argument("--log", type=Path, default=None, help="keep the server's output (vLLM's log) in this file")
     parser.add_argument(
         "--serve-arg", action="append", default=[], metavar="ARG", help="one more argument of bulkinfer serve"
     )
@@ -177,7 +182,7 @@ def main() -> None:
     with tempfile.TemporaryDirectory() as tmp_:
         tmp = Path(tmp_)
         port, data_dir = _free_port(), tmp / "data"
-        with open(tmp / "serve.log", "wb") as log:
+        with open(args.log or tmp / "serve.log", "wb") as log:
             server = subprocess.Popen(
                 [
                     *(sys.executable, "-m", "bulkinfer", "serve", "--port", str(port), "--data-dir", str(data_dir)),
@@ -236,7 +241,7 @@ def main() -> None:
         "date": dt.datetime.now(dt.UTC).isoformat(timespec="seconds"),
         "machine": machine(),
         "versions": versions(),
-        "settings": {**vars(args), "config": args.config.read_text() if args.config else None},
+        "settings": {**vars(args), "config": args.config.read_text() if args.config else None, "log": str(args.log)},
         "phases": phases,
         "verdicts": verdicts,
         "goal": {"latency_p99_ratio_at_most": 1.5, "batch_rate_ratio_at_least": 0.8},

@@ -100,8 +100,9 @@ def serve(
             metavar="N",
             min=0,
             help=described(
-                "Batch rows the engine takes on while an online request is in flight (the rest wait, and "
-                "the running ones finish): fewer make online answers faster and the batch slower. "
+                "Batch rows the engine runs while an online request is in flight: the running rows past the "
+                "first N sit out its steps (keeping their seats and KV cache), and no new row enters. Fewer make "
+                "online answers faster and the batch slower. "
                 "--max-online seats (at most half the engine's) are always kept free for online requests.",
                 "no bound",
             ),

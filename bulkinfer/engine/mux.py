@@ -41,6 +41,15 @@ BATCH_PRIORITY_FLOOR = ONLINE_PRIORITY + 1
 STEP_WAIT_S = 0.05  # the engine thread looks at new requests at least this often while a step runs (seconds)
 CHECK_S = 0.2  # a batch waiting for a step checks for a dead engine this often (seconds)
 CLOSE_WAIT_S = 10.0  # close() waits this long for the mux's thread before it closes the engine (seconds)
+ONLINE_FIRST_SCHEDULER = "bulkinfer.engine.online_first.OnlineFirstScheduler"
+BESIDE_KEY = "bulkinfer_batch_beside_online"
+
+
+def online_first_args(beside: int) -> dict[str, Any]:
+    """vLLM ``EngineArgs`` keyword arguments for an engine whose running
+    batch rows past the first ``beside`` sit out every step while an online
+    request is in flight (:class:`bulkinfer.engine.online_first.OnlineFirstScheduler`)."""
+    return {"scheduler_cls": ONLINE_FIRST_SCHEDULER, "additional_config": {BESIDE_KEY: beside}}
 
 
 class Listener(Protocol):

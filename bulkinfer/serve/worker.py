@@ -48,10 +48,10 @@ from typing import Any, Protocol
 
 import orjson
 
-from bulkinfer.config import Settings
+from bulkinfer.config import Settings, with_engine
 from bulkinfer.default_model import DEFAULT_MODEL
 from bulkinfer.engine.base import Engine, EngineFactory, KeptEngine
-from bulkinfer.engine.mux import EngineMux
+from bulkinfer.engine.mux import EngineMux, online_first_args
 from bulkinfer.errors import BulkinferError, EngineError, Interrupted
 from bulkinfer.io.inputs import InputScan
 from bulkinfer.io.output_files import OutputFiles, RunPaths
@@ -194,7 +194,21 @@ class BatchWorker(threading.Thread):
         model = resolve_model(self.settings.model)
         scan = InputScan(None, mentions_priority=True)
         chosen, _ = choose_engine_settings(model, self.settings, scan, self.served.job.calibrate, False)
-        self.engine.get(model, chosen)
+        self.engine.get(model, self._online_first(chosen))
+
+    def _online_first(self, settings: Settings) -> Settings:
+        """``settings`` with the scheduler that pauses running batch rows past
+        ``batch_beside_online`` while an online request is in flight (see
+        :func:`~bulkinfer.engine.mux.online_first_args`); unchanged when no
+        bound is set, the model embeds (no decode steps to share), or the
+        user chose a ``scheduler_cls``."""
+        beside = self._beside_online[0]
+        extra = settings.engine.extra_args
+        if beside is None or self.served.embeds or "scheduler_cls" in extra:
+            return settings
+        args = online_first_args(beside)
+        args["additional_config"] = {**extra.get("additional_config", {}), **args["additional_config"]}
+        return with_engine(settings, extra_args={**extra, **args})
 
     def _watched(self, factory: EngineFactory) -> EngineFactory:
         """``factory``, with :attr:`health` ``starting`` while it makes an engine, then ``ready``."""

@@ -33,6 +33,8 @@ from browser import CHROMIUM, FLAGS, NO_CHROMIUM
 from e2e_helpers import CAPITALS, ROOT, SAMPLE, engine_children, read_jsonl
 from reference_types import check_online_chunk, check_online_response, check_openai_line
 
+from bulkinfer.engine.online_first import FIRST_PAUSE
+
 KEYS = ("key-alice", "key-bob")
 DONE = ("completed", "failed", "cancelled", "expired")
 START_S = 600.0  # a server's first batch waits for the engine to load (~40 s here)
@@ -156,7 +158,7 @@ def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServeProcess]:
     tmp = tmp_path_factory.mktemp("serve")
     config = tmp / "serve.toml"
     config.write_text(CONFIG)
-    limits = ("--max-online", str(MAX_ONLINE), "--max-file-bytes", str(MAX_FILE_BYTES))
+    limits = ("--max-online", str(MAX_ONLINE), "--max-file-bytes", str(MAX_FILE_BYTES), "--batch-beside-online", "2")
     # this server's engine in its process (15 s less to start); the later ones' in vLLM's processes (serve's default)
     process = ServeProcess(tmp / "data", free_port(), "--config", str(config), *limits, env=IN_PROCESS)
     yield process
@@ -258,6 +260,9 @@ def test_online_requests_mid_batch_then_a_cancel_publishes_the_finished_rows(ser
     assert "Paris" in "".join(p.choices[0].text for p in pieces)
     assert pieces[-1].choices[0].finish_reason in ("stop", "length")
     assert client.batches.retrieve(batch.id).status == "in_progress"  # the answers did not wait for the batch
+    # vLLM ran bulkinfer's scheduler, and it left all but two batch rows out of the online requests' steps
+    assert "Using custom scheduler class bulkinfer.engine.online_first.OnlineFirstScheduler" in server.log.read_text()
+    assert FIRST_PAUSE % 2 in server.log.read_text()
     assert client.batches.cancel(batch.id).status in ("cancelling", "cancelled")
     done = finished(client, batch.id, timeout=120)
     assert done.status == "cancelled"

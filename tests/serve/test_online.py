@@ -19,7 +19,8 @@ from fastapi.testclient import TestClient
 from serving import KEYS, NoRunner, Server, batch_lines, create, records, upload, wait_done
 
 import bulkinfer.serve.worker
-from bulkinfer.engine.mux import BATCH_PRIORITY_FLOOR, ONLINE_PRIORITY, EngineMux
+from bulkinfer.config import load_settings
+from bulkinfer.engine.mux import BATCH_PRIORITY_FLOOR, BESIDE_KEY, ONLINE_PRIORITY, EngineMux
 from bulkinfer.errors import EngineError
 from bulkinfer.schema import Completion, Request
 from bulkinfer.serve.api import Limits, create_app
@@ -327,3 +328,25 @@ def test_the_endpoint_is_the_path_never_a_query_parameter(serve: Callable[..., S
         headers={"Authorization": "Bearer key-a"},
     )
     assert answer.status_code == 200 and answer.json()["object"] == "chat.completion"
+
+
+@pytest.mark.parametrize(
+    ("beside", "model", "extra", "scheduler"),
+    [
+        (2, None, {}, "bulkinfer.engine.online_first.OnlineFirstScheduler"),
+        (None, None, {}, None),  # no bound: vLLM's own scheduler
+        (2, "all-minilm-l6-v2", {}, None),  # an encoder: no decode steps to share
+        (2, None, {"scheduler_cls": "my.Scheduler"}, "my.Scheduler"),  # the user's choice stands
+    ],
+)
+def test_the_engine_pauses_batch_rows_only_under_a_bound(
+    tmp_path: Any, beside: int | None, model: str | None, extra: dict[str, Any], scheduler: str | None
+) -> None:
+    settings = load_settings(overrides={"model": model, "engine.extra_args": {**extra, "additional_config": {"k": 1}}})
+    worker = bulkinfer.serve.worker.BatchWorker(
+        Store(tmp_path), settings, lambda m, s: FakeEngine(), beside_online=(beside, None)
+    )
+    args = worker._online_first(worker.settings).engine.extra_args
+    assert args.get("scheduler_cls") == scheduler
+    expected = {"k": 1, BESIDE_KEY: 2} if scheduler and not extra else {"k": 1}
+    assert args["additional_config"] == expected  # the user's own keys kept
