@@ -20,6 +20,9 @@ rest wait in the mux, in the order the batch sent them): at most
 finds a seat, and while any online request is in flight at most
 ``batch_beside_online`` rows and ``prefill_beside_online`` prompt tokens
 waiting for their prefill, so that its steps carry little batch work.
+Admission cannot take the rows already in the engine out of its steps: an
+engine started with :func:`online_first_args` runs
+:class:`bulkinfer.engine.online_first.OnlineFirstScheduler`, which does.
 """
 
 from __future__ import annotations

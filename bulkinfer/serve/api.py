@@ -51,8 +51,9 @@ class Limits:
     """``max_file_bytes``: the largest upload (OpenAI's 200 MB for batch input);
     ``max_online``: online requests in flight at once (one more gets 429);
     ``batch_beside_online`` / ``prefill_beside_online``: batch rows the
-    engine takes on while an online request is in flight, and prompt tokens
-    of theirs waiting for prefill (None: no bound; see
+    engine runs while an online request is in flight (the others sit out its
+    steps, see :mod:`bulkinfer.engine.online_first`), and prompt tokens of
+    those admitted waiting for prefill (None: no bound; see
     :class:`~bulkinfer.engine.mux.EngineMux`)."""
 
     max_file_bytes: int = 200 * 1024 * 1024
