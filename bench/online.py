@@ -241,7 +241,11 @@ def main() -> None:
         "date": dt.datetime.now(dt.UTC).isoformat(timespec="seconds"),
         "machine": machine(),
         "versions": versions(),
-        "settings": {**vars(args), "config": args.config.read_text() if args.config else None, "log": str(args.log)},
+        "settings": {
+            **vars(args),
+            "config": args.config.read_text() if args.config else None,
+            "log": str(args.log) if args.log else None,
+        },
         "phases": phases,
         "verdicts": verdicts,
         "goal": {"latency_p99_ratio_at_most": 1.5, "batch_rate_ratio_at_least": 0.8},

@@ -49,8 +49,8 @@ BESIDE_KEY = "bulkinfer_batch_beside_online"
 
 
 def online_first_args(beside: int) -> dict[str, Any]:
-    """vLLM ``EngineArgs`` keyword arguments for an engine whose running
-    batch rows past the first ``beside`` sit out every step while an online
+    """vLLM ``EngineArgs`` keyword arguments for an engine whose batch rows
+    but the first ``beside`` decoding ones sit out every step while an online
     request is in flight (:class:`bulkinfer.engine.online_first.OnlineFirstScheduler`)."""
     return {"scheduler_cls": ONLINE_FIRST_SCHEDULER, "additional_config": {BESIDE_KEY: beside}}
 

@@ -33,6 +33,7 @@ from browser import CHROMIUM, FLAGS, NO_CHROMIUM
 from e2e_helpers import CAPITALS, ROOT, SAMPLE, engine_children, read_jsonl
 from reference_types import check_online_chunk, check_online_response, check_openai_line
 
+from bulkinfer.engine.mux import ONLINE_FIRST_SCHEDULER
 from bulkinfer.engine.online_first import FIRST_PAUSE
 
 KEYS = ("key-alice", "key-bob")
@@ -261,7 +262,7 @@ def test_online_requests_mid_batch_then_a_cancel_publishes_the_finished_rows(ser
     assert pieces[-1].choices[0].finish_reason in ("stop", "length")
     assert client.batches.retrieve(batch.id).status == "in_progress"  # the answers did not wait for the batch
     # vLLM ran bulkinfer's scheduler, and it left all but two batch rows out of the online requests' steps
-    assert "Using custom scheduler class bulkinfer.engine.online_first.OnlineFirstScheduler" in server.log.read_text()
+    assert f"Using custom scheduler class {ONLINE_FIRST_SCHEDULER}" in server.log.read_text()
     assert FIRST_PAUSE % 2 in server.log.read_text()
     assert client.batches.cancel(batch.id).status in ("cancelling", "cancelled")
     done = finished(client, batch.id, timeout=120)
