@@ -37,6 +37,9 @@ another process on the cores: its first run's lengths are still stored).
 estimator as it is now (the run's own stored step model and the lengths it
 had: none, the previous job's first run, or its own first run), and writes
 ``eta-range-T-replayed.{json,md}``: to compare a change on the same runs.
+``--store-fits`` replays the first runs of tag T timed by the step models
+stored on this machine, pooled by the rule before ``CALM_SPREAD`` (the
+newest five fits) and by today's, and writes ``eta-range-T-calm.{json,md}``.
 """
 
 from __future__ import annotations
@@ -133,6 +136,46 @@ def replayed(workloads: list[str], tag: str) -> list[dict[str, Any]]:
     return runs
 
 
+def store_fits_replayed(workloads: list[str], tag: str) -> dict[str, Any]:
+    """Each first run of ``tag`` replayed with the step model pooled from the
+    fits in this machine's calibration store, by the rule before
+    :data:`~bulkinfer.report.step_cost.CALM_SPREAD` (the newest five, every
+    fit) and by today's (calm fits only; none: the defaults)."""
+    from bench.eta_trace import _replayed
+    from bulkinfer.report.calibration import load_calibrations
+    from bulkinfer.report.step_cost import CALM_SPREAD, POOLED_FITS, StepCost, pooled
+
+    found = [StepCost.from_json(e.get("step_cost")) for e in load_calibrations()]
+    fits = [f for f in found if f is not None]
+    rules = {"every fit": _median(fits[-POOLED_FITS:]), f"calm fits (spread <= {CALM_SPREAD})": pooled(fits)}
+    runs = []
+    for rule, step_cost in rules.items():
+        for k, workload in enumerate(workloads):
+            recording = orjson.loads((RESULTS / f"eta-range-{tag}-{workload}-first.json").read_bytes())
+            prior = RESULTS / f"eta-range-{tag}-{workloads[k - 1]}-first.json" if k else None
+            progress = None
+            for _, seen in _replayed(recording, prior, False, step_cost):
+                progress = seen
+            assert progress is not None
+            events = recording["events"]
+            score = score_trace(progress.eta_trace, events[-1][1] - events[0][1], True)
+            timed = step_cost.to_json() if step_cost else "defaults"
+            runs.append({"rule": rule, "step_cost": timed, **scored(recording, True), **score, "workload": workload})
+    return {"fits": [f.to_json() for f in fits], "runs": runs}
+
+
+def _median(fits: list[Any]) -> Any:
+    """The weight-by-weight median of ``fits`` (the pooling rule before CALM_SPREAD); None for none."""
+    import statistics
+
+    from bulkinfer.report.step_cost import StepCost
+
+    if not fits:
+        return None
+    names = ("context_weight", "prefill_weight", "spread", "overhead_tokens")
+    return StepCost(*(statistics.median(getattr(f, name) for f in fits) for name in names))
+
+
 def render(doc: dict[str, Any]) -> str:
     """The Markdown table of a bench run."""
     m = doc["machine"]
@@ -145,9 +188,14 @@ def render(doc: dict[str, Any]) -> str:
         "largest point error | goals met |",
         "| --- | --- | --: | --: | --: | --: | --: | --: | --- |",
     ]
+    if "fits" in doc:
+        lines[2:2] = [f"Step models in the store (oldest first): {doc['fits']}\n"]
+        lines[-2] = "| timed by | " + lines[-2][2:]
+        lines[-1] = "| --- | " + lines[-1][2:]
     for row in doc["runs"]:
+        rule = f"{row['rule']}: {row['step_cost']} | " if "rule" in row else ""
         lines.append(
-            f"| {row['workload']} ({DESCRIBED[row['workload']]}) | {'first' if row['first_run'] else 'again'} "
+            f"| {rule}{row['workload']} ({DESCRIBED[row['workload']]}) | {'first' if row['first_run'] else 'again'} "
             f"| {row['generate_s']:.0f} | {row['estimates']} | {_pct(row['coverage'])} "
             f"| +-{_pct(row['max_half_width'])} | +-{_pct(row['median_half_width'])} "
             f"| {_pct(row['max_point_error'], signed=True)} (from {row['point_error_from']:.0%}) "
@@ -168,10 +216,22 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--tag", default="default")
     parser.add_argument("--replay", action="store_true", help="re-score the recordings of --tag, running nothing")
     parser.add_argument(
+        "--store-fits",
+        action="store_true",
+        help="replay --tag's first runs timed by this machine's stored step models, pooled as before and as now",
+    )
+    parser.add_argument(
         "--again-only", action="store_true", help="run the jobs again only (their first runs' lengths stay stored)"
     )
     args = parser.parse_args(argv)
     command = " ".join(["python -m bench.eta_range", *(argv if argv is not None else sys.argv[1:])])
+    if args.store_fits:
+        doc: dict[str, Any] = {"command": command, "machine": machine(), "versions": versions()}
+        doc.update(store_fits_replayed(args.workloads.split(","), args.tag))
+        (RESULTS / f"eta-range-{args.tag}-calm.json").write_bytes(orjson.dumps(doc, option=orjson.OPT_INDENT_2))
+        (RESULTS / f"eta-range-{args.tag}-calm.md").write_text(render(doc))
+        print(render(doc))
+        return
     if args.replay:
         runs = replayed(args.workloads.split(","), args.tag)
         doc = {"command": command, "machine": machine(), "versions": versions(), "runs": runs}

@@ -24,7 +24,7 @@ import orjson
 
 from bulkinfer.default_model import bulkinfer_home
 from bulkinfer.io.files import atomic_write
-from bulkinfer.report.step_cost import StepCost, pooled
+from bulkinfer.report.step_cost import CALM_SPREAD, StepCost, pooled
 
 # A calibration smaller than this (rows, completion tokens generated) is
 # neither stored nor used: bulkinfer calibrate's workload is 64 x 64 tokens.
@@ -185,8 +185,9 @@ def length_prior(model_path: str, output: str, machine: dict[str, Any] | None = 
     ``output`` (``same_job``), else with the newest run of ``model_path`` on
     any machine; empty lengths when there is none. The step model: the
     median of the newest fits stored by runs of ``model_path`` on
-    ``machine`` (:func:`~bulkinfer.report.step_cost.pooled`; None without
-    ``machine``), by the runs of the same job where it has any: the weights
+    ``machine`` whose rate did not wander (``CALM_SPREAD``;
+    :func:`~bulkinfer.report.step_cost.pooled`; None without ``machine``),
+    by the runs of the same job where it has any: the weights
     fitted differ by job more than by run (on a 2-core Zen 3, prefill weight
     0.5 for ShareGPT, 1.5 for multi-turn turns, with overheads of 8 to 64
     tokens), and the median of other jobs' fits mis-timed ShareGPT's run again
@@ -196,8 +197,9 @@ def length_prior(model_path: str, output: str, machine: dict[str, Any] | None = 
     same_job = [e for e in runs if e.get("output") == output]
     same = same_job or [e for e in runs if e.get("model_path") == model_path]
     fitted = [e for e in entries if machine is not None and e.get("step_cost") and _matches(e, model_path, machine)]
-    fitted = [e for e in fitted if e.get("output") == output] or fitted
-    fits = [f for f in (StepCost.from_json(e["step_cost"]) for e in fitted) if f is not None]
+    read = ((e, StepCost.from_json(e["step_cost"])) for e in fitted)
+    calm = [(e, f) for e, f in read if f is not None and f.spread <= CALM_SPREAD]
+    fits = [f for e, f in calm if e.get("output") == output] or [f for _, f in calm]
     return LengthPrior([int(n) for n in same[-1]["completion_lengths"]] if same else [], bool(same_job), pooled(fits))
 
 

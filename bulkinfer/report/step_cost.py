@@ -62,6 +62,13 @@ POOLED_FITS = 5
 MIN_SPREAD = 0.05
 
 
+# Only fits whose rate wandered at most this much (their spread) time other runs (see pooled): on a
+# 2-core Zen 3 the ETA bench's runs alone fitted 0.05-0.10, ten serve batches beside online requests
+# 0.16-0.67 (overhead 64, context weight 0), and a first run timed by those erred +171% and +195% at
+# its end (ShareGPT, replayed: bench/results/eta-range-zen3-calm.md), +24% and -25% by the defaults.
+CALM_SPREAD = 0.15
+
+
 @dataclass(frozen=True, slots=True)
 class Step:
     """One engine step: ``seconds`` it took, tokens ``decoded`` and
@@ -151,13 +158,14 @@ def fit_step_cost(steps: Sequence[Step]) -> StepCost | None:
 
 
 def pooled(fits: Sequence[StepCost]) -> StepCost | None:
-    """The step model of several runs' fits (the newest :data:`POOLED_FITS`
-    of ``fits``, oldest first): each weight and the spread their median. One
-    fit from a run slowed by other work on the machine (measured on a 2-core
-    Zen 3: context weight 0.008, prefill 1.5, overhead 32 against 0.002-0.004,
-    0.5-0.75 and 16 alone) is outvoted once three runs are stored, halved
-    with two. None for no fits."""
-    fits = list(fits)[-POOLED_FITS:]
+    """The step model of several runs' fits (``fits`` oldest first): each
+    weight and the spread the median of the newest :data:`POOLED_FITS` whose
+    spread is at most :data:`CALM_SPREAD`. A fit of a run whose rate
+    wandered more is left out: a run slowed by other work on the machine
+    (measured on a 2-core Zen 3: context weight 0.008, prefill 1.5, overhead
+    32 against 0.002-0.004, 0.5-0.75 and 16 alone) or a serve batch beside
+    online requests. None for no calm fits: the defaults time the run."""
+    fits = [f for f in fits if f.spread <= CALM_SPREAD][-POOLED_FITS:]
     if not fits:
         return None
     return StepCost(*(statistics.median(getattr(f, name) for f in fits) for name in _FIELDS))

@@ -7,7 +7,7 @@ import random
 
 import pytest
 
-from bulkinfer.report.step_cost import POOLED_FITS, Step, StepCost, fit_step_cost, pooled
+from bulkinfer.report.step_cost import CALM_SPREAD, POOLED_FITS, Step, StepCost, fit_step_cost, pooled
 
 
 def timed_steps(model: StepCost, scale: float, seed: int = 0) -> list[Step]:
@@ -63,17 +63,17 @@ def test_the_neighbours_halve_and_double_each_weight_the_model_first() -> None:
     assert {n.context_weight for n in StepCost(0.0).neighbours()} == {0.0, 0.00025, 0.0005}
 
 
-def test_pooled_fits_are_the_median_of_the_newest_each_weight_apart() -> None:
+def test_pooled_fits_are_the_median_of_the_newest_calm_ones_each_weight_apart() -> None:
     calm = [StepCost(0.002, 0.5, 0.06, 16.0), StepCost(0.004, 0.75, 0.08, 16.0), StepCost(0.002, 0.75, 0.07, 8.0)]
     contended = StepCost(0.008, 1.5, 0.4, 32.0)
-    assert weights(pooled(calm + [contended])) == pytest.approx(StepCost(0.003, 0.75, 0.075, 16.0).to_json())
-    assert weights(pooled([calm[0], contended])) == pytest.approx(
-        StepCost(0.005, 1.0, 0.23, 24.0).to_json()
-    )  # two: halfway
-    assert pooled([calm[1]]) == calm[1]
+    assert weights(pooled(calm[:2])) == pytest.approx(StepCost(0.003, 0.625, 0.07, 16.0).to_json())  # two: halfway
+    assert pooled(calm + [contended]) == pooled(calm) == StepCost(0.002, 0.75, 0.07, 16.0)  # the contended left out
+    assert pooled([calm[1]]) == pooled([calm[1], contended]) == calm[1]
     assert pooled([]) is None
-    old = [contended] * 10
-    assert pooled(old + calm + calm[:2]) == StepCost(0.002, 0.75, 0.07, 16.0)  # only the newest POOLED_FITS count
+    assert pooled([contended] * 3) is None  # no calm fit: the defaults
+    assert pooled([StepCost(spread=CALM_SPREAD)]) == StepCost(spread=CALM_SPREAD)
+    older = [StepCost(0.032, 3.0, 0.05, 64.0)] * 10
+    assert pooled(older + calm + calm[:2]) == StepCost(0.002, 0.75, 0.07, 16.0)  # only the newest POOLED_FITS count
     assert POOLED_FITS == 5
 
 
