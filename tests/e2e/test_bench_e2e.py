@@ -2,9 +2,9 @@
 
 Not a timing test: it checks that every system ran on the same rows and
 produced exactly the requested tokens, and that the results are written.
-Two runs of the harness (bulkinfer and raw vLLM; run-batch and the static
-transformers baseline): three vLLM engine starts and two transformers
-runs; then one tiny scale-series run.
+One run of the harness (bulkinfer, raw vLLM, run-batch and the static
+transformers baseline), whose results two tests check: three vLLM engine
+starts and two transformers runs; then one tiny scale-series run.
 """
 
 from __future__ import annotations
@@ -60,23 +60,31 @@ def compare(tmp_path: Path, systems: str, *extra: str) -> tuple[dict[str, Any], 
     return doc, results, md
 
 
-def test_compare_runs_bulkinfer_and_raw_vllm_on_a_tiny_workload(tmp_path: Path) -> None:
-    # raw vLLM's engine in its own process, as bulkinfer runs one: a start without two child interpreters (~20 s
-    # less on 2 cores; the harness is under test, not the layout)
-    _, results, _ = compare(tmp_path, "a,b", "--vllm-env", "VLLM_ENABLE_V1_MULTIPROCESSING=0")
-    assert set(results) == {"b", "a-descending"}
-    for key, r in results.items():
-        assert r["ratio"]["reference"] == "b", key
-    assert results["b"]["ratio"]["generate"] == pytest.approx(1.0)
-    assert results["a-descending"]["padding_efficiency"]["batch_size"] == 16
+@pytest.fixture(scope="module")
+def compared(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
+    """One ``bench.compare`` of every system the tests below check: bulkinfer
+    (a), raw vLLM (b), run-batch (c) and the static baseline (d). Raw vLLM's
+    and run-batch's engines in their own process, as bulkinfer runs one: a
+    start without two child interpreters (~20 s less on 2 cores; the harness
+    is under test, not the layout)."""
+    _, results, _ = compare(
+        tmp_path_factory.mktemp("compare"), "a,b,c,d", "--vllm-env", "VLLM_ENABLE_V1_MULTIPROCESSING=0"
+    )
+    assert set(results) == {"b", "a-descending", "c", "d-arrival", "d-bucketed"}
+    return results
 
 
-def test_compare_runs_run_batch_and_the_static_baseline_on_a_tiny_workload(tmp_path: Path) -> None:
-    _, results, _ = compare(tmp_path, "c,d", "--vllm-env", "VLLM_ENABLE_V1_MULTIPROCESSING=0")
-    assert set(results) == {"c", "d-arrival", "d-bucketed"}
+def test_compare_runs_bulkinfer_and_raw_vllm_on_a_tiny_workload(compared: dict[str, Any]) -> None:
+    for key in ("b", "a-descending"):
+        assert compared[key]["ratio"]["reference"] == "b", key
+    assert compared["b"]["ratio"]["generate"] == pytest.approx(1.0)
+    assert compared["a-descending"]["padding_efficiency"]["batch_size"] == 16
+
+
+def test_compare_runs_run_batch_and_the_static_baseline_on_a_tiny_workload(compared: dict[str, Any]) -> None:
     # The static baseline generated exactly the requested tokens: equal lengths, nothing padded.
-    assert results["d-arrival"]["generated_tokens"] == ROWS * MAX_OUTPUT
-    assert results["d-arrival"]["padding_efficiency"]["prompt"] == pytest.approx(1.0)
+    assert compared["d-arrival"]["generated_tokens"] == ROWS * MAX_OUTPUT
+    assert compared["d-arrival"]["padding_efficiency"]["prompt"] == pytest.approx(1.0)
 
 
 def test_scale_series_runs_on_a_tiny_size(tmp_path: Path) -> None:
