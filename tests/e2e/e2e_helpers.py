@@ -138,19 +138,32 @@ def row_key(record: dict[str, Any]) -> Any:
     return record.get("custom_id") or record.get("id")
 
 
+def without_flight_limit(flags: list[str]) -> list[str]:
+    """``flags`` without ``--max-in-flight N``: a run that nothing stops
+    mid-run needs no few rows at a time, and runs its rows at once."""
+    kept: list[str] = []
+    for i, flag in enumerate(flags):
+        if flag != "--max-in-flight" and (i == 0 or flags[i - 1] != "--max-in-flight"):
+            kept.append(flag)
+    return kept
+
+
 def resume_to_the_end(
     killed: dict[str, Any],
     during_resume: Callable[[subprocess.Popen[str], int], None] | None = None,
     exit_code: int = 0,
+    flight_limit: bool = True,
 ) -> dict[str, Any]:
     """``--resume`` of a run :func:`kill_9_mid_run` killed, to the end
     (``during_resume(process, rows kept)``, when given, acts on it while it
-    runs), ending with ``exit_code`` (3: some rows failed): every id
+    runs; ``flight_limit`` False: without the killed run's ``--max-in-flight``),
+    ending with ``exit_code`` (3: some rows failed): every id
     exactly once in the output or the errors file. Returns the resumed
     run's report, with ``kept``, ``stderr``, ``outputs`` (its rows),
     ``error_records`` (its errors file's records) and ``src`` (the input file)."""
     src, out, rows = killed["src"], killed["out"], killed["rows"]
-    resumed = start(killed["command"], str(src), "-o", str(out), "--resume", *killed["flags"])
+    flags = killed["flags"] if flight_limit else without_flight_limit(killed["flags"])
+    resumed = start(killed["command"], str(src), "-o", str(out), "--resume", *flags)
     if during_resume is not None:
         during_resume(resumed, killed["kept"])
     _, stderr = resumed.communicate(timeout=900)
