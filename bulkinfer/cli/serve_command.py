@@ -204,7 +204,6 @@ def _serve(
     from bulkinfer.serve.webhooks import WebhookSender
     from bulkinfer.serve.worker import BatchWorker
 
-    log_access_to(sys.stderr)
     # vLLM's engine core in a child process (unless the user's environment says): an engine crash (a
     # segfault, the OOM killer) is then a death the server recovers from, not the server's end
     os.environ.setdefault(MULTIPROCESSING_ENV, "1")
@@ -215,6 +214,7 @@ def _serve(
     tenants = {key: tenant_of(key) for key in keys}
     app = create_app(store, tenants, worker, limits, settings.model or DEFAULT_MODEL, worker.served.endpoints)
     sender = WebhookSender(store, webhooks[1]) if webhooks else None
+    access = log_access_to(sys.stderr)  # once the server starts: a refused start leaves no handler behind
     worker.start()
     if sender is not None:
         sender.start()
@@ -234,6 +234,7 @@ def _serve(
                 sender.close()
             store.close()
         finally:
+            stop_logging_access(access)
             for sig in stops:
                 signal.signal(sig, previous[sig])
 
@@ -255,6 +256,13 @@ def log_access_to(stream: TextIO) -> logging.Handler:
     logger.setLevel(logging.INFO)
     logger.propagate = False
     return handler
+
+
+def stop_logging_access(handler: logging.Handler) -> None:
+    """Take ``handler`` (of :func:`log_access_to`) off the access log again."""
+    from bulkinfer.serve.access import ACCESS_LOGGER
+
+    logging.getLogger(ACCESS_LOGGER).removeHandler(handler)
 
 
 def tenant_of(key: str) -> str:

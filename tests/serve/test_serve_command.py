@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import logging
 from pathlib import Path
 
 import typer
@@ -9,6 +10,7 @@ from typer.testing import CliRunner
 
 from bulkinfer.cli import app
 from bulkinfer.cli.serve_command import tenant_of
+from bulkinfer.serve.access import ACCESS_LOGGER
 
 runner = CliRunner()
 
@@ -41,6 +43,8 @@ def test_an_unwritable_data_dir_is_exit_9(tmp_path: Path) -> None:
     result = runner.invoke(app, ["serve", "--data-dir", str(blocker / "data")], env={"BULKINFER_API_KEYS": ""})
     assert result.exit_code == 9, result.output
     assert "cannot write" in result.output
+    # no access-log handler left on the runner's stream, closed now: a later request would log to it
+    assert not logging.getLogger(ACCESS_LOGGER).handlers
 
 
 def test_without_a_key_it_refuses_any_host_but_localhost() -> None:
