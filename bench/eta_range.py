@@ -143,11 +143,11 @@ def store_fits_replayed(workloads: list[str], tag: str) -> dict[str, Any]:
     fit) and by today's (calm fits only; none: the defaults)."""
     from bench.eta_trace import _replayed
     from bulkinfer.report.calibration import load_calibrations
-    from bulkinfer.report.step_cost import CALM_SPREAD, POOLED_FITS, StepCost, pooled
+    from bulkinfer.report.step_cost import CALM_SPREAD, POOLED_FITS, StepCost, median_model, pooled
 
     found = [StepCost.from_json(e.get("step_cost")) for e in load_calibrations()]
     fits = [f for f in found if f is not None]
-    rules = {"every fit": _median(fits[-POOLED_FITS:]), f"calm fits (spread <= {CALM_SPREAD})": pooled(fits)}
+    rules = {"every fit": median_model(fits[-POOLED_FITS:]), f"calm fits (spread <= {CALM_SPREAD})": pooled(fits)}
     runs = []
     for rule, step_cost in rules.items():
         for k, workload in enumerate(workloads):
@@ -162,18 +162,6 @@ def store_fits_replayed(workloads: list[str], tag: str) -> dict[str, Any]:
             timed = step_cost.to_json() if step_cost else "defaults"
             runs.append({"rule": rule, "step_cost": timed, **scored(recording, True), **score, "workload": workload})
     return {"fits": [f.to_json() for f in fits], "runs": runs}
-
-
-def _median(fits: list[Any]) -> Any:
-    """The weight-by-weight median of ``fits`` (the pooling rule before CALM_SPREAD); None for none."""
-    import statistics
-
-    from bulkinfer.report.step_cost import StepCost
-
-    if not fits:
-        return None
-    names = ("context_weight", "prefill_weight", "spread", "overhead_tokens")
-    return StepCost(*(statistics.median(getattr(f, name) for f in fits) for name in names))
 
 
 def render(doc: dict[str, Any]) -> str:

@@ -13,7 +13,6 @@ import json
 import os
 import subprocess
 import sys
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -34,9 +33,9 @@ pytestmark = pytest.mark.xdist_group("default-model-conversion")
 @pytest.fixture(scope="session")
 def prepared_home(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """A BULKINFER_HOME in which the default model has been prepared, once
-    per test process: a module-scoped fixture converted it twice in ``make
-    test`` (47 s and 49 s of setup), as xdist ran other modules' tests on the
-    worker between this module's, which ends a module fixture."""
+    per test process (a module fixture ends whenever xdist runs another
+    module's tests on the worker in between; the module's xdist group keeps
+    its tests on one worker)."""
     home = tmp_path_factory.mktemp("bulkinfer-home")
     with pytest.MonkeyPatch.context() as mp:
         mp.setenv("BULKINFER_HOME", str(home))
@@ -46,11 +45,11 @@ def prepared_home(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 
 @pytest.fixture
-def home(prepared_home: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[Path]:
+def home(prepared_home: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
     """:func:`prepared_home` as this test's BULKINFER_HOME (offline)."""
     monkeypatch.setenv("BULKINFER_HOME", str(prepared_home))
     monkeypatch.setenv("HF_HUB_OFFLINE", "1")
-    yield prepared_home
+    return prepared_home
 
 
 @pytest.fixture

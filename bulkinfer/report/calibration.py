@@ -24,7 +24,7 @@ import orjson
 
 from bulkinfer.default_model import bulkinfer_home
 from bulkinfer.io.files import atomic_write
-from bulkinfer.report.step_cost import CALM_SPREAD, StepCost, pooled
+from bulkinfer.report.step_cost import StepCost, pooled
 
 # A calibration smaller than this (rows, completion tokens generated) is
 # neither stored nor used: bulkinfer calibrate's workload is 64 x 64 tokens.
@@ -198,7 +198,7 @@ def length_prior(model_path: str, output: str, machine: dict[str, Any] | None = 
     same = same_job or [e for e in runs if e.get("model_path") == model_path]
     fitted = [e for e in entries if machine is not None and e.get("step_cost") and _matches(e, model_path, machine)]
     read = ((e, StepCost.from_json(e["step_cost"])) for e in fitted)
-    calm = [(e, f) for e, f in read if f is not None and f.spread <= CALM_SPREAD]
+    calm = [(e, f) for e, f in read if f is not None and f.calm]
     fits = [f for e, f in calm if e.get("output") == output] or [f for _, f in calm]
     return LengthPrior([int(n) for n in same[-1]["completion_lengths"]] if same else [], bool(same_job), pooled(fits))
 

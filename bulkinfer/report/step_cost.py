@@ -112,6 +112,11 @@ class StepCost:
             for o in (1.0, 0.5, 2.0)
         ]
 
+    @property
+    def calm(self) -> bool:
+        """The fitted run's rate wandered at most :data:`CALM_SPREAD`: the fit may time other runs."""
+        return self.spread <= CALM_SPREAD
+
     def to_json(self) -> dict[str, float]:
         return asdict(self)
 
@@ -165,7 +170,11 @@ def pooled(fits: Sequence[StepCost]) -> StepCost | None:
     (measured on a 2-core Zen 3: context weight 0.008, prefill 1.5, overhead
     32 against 0.002-0.004, 0.5-0.75 and 16 alone) or a serve batch beside
     online requests. None for no calm fits: the defaults time the run."""
-    fits = [f for f in fits if f.spread <= CALM_SPREAD][-POOLED_FITS:]
+    return median_model([f for f in fits if f.calm][-POOLED_FITS:])
+
+
+def median_model(fits: Sequence[StepCost]) -> StepCost | None:
+    """Each weight and the spread the median over ``fits``; None for none."""
     if not fits:
         return None
     return StepCost(*(statistics.median(getattr(f, name) for f in fits) for name in _FIELDS))
