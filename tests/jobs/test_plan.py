@@ -269,9 +269,10 @@ def test_calibrate_records_what_plan_estimates_from(tmp_path: Path, monkeypatch:
 def test_calibrate_that_generates_too_little_records_nothing(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     from bulkinfer.jobs.calibrate import calibrate
 
+    model = resolve_model(None)  # the session home's tiny stand-in: a home of its own would convert the real model
     monkeypatch.setenv("BULKINFER_HOME", str(tmp_path))
     with pytest.raises(EngineError, match="64 rows and 64 completion tokens"):
-        calibrate(load_settings(None, {"model": resolve_model(None)}), engine_factory=lambda m, s: FakeEngine())
+        calibrate(load_settings(None, {"model": model}), engine_factory=lambda m, s: FakeEngine())
     assert load_calibrations() == []
 
 
