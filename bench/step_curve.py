@@ -98,13 +98,13 @@ def measure(model: str) -> list[dict[str, Any]]:
 
 
 def derive(points: list[dict[str, Any]]) -> dict[str, Any]:
-    """The slope s (seconds per decoded row), the overhead each batch implies, the context weight."""
+    """The slope s (seconds per decoded row), the overhead each batch implies, the context weight (keyed by rows)."""
     short = {p["rows"]: p["decode_step_s"] for p in points if p["prompt_tokens"] == SHORT and p["decode_step_s"]}
     long = {p["rows"]: p["decode_step_s"] for p in points if p["prompt_tokens"] == LONG and p["decode_step_s"]}
     below, largest = sorted(short)[-2:]
     slope = (short[largest] - short[below]) / (largest - below)
-    overhead = {b: t / slope - b for b, t in short.items()}
-    context = {b: (long[b] - short[b]) / (b * (LONG - SHORT)) / slope for b in long if b in short}
+    overhead = {str(b): t / slope - b for b, t in short.items()}
+    context = {str(b): (long[b] - short[b]) / (b * (LONG - SHORT)) / slope for b in long if b in short}
     return {"slope_s": slope, "slope_rows": [below, largest], "overhead_tokens": overhead, "context_weight": context}
 
 
@@ -150,14 +150,13 @@ def main() -> None:
     from bulkinfer.models import resolve_model
 
     points = measure(resolve_model(None))
-    derived = derive(points)
     doc = {
         "date": dt.datetime.now(dt.UTC).strftime("%Y-%m-%dT%H:%M:%SZ"),
         "machine": machine(),
         "versions": versions(),
         "command": "python -m bench.step_curve" + (f" --tag {args.tag}" if args.tag else ""),
         "points": points,
-        "derived": orjson.loads(orjson.dumps(derived, option=orjson.OPT_NON_STR_KEYS)),
+        "derived": derive(points),
     }
     out = ROOT / "bench" / "results" / f"step-curve{'-' + args.tag if args.tag else ''}.json"
     out.write_bytes(orjson.dumps(doc, option=orjson.OPT_INDENT_2))
