@@ -34,8 +34,10 @@ writes ``bench/results/eta-range-T.{json,md}`` and ``eta-range-T-WORKLOAD-{first
 ``--again-only`` runs each job again only (a run again spoilt, e.g. by
 another process on the cores: its first run's lengths are still stored).
 ``--replay`` runs nothing: it feeds the recordings of tag T through the
-estimator as it is now (the run's own stored step model and the lengths it
-had: none, the previous job's first run, or its own first run), and writes
+estimator as it is now (the lengths the run had: none, the previous job's
+first run, or its own first run; a first run's step model as it was
+stored, a run again's its first run's fit, as the store gives it today
+where that fit is calm), and writes
 ``eta-range-T-replayed.{json,md}``: to compare a change on the same runs.
 ``--store-fits`` replays the first runs of tag T timed by the step models
 stored on this machine, pooled by the rule before ``CALM_SPREAD`` (the
@@ -112,7 +114,7 @@ def scored(recording: dict[str, Any], first_run: bool) -> dict[str, Any]:
 
 def replayed(workloads: list[str], tag: str) -> list[dict[str, Any]]:
     """Each recording of ``tag`` replayed through today's estimator (see the module docstring)."""
-    from bench.eta_trace import _replayed
+    from bench.eta_trace import _replayed, fitted_step_cost
     from bulkinfer.report.step_cost import StepCost
 
     runs = []
@@ -123,11 +125,14 @@ def replayed(workloads: list[str], tag: str) -> list[dict[str, Any]]:
             trace = recording["report"]["eta_trace"]
             step_cost = StepCost.from_json(trace["step_cost"]) if trace["step_cost_stored"] else None
             # the lengths the run had: its own first run's (again), the previous job's first run's, or none
-            prior: Path | None = RESULTS / name.replace("-again", "-first")
-            if first_run:
-                prior = RESULTS / f"eta-range-{tag}-{workloads[k - 1]}-first.json" if k else None
+            first = RESULTS / name.replace("-again", "-first")
+            previous = RESULTS / f"eta-range-{tag}-{workloads[k - 1]}-first.json" if k else None
+            prior = previous if first_run else first
+            # a run again: its first run's fit (where calm), the job's own step model
+            own = None if first_run else fitted_step_cost(orjson.loads(first.read_bytes()))
+            own = own if own is not None and own.calm else None
             progress = None
-            for _, seen in _replayed(recording, prior, not first_run, step_cost):
+            for _, seen in _replayed(recording, prior, not first_run, own or step_cost, own is not None):
                 progress = seen
             assert progress is not None
             events = recording["events"]

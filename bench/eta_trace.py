@@ -182,11 +182,16 @@ def fitted_step_cost(recording: dict[str, Any]) -> Any:
 
 
 def _replayed(
-    recording: dict[str, Any], prior_from: Path | None, same_job: bool, step_cost: Any = None
+    recording: dict[str, Any],
+    prior_from: Path | None,
+    same_job: bool,
+    step_cost: Any = None,
+    step_cost_same_job: bool = False,
 ) -> Iterator[tuple[float, Any]]:
     """Feeds a recording's events into the shipped
     :class:`bulkinfer.report.progress.Progress` on the recording's clock;
-    yields (time, the progress) at most once a second of that clock."""
+    yields (time, the progress) at most once a second of that clock.
+    ``step_cost_same_job``: ``step_cost`` is this job's own fit."""
     import io
 
     from bulkinfer.report.calibration import LengthPrior
@@ -207,7 +212,7 @@ def _replayed(
         stream=io.StringIO(),
         force_plain=True,
         clock=lambda: clock[0],
-        prior=LengthPrior(prior, same_job, step_cost),
+        prior=LengthPrior(prior, same_job, step_cost, step_cost_same_job),
         max_running=recording["report"]["engine"].get("max_num_seqs"),
     )
     last = -1.0

@@ -227,5 +227,6 @@ class Generation:
             "end_s": self.progress.ended_s,
             "step_cost": work.step_cost.to_json(),
             "step_cost_stored": work.step_cost_stored,
+            "step_cost_same_job": work.step_cost_same_job,
         }
         return report

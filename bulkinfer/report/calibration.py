@@ -172,12 +172,14 @@ def _save(entries: list[dict[str, Any]] | None = None, choices: list[dict[str, A
 
 class LengthPrior(NamedTuple):
     """An earlier run's completion lengths (quantiles, tokens), whether
-    that run wrote the same output (the same job run again), and the step
-    model of the newest runs of the model on this machine (None: none stored)."""
+    that run wrote the same output (the same job run again), the step
+    model of the newest runs of the model on this machine (None: none
+    stored), and whether that model is the same job's own fits."""
 
     lengths: list[int]
     same_job: bool
     step_cost: StepCost | None = None
+    step_cost_same_job: bool = False
 
 
 def length_prior(model_path: str, output: str, machine: dict[str, Any] | None = None) -> LengthPrior:
@@ -187,7 +189,7 @@ def length_prior(model_path: str, output: str, machine: dict[str, Any] | None = 
     median of the newest fits stored by runs of ``model_path`` on
     ``machine`` whose rate did not wander (``CALM_SPREAD``;
     :func:`~bulkinfer.report.step_cost.pooled`; None without ``machine``),
-    by the runs of the same job where it has any: the weights
+    by the runs of the same job where it has any (``step_cost_same_job``): the weights
     fitted differ by job more than by run (on a 2-core Zen 3, prefill weight
     0.5 for ShareGPT, 1.5 for multi-turn turns, with overheads of 8 to 64
     tokens), and the median of other jobs' fits mis-timed ShareGPT's run again
@@ -199,8 +201,9 @@ def length_prior(model_path: str, output: str, machine: dict[str, Any] | None = 
     fitted = [e for e in entries if machine is not None and e.get("step_cost") and _matches(e, model_path, machine)]
     read = ((e, StepCost.from_json(e["step_cost"])) for e in fitted)
     calm = [(e, f) for e, f in read if f is not None and f.calm]
-    fits = [f for e, f in calm if e.get("output") == output] or [f for _, f in calm]
-    return LengthPrior([int(n) for n in same[-1]["completion_lengths"]] if same else [], bool(same_job), pooled(fits))
+    own = [f for e, f in calm if e.get("output") == output]
+    lengths = [int(n) for n in same[-1]["completion_lengths"]] if same else []
+    return LengthPrior(lengths, bool(same_job), pooled(own or [f for _, f in calm]), bool(own))
 
 
 def load_calibrations() -> list[dict[str, Any]]:

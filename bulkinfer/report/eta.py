@@ -15,7 +15,9 @@ how many steps the drain takes), the waiting rows before them add their
 expected tokens (their sum's spread from the central limit theorem), and
 the steps are timed by one of the step model's neighbours at its own rate,
 scaled by a draw of the rate's drift (:mod:`bulkinfer.report.step_cost`;
-at least :data:`OTHER_JOBS_SPREAD` where the step model is other jobs').
+at least :data:`OTHER_JOBS_SPREAD` where the step model is other jobs'; by
+the model alone, its drift at least :data:`SAME_JOB_SPREAD`, where it is
+the job's own).
 The range is the 10th to 90th percentile of the futures' seconds, the point
 their median: its width is the spread of what is still unknown, and it
 narrows as rows finish.
@@ -104,6 +106,17 @@ UNKNOWN_LENGTH_DRIFT = 0.5
 OTHER_JOBS_SPREAD = 0.3
 
 
+# A run timed by its own job's fits (earlier runs that wrote the same output) takes that model alone,
+# not its neighbours: fitted over whole runs of the same mix of steps, it times this one as well as any
+# model its steps cannot tell apart, and the neighbours' rates, rescaled to the latest steps, part
+# whenever the mix changes (ShareGPT's run again was +-58% wide at 30% of the run, while long prompts
+# were still prefilled, +-8% after). Its rate's drift is drawn at least this wide: timed so, the points
+# of nine runs again erred -28% to +26% at worst, and the 10th to 90th percentiles of a drift of 0.2
+# span -23% to +29% (0.15 held the multi-turn run again 76% of the time; replayed, 2-core Zen 3:
+# bench/results/eta-range-zen3{,b,c}-replayed.md).
+SAME_JOB_SPREAD = 0.2
+
+
 # The range's ends: these quantiles of the futures' seconds.
 RANGE_QUANTILES = (0.1, 0.9)
 
@@ -138,6 +151,8 @@ class WorkEstimate:
         step_cost: the step model's weights for this model and machine
             (stored by an earlier run); the defaults when None.
         seed: of the futures' draws (an estimate is reproducible).
+        step_cost_same_job: ``step_cost`` was fitted to earlier runs of this
+            job (see :data:`SAME_JOB_SPREAD`).
     """
 
     def __init__(
@@ -148,6 +163,8 @@ class WorkEstimate:
         same_job: bool = False,
         step_cost: StepCost | None = None,
         seed: int = 0,
+        *,
+        step_cost_same_job: bool = False,
     ) -> None:
         self.planned_rows = 0
         self.planned_prompt_tokens = 0
@@ -168,6 +185,7 @@ class WorkEstimate:
         self.concurrency = 0  # the most rows seen generating at once
         self.step_cost = step_cost or StepCost()
         self.step_cost_stored = step_cost is not None
+        self.step_cost_same_job = step_cost_same_job and step_cost is not None
         self.steps: deque[Step] = deque(maxlen=RECENT_STEPS)
         self.sampled_steps: list[Step] = []  # every _stride-th step, in order, for fit_step_cost
         self._stride = 1
@@ -324,9 +342,12 @@ class WorkEstimate:
             return None
         rows = Futures(self, total_rows, failed_rows)
         prompt_left = self._prompt_left(total_rows, failed_rows)
-        spread = self.step_cost.spread if self.same_job else max(self.step_cost.spread, OTHER_JOBS_SPREAD)
+        if self.step_cost_same_job:
+            models, spread = [self.step_cost], max(self.step_cost.spread, SAME_JOB_SPREAD)
+        else:
+            models = self.step_cost.neighbours()
+            spread = self.step_cost.spread if self.same_job else max(self.step_cost.spread, OTHER_JOBS_SPREAD)
         drift = spread_factors(spread, self.rng)
-        models = self.step_cost.neighbours()
         rates = [self._rate(model) for model in models]
         seconds, tokens = [], []
         for i in range(SAMPLES):

@@ -100,7 +100,14 @@ class Progress:
         self._failed_unplanned = 0
         self._start = clock()
         prior = prior or LengthPrior([], same_job=False)
-        self.work = WorkEstimate(self._start, prior.lengths, max_running, prior.same_job, prior.step_cost)
+        self.work = WorkEstimate(
+            self._start,
+            prior.lengths,
+            max_running,
+            prior.same_job,
+            prior.step_cost,
+            step_cost_same_job=prior.step_cost_same_job,
+        )
         self._last_line = self._start
         self._interval = _plain_interval()
         # (when, ETA range, expected final completion tok/s): computed at most once a second

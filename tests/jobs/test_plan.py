@@ -206,29 +206,29 @@ def test_the_eta_prior_is_the_same_jobs_lengths_else_the_same_models(
 ) -> None:
     monkeypatch.setenv("BULKINFER_HOME", str(tmp_path))
     machine = {"cpu": "Test CPU", "cores": 2}
-    assert length_prior("/models/tiny", "a.jsonl") == ([], False, None)
+    assert length_prior("/models/tiny", "a.jsonl") == ([], False, None, False)
     fitted = StepCost(0.002, 0.5, 0.07, 24.0)
     record_calibration(_report("a.jsonl", 300, 100.0, 50.0), machine, completion_lengths=[5] * 101)
     record_calibration(_report("b.jsonl", 300, 100.0, 50.0), machine, "run", [9] * 101, fitted)
     record_calibration(_report("c.jsonl", 300, 100.0, 50.0), machine)  # no lengths: not a prior
-    assert length_prior("/models/tiny", "a.jsonl") == ([5] * 101, True, None)  # the same job, run again
-    assert length_prior("/models/tiny", "new.jsonl") == ([9] * 101, False, None)  # a new job: the model's newest
-    assert length_prior("/models/other", "new.jsonl") == ([], False, None)
+    assert length_prior("/models/tiny", "a.jsonl") == ([5] * 101, True, None, False)  # the same job, run again
+    assert length_prior("/models/tiny", "new.jsonl") == ([9] * 101, False, None, False)  # a new job: the model's newest
+    assert length_prior("/models/other", "new.jsonl") == ([], False, None, False)
     # the step model of the newest run of the model on this machine that stored one; none from another machine
-    assert length_prior("/models/tiny", "a.jsonl", machine).step_cost == fitted
+    assert length_prior("/models/tiny", "a.jsonl", machine)[2:] == (fitted, False)  # another job's fit
     assert length_prior("/models/tiny", "a.jsonl", {"cpu": "Other CPU", "cores": 2}).step_cost is None
     # with more runs, the median of their fits; a run whose rate wandered (slowed by other work) is left out
     contended = StepCost(0.008, 1.5, 0.4, 32.0)
     record_calibration(_report("d.jsonl", 300, 100.0, 50.0), machine, "run", [9] * 101, contended)
     record_calibration(_report("e.jsonl", 300, 100.0, 50.0), machine, "run", [9] * 101, StepCost(0.004, 0.75, 0.09))
-    assert length_prior("/models/tiny", "a.jsonl", machine).step_cost == StepCost(0.003, 0.625, 0.08, 20.0)
+    assert length_prior("/models/tiny", "a.jsonl", machine)[2:] == (StepCost(0.003, 0.625, 0.08, 20.0), False)
     # a job that stored fits of its own is timed by them alone (the weights differ by job more than by run)
     own = StepCost(0.0005, 0.5, 0.05, 8.0)
     record_calibration(_report("a.jsonl", 300, 100.0, 50.0), machine, "run", [5] * 101, own)
-    assert length_prior("/models/tiny", "a.jsonl", machine).step_cost == own
+    assert length_prior("/models/tiny", "a.jsonl", machine)[2:] == (own, True)
     every_job = StepCost(0.002, 0.5, 0.07, 16.0)  # the median of the three calm fits
-    assert length_prior("/models/tiny", "new.jsonl", machine).step_cost == every_job
-    assert length_prior("/models/tiny", "d.jsonl", machine).step_cost == every_job  # its own fit wandered
+    assert length_prior("/models/tiny", "new.jsonl", machine)[2:] == (every_job, False)
+    assert length_prior("/models/tiny", "d.jsonl", machine)[2:] == (every_job, False)  # its own fit wandered
 
 
 def test_an_old_calibration_store_is_not_used(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:

@@ -5,15 +5,17 @@ simulated continuous-batching engine on a fake clock."""
 from __future__ import annotations
 
 import io
+import math
 import random
 import re
+import statistics
 from dataclasses import dataclass, field
 
 import pytest
 
 import bulkinfer.report.progress as progress_module
 from bulkinfer.report.calibration import LengthPrior
-from bulkinfer.report.eta import EtaRange, WorkEstimate
+from bulkinfer.report.eta import SAME_JOB_SPREAD, EtaRange, WorkEstimate
 from bulkinfer.report.progress import Progress, eta_text
 from bulkinfer.report.step_cost import OVERHEAD_TOKENS, StepCost
 
@@ -385,3 +387,28 @@ def test_a_run_again_takes_the_lengths_done_out_of_the_earlier_runs() -> None:
     assert outlook is not None
     assert outlook.completion_tokens == pytest.approx(50 * 100, rel=0.03)
     assert outlook.low <= outlook.point <= outlook.high
+
+
+def test_a_run_again_timed_by_its_own_jobs_step_model_takes_that_model_alone() -> None:
+    """Long prompts prefilled while the first rows decode, then a decode-only
+    end: the mix of the steps changes mid-run. A run again timed by its own
+    job's fit (``step_cost_same_job``) draws that model alone, its rate's
+    drift at least SAME_JOB_SPREAD: the range holds, as wide as that drift
+    makes it (and a little for the lengths), narrower than the range of the
+    model's neighbours, which part while the mix changes."""
+    rows = mixed_rows(300, 128, seed=2)
+    first = Simulation(rows, 128, 128)
+    earlier = Progress(len(rows), stream=io.StringIO(), force_plain=True, clock=first.clock, prior=SIMULATED_MACHINE)
+    first.run(earlier)
+    lengths = earlier.work.length_quantiles()
+    widest = {}
+    for own in (True, False):
+        again = Simulation(rows, 128, 128)
+        prior = LengthPrior(lengths, True, SIMULATED_COST, own)
+        progress = Progress(len(rows), stream=io.StringIO(), force_plain=True, clock=again.clock, prior=prior)
+        held, widths = held_and_widths(progress, again.run(progress))
+        assert progress.work.step_cost_same_job is own
+        assert held >= 0.8, (own, held)
+        widest[own] = max(w for f, w in widths if f >= 0.25)
+    drift_width = math.exp(statistics.NormalDist().inv_cdf(0.9) * SAME_JOB_SPREAD) - 1  # +29%
+    assert drift_width - 0.01 <= widest[True] <= drift_width + 0.05 < widest[False]  # 0.31, 0.40
