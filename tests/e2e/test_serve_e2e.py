@@ -42,7 +42,7 @@ START_S = 600.0  # a server's first batch waits for the engine to load (~40 s he
 IN_PROCESS = {"VLLM_ENABLE_V1_MULTIPROCESSING": "0"}
 MAX_ONLINE = 2
 MAX_FILE_BYTES = 4 << 20
-QUESTION = [{"role": "user", "content": "What is the capital of France?"}]
+QUESTION = [{"role": "user", "content": "What is the capital of Japan?"}]  # see e2e_helpers.CAPITALS
 
 
 # The servers' config: a KV cache of 1 GiB holds every batch here, where the CPU default (which a server keeps
@@ -247,11 +247,11 @@ def test_online_requests_mid_batch_then_a_cancel_publishes_the_finished_rows(ser
     whole = httpx.post(server.url("/v1/chat/completions"), json=request, headers=auth, timeout=120)
     assert whole.status_code == 200, whole.text
     chat = check_online_response(whole.json())
-    assert "Paris" in (chat.choices[0].message.content or "") and chat.model == "default"
+    assert "Tokyo" in (chat.choices[0].message.content or "") and chat.model == "default"
     assert chat.usage.completion_tokens == chat.usage.total_tokens - chat.usage.prompt_tokens > 0
     stream = client.chat.completions.create(stream=True, stream_options={"include_usage": True}, **request)
     chunks = list(stream)
-    assert "Paris" in "".join(c.choices[0].delta.content or "" for c in chunks if c.choices)
+    assert "Tokyo" in "".join(c.choices[0].delta.content or "" for c in chunks if c.choices)
     assert chunks[-1].usage is not None and chunks[-1].usage.completion_tokens > 0
     raw = {"model": "default", "prompt": "The capital of France is", "max_tokens": 8, "temperature": 0, "stream": True}
     with httpx.stream("POST", server.url("/v1/completions"), json=raw, headers=auth, timeout=120) as events:

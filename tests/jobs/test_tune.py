@@ -110,7 +110,7 @@ RECORDS = {r["cpu"]: r for r in orjson.loads((Path(__file__).parent / "probe_rec
 PROBE_DECISIONS = {
     "amd-epyc-zen3": ("float32", "bfloat16 passed the probe (0.6% from float32's perplexity) at 0.19x"),
     "amd-epyc-zen5": ("bfloat16", "bfloat16 passed the probe (0.2% from float32's perplexity) at 1.23x"),
-    "intel-xeon-amx": ("float32", "bfloat16 refused: perplexity 2213.400 vs float32's 14.800 (14855.9%, more than 2%)"),
+    "intel-xeon-amx": ("bfloat16", "bfloat16 passed the probe (0.1% from float32's perplexity) at 2.08x"),
 }
 
 
@@ -119,7 +119,7 @@ RUN_CHOICES = {
     # no native bfloat16: float32 without starting the probe (whose answer would be float32 too, at 0.19x)
     "amd-epyc-zen3": ("float32", "this CPU has no native bfloat16 instructions (amx_bf16, avx512_bf16)", False, None),
     "amd-epyc-zen5": ("bfloat16", PROBE_DECISIONS["amd-epyc-zen5"][1], True, "avx512_bf16"),
-    "intel-xeon-amx": ("float32", PROBE_DECISIONS["intel-xeon-amx"][1], True, "amx_bf16"),
+    "intel-xeon-amx": ("bfloat16", PROBE_DECISIONS["intel-xeon-amx"][1], True, "amx_bf16"),
 }
 
 
