@@ -192,25 +192,37 @@ def test_report_agrees_with_output(mixed: dict[str, Any]) -> None:
     assert report["engine"]["scheduling_policy"] == "priority"  # the row "urgent" has a priority
 
 
-def test_jsonl_and_parquet_give_identical_completions(mixed: dict[str, Any], shared_engine: Any) -> None:
-    """The mixed run's prompt rows again from Parquet (row groups of 7), on the
-    shared engine: the same completions at temperature 0."""
+def test_jsonl_and_parquet_give_identical_requests(mixed: dict[str, Any], shared_engine: Any) -> None:
+    """The mixed run's prompt rows again, from JSONL and from Parquet (row
+    groups of 7), one after the other on the shared engine: the same prompt
+    tokens as the mixed run's and, where the engine ran float32, the same
+    completions at temperature 0. In bfloat16 a greedy completion depends on
+    the batch and the prefix cache it met (vLLM is not batch-invariant on
+    CPU; a near tie falls either way): 9 of 29 rows differed between two
+    runs of this test's rows on an AMX Xeon (README, Engine settings)."""
     failing = ("bad-max-tokens", "poison-stop")
     rows = [r for r in mixed["rows"] if isinstance(r, dict) and "prompt" in r and r["id"] not in failing]
     seen: set[str] = set()
     rows = [r for r in rows if not (r["id"] in seen or seen.add(r["id"]))]
-    src = mixed["tmp"] / "same.parquet"
-    table = pa.Table.from_pylist(
-        [{"id": r["id"], "prompt": r["prompt"], "max_tokens": r.get("max_tokens")} for r in rows]
-    )
-    pq.write_table(table, src, row_group_size=7)
-    out = mixed["tmp"] / "same.out.parquet"
-    result = api.run(src, out, engine=shared_engine, max_tokens=24, temperature=0, progress_plain=True)
-    assert result.exit_code == 0, result.report.get("errors")
-    from_parquet = {r["id"]: r["completion"] for r in pq.read_table(out).to_pylist()}
-    from_jsonl = {r["id"]: r["completion"] for r in read_jsonl(mixed["out"]) if r["id"] in from_parquet}
+    fields = [{"id": r["id"], "prompt": r["prompt"], "max_tokens": r.get("max_tokens")} for r in rows]
+    pq.write_table(pa.Table.from_pylist(fields), mixed["tmp"] / "same.parquet", row_group_size=7)
+    write_jsonl(mixed["tmp"] / "same.jsonl", fields)
+    outputs, dtypes = {}, set()
+    for name in ("same.jsonl", "same.parquet"):
+        out = mixed["tmp"] / f"{name}.out.jsonl"
+        result = api.run(mixed["tmp"] / name, out, engine=shared_engine, max_tokens=24, temperature=0)
+        assert result.exit_code == 0, result.report.get("errors")
+        outputs[name] = {r["id"]: r for r in read_jsonl(out)}
+        dtypes.add(result.report["engine"]["dtype"])
+    from_jsonl, from_parquet = outputs["same.jsonl"], outputs["same.parquet"]
     assert len(from_parquet) == len(rows) == len(from_jsonl) > 20
-    assert from_parquet == from_jsonl
+    mixed_run = {r["id"]: r["prompt_tokens"] for r in read_jsonl(mixed["out"]) if r["id"] in from_parquet}
+    for same in (from_jsonl, from_parquet):
+        assert {k: r["prompt_tokens"] for k, r in same.items()} == mixed_run
+        assert all(0 < same[f["id"]]["completion_tokens"] <= (f["max_tokens"] or 24) for f in fields)
+    if dtypes == {"float32"}:
+        completions = [{k: r["completion"] for k, r in same.items()} for same in (from_jsonl, from_parquet)]
+        assert completions[0] == completions[1]
 
 
 def test_openai_batch_format(tmp_path: Path, shared_engine: Any) -> None:
