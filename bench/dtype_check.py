@@ -22,7 +22,6 @@ from __future__ import annotations
 
 import argparse
 import re
-import subprocess
 import tempfile
 import time
 from pathlib import Path
@@ -30,20 +29,14 @@ from typing import Any
 
 import orjson
 
-from bench.measure import machine, versions
+from bench.measure import bulkinfer_job, machine, versions
+from bulkinfer.io.formats import sibling
 
 ROOT = Path(__file__).resolve().parents[1]
 FACTS = ROOT / "bench" / "data" / "facts.jsonl"
 GOLDEN = ROOT / "sample_data" / "golden.jsonl"
-BULKINFER = ROOT / ".venv" / "bin" / "bulkinfer"
 MARGIN_TOKENS = 10  # the near-tie margin is the smallest over the answer's first tokens
 METRICS = ("bleu", "chrf", "rougeL", "perplexity")
-
-
-def bulkinfer(*args: str) -> None:
-    proc = subprocess.run([str(BULKINFER), *args], capture_output=True, text=True, cwd=ROOT)
-    if proc.returncode != 0:
-        raise SystemExit(f"bulkinfer {' '.join(args)} exited {proc.returncode}:\n{proc.stderr[-3000:]}")
 
 
 def margin(logprobs: list[dict[str, Any]]) -> float:
@@ -60,9 +53,9 @@ def facts(dtype: str, work: Path) -> dict[str, Any]:
     rows = [orjson.loads(line) for line in FACTS.read_bytes().splitlines()]
     src, out = work / "facts.jsonl", work / f"facts-{dtype}.out.jsonl"
     src.write_bytes(b"".join(orjson.dumps({**r, "logprobs": True, "top_logprobs": 2}) + b"\n" for r in rows))
-    started = time.monotonic()
-    bulkinfer("run", str(src), "-o", str(out), "--overwrite", "--dtype", dtype, "--temperature", "0",
-              "--max-tokens", "32", "--plain-progress")  # fmt: skip
+    args = ["run", str(src), "-o", str(out), "--overwrite", "--dtype", dtype, "--temperature", "0",
+            "--max-tokens", "32", "--plain-progress"]  # fmt: skip
+    measured, report = bulkinfer_job(args, sibling(out, ".report.json"), work / f"facts-{dtype}.log", ROOT)
     answers = {r["id"]: r for r in (orjson.loads(line) for line in out.read_bytes().splitlines())}
     questions = []
     for row in rows:
@@ -72,17 +65,16 @@ def facts(dtype: str, work: Path) -> dict[str, Any]:
             "answer": answer["completion"], "right": bool(re.search(row["expected"], answer["completion"], re.I)),
             "margin_nats": round(margin(answer["logprobs"]), 3),
         })  # fmt: skip
-    report = orjson.loads(out.with_name(out.name.removesuffix(".jsonl") + ".report.json").read_bytes())
-    return {"questions": questions, "right": sum(q["right"] for q in questions), "seconds": time.monotonic() - started,
+    return {"questions": questions, "right": sum(q["right"] for q in questions), "seconds": measured.wall_s,
             "engine_dtype": report["engine"]["dtype"]}  # fmt: skip
 
 
 def golden(dtype: str, work: Path) -> dict[str, Any]:
     out = work / f"golden-{dtype}.out.jsonl"
-    bulkinfer("eval", str(GOLDEN), "-o", str(out), "--overwrite", "--engine-arg", f"dtype={dtype}",
-              "--temperature", "0", "--perplexity", "--plain-progress")  # fmt: skip
-    scores = orjson.loads(out.with_name(out.name.removesuffix(".jsonl") + ".eval.json").read_bytes())["scores"]
-    return {m: scores[m] for m in METRICS}
+    args = ["eval", str(GOLDEN), "-o", str(out), "--overwrite", "--engine-arg", f"dtype={dtype}",
+            "--temperature", "0", "--perplexity", "--plain-progress"]  # fmt: skip
+    _, evaluated = bulkinfer_job(args, sibling(out, ".eval.json"), work / f"golden-{dtype}.log", ROOT)
+    return {m: evaluated["scores"][m] for m in METRICS}
 
 
 def markdown(doc: dict[str, Any]) -> str:
