@@ -9,6 +9,8 @@ Usage (from the repo root, after `make install`):
     .venv/bin/python -m bench.compare --workload fixed --n 4 --max-output 4 --hf-subset 4
     .venv/bin/python -m bench.compare --workload sharegpt,shared-prefix --n 200 --systems a,b \
         --engine defaults --repeats 2                                  # defaults against defaults (issue 15)
+    .venv/bin/python -m bench.compare --workload sharegpt --n 200 --systems a,b --repeats 2 \
+        --dtype bfloat16 --compiled --vllm-env VLLM_ENABLE_V1_MULTIPROCESSING=0   # identical: bf16, compiled
 
 Systems (``--systems``, letters or names), each in its own subprocess, in this order:
 
@@ -172,6 +174,12 @@ def build_parser() -> argparse.ArgumentParser:
         help="fixed: every vLLM system gets the same dtype, eager mode, KV cache and seed; defaults: each system "
         "its own defaults (bulkinfer: only --seed; b: bulkinfer's dtype, KV cache size and the seed; e: the seed "
         "and that KV cache size)",
+    )
+    p.add_argument("--dtype", default="float32", help="--engine fixed: every vLLM system's dtype (default float32)")
+    p.add_argument(
+        "--compiled",
+        action="store_true",
+        help="--engine fixed: every vLLM system compiled (vLLM's torch.compile) instead of eager",
     )
     p.add_argument("--systems", type=parse_systems, default=["a", "b", "c", "d"], help="e.g. a,b,c,d (default)")
     p.add_argument(
@@ -410,6 +418,25 @@ def plan_jobs(
     return jobs
 
 
+def bench_settings(args: argparse.Namespace, model: str, workdir: Path) -> systems.BenchSettings:
+    """What every system of this comparison shares, from the command line."""
+    return systems.BenchSettings(
+        model=model,
+        workdir=workdir,
+        kv_cache_memory_bytes=int(args.kv_cache_gib * GiB),
+        dtype=args.dtype,
+        enforce_eager=not args.compiled,
+        seed=args.seed,
+        temperature=args.temperature,
+        top_p=args.top_p,
+        hf_batch_size=args.hf_batch_size,
+        timeout_s=args.timeout,
+        defaults=args.engine == "defaults",
+        bulkinfer_env=tuple(args.bulkinfer_env),
+        vllm_env=tuple(args.vllm_env),
+    )
+
+
 def run(args: argparse.Namespace, workdir: Path, save: Any) -> tuple[dict[str, Any], bool]:
     """Run the chosen systems, calling ``save(doc)`` after each; return the
     results document and whether all succeeded."""
@@ -420,19 +447,7 @@ def run(args: argparse.Namespace, workdir: Path, save: Any) -> tuple[dict[str, A
     subset = workload.static_subset(rows, args.hf_subset, args.hf_max_total if args.hf_max_total > 0 else None)
     if "d" in args.systems and not subset:
         raise SystemExit(f"no row has prompt + output <= --hf-max-total {args.hf_max_total}")
-    settings = systems.BenchSettings(
-        model=model,
-        workdir=workdir,
-        kv_cache_memory_bytes=int(args.kv_cache_gib * GiB),
-        seed=args.seed,
-        temperature=args.temperature,
-        top_p=args.top_p,
-        hf_batch_size=args.hf_batch_size,
-        timeout_s=args.timeout,
-        defaults=args.engine == "defaults",
-        bulkinfer_env=tuple(args.bulkinfer_env),
-        vllm_env=tuple(args.vllm_env),
-    )
+    settings = bench_settings(args, model, workdir)
     doc: dict[str, Any] = {
         "benchmark": "bench.compare",
         "created": datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%SZ"),

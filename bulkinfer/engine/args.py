@@ -294,13 +294,20 @@ def configure_environment() -> None:
     inductor's own cache, which would live in ``/tmp`` (cleared at reboot):
     it goes to :func:`compile_cache_dir` instead. Measured on an 8-row job
     (AMD EPYC Zen 3, 2 cores, float32): engine start 104.8 s cold, 86.2 s
-    "warm" with the AOT cache; 31.0 s warm without it."""
+    "warm" with the AOT cache; 31.0 s warm without it.
+
+    ``TORCHINDUCTOR_CACHE_DIR`` is set, not defaulted: importing
+    ``torch._dynamo`` (transformers does, loading the tokenizer before the
+    engine starts) writes torch's own default (``/tmp/torchinductor_$USER``)
+    into the environment, so a default set after it never took effect and
+    compiled kernels stayed in ``/tmp`` (seen on an Intel Xeon, 2026-11-28).
+    A value of the user's other than torch's default wins."""
     os.environ.setdefault("VLLM_CPU_NUM_OF_RESERVED_CPU", "0")
     os.environ.setdefault("VLLM_LOGGING_LEVEL", "INFO")
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
     if detect_device() == "cpu":
         os.environ.setdefault("VLLM_USE_AOT_COMPILE", "0")
-        os.environ.setdefault(INDUCTOR_CACHE_ENV, str(compile_cache_dir()))
+        os.environ[INDUCTOR_CACHE_ENV] = str(compile_cache_dir())
 
 
 # torch inductor's cache directory (torch._inductor's default: /tmp/torchinductor_$USER).
@@ -318,9 +325,20 @@ def vllm_cache_root() -> Path:
 
 def compile_cache_dir() -> Path:
     """Where a CPU engine's compiled kernels are kept between runs (see
-    :func:`configure_environment`): ``TORCHINDUCTOR_CACHE_DIR`` when set, else
-    ``torchinductor`` in :func:`vllm_cache_root`."""
-    return Path(os.environ.get(INDUCTOR_CACHE_ENV) or vllm_cache_root() / "torchinductor")
+    :func:`configure_environment`): ``TORCHINDUCTOR_CACHE_DIR`` when set to
+    anything but torch's own default (which importing ``torch._dynamo``
+    writes there), else ``torchinductor`` in :func:`vllm_cache_root`."""
+    value = os.environ.get(INDUCTOR_CACHE_ENV)
+    if value and Path(value) != _torch_inductor_default():
+        return Path(value)
+    return vllm_cache_root() / "torchinductor"
+
+
+def _torch_inductor_default() -> Path:
+    """torch's default inductor cache directory (``/tmp/torchinductor_$USER``)."""
+    from torch._inductor.runtime.cache_dir_utils import default_cache_dir
+
+    return Path(default_cache_dir()).absolute()
 
 
 def cpu_model() -> str:

@@ -8,7 +8,7 @@ from typing import Any
 import orjson
 import pytest
 
-from bench.compare import build_parser, plan_jobs, summarize_orders, summarize_systems
+from bench.compare import bench_settings, build_parser, plan_jobs, summarize_orders, summarize_systems
 from bench.systems import BenchSettings
 from bench.table import render
 from bench.workload import Row, static_subset
@@ -248,6 +248,16 @@ def test_repeats_alternate_the_systems_and_compare_each_round_with_its_own_b(tmp
     # With engine defaults, bulkinfer gets only the seed; b the dtype and the seed; e (its own job) the seed.
     assert settings.bulkinfer_flags() == ["--seed", "0"]
     assert settings.engine_args() == {"dtype": "float32", "kv_cache_memory_bytes": 1, "seed": 0}
+
+
+def test_fixed_engine_settings_can_be_bfloat16_and_compiled_for_every_vllm_system(tmp_path: Path) -> None:
+    argv = ["--dtype", "bfloat16", "--compiled", "--kv-cache-gib", "1"]
+    settings = bench_settings(build_parser().parse_args(argv), "m", tmp_path)
+    args = {"dtype": "bfloat16", "enforce_eager": False, "kv_cache_memory_bytes": 1024**3, "seed": 0}
+    assert settings.engine_args() == args
+    assert settings.bulkinfer_flags()[:3] == ["--dtype", "bfloat16", "--no-enforce-eager"]
+    default = bench_settings(build_parser().parse_args([]), "m", tmp_path)
+    assert (default.dtype, default.enforce_eager) == ("float32", True)
 
 
 def test_summarize_systems_means_and_ratios_of_means() -> None:

@@ -6,6 +6,9 @@ from __future__ import annotations
 import dataclasses
 import json
 import os
+import subprocess
+import sys
+import tempfile
 from pathlib import Path
 
 import pytest
@@ -157,3 +160,27 @@ def test_on_cpu_vllms_older_compile_cache_is_the_default_and_a_users_choice_wins
     monkeypatch.setenv("TORCHINDUCTOR_CACHE_DIR", "/mine")
     args.configure_environment()
     assert os.environ["VLLM_USE_AOT_COMPILE"] == "1" and str(args.compile_cache_dir()) == "/mine"
+    monkeypatch.setattr(args, "_torch_inductor_default", lambda: Path("/tmp/torchinductor_me"))
+    monkeypatch.setenv("TORCHINDUCTOR_CACHE_DIR", "/tmp/torchinductor_me")  # torch's default, not the user's
+    args.configure_environment()
+    assert os.environ["TORCHINDUCTOR_CACHE_DIR"] == "/srv/vllm-cache/torchinductor"
+
+
+def test_the_compile_cache_leaves_tmp_after_the_tokenizer_has_imported_torch_dynamo(tmp_path: Path) -> None:
+    """Importing torch._dynamo (transformers does, loading a tokenizer) writes
+    torch's default inductor cache directory into the environment; the engine's
+    environment still moves it out of /tmp (torch 2.13: torch/_dynamo/package.py)."""
+    code = (
+        "import os, torch._dynamo\n"
+        "before = os.environ['TORCHINDUCTOR_CACHE_DIR']\n"
+        "import bulkinfer.engine.args as a\n"
+        "a.detect_device = lambda: 'cpu'\n"
+        "a.configure_environment()\n"
+        "print(before, os.environ['TORCHINDUCTOR_CACHE_DIR'])\n"
+    )
+    env = {k: v for k, v in os.environ.items() if k not in ("TORCHINDUCTOR_CACHE_DIR", "XDG_CACHE_HOME")}
+    env["VLLM_CACHE_ROOT"] = str(tmp_path)
+    out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, check=True)
+    before, after = out.stdout.split()
+    assert before.startswith(tempfile.gettempdir()) and Path(before).name.startswith("torchinductor_")
+    assert after == str(tmp_path / "torchinductor")
