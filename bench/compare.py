@@ -419,7 +419,13 @@ def plan_jobs(
 
 
 def bench_settings(args: argparse.Namespace, model: str, workdir: Path) -> systems.BenchSettings:
-    """What every system of this comparison shares, from the command line."""
+    """What every system of this comparison shares, from the command line.
+
+    Raises:
+        SystemExit: --dtype or --compiled with --engine defaults (each system keeps its own there).
+    """
+    if args.engine == "defaults" and (args.compiled or args.dtype != "float32"):
+        raise SystemExit("--dtype and --compiled set the fixed engine: not with --engine defaults")
     return systems.BenchSettings(
         model=model,
         workdir=workdir,

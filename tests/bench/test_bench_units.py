@@ -258,6 +258,8 @@ def test_fixed_engine_settings_can_be_bfloat16_and_compiled_for_every_vllm_syste
     assert settings.bulkinfer_flags()[:3] == ["--dtype", "bfloat16", "--no-enforce-eager"]
     default = bench_settings(build_parser().parse_args([]), "m", tmp_path)
     assert (default.dtype, default.enforce_eager) == ("float32", True)
+    with pytest.raises(SystemExit, match="not with --engine defaults"):
+        bench_settings(build_parser().parse_args(["--engine", "defaults", "--compiled"]), "m", tmp_path)
 
 
 def test_summarize_systems_means_and_ratios_of_means() -> None:
