@@ -8,9 +8,10 @@ compilation; after that the compile cache, see
 and may make each engine step faster. So it pays from some number of
 completion tokens on, and that number is measured, per model, dtype and
 machine, by ``bulkinfer calibrate --compile`` (:func:`measure_compile`):
-one eager engine and two compiled ones (the first fills the cache, the
-second starts from it), each start timed, and the
-first two generating the same fixed workload (:data:`TRIAL_TOKENS`).
+one eager engine and two compiled ones, each in a fresh process as a
+run's is (the first fills the cache, the second starts from it), each
+start timed, and the first two generating the same fixed workload
+(:data:`TRIAL_TOKENS`).
 
 A run then decides (:func:`choose_compile`), where the user set neither
 ``enforce_eager`` nor ``--no-enforce-eager``: compiled when the job's
@@ -32,7 +33,7 @@ from collections.abc import Callable
 from typing import Any
 
 from bulkinfer.config import Settings, with_engine
-from bulkinfer.engine.args import compile_cache_dir, this_machine, vllm_version
+from bulkinfer.engine.args import compile_cache_dir, import_vllm, this_machine, vllm_version
 from bulkinfer.engine.base import EngineFactory
 from bulkinfer.jobs.tune import speed
 from bulkinfer.models import load_tokenizer
@@ -147,8 +148,44 @@ def choose_compile(model: str, settings: Settings, expected_tokens: int | None) 
     return with_engine(settings, enforce_eager=use_eager), {"enforce_eager": use_eager, "why": why, **choice}
 
 
+def _timed_engine(model: str, settings: Settings, engine_factory: EngineFactory, trials: bool) -> dict[str, Any]:
+    """Start an engine of ``model`` at ``settings`` in this process, timed
+    (vLLM imported first, as a run has it when its engine starts), with
+    ``trials`` the warm-up and :data:`TRIALS` speed trials, then close it:
+    ``{"start_s", "trial_rates"}`` (seconds; completion tokens/s, empty without ``trials``)."""
+    tokenizer = load_tokenizer(model, settings.engine.trust_remote_code)  # imports torch._dynamo, as a run's does
+    import_vllm()
+    clock = time.monotonic()
+    engine = engine_factory(model, settings)
+    start_s = time.monotonic() - clock
+    try:
+        rates: list[float] = []
+        if trials:
+            speed(engine, tokenizer, 16, 4)  # warm-up
+            rates = [round(speed(engine, tokenizer, TRIAL_ROWS, TRIAL_TOKENS)[0], 2) for _ in range(TRIALS)]
+    finally:
+        engine.close()
+    return {"start_s": round(start_s, 2), "trial_rates": rates}
+
+
+def in_fresh_process(fn: Callable[..., Any], *args: Any) -> Any:
+    """``fn(*args)`` in a new Python process (``multiprocessing`` spawn: nothing
+    imported, compiled or cached in memory yet, as at a run's start); its
+    result or exception (pickled) comes back. Output goes where this
+    process's file descriptors 1 and 2 go."""
+    import multiprocessing
+    from concurrent.futures import ProcessPoolExecutor
+
+    with ProcessPoolExecutor(max_workers=1, mp_context=multiprocessing.get_context("spawn")) as pool:
+        return pool.submit(fn, *args).result()
+
+
 def measure_compile(
-    model: str, settings: Settings, engine_factory: EngineFactory, say: Callable[[str], None] | None = None
+    model: str,
+    settings: Settings,
+    engine_factory: EngineFactory,
+    say: Callable[[str], None] | None = None,
+    isolate: Callable[..., Any] = in_fresh_process,
 ) -> dict[str, Any]:
     """Measure eager against compiled for ``model`` at ``settings``' dtype
     on this machine and store it (see the module docstring); returns the
@@ -158,10 +195,16 @@ def measure_compile(
     ``completion_tokens_per_s``, ``trial_rates``). The compile cache is warm
     for these settings afterwards.
 
+    Each engine starts in a process of its own (``isolate``, default
+    :func:`in_fresh_process`), as a run's does: torch's compile caches key a
+    graph by what the process compiled before it, and a compiled engine
+    started after another engine (or the dtype probe) in one process wrote
+    a cache entry the next run never found, so that run compiled again
+    (66-89 s engine start instead of 27-36 s; Intel Xeon, 2026-11-28).
+
     Raises:
         EngineError: an engine fails to start or a request fails.
     """
-    tokenizer = load_tokenizer(model, settings.engine.trust_remote_code)
     earlier = stored_choice("compile", model, compile_machine(settings))
     results: dict[str, dict[str, Any]] = {}
     for name, eager in (("eager", True), ("compiled", False), ("compiled again", False)):
@@ -169,23 +212,17 @@ def measure_compile(
             say(f"compile: starting the {name} engine")
         variant = with_engine(settings, enforce_eager=eager, data_parallel_size=1)
         was_warm = cache_warm(model, variant) is not None
-        clock = time.monotonic()
-        engine = engine_factory(model, variant)
-        start_s = time.monotonic() - clock
-        try:
-            if name == "compiled again":  # the start is what this one measures
-                results["compiled"]["warm_start_s"] = round(start_s, 2)
-                continue
-            speed(engine, tokenizer, 16, 4)  # warm-up
-            trials = [round(speed(engine, tokenizer, TRIAL_ROWS, TRIAL_TOKENS)[0], 2) for _ in range(TRIALS)]
-        finally:
-            engine.close()
+        timed = isolate(_timed_engine, model, variant, engine_factory, name != "compiled again")
+        if name == "compiled again":  # the start is what this one measures
+            results["compiled"]["warm_start_s"] = timed["start_s"]
+            continue
+        trials = timed["trial_rates"]
         rate = round(sum(trials) / len(trials), 2)
-        results[name] = {"start_s": round(start_s, 2), "completion_tokens_per_s": rate, "trial_rates": trials}
+        results[name] = {"start_s": timed["start_s"], "completion_tokens_per_s": rate, "trial_rates": trials}
         if not eager:  # a cold start only if the compile cache did not hold it yet; else the earlier cold figure
             cold = earlier["compiled"].get("cold_start_s") if was_warm and earlier else None
-            results[name] = {"cold_start_s": cold if was_warm else round(start_s, 2), **results[name]}
-            record_compiled_start(model, variant, start_s)
+            results[name] = {"cold_start_s": cold if was_warm else timed["start_s"], **results[name]}
+            record_compiled_start(model, variant, timed["start_s"])
     trial = {"rows": TRIAL_ROWS, "completion_tokens": sum(TRIAL_TOKENS)}
     entry = {"eager": results["eager"], "compiled": results["compiled"], "trial": trial}
     return record_choice("compile", model, compile_machine(settings), entry)

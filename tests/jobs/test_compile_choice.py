@@ -5,12 +5,15 @@ bench/compile.py, and tests/e2e/test_calibrate_e2e.py)."""
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
+from typing import Any
 
 import pytest
 
 import bulkinfer.jobs.compile_choice as cc
 from bulkinfer.config import Settings, with_engine
+from bulkinfer.errors import EngineError
 from bulkinfer.io.inputs import InputScan
 from bulkinfer.report.calibration import record_choice
 
@@ -149,19 +152,37 @@ def test_the_measurement_stores_starts_and_rates_and_keeps_a_cold_figure_across_
 
     monkeypatch.setattr(cc.time, "monotonic", lambda: clock[0])
     monkeypatch.setattr(cc, "load_tokenizer", lambda model, trust: None)
+    monkeypatch.setattr(cc, "import_vllm", lambda: None)
     monkeypatch.setattr(
         cc, "speed", lambda engine, tok, rows, tokens: (250.0 if engine.eager is False else 200.0, 1, False)
     )
+    isolated: list[bool] = []
+
+    def here(fn: Any, *args: Any) -> Any:  # in_fresh_process without the process: the fake engine is in this one
+        isolated.append(True)
+        return fn(*args)
+
     fill_cache(home)  # as the first compiled start does
-    entry = cc.measure_compile("m", F32, factory)  # type: ignore[arg-type]
+    entry = cc.measure_compile("m", F32, factory, isolate=here)  # type: ignore[arg-type]
     assert entry["eager"] == {"start_s": 10.0, "completion_tokens_per_s": 200.0, "trial_rates": [200.0, 200.0]}
     assert entry["compiled"] == {
         "cold_start_s": 100.0, "start_s": 100.0, "completion_tokens_per_s": 250.0, "trial_rates": [250.0, 250.0],
         "warm_start_s": 20.0,
     }  # fmt: skip
     assert [e.eager for e in engines] == [True, False, False] and all(e.closed for e in engines)
+    assert len(isolated) == 3  # every engine through the isolation, each as a run's first
     assert cc.cache_warm("m", F32) is not None
-    again = cc.measure_compile("m", F32, factory)  # type: ignore[arg-type]
+    again = cc.measure_compile("m", F32, factory, isolate=here)  # type: ignore[arg-type]
     assert again["compiled"]["cold_start_s"] == 100.0  # its first compiled start was warm: the earlier cold figure
     assert again["compiled"]["warm_start_s"] == 19.0
     assert cc.choose_compile("m", F32, 12_000)[0].engine.enforce_eager is False  # warm: 19 - 11 s -> 8,000 tokens
+
+
+def test_in_fresh_process_runs_in_another_process_and_brings_back_its_result_or_error() -> None:
+    assert cc.in_fresh_process(os.getpid) != os.getpid()
+    with pytest.raises(EngineError, match="no engine"):
+        cc.in_fresh_process(_fails)
+
+
+def _fails() -> None:
+    raise EngineError("no engine")
