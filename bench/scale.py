@@ -13,8 +13,10 @@ as vLLM allows (a prefill and one token per row).
 Memory, per size: ``peak_rss_bytes_bulkinfer`` is the run's own report
 (``getrusage(RUSAGE_SELF)``: the bulkinfer process alone, which holds the
 reader, planner, spool and writer: the part that could grow with the file);
-``peak_rss_tree_bytes`` samples the whole process tree (bulkinfer + vLLM's
-engine processes) with psutil every 0.5 s (:func:`bench.measure.run_measured`).
+``peak_rss_tree_bytes`` samples the whole process tree (bulkinfer and any
+engine processes of vLLM's; on CPU one engine runs in bulkinfer's own
+process) with psutil every 0.5 s (:func:`bench.measure.run_measured`), so
+it can miss the exact peak ``getrusage`` gives: neither bounds the other.
 
 Growth, against the smallest size that is at least 10k rows (so that the
 engine start does not dominate): ``rss_ratio`` = peak RSS / its peak RSS, and

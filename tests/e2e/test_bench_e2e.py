@@ -102,7 +102,10 @@ def test_scale_series_runs_on_a_tiny_size(tmp_path: Path) -> None:
     assert (r["rows"], r["completed"], r["completion_tokens"]) == (25, 25, 25)  # max_tokens 1
     assert r["prompt_tokens"] >= 25 * 4
     assert r["seconds"]["total"] > r["seconds"]["generate"] > 0
-    # The whole tree (bulkinfer + vLLM's engine processes) holds more than bulkinfer alone.
-    assert r["peak_rss_tree_bytes"] > r["peak_rss_bytes_bulkinfer"] > 0
+    # Sampled every 0.5 s, the tree's peak (its processes summed) may miss the exact peak getrusage gives
+    # bulkinfer's own process, where the engine runs on CPU (3,660 MB sampled against 3,661 MB in a CI run):
+    # neither bounds the other; the sum at each sample does bound its largest process.
+    assert r["peak_rss_tree_bytes"] >= r["peak_rss_largest_process_bytes"] > 0
+    assert r["peak_rss_bytes_bulkinfer"] > 0
     assert doc["growth"] is None  # no size of 10k rows or more to compare with
     assert doc["machine"]["logical_cores"] >= 1 and doc["versions"]["vllm"]
