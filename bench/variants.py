@@ -163,13 +163,13 @@ def alternate(
     }
 
 
-def markdown(doc: dict[str, Any], title: str, note: str) -> str:
+def markdown(doc: dict[str, Any], title: str, note: str, sampling: str = "temperature 0") -> str:
     """The results page: every run, then each variant's means against the first variant's."""
     m = doc["machine"]
     lines = [
         f"# {title} ({doc['created']}; {m['cpu']} {m.get('cpu_kind', '')}, {m['logical_cores']} cores)",
         "",
-        f"Command: `{doc['command']}`; `bulkinfer run` at its defaults, temperature 0, alternating. {note}",
+        f"Command: `{doc['command']}`; `bulkinfer run` at its defaults, {sampling}, alternating. {note}",
         "",
         "| workload | run | dtype | eager | load s | generate s | completion tokens | gen. completion tok/s "
         "| wall s | rows identical to the round's first |",
@@ -200,9 +200,9 @@ def markdown(doc: dict[str, Any], title: str, note: str) -> str:
     return "\n".join(lines) + "\n"
 
 
-def write(doc: dict[str, Any], out: Path, title: str, note: str) -> None:
+def write(doc: dict[str, Any], out: Path, title: str, note: str, sampling: str = "temperature 0") -> None:
     """``out`` (JSON) and its ``.md`` page; the page is printed too."""
     out.write_bytes(orjson.dumps(doc, option=orjson.OPT_INDENT_2))
-    text = markdown(doc, title, note)
+    text = markdown(doc, title, note, sampling)
     out.with_suffix(".md").write_text(text)
     print(text)

@@ -75,6 +75,12 @@ def validate(settings: Settings, names: Mapping[str, str] | None = None) -> None
         ("engine.seed", e.seed, int_in(e.seed, ENGINE_SEED_RANGE), "an integer in [0, 2**32)"),
         ("engine.trust_remote_code", e.trust_remote_code, isinstance(e.trust_remote_code, bool), "true or false"),
         (
+            "engine.top_p_sampler",
+            e.top_p_sampler,
+            e.top_p_sampler in TOP_P_SAMPLERS,
+            f"one of {', '.join(TOP_P_SAMPLERS)}",
+        ),
+        (
             "plan.buckets",
             p.buckets,
             isinstance(p.buckets, tuple)
@@ -144,6 +150,10 @@ def _sampling_checks(s: SamplingDefaults) -> list[tuple[str, Any, bool, str]]:
 
 
 FEED_ORDERS: tuple[str, ...] = ("descending", "ascending", "arrival")
+
+
+# engine.top_p_sampler: "auto", bulkinfer's nucleus processor on CPU (bulkinfer.engine.nucleus); "vllm", vLLM's sort.
+TOP_P_SAMPLERS: tuple[str, ...] = ("auto", "vllm")
 
 
 OUTPUT_ORDERS: tuple[str, ...] = ("input", "completion")

@@ -61,6 +61,11 @@ class EngineSettings:
     ``quantization``, ``kv_cache_dtype``, ...): any other key of the
     ``[engine]`` table or ``--engine-arg KEY=VALUE``, checked against
     ``EngineArgs`` itself where the engine is built.
+
+    ``top_p_sampler`` is bulkinfer's, not vLLM's: ``"auto"`` applies a
+    request's ``top_p`` on CPU with bulkinfer's nucleus processor
+    (:mod:`bulkinfer.engine.nucleus`: the same tokens kept, without sorting
+    the vocabulary), ``"vllm"`` with vLLM's own sort.
     """
 
     dtype: str = "auto"
@@ -74,6 +79,7 @@ class EngineSettings:
     enforce_eager: bool | None = None
     seed: int = 0
     trust_remote_code: bool = False
+    top_p_sampler: str = "auto"
     extra_args: Mapping[str, Any] = field(default_factory=dict)
 
 

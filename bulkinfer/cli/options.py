@@ -573,6 +573,20 @@ TrustRemoteCodeOption = Annotated[
 ]
 
 
+TopPSamplerOption = Annotated[
+    Literal["auto", "vllm"] | None,
+    typer.Option(
+        metavar="SAMPLER",
+        help=described(
+            "How top_p < 1 is applied on CPU: auto (bulkinfer's nucleus processor: the same tokens kept, "
+            "without sorting the vocabulary) or vllm (vLLM's own sort).",
+            "auto",
+        ),
+        rich_help_panel=ENGINE,
+    ),
+]
+
+
 EngineArgOption = Annotated[
     list[str] | None,
     typer.Option(

@@ -11,6 +11,7 @@ from pathlib import Path
 from typing import Any
 
 from bulkinfer.config import EngineSettings
+from bulkinfer.engine.sampling import NUCLEUS_PROCESSOR
 from bulkinfer.errors import ConfigError, EngineError, closest
 
 GiB = 1024**3
@@ -173,6 +174,11 @@ def resolve_engine_args(
       default of engines nothing decided for (a shared or served engine).
     - an explicit KV cache of 25% of available memory (1..8 GiB), which also
       lets vLLM skip its warm-up pass and avoids its NUMA-node memory check.
+    - bulkinfer's nucleus processor among ``logits_processors`` (after the
+      user's), unless ``top_p_sampler`` is ``"vllm"``, the runner is
+      ``"pooling"`` or speculative decoding is on (vLLM refuses custom
+      logits processors with either): see
+      :mod:`bulkinfer.engine.nucleus`.
 
     On GPU vLLM's own defaults apply.
     """
@@ -206,7 +212,15 @@ def resolve_engine_args(
         args.setdefault("enforce_eager", True)
         if kv_cache_left_to_bulkinfer(settings):
             args["kv_cache_memory_bytes"] = cpu_kv_cache_default(mem_available)
+        generates = args.get("runner") != "pooling"  # vLLM refuses logits processors for pooling models
+        if settings.top_p_sampler == "auto" and generates and not args.get("speculative_config"):
+            args["logits_processors"] = [*(args.get("logits_processors") or ()), NUCLEUS_PROCESSOR]
     return args
+
+
+def has_nucleus(args: Mapping[str, Any]) -> bool:
+    """The engine of ``args`` (:func:`resolve_engine_args`) has bulkinfer's nucleus processor."""
+    return NUCLEUS_PROCESSOR in (args.get("logits_processors") or ())
 
 
 # vLLM's switch: its engine core (and a CPU worker) in child processes ("1", its default) or in the caller's ("0").

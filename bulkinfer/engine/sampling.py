@@ -11,10 +11,30 @@ from bulkinfer.config import SamplingDefaults
 from bulkinfer.errors import ConfigError
 from bulkinfer.schema import Choice, Completion, Request
 
+# SamplingParams.extra_args key of a request's top_p for bulkinfer's nucleus processor, and the
+# processor as EngineArgs.logits_processors names it (bulkinfer.engine.nucleus).
+TOP_P_EXTRA_ARG = "bulkinfer_top_p"
 
-def sampling_params(request: Request, sampling_params_cls: Any, output_kind: Any) -> Any:
+
+NUCLEUS_PROCESSOR = "bulkinfer.engine.nucleus:NucleusLogitsProcessor"
+
+
+def top_p_split(request: Request, nucleus: bool) -> tuple[float, dict[str, float] | None]:
+    """The ``top_p`` vLLM gets for ``request`` and the ``extra_args`` that
+    carry it to bulkinfer's nucleus processor instead (None: vLLM applies
+    it). With ``nucleus`` (the engine has the processor), a sampled request
+    (temperature > 0) with 0 < ``top_p`` < 1 and no ``top_k`` (vLLM applies
+    top-k before top-p, over the same sort) goes to the processor."""
+    top_k = request.options.get("top_k")
+    if nucleus and request.temperature > 0 and request.top_p < 1 and top_k in (None, 0, -1):
+        return 1.0, {TOP_P_EXTRA_ARG: request.top_p}
+    return request.top_p, None
+
+
+def sampling_params(request: Request, sampling_params_cls: Any, output_kind: Any, nucleus: bool = False) -> Any:
     """vLLM ``SamplingParams`` for one request (a scoring request: ``max_tokens=1``
-    and ``prompt_logprobs=0``, the log-probability of each actual prompt token).
+    and ``prompt_logprobs=0``, the log-probability of each actual prompt token);
+    ``nucleus``: the engine has bulkinfer's nucleus processor (see :func:`top_p_split`).
 
     Raises:
         whatever vLLM's ``SamplingParams`` raises for values it rejects
@@ -27,10 +47,12 @@ def sampling_params(request: Request, sampling_params_cls: Any, output_kind: Any
         from vllm.sampling_params import StructuredOutputsParams
 
         structured = StructuredOutputsParams(**request.structured)
+    top_p, extra_args = top_p_split(request, nucleus)
     return sampling_params_cls(
         max_tokens=request.max_tokens,
         temperature=request.temperature,
-        top_p=request.top_p,
+        top_p=top_p,
+        extra_args=extra_args,
         seed=request.seed,
         stop=list(request.stop) or None,
         ignore_eos=request.ignore_eos,

@@ -22,6 +22,7 @@ from bulkinfer.engine.args import (
     MULTIPROCESSING_ENV,
     available_memory_bytes,
     detect_device,
+    has_nucleus,
     import_vllm,
     resolve_engine_args,
 )
@@ -93,6 +94,7 @@ class VllmEngine:
         device = detect_device()
         known = {f.name for f in dataclasses.fields(EngineArgs)}
         args = resolve_engine_args(str(model), settings, device, available_memory_bytes(), known)
+        self._nucleus = has_nucleus(args)
         if isinstance(args.get("structured_outputs_config"), dict):  # a TOML table: EngineArgs takes the config
             from vllm.config import StructuredOutputsConfig
 
@@ -185,7 +187,7 @@ class VllmEngine:
         try:
             streamed = self.stream_tokens and request.score_from is None
             kind = self._delta if streamed else self._final_only
-            params = sampling_params(request, self._sampling_params, kind)
+            params = sampling_params(request, self._sampling_params, kind, self._nucleus)
             self._engine.add_request(
                 request_id, self._tokens_input(request.prompt_token_ids), params, priority=request.priority
             )
