@@ -19,9 +19,12 @@ the tokens whose cumulative probability is at most ``1 - p``; the most
 likely token is always kept), probabilities over the whole vocabulary
 (``logsumexp`` of every logit). The processor runs where vLLM would apply
 ``top_p`` (after the temperature and ``min_p``, vLLM's built-in processor,
-before sampling) and draws no random numbers, so with the same seeds a run
-samples the same tokens as vLLM's sort, up to float rounding of a token
-exactly at the boundary (sums taken in another order).
+before sampling) and draws no random numbers, so with the same seeds a
+float32 run samples the same tokens as vLLM's sort, up to float rounding of
+a token exactly at the boundary (sums taken in another order). bfloat16
+logits tie often, and which of two equal tokens at the edge is kept is
+arbitrary in vLLM's sort too (torch.sort on CPU is not stable): the same
+number of tokens and probability kept, not always the same token ids.
 
 A request asks for it with ``top_p`` 1.0 for vLLM and its own ``top_p`` in
 ``SamplingParams.extra_args[EXTRA_ARG]`` (see
@@ -107,8 +110,9 @@ class NucleusLogitsProcessor(LogitsProcessor):
         if not self.top_p:
             return logits
         if self._rows is None or self._values is None:
-            self._rows = torch.tensor(sorted(self.top_p), dtype=torch.long)
-            self._values = torch.tensor([self.top_p[i] for i in sorted(self.top_p)], dtype=logits.dtype)
+            rows = sorted(self.top_p)
+            self._rows = torch.tensor(rows, dtype=torch.long)
+            self._values = torch.tensor([self.top_p[i] for i in rows], dtype=logits.dtype)
         if len(self.top_p) == logits.shape[0]:  # every row: no copy of the ones asked
             return nucleus(logits, self._values)
         logits[self._rows] = nucleus(logits[self._rows], self._values)
