@@ -50,7 +50,7 @@ class InstantEngine:
 
     def __init__(self) -> None:
         self.queue: deque[tuple[str, Any]] = deque()
-        self.generated_tokens = self.prefilled_tokens = 0
+        self.generated_tokens = self.prefilled_tokens = self.cached_tokens = 0
         self.settings: dict[str, Any] = {"engine": "instant (bench.driver_ceiling)"}
 
     def add(self, request_id: str, request: Any) -> None:

@@ -36,9 +36,10 @@ another process on the cores: its first run's lengths are still stored).
 ``--replay`` runs nothing: it feeds the recordings of tag T through the
 estimator as it is now (the lengths the run had: none, the previous job's
 first run, or its own first run; a first run's step model as it was
-stored, a run again's its first run's fit, as the store gives it today
-where that fit is calm), and writes
-``eta-range-T-replayed.{json,md}``: to compare a change on the same runs.
+stored, a run again's its first run's fit, as the store gives it today),
+and writes
+``eta-range-T-replayed.{json,md}`` (``--replayed-as S``: ``eta-range-T-S``,
+keeping an earlier replay): to compare a change on the same runs.
 ``--store-fits`` replays the first runs of tag T timed by the step models
 stored on this machine, pooled by the rule before ``CALM_SPREAD`` (the
 newest five fits) and by today's, and writes ``eta-range-T-calm.{json,md}``.
@@ -128,9 +129,8 @@ def replayed(workloads: list[str], tag: str) -> list[dict[str, Any]]:
             first = RESULTS / name.replace("-again", "-first")
             previous = RESULTS / f"eta-range-{tag}-{workloads[k - 1]}-first.json" if k else None
             prior = previous if first_run else first
-            # a run again: its first run's fit (where calm), the job's own step model
+            # a run again: its first run's fit, the job's own step model
             own = None if first_run else fitted_step_cost(orjson.loads(first.read_bytes()))
-            own = own if own is not None and own.calm else None
             progress = None
             for _, seen in _replayed(recording, prior, not first_run, own or step_cost, own is not None):
                 progress = seen
@@ -209,6 +209,9 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--tag", default="default")
     parser.add_argument("--replay", action="store_true", help="re-score the recordings of --tag, running nothing")
     parser.add_argument(
+        "--replayed-as", default="replayed", help="--replay writes eta-range-TAG-THIS.{json,md} (keep earlier replays)"
+    )
+    parser.add_argument(
         "--store-fits",
         action="store_true",
         help="replay --tag's first runs timed by this machine's stored step models, pooled as before and as now",
@@ -228,8 +231,9 @@ def main(argv: list[str] | None = None) -> None:
     if args.replay:
         runs = replayed(args.workloads.split(","), args.tag)
         doc = {"command": command, "machine": machine(), "versions": versions(), "runs": runs}
-        (RESULTS / f"eta-range-{args.tag}-replayed.json").write_bytes(orjson.dumps(doc, option=orjson.OPT_INDENT_2))
-        (RESULTS / f"eta-range-{args.tag}-replayed.md").write_text(render(doc))
+        name = f"eta-range-{args.tag}-{args.replayed_as}"
+        (RESULTS / f"{name}.json").write_bytes(orjson.dumps(doc, option=orjson.OPT_INDENT_2))
+        (RESULTS / f"{name}.md").write_text(render(doc))
         print(render(doc))
         return
     from bulkinfer.default_model import bulkinfer_home

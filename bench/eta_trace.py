@@ -9,9 +9,10 @@ with ``configs/demo.toml``; ``multiturn``: the 452 turns of
 wrapped, and writes every call the estimator gets, with its
 ``time.monotonic()`` second: ``["p", t, prompt_tokens, max_tokens]`` (a row
 planned), ``["u", t, done, failed, completion_tokens, planned]`` (rows
-ended), ``["t", t, generated_tokens, prefilled_tokens, running]`` (the
+ended), ``["t", t, generated_tokens, prefilled_tokens, running, cached_tokens]`` (the
 engine's live counts after a step; ``running``: each running request's
-completion tokens so far), to ``bench/results/eta-trace-WORKLOAD.json``
+completion tokens so far; ``cached_tokens``: of the prompt tokens, those
+from the prefix cache, absent from recordings before it was kept), to ``bench/results/eta-trace-WORKLOAD.json``
 with the machine and the run's report.
 
 Replay (``python -m bench.eta_trace replay FILE [--prior-from FILE2]``):
@@ -68,9 +69,9 @@ def record(workload: str, out: Path, job_output: Path | None = None) -> None:
     wrapped = progress.Progress
     tick, update, planned = wrapped.tick, wrapped.update, wrapped.planned
 
-    def on_tick(self: Any, generated: int, prefilled: int, running: list[int]) -> None:
-        events.append(["t", time.monotonic(), generated, prefilled, list(running)])
-        tick(self, generated, prefilled, running)
+    def on_tick(self: Any, generated: int, prefilled: int, running: list[int], cached: int = 0) -> None:
+        events.append(["t", time.monotonic(), generated, prefilled, list(running), cached])
+        tick(self, generated, prefilled, running, cached)
 
     def on_update(self: Any, done: int = 0, failed: int = 0, completion_tokens: int = 0, planned_: bool = True) -> None:
         events.append(["u", time.monotonic(), done, failed, completion_tokens, planned_])
@@ -177,7 +178,7 @@ def fitted_step_cost(recording: dict[str, Any]) -> Any:
         if e[0] == "p":
             work.plan(e[2], e[3])
         elif e[0] == "t":
-            work.observe(e[1], e[2], e[3], e[4])
+            work.observe(e[1], e[2], e[3], e[4], e[5] if len(e) > 5 else 0)
     return work.fitted_step_cost()
 
 
@@ -223,7 +224,7 @@ def _replayed(
         elif kind == "u":
             progress.update(event[2], event[3], event[4], event[5])
         else:
-            progress.tick(event[2], event[3], event[4])
+            progress.tick(event[2], event[3], event[4], event[5] if len(event) > 5 else 0)
         if clock[0] - last >= 1.0:
             last = clock[0]
             yield clock[0], progress

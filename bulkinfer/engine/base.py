@@ -24,7 +24,10 @@ class Engine(Protocol):
 
     ``generated_tokens`` and ``prefilled_tokens`` count, since the engine
     started, the completion tokens generated and the prompt tokens processed
-    for every request, finished or not; ``running_lengths()`` gives the
+    for every request, finished or not; ``cached_tokens`` those of the
+    prompt tokens processed that the engine served from its prefix cache
+    (vLLM's ``RequestOutput.num_cached_tokens``: not computed again);
+    ``running_lengths()`` gives the
     completion tokens so far of each unfinished request that has some (live
     progress; an engine that cannot see unfinished requests counts them when
     they finish and returns ``[]``).
@@ -43,6 +46,8 @@ class Engine(Protocol):
     def generated_tokens(self) -> int: ...
     @property
     def prefilled_tokens(self) -> int: ...
+    @property
+    def cached_tokens(self) -> int: ...
     def running_lengths(self) -> list[int]: ...
 
     def add(self, request_id: str, request: Request) -> Completion | None: ...
@@ -62,7 +67,7 @@ class NoEngine:
     max_model_len = 0
     max_num_seqs = 1
     settings: dict[str, Any] = {}
-    generated_tokens = prefilled_tokens = 0
+    generated_tokens = prefilled_tokens = cached_tokens = 0
 
     def running_lengths(self) -> list[int]:
         return []

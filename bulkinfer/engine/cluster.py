@@ -81,7 +81,7 @@ class ReplicaActor:
         from bulkinfer.engine.vllm import VllmEngine
 
         self.engine = VllmEngine(model, settings, stall_timeout_s)
-        self._generated = self._prefilled = 0
+        self._counted = (0, 0, 0)  # the engine's generated, prefilled and cached tokens at the last call
 
     def describe(self) -> dict[str, Any]:
         """The engine's limits and settings, and where it runs (node IP, pid)."""
@@ -95,23 +95,25 @@ class ReplicaActor:
             "pid": os.getpid(),
         }
 
-    def step(self, adds: list[tuple[str, Request]], max_s: float) -> tuple[list[Completion], int, int, list[int]]:
+    def step(
+        self, adds: list[tuple[str, Request]], max_s: float
+    ) -> tuple[list[Completion], tuple[int, int, int], list[int]]:
         """Add ``adds``, then run engine steps until a request finishes, none
         is left, or ``max_s`` seconds have passed.
 
         Returns:
-            (finished requests, completion tokens generated and prompt tokens
-            processed since the last call, the running requests' completion
-            tokens so far).
+            (finished requests, (completion tokens generated, prompt tokens
+            processed, of them served from the prefix cache) since the last
+            call, the running requests' completion tokens so far).
         """
         done = [rejected for rid, request in adds if (rejected := self.engine.add(rid, request)) is not None]
         deadline = time.monotonic() + max_s
         while not done and self.engine.has_unfinished() and time.monotonic() < deadline:
             done += self.engine.step()
-        generated, prefilled = self.engine.generated_tokens, self.engine.prefilled_tokens
-        delta = (generated - self._generated, prefilled - self._prefilled)
-        self._generated, self._prefilled = generated, prefilled
-        return done, delta[0], delta[1], self.engine.running_lengths()
+        counted = (self.engine.generated_tokens, self.engine.prefilled_tokens, self.engine.cached_tokens)
+        delta = (counted[0] - self._counted[0], counted[1] - self._counted[1], counted[2] - self._counted[2])
+        self._counted = counted
+        return done, delta, self.engine.running_lengths()
 
     def abort_unfinished(self) -> None:
         self.engine.abort_unfinished()
@@ -137,7 +139,7 @@ class RayReplica:
         self.call: Any = None  # the actor call in flight (a Ray ObjectRef)
         self._restarting: Any = None  # a describe() call that returns once Ray restarted the actor
         self.dead = False  # Ray will not restart it
-        self.generated_tokens = self.prefilled_tokens = 0
+        self.generated_tokens = self.prefilled_tokens = self.cached_tokens = 0
         self._running: list[int] = []
 
     @property
@@ -192,7 +194,7 @@ class RayReplica:
             return []
         call, self.call = self.call, None
         try:
-            done, generated, prefilled, self._running = ray.get(call)
+            done, (generated, prefilled, cached), self._running = ray.get(call)
         except (ray.exceptions.RayActorError, ray.exceptions.ActorUnavailableError) as exc:
             self._unfinished.clear()
             self._adds, self._running = [], []
@@ -209,6 +211,7 @@ class RayReplica:
             raise EngineError(f"replica {self.index} on {self.node} failed: {type(cause).__name__}: {cause}") from exc
         self.generated_tokens += generated
         self.prefilled_tokens += prefilled
+        self.cached_tokens += cached
         return [c for c in done if self._unfinished.pop(c.request_id, None) is not None]
 
     def has_unfinished(self) -> bool:

@@ -88,8 +88,9 @@ class EngineMux:
     yet prefilled hold fewer than ``prefill_beside_online`` tokens (None: no
     bound; 0: no batch row enters); the others wait in the mux, in order.
 
-    :attr:`generated_tokens` and :attr:`prefilled_tokens` are the batch's:
-    the engine's counts minus the online requests'. ``running_lengths()``
+    :attr:`generated_tokens`, :attr:`prefilled_tokens` and
+    :attr:`cached_tokens` are the batch's: the engine's counts minus the
+    online requests' (their cached tokens once they finish). ``running_lengths()``
     is the engine's (online requests included).
     """
 
@@ -120,7 +121,7 @@ class EngineMux:
         self._online_in_flight = 0
         self._online_started: set[str] = set()  # online requests whose prompt the engine has processed
         self._batch_done: queue.SimpleQueue[Completion] = queue.SimpleQueue()
-        self._online_generated = self._online_prefilled = 0
+        self._online_generated = self._online_prefilled = self._online_cached = 0
         self._error: EngineError | None = None
         self._closing = False
         self._lock = threading.Lock()  # submit() against the thread's end
@@ -141,6 +142,10 @@ class EngineMux:
     @property
     def prefilled_tokens(self) -> int:
         return self._engine.prefilled_tokens - self._online_prefilled
+
+    @property
+    def cached_tokens(self) -> int:
+        return max(self._engine.cached_tokens - self._online_cached, 0)
 
     def running_lengths(self) -> list[int]:
         return self._engine.running_lengths()
@@ -388,4 +393,5 @@ class EngineMux:
                 self._online_prefilled += completion.prompt_tokens
             if self._watch is None:
                 self._online_generated += completion.completion_tokens
+            self._online_cached += completion.cached_tokens
             listener.done(completion)

@@ -173,6 +173,10 @@ class Replicas:
     def prefilled_tokens(self) -> int:
         return sum(e.prefilled_tokens for e in self.engines)
 
+    @property
+    def cached_tokens(self) -> int:
+        return sum(e.cached_tokens for e in self.engines)
+
     def running_lengths(self) -> list[int]:
         return [n for e in self.engines for n in e.running_lengths()]
 

@@ -188,8 +188,10 @@ class StreamedOutputs:
     with their vectors once all have finished.
     ``generated_tokens`` counts every completion token seen;
     ``prefilled_tokens`` the prompt tokens of every request that produced
-    its first output. :attr:`top_logprobs` holds, for each request that asked
-    for log-probabilities, how many alternatives per token. :attr:`watchers`
+    its first output, ``cached_tokens`` those of them vLLM served from its
+    prefix cache (``RequestOutput.num_cached_tokens``). :attr:`top_logprobs`
+    holds, for each request that asked for log-probabilities, how many
+    alternatives per token. :attr:`watchers`
     holds, for a request whose caller streams it (an online request), a
     :data:`Watcher` called with each piece as it arrives.
     """
@@ -205,7 +207,7 @@ class StreamedOutputs:
         self.token_counts: dict[str, int] = {}
         self.watchers: dict[str, Watcher] = {}
         self.generated_tokens = 0
-        self.prefilled_tokens = 0
+        self.prefilled_tokens = self.cached_tokens = 0
 
     def completions(self, outputs: Any) -> list[Completion]:
         """The finished requests among one step's outputs."""
@@ -230,6 +232,7 @@ class StreamedOutputs:
                 choices = self._choices[request_id] = {}
                 self.token_counts[request_id] = 0
                 self.prefilled_tokens += len(out.prompt_token_ids or ())
+                self.cached_tokens += getattr(out, "num_cached_tokens", None) or 0
             top = self.top_logprobs.get(request_id)
             for piece in out.outputs:
                 choice = choices.get(piece.index)

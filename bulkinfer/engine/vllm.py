@@ -251,6 +251,10 @@ class VllmEngine:
     def prefilled_tokens(self) -> int:
         return self._outputs.prefilled_tokens
 
+    @property
+    def cached_tokens(self) -> int:
+        return self._outputs.cached_tokens
+
     def running_lengths(self) -> list[int]:
         return list(self._outputs.token_counts.values())
 

@@ -86,7 +86,7 @@ class Generation:
         self._untold = [0, 0, 0]
         self.stats = RunStats()
         # the engine's live counts when this run started (an engine may be reused)
-        self._engine_base = (engine.generated_tokens, engine.prefilled_tokens)
+        self._engine_base = (engine.generated_tokens, engine.prefilled_tokens, engine.cached_tokens)
 
     def fail(self, error: RowError, planned: bool = False) -> None:
         """Record a failed row; ``planned``: it failed in the engine, after planning."""
@@ -169,7 +169,8 @@ class Generation:
         self._tell()
         generated = self.engine.generated_tokens - self._engine_base[0]
         prefilled = self.engine.prefilled_tokens - self._engine_base[1]
-        self.progress.tick(generated, prefilled, self.engine.running_lengths())
+        cached = self.engine.cached_tokens - self._engine_base[2]
+        self.progress.tick(generated, prefilled, self.engine.running_lengths(), cached)
         self.stats.sample(generated, prefilled)
 
     def _tell(self) -> None:

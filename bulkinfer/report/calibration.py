@@ -24,7 +24,7 @@ import orjson
 
 from bulkinfer.default_model import bulkinfer_home
 from bulkinfer.io.files import atomic_write
-from bulkinfer.report.step_cost import StepCost, pooled
+from bulkinfer.report.step_cost import POOLED_FITS, StepCost, median_model, pooled
 
 # A calibration smaller than this (rows, completion tokens generated) is
 # neither stored nor used: bulkinfer calibrate's workload is 64 x 64 tokens.
@@ -193,17 +193,25 @@ def length_prior(model_path: str, output: str, machine: dict[str, Any] | None = 
     fitted differ by job more than by run (on a 2-core Zen 3, prefill weight
     0.5 for ShareGPT, 1.5 for multi-turn turns, with overheads of 8 to 64
     tokens), and the median of other jobs' fits mis-timed ShareGPT's run again
-    by +42% (replayed, ``bench/results/eta-range-zen3-replayed.md``)."""
+    by +42% (replayed, ``bench/results/eta-range-zen3-replayed.md``). A job's
+    own fits time it even where none is calm (the median of the newest
+    :data:`~bulkinfer.report.step_cost.POOLED_FITS`; its wider spread widens
+    the range): on an AMX Xeon the linear step model misses how a step's cost
+    per row grows with the batch (its runs' rates wandered up to 0.28), and
+    other jobs' calm fits, drawn at their own spread, held the real time left
+    on 11% and 27% of the estimates of two runs again, their own fits on
+    100% (replayed, ``bench/results/eta-range-xeon-nucleus-replayed-own-fits.md``)."""
     entries = load_calibrations()
     runs = [e for e in entries if e.get("completion_lengths")]
     same_job = [e for e in runs if e.get("output") == output]
     same = same_job or [e for e in runs if e.get("model_path") == model_path]
     fitted = [e for e in entries if machine is not None and e.get("step_cost") and _matches(e, model_path, machine)]
     read = ((e, StepCost.from_json(e["step_cost"])) for e in fitted)
-    calm = [(e, f) for e, f in read if f is not None and f.calm]
-    own = [f for e, f in calm if e.get("output") == output]
+    fits = [(e, f) for e, f in read if f is not None]
+    own = [f for e, f in fits if e.get("output") == output]
+    step_cost = pooled(own) or median_model(own[-POOLED_FITS:]) or pooled([f for _, f in fits])
     lengths = [int(n) for n in same[-1]["completion_lengths"]] if same else []
-    return LengthPrior(lengths, bool(same_job), pooled(own or [f for _, f in calm]), bool(own))
+    return LengthPrior(lengths, bool(same_job), step_cost, bool(own))
 
 
 def load_calibrations() -> list[dict[str, Any]]:

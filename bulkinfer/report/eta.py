@@ -180,6 +180,7 @@ class WorkEstimate:
         self.same_job = same_job and bool(prior)
         self.generated_tokens = 0
         self.prefilled_tokens = 0
+        self.cached_tokens = 0  # of the prefilled ones, served from the prefix cache
         self.running: list[int] = []  # the tokens so far of each row the engine is generating
         self.max_running = max_running
         self.concurrency = 0  # the most rows seen generating at once
@@ -211,22 +212,29 @@ class WorkEstimate:
             block[0] += 1
             block[1] += completion_tokens
 
-    def observe(self, now: float, generated_tokens: int, prefilled_tokens: int, running: list[int]) -> None:
+    def observe(
+        self, now: float, generated_tokens: int, prefilled_tokens: int, running: list[int], cached_tokens: int = 0
+    ) -> None:
         """The engine's totals at ``now`` (seconds): completion tokens
-        generated, prompt tokens processed, and the completion tokens so far
-        of each request it is generating. Counts that moved since the last
-        call end an engine step (its seconds, tokens and context join the
-        recent steps)."""
+        generated, prompt tokens processed (``cached_tokens`` of them served
+        from the prefix cache), and the completion tokens so far of each
+        request it is generating. Counts that moved since the last call end
+        an engine step (its seconds, tokens and context join the recent
+        steps); the step prefilled the prompt tokens it computed, not the
+        cached ones (a multi-turn job found 49% of its prompt tokens in the
+        cache: counted, its prefill weight halved against other jobs')."""
         self.generated_tokens, self.prefilled_tokens, self.running = generated_tokens, prefilled_tokens, running
         self.concurrency = max(self.concurrency, len(running))
         then, prompt_then, completion_then = self._last_step
         if (prefilled_tokens, generated_tokens) == (prompt_then, completion_then):
             return  # a step still running
         self._last_step = (now, prefilled_tokens, generated_tokens)
+        computed = prefilled_tokens - prompt_then - max(cached_tokens - self.cached_tokens, 0)
+        self.cached_tokens = max(cached_tokens, self.cached_tokens)
         if now <= then:
             return
         context = sum(running) + len(running) * self.mean_prompt()
-        step = Step(now - then, generated_tokens - completion_then, prefilled_tokens - prompt_then, context)
+        step = Step(now - then, generated_tokens - completion_then, max(computed, 0), context)
         self.steps.append(step)
         self.step_count += 1
         if self.step_count % self._stride == 0:  # every stride-th step, in order
@@ -341,7 +349,7 @@ class WorkEstimate:
         if not self.planned_rows or not self.steps:
             return None
         rows = Futures(self, total_rows, failed_rows)
-        prompt_left = self._prompt_left(total_rows, failed_rows)
+        prefill_left = self._prompt_left(total_rows, failed_rows) * (1 - self.cached_share())
         if self.step_cost_same_job:
             models, spread = [self.step_cost], max(self.step_cost.spread, SAME_JOB_SPREAD)
         else:
@@ -357,7 +365,7 @@ class WorkEstimate:
                 cost.overhead_tokens * steps
                 + decoded
                 + cost.context_weight * context
-                + cost.prefill_weight * prompt_left
+                + cost.prefill_weight * prefill_left
             )
             seconds.append(rate * drift[i] * work)
             tokens.append(decoded)
@@ -378,6 +386,13 @@ class WorkEstimate:
     def mean_prompt(self) -> float:
         """The planned rows' mean prompt length (tokens; 0 before any)."""
         return self.planned_prompt_tokens / self.planned_rows if self.planned_rows else 0.0
+
+    def cached_share(self) -> float:
+        """The share of the prompt tokens processed so far that came from the
+        prefix cache (0 before any): the prompt tokens left are priced as
+        computed in this share less (the share may grow along the feed, as the
+        turns of a conversation lengthen: then the prefill left is over-priced)."""
+        return min(self.cached_tokens / self.prefilled_tokens, 1.0) if self.prefilled_tokens else 0.0
 
     def _prompt_left(self, total_rows: int | None, failed_rows: int) -> float:
         """Prompt tokens not yet processed, the unplanned rows' at the planned rows' mean."""

@@ -239,9 +239,9 @@ class Progress:
                 self.work.finish(None)
         self._show()
 
-    def tick(self, generated_tokens: int, prefilled_tokens: int, running: list[int]) -> None:
+    def tick(self, generated_tokens: int, prefilled_tokens: int, running: list[int], cached_tokens: int = 0) -> None:
         """The engine's live counts after a step (see :meth:`WorkEstimate.observe`)."""
-        self.work.observe(self.clock(), generated_tokens, prefilled_tokens, running)
+        self.work.observe(self.clock(), generated_tokens, prefilled_tokens, running, cached_tokens)
         self._show()
 
     def _show(self) -> None:

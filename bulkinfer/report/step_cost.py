@@ -46,7 +46,9 @@ BLOCK_STEPS = 32
 
 # The fit's grids (see fit_step_cost).
 CONTEXT_WEIGHTS = (0.0, 0.00025, 0.0005, 0.001, 0.002, 0.004, 0.008, 0.016, 0.032)
-PREFILL_WEIGHTS = (0.25, 0.5, 0.75, 1.0, 1.25, 1.5, 2.0, 3.0)
+# Prefill weights from 1/16: on an AMX Xeon (bfloat16) a prompt token cost 0.12-0.4 of a decoded one
+# (least squares over each run's steps, bench/results/eta-range-xeon*-*.json), under 0.25, the floor before.
+PREFILL_WEIGHTS = (0.0625, 0.125, 0.25, 0.5, 0.75, 1.0, 1.25, 1.5, 2.0, 3.0)
 OVERHEADS = (4.0, 8.0, 16.0, 32.0, 64.0)
 
 
@@ -138,13 +140,21 @@ class StepCost:
 def fit_step_cost(steps: Sequence[Step]) -> StepCost | None:
     """The step model (weights on :data:`CONTEXT_WEIGHTS` x
     :data:`PREFILL_WEIGHTS` x :data:`OVERHEADS`) under which the steps'
-    seconds per unit of work vary least (the mean absolute log deviation
-    from their median), and the drift of that rate over the run
-    (:func:`_drift`) as its ``spread`` (at least :data:`MIN_SPREAD`). None
-    for fewer than :data:`MIN_FIT_STEPS` steps."""
+    seconds per unit of work vary least (the absolute log deviation from
+    their median, each step weighted by its seconds), and the drift of that
+    rate over the run (:func:`_drift`) as its ``spread`` (at least
+    :data:`MIN_SPREAD`). None for fewer than :data:`MIN_FIT_STEPS` steps.
+
+    Weighted by seconds because the ETA forecasts seconds: a run's few
+    prefill-heavy steps (10 of 245 in a ShareGPT run, a quarter of its
+    time) priced wrong mis-time its first estimates, which take the rate
+    from those steps; counted one per step they barely moved the fit, and a
+    ShareGPT run again's point erred +36% at 10% of the run on an AMX Xeon
+    (+28% weighted; replayed, ``bench/results/eta-range-xeon-nucleus-replayed-own-fits.md``)."""
     steps = [s for s in steps if s.seconds > 0]
     if len(steps) < MIN_FIT_STEPS:
         return None
+    seconds = [s.seconds for s in steps]
     best: tuple[float, StepCost] | None = None
     for context_weight in CONTEXT_WEIGHTS:
         for prefill_weight in PREFILL_WEIGHTS:
@@ -152,7 +162,7 @@ def fit_step_cost(steps: Sequence[Step]) -> StepCost | None:
                 model = StepCost(context_weight, prefill_weight, overhead_tokens=overhead)
                 logs = [math.log(s.seconds / model.work(s)) for s in steps]
                 centre = statistics.median(logs)
-                deviation = statistics.fmean(abs(v - centre) for v in logs)
+                deviation = sum(t * abs(v - centre) for t, v in zip(seconds, logs, strict=True))
                 if best is None or deviation < best[0]:
                     best = (deviation, model)
     assert best is not None

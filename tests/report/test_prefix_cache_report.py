@@ -94,5 +94,8 @@ def test_cached_tokens_come_from_the_finished_output() -> None:
         )
 
     assert streamed.completions([out(piece, False)]) == []
+    # the live counts (the ETA's step model prices the prompt tokens computed) move at the first output, once
+    assert (streamed.prefilled_tokens, streamed.cached_tokens) == (300, 256)
     (done,) = streamed.completions([out(last, True)])
     assert (done.cached_tokens, done.prompt_tokens, done.completion_tokens) == (256, 300, 2)
+    assert (streamed.prefilled_tokens, streamed.cached_tokens) == (300, 256)

@@ -254,6 +254,36 @@ def test_the_full_batch_is_the_engines_max_num_seqs_not_the_most_seen_yet() -> N
     assert blind > 1.5 * told  # 16 overhead tokens a step shared by 11 rows, not 256
 
 
+def test_prompt_tokens_from_the_prefix_cache_are_not_priced_as_computed() -> None:
+    """A step that found half its 1,100 prompt tokens in the prefix cache
+    prefilled 550; the prompts left are priced at the share computed so far."""
+
+    def estimate(cached: int) -> tuple[WorkEstimate, float]:
+        work = WorkEstimate(0.0, prior=[50] * 101, max_running=256)
+        for _ in range(300):
+            work.plan(100, 50)
+        work.observe(1.0, 11, 1100, [1] * 11, cached)
+        result = work.eta_s(300)
+        assert result is not None
+        return work, result
+
+    (plain, whole), (cached, half) = estimate(0), estimate(550)
+    assert (plain.steps[-1].prefilled, cached.steps[-1].prefilled) == (1100, 550)
+    assert (plain.cached_share(), cached.cached_share()) == (0.0, 0.5)
+    cost = StepCost()
+
+    def eta(computed: float) -> float:  # the step's rate times the work left, as in the test above
+        rate = 1.0 / (11 + OVERHEAD_TOKENS + cost.context_weight * 11 * 101 + cost.prefill_weight * computed)
+        tokens = 289 * 50 + 11 * 49
+        context = 289 * (50 * 100 + 50 * 50 / 2) + 11 * (49 * 100 + (50 * 50 - 1) / 2)
+        prompts = cost.prefill_weight * 289 * 100 * computed / 1100
+        return rate * (tokens + OVERHEAD_TOKENS * (tokens / 256 + 50) + cost.context_weight * context + prompts)
+
+    assert whole == pytest.approx(eta(1100), rel=0.1)
+    assert half == pytest.approx(eta(550), rel=0.1)
+    assert half > 1.2 * whole  # the same second bought half the prefill: the tokens left cost more of it
+
+
 def test_the_same_job_run_again_expects_its_earlier_total_not_the_rows_done_so_far() -> None:
     """Rows fed in prompt-length order whose answers grow along the order
     (the 1,000 short questions of bench.eta: short answers first). Run
