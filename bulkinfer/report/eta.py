@@ -46,8 +46,11 @@ narrows as rows finish.
   finished their short answers first); the earlier run's lengths less the
   ones done know that.
 - **Steps**: :mod:`bulkinfer.report.step_cost` (the fixed cost of a step,
-  the tokens it decodes, attends over and prefills); its scale is the median
-  over the :data:`RECENT_STEPS` latest steps.
+  the tokens it decodes, attends over and prefills, not those from the
+  prefix cache); its scale is the median over the :data:`RECENT_STEPS`
+  latest steps. A run timed by its own job's fits also times its steps to
+  come by their batches (full or not) at the rates its earlier runs saw
+  (``batch_rates``): the futures give each step's rows (the slots' ends).
 """
 
 from __future__ import annotations
@@ -58,7 +61,7 @@ import random
 import statistics
 from collections import Counter, deque
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from bulkinfer.report.futures import SAMPLES, Futures, spread_factors
 from bulkinfer.report.step_cost import Step, StepCost
@@ -359,14 +362,12 @@ class WorkEstimate:
         rates = [self._rate(model) for model in models]
         seconds, tokens = [], []
         for i in range(SAMPLES):
-            steps, decoded, context = rows.draw(i)
+            steps, decoded, context, batches = rows.draw(i)
             cost, rate = models[i % len(models)], rates[i % len(models)]
-            work = (
-                cost.overhead_tokens * steps
-                + decoded
-                + cost.context_weight * context
-                + cost.prefill_weight * prefill_left
+            decoding = (cost.overhead_tokens * steps + decoded + cost.context_weight * context) * self._batch_factor(
+                cost, batches
             )
+            work = decoding + cost.prefill_weight * prefill_left
             seconds.append(rate * drift[i] * work)
             tokens.append(decoded)
         seconds.sort()
@@ -374,14 +375,40 @@ class WorkEstimate:
         return EtaRange(low, statistics.median(seconds), high, statistics.fmean(tokens))
 
     def _rate(self, model: StepCost) -> float:
-        """Seconds per unit of a step's work under ``model``: the median over the recent steps."""
-        return statistics.median(s.seconds / model.work(s) for s in self.steps)
+        """Seconds per unit of a step's work under ``model``: the median over
+        the recent steps (a decode-only step's work at its batch's rate, see
+        :meth:`_batch_factor`)."""
+        return statistics.median(s.seconds / (model.work(s) * self._factor(model, s)) for s in self.steps)
+
+    def _factor(self, model: StepCost, step: Step) -> float:
+        """A recent step's batch rate (1 for a step that prefilled, or outside a run again)."""
+        if not self.step_cost_same_job or step.prefilled:
+            return 1.0
+        return model.batch_factor(step.decoded, self._most_rows())
+
+    def _batch_factor(self, model: StepCost, batches: list[tuple[int, float]]) -> float:
+        """A run again's steps to come (``batches``: (rows, steps)) at their
+        batches' rates (:func:`~bulkinfer.report.step_cost.batch_rates` of its
+        own job's runs): their mean factor, each step weighted by its work
+        (rows and the fixed cost); 1 outside a run again."""
+        if not self.step_cost_same_job or not batches:
+            return 1.0
+        most, fixed = self._most_rows(), model.overhead_tokens
+        weights = [(rows + fixed) * steps for rows, steps in batches]
+        factors = [model.batch_factor(rows, most) for rows, _ in batches]
+        return sum(w * f for w, f in zip(weights, factors, strict=True)) / sum(weights)
+
+    def _most_rows(self) -> int:
+        """The most rows the engine decodes at once (its ``max_num_seqs``, else the most seen)."""
+        return max(self.max_running or self.concurrency, self.concurrency, 1)
 
     def fitted_step_cost(self) -> StepCost | None:
-        """The step model fitted to this run's steps (None for too few): the next run's ``step_cost``."""
-        from bulkinfer.report.step_cost import fit_step_cost
+        """The step model fitted to this run's steps, with its batch rates
+        (None for too few): the next run's ``step_cost``."""
+        from bulkinfer.report.step_cost import batch_rates, fit_step_cost
 
-        return fit_step_cost(self.sampled_steps)
+        fit = fit_step_cost(self.sampled_steps)
+        return None if fit is None else replace(fit, batch_rates=batch_rates(self.sampled_steps, fit))
 
     def mean_prompt(self) -> float:
         """The planned rows' mean prompt length (tokens; 0 before any)."""

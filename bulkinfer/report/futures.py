@@ -117,8 +117,9 @@ class Futures:
         n = min(round(total), POOL_ROWS)
         return [bisect.bisect_left(cumulative, (j + 0.5) / n * total) for j in range(n)] if n > 0 else []
 
-    def draw(self, i: int) -> tuple[float, float, float]:
-        """One future: (steps, completion tokens, context tokens) left."""
+    def draw(self, i: int) -> tuple[float, float, float, list[tuple[int, float]]]:
+        """One future: (steps, completion tokens, context tokens) left, and
+        its steps by the rows they decode: (rows, steps), fewer rows later."""
         if self.work.same_job:
             draw_running = draw_waiting = self._from_pool()
         else:
@@ -146,7 +147,7 @@ class Futures:
             heapq.heapreplace(slots, slots[0] + length)
             decoded += length
             context += length * self.mean_prompt + length * length / 2
-        return max(slots, default=0.0), decoded, context
+        return max(slots, default=0.0), decoded, context, _batches(slots)
 
     def _from_pool(self) -> _Draw:
         pool = list(self.pool)
@@ -182,6 +183,18 @@ class Futures:
             return max(min(k, top), g + 1)
 
         return draw
+
+
+def _batches(ends: list[float]) -> list[tuple[int, float]]:
+    """The steps to come by the rows they decode, from each slot's last
+    step (every slot decodes one token a step until its end): (rows, steps)."""
+    ordered = sorted(e for e in ends if e > 0)
+    out, before = [], 0.0
+    for k, end in enumerate(ordered):
+        if end > before:
+            out.append((len(ordered) - k, end - before))
+            before = end
+    return out
 
 
 def _fill(slots: list[float], tokens: float) -> list[float]:

@@ -17,7 +17,10 @@ one run disturbed by other work on the machine does not mis-time the
 next. ``spread`` is how far the model's rate drifts over a run (the
 standard deviation of the log of the median rate of blocks of
 :data:`BLOCK_STEPS` steps, measured against the whole run's): the ETA
-range's time component.
+range's time component. ``batch_rates`` (:func:`batch_rates`): how much
+slower per unit of work the run's full batches ran than its other
+decode-only steps, for a run again of the same job. ``prefilled`` counts
+the prompt tokens a step computed, not those from the prefix cache.
 
 Fitted on two recordings of real runs on a 2-core AMD EPYC (SmolLM2-135M,
 float32; ``bench/results/eta-trace-{short,sharegpt}.json``):
@@ -71,6 +74,18 @@ MIN_SPREAD = 0.05
 CALM_SPREAD = 0.15
 
 
+# A fit's batch rates (see batch_rates): decode-only steps in two bins, full batches (at least this
+# share of the run's most rows at once) and the rest.
+FULL_BATCH = 0.875
+
+
+BATCH_BINS = 2
+
+
+# A bin's rate is measured over at least this many steps (else it counts as the run's median).
+MIN_BIN_STEPS = 4
+
+
 @dataclass(frozen=True, slots=True)
 class Step:
     """One engine step: ``seconds`` it took, tokens ``decoded`` and
@@ -84,12 +99,15 @@ class Step:
 
 @dataclass(frozen=True, slots=True)
 class StepCost:
-    """The weights of the step model (see the module docstring) and the rate's ``spread``."""
+    """The weights of the step model (see the module docstring), the rate's
+    ``spread`` and the fitted run's ``batch_rates`` (:func:`batch_rates`;
+    empty: none)."""
 
     context_weight: float = 0.003
     prefill_weight: float = 0.6
     spread: float = 0.1
     overhead_tokens: float = OVERHEAD_TOKENS
+    batch_rates: tuple[float, ...] = ()
 
     def work(self, step: Step) -> float:
         """A step's work in decoded-token equivalents."""
@@ -119,8 +137,18 @@ class StepCost:
         """The fitted run's rate wandered at most :data:`CALM_SPREAD`: the fit may time other runs."""
         return self.spread <= CALM_SPREAD
 
-    def to_json(self) -> dict[str, float]:
-        return asdict(self)
+    def batch_factor(self, rows: float, most: float) -> float:
+        """How much slower per unit of work a decode-only step of ``rows``
+        rows ran than the fitted run's median, ``most`` the most rows at once
+        (:func:`batch_rates`; 1.0 without them)."""
+        if len(self.batch_rates) != BATCH_BINS or most <= 0:
+            return 1.0
+        return math.exp(self.batch_rates[_bin(rows, most)])
+
+    def to_json(self) -> dict[str, Any]:
+        data: dict[str, Any] = asdict(self)
+        data["batch_rates"] = list(self.batch_rates)
+        return data
 
     @classmethod
     def from_json(cls, data: Any) -> StepCost | None:
@@ -130,11 +158,13 @@ class StepCost:
         try:
             values = [float(data[name]) for name in ("context_weight", "prefill_weight", "spread")]
             values.append(float(data.get("overhead_tokens", OVERHEAD_TOKENS)))
+            bins = tuple(float(v) for v in data.get("batch_rates") or ())
         except (KeyError, TypeError, ValueError):
             return None
-        if not all(math.isfinite(v) and v >= 0 for v in values):
+        if not all(math.isfinite(v) and v >= 0 for v in values) or not all(math.isfinite(v) for v in bins):
             return None
-        return cls(*values)
+        context, prefill, spread, overhead = values
+        return cls(context, prefill, spread, overhead, bins if len(bins) == BATCH_BINS else ())
 
 
 def fit_step_cost(steps: Sequence[Step]) -> StepCost | None:
@@ -184,10 +214,14 @@ def pooled(fits: Sequence[StepCost]) -> StepCost | None:
 
 
 def median_model(fits: Sequence[StepCost]) -> StepCost | None:
-    """Each weight and the spread the median over ``fits``; None for none."""
+    """Each weight, the spread and each batch rate (over the fits that have
+    them) the median over ``fits``; None for none."""
     if not fits:
         return None
-    return StepCost(*(statistics.median(getattr(f, name) for f in fits) for name in _FIELDS))
+    rates = [f.batch_rates for f in fits if len(f.batch_rates) == BATCH_BINS]
+    bins = tuple(statistics.median(b) for b in zip(*rates, strict=True)) if rates else ()
+    context, prefill, spread, overhead = (statistics.median(getattr(f, name) for f in fits) for name in _FIELDS)
+    return StepCost(context, prefill, spread, overhead, bins)
 
 
 _FIELDS = ("context_weight", "prefill_weight", "spread", "overhead_tokens")
@@ -201,3 +235,35 @@ def _drift(steps: Sequence[Step], model: StepCost) -> float:
     starts = range(0, len(rates), BLOCK_STEPS)
     blocks = [math.log(statistics.median(rates[i : i + BLOCK_STEPS]) / whole) for i in starts]
     return math.sqrt(statistics.fmean(b * b for b in blocks))
+
+
+def batch_rates(steps: Sequence[Step], model: StepCost) -> tuple[float, ...]:
+    """What the linear model misses of how a step's cost grows with its
+    batch: the decode-only steps (none prefilled) in :data:`BATCH_BINS` bins,
+    full batches (:data:`FULL_BATCH` of the most rows at once) and the rest,
+    each the log of its median seconds per unit of work over the median of
+    them all (0 for a bin of fewer than :data:`MIN_BIN_STEPS` steps). A run
+    again of the same job takes its recent rate and times each step to come
+    at their bins' ratio. On an AMX Xeon (bfloat16) a multi-turn job's full
+    batches (256 rows, ~650 tokens of context a row) took 0.45-0.7 s a step
+    and its batches of 150-180 rows 0.2-0.27 s: +0.39 and -0.08 (first run),
+    +0.40 and -0.12 (run again); ShareGPT and short questions within 0.1 on
+    that Xeon and on a Zen 3. Timed at its full batches' rate, that run
+    again's point erred +49% at 60% of the run
+    (``bench/results/eta-range-xeon-own-fits.md``). Empty without
+    decode-only steps."""
+    decode = [s for s in steps if s.prefilled == 0 and s.decoded > 0 and s.seconds > 0]
+    if not decode:
+        return ()
+    most = max(s.decoded for s in decode)
+    rates = [s.seconds / model.work(s) for s in decode]
+    centre = statistics.median(rates)
+    bins: list[list[float]] = [[] for _ in range(BATCH_BINS)]
+    for s, rate in zip(decode, rates, strict=True):
+        bins[_bin(s.decoded, most)].append(rate)
+    return tuple(math.log(statistics.median(b) / centre) if len(b) >= MIN_BIN_STEPS else 0.0 for b in bins)
+
+
+def _bin(rows: float, most: float) -> int:
+    """A decode-only step's batch bin: 1 for a full batch (:data:`FULL_BATCH`), else 0."""
+    return int(rows >= FULL_BATCH * most)

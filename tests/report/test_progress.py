@@ -442,3 +442,30 @@ def test_a_run_again_timed_by_its_own_jobs_step_model_takes_that_model_alone() -
         widest[own] = max(w for f, w in widths if f >= 0.25)
     drift_width = math.exp(statistics.NormalDist().inv_cdf(0.9) * SAME_JOB_SPREAD) - 1  # +29%
     assert drift_width - 0.01 <= widest[True] <= drift_width + 0.05 < widest[False]  # 0.31, 0.40
+
+
+def test_a_run_again_times_its_draining_steps_at_their_own_batch_rate() -> None:
+    """Its job's full batches ran twice as slow per unit of work as its
+    other steps (``batch_rates``); the recent steps are full batches. Rows
+    that all end together decode in full batches to the end: the same ETA
+    as without batch rates. Rows of spread lengths drain in smaller batches
+    at half the full batches' rate: a shorter ETA."""
+
+    def eta(lengths: list[int], batch_rates: tuple[float, ...]) -> float:
+        cost = StepCost(0.0, 0.5, 0.05, 16.0, batch_rates)
+        work = WorkEstimate(0.0, prior=lengths, max_running=128, same_job=True, step_cost=cost, step_cost_same_job=True)
+        for _ in range(128):
+            work.plan(100, 128)
+        work.observe(1.0, 128, 12800, [1] * 128)  # the prompts: a step that prefilled
+        clock = 1.0
+        for k in range(2, 12):  # full batches at 2 x 1 ms per unit of work
+            clock += 2 * 0.001 * (128 + 16)
+            work.observe(clock, 128 * k, 12800, [k] * 128)
+        result = work.eta_s(128)
+        assert result is not None
+        return result
+
+    together, spread = [60] * 101, [12 + i for i in range(101)]
+    slow_full = (0.0, math.log(2.0))
+    assert eta(together, slow_full) == pytest.approx(eta(together, ()), rel=0.02)
+    assert eta(spread, slow_full) < 0.8 * eta(spread, ())

@@ -3,11 +3,22 @@ and read back; its neighbours (the models a run cannot tell from it)."""
 
 from __future__ import annotations
 
+import math
 import random
+from dataclasses import replace
 
 import pytest
 
-from bulkinfer.report.step_cost import CALM_SPREAD, POOLED_FITS, Step, StepCost, fit_step_cost, pooled
+from bulkinfer.report.step_cost import (
+    CALM_SPREAD,
+    POOLED_FITS,
+    Step,
+    StepCost,
+    batch_rates,
+    fit_step_cost,
+    median_model,
+    pooled,
+)
 
 
 def timed_steps(model: StepCost, scale: float, seed: int = 0) -> list[Step]:
@@ -36,6 +47,27 @@ def test_the_fit_finds_the_weights_the_steps_were_timed_with(truth: StepCost) ->
         truth.overhead_tokens,
     )
     assert 0.05 <= fitted.spread < 0.1  # the noise is 2%: the floor, MIN_SPREAD, or a little above
+
+
+def test_the_fit_keeps_how_much_slower_its_full_batches_ran() -> None:
+    """An engine whose full batches (256 rows) take 1.5x the model's time:
+    the fit's batch rates say so, from its decode-only steps; an engine the
+    model fits says nothing."""
+    truth = StepCost(0.002, 0.5, overhead_tokens=16.0)
+    steps = [
+        Step(s.seconds * (1.5 if s.decoded == 256 and not s.prefilled else 1.0), s.decoded, s.prefilled, s.context)
+        for s in timed_steps(truth, 0.003)
+    ]
+    rates = batch_rates(steps, truth)
+    assert rates[1] - rates[0] == pytest.approx(math.log(1.5), abs=0.03)
+    assert all(abs(v) < 0.03 for v in batch_rates(timed_steps(truth, 0.003), truth))
+    fitted = fit_step_cost(steps)
+    assert fitted is not None and fitted.batch_rates == ()  # the fit alone: the run's end adds them (WorkEstimate)
+    assert StepCost.from_json(replace(truth, batch_rates=rates).to_json()) == replace(truth, batch_rates=rates)
+    assert StepCost.from_json({**truth.to_json(), "batch_rates": [0.1]}) == truth  # not one per bin: none
+    # pooled: each bin's median over the fits that have batch rates
+    pooled_ = median_model([replace(truth, batch_rates=(0.0, 0.2)), replace(truth, batch_rates=(0.0, 0.4)), truth])
+    assert pooled_ is not None and pooled_.batch_rates == pytest.approx((0.0, 0.3))
 
 
 def test_too_few_steps_fit_nothing() -> None:
