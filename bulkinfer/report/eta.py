@@ -51,6 +51,8 @@ narrows as rows finish.
   latest steps. A run timed by its own job's fits also times its steps to
   come by their batches (full or not) at the rates its earlier runs saw
   (``batch_rates``): the futures give each step's rows (the slots' ends).
+  A first run does so at its own batch rates once it has seen both kinds
+  of batch (its drain has begun); other jobs' are not its own.
 """
 
 from __future__ import annotations
@@ -64,7 +66,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, replace
 
 from bulkinfer.report.futures import SAMPLES, Futures, spread_factors
-from bulkinfer.report.step_cost import Step, StepCost
+from bulkinfer.report.step_cost import Step, StepCost, batch_rates
 
 # Steps whose rate the median is taken over.
 RECENT_STEPS = 64
@@ -355,8 +357,9 @@ class WorkEstimate:
         prefill_left = self._prompt_left(total_rows, failed_rows) * (1 - self.cached_share())
         if self.step_cost_same_job:
             models, spread = [self.step_cost], max(self.step_cost.spread, SAME_JOB_SPREAD)
-        else:
-            models = self.step_cost.neighbours()
+        else:  # other jobs' batch rates are theirs: this run's own, once it has seen both kinds of batch
+            own = batch_rates(self.sampled_steps, self.step_cost, every_bin=True)
+            models = [replace(model, batch_rates=own) for model in self.step_cost.neighbours()]
             spread = self.step_cost.spread if self.same_job else max(self.step_cost.spread, OTHER_JOBS_SPREAD)
         drift = spread_factors(spread, self.rng)
         rates = [self._rate(model) for model in models]
@@ -381,17 +384,17 @@ class WorkEstimate:
         return statistics.median(s.seconds / (model.work(s) * self._factor(model, s)) for s in self.steps)
 
     def _factor(self, model: StepCost, step: Step) -> float:
-        """A recent step's batch rate (1 for a step that prefilled, or outside a run again)."""
-        if not self.step_cost_same_job or step.prefilled:
+        """A recent step's batch rate under ``model`` (1 for a step that prefilled)."""
+        if step.prefilled:
             return 1.0
         return model.batch_factor(step.decoded, self._most_rows())
 
     def _batch_factor(self, model: StepCost, batches: list[tuple[int, float]]) -> float:
-        """A run again's steps to come (``batches``: (rows, steps)) at their
-        batches' rates (:func:`~bulkinfer.report.step_cost.batch_rates` of its
-        own job's runs): their mean factor, each step weighted by its work
-        (rows and the fixed cost); 1 outside a run again."""
-        if not self.step_cost_same_job or not batches:
+        """The steps to come (``batches``: (rows, steps)) at their batches'
+        rates under ``model`` (:func:`~bulkinfer.report.step_cost.batch_rates`:
+        a run again's job's earlier runs', a first run's own so far): their
+        mean factor, each step weighted by its work (rows and the fixed cost)."""
+        if not model.batch_rates or not batches:
             return 1.0
         most, fixed = self._most_rows(), model.overhead_tokens
         weights = [(rows + fixed) * steps for rows, steps in batches]
@@ -405,7 +408,7 @@ class WorkEstimate:
     def fitted_step_cost(self) -> StepCost | None:
         """The step model fitted to this run's steps, with its batch rates
         (None for too few): the next run's ``step_cost``."""
-        from bulkinfer.report.step_cost import batch_rates, fit_step_cost
+        from bulkinfer.report.step_cost import fit_step_cost
 
         fit = fit_step_cost(self.sampled_steps)
         return None if fit is None else replace(fit, batch_rates=batch_rates(self.sampled_steps, fit))

@@ -237,7 +237,7 @@ def _drift(steps: Sequence[Step], model: StepCost) -> float:
     return math.sqrt(statistics.fmean(b * b for b in blocks))
 
 
-def batch_rates(steps: Sequence[Step], model: StepCost) -> tuple[float, ...]:
+def batch_rates(steps: Sequence[Step], model: StepCost, *, every_bin: bool = False) -> tuple[float, ...]:
     """What the linear model misses of how a step's cost grows with its
     batch: the decode-only steps (none prefilled) in :data:`BATCH_BINS` bins,
     full batches (:data:`FULL_BATCH` of the most rows at once) and the rest,
@@ -251,7 +251,8 @@ def batch_rates(steps: Sequence[Step], model: StepCost) -> tuple[float, ...]:
     that Xeon and on a Zen 3. Timed at its full batches' rate, that run
     again's point erred +49% at 60% of the run
     (``bench/results/eta-range-xeon-own-fits.md``). Empty without
-    decode-only steps."""
+    decode-only steps, and with ``every_bin`` unless every bin has
+    :data:`MIN_BIN_STEPS` (a run still going: it knows only what it saw)."""
     decode = [s for s in steps if s.prefilled == 0 and s.decoded > 0 and s.seconds > 0]
     if not decode:
         return ()
@@ -261,6 +262,8 @@ def batch_rates(steps: Sequence[Step], model: StepCost) -> tuple[float, ...]:
     bins: list[list[float]] = [[] for _ in range(BATCH_BINS)]
     for s, rate in zip(decode, rates, strict=True):
         bins[_bin(s.decoded, most)].append(rate)
+    if every_bin and min(len(b) for b in bins) < MIN_BIN_STEPS:
+        return ()
     return tuple(math.log(statistics.median(b) / centre) if len(b) >= MIN_BIN_STEPS else 0.0 for b in bins)
 
 

@@ -13,6 +13,7 @@ from dataclasses import dataclass, field
 
 import pytest
 
+import bulkinfer.report.eta as eta_module
 import bulkinfer.report.progress as progress_module
 from bulkinfer.report.calibration import LengthPrior
 from bulkinfer.report.eta import SAME_JOB_SPREAD, EtaRange, WorkEstimate
@@ -469,3 +470,37 @@ def test_a_run_again_times_its_draining_steps_at_their_own_batch_rate() -> None:
     slow_full = (0.0, math.log(2.0))
     assert eta(together, slow_full) == pytest.approx(eta(together, ()), rel=0.02)
     assert eta(spread, slow_full) < 0.8 * eta(spread, ())
+
+
+def test_a_first_run_learns_its_own_batch_rates_once_it_has_seen_both(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Timed by another job's model: its full batches ran at 2 ms per unit
+    of work, the first steps of its drain at 1 ms. Having seen both, it
+    times the rest of its drain at the drain's rate, not at the median of
+    its recent steps (mostly full batches); other jobs' batch rates are not
+    its own and count for nothing."""
+
+    def eta(learn: bool) -> float:
+        borrowed = StepCost(0.0, 0.5, 0.05, 16.0, (0.0, math.log(3.0)))
+        work = WorkEstimate(0.0, prior=[12 + i for i in range(101)], max_running=128, step_cost=borrowed)
+        for _ in range(128):
+            work.plan(100, 128)
+        work.observe(1.0, 128, 12800, [1] * 128)  # the prompts: a step that prefilled
+        clock, generated = 1.0, 128
+        for k in range(2, 14):  # full batches
+            clock += 0.002 * (128 + 16)
+            generated += 128
+            work.observe(clock, generated, 12800, [k] * 128)
+        for _ in range(28):
+            work.finish(13)
+        for k in range(14, 20):  # the drain begins: 100 rows left
+            clock += 0.001 * (100 + 16)
+            generated += 100
+            work.observe(clock, generated, 12800, [k] * 100)
+        if not learn:
+            monkeypatch.setattr(eta_module, "batch_rates", lambda *args, **kwargs: ())
+        result = work.eta_s(128)
+        monkeypatch.undo()
+        assert result is not None
+        return result
+
+    assert eta(learn=True) < 0.75 * eta(learn=False)
