@@ -358,7 +358,7 @@ class WorkEstimate:
         if self.step_cost_same_job:
             models, spread = [self.step_cost], max(self.step_cost.spread, SAME_JOB_SPREAD)
         else:  # other jobs' batch rates are theirs: this run's own, once it has seen both kinds of batch
-            own = batch_rates(self.sampled_steps, self.step_cost, every_bin=True)
+            own = batch_rates(self.sampled_steps, self.step_cost, self._most_rows(), every_bin=True)
             models = [replace(model, batch_rates=own) for model in self.step_cost.neighbours()]
             spread = self.step_cost.spread if self.same_job else max(self.step_cost.spread, OTHER_JOBS_SPREAD)
         drift = spread_factors(spread, self.rng)
@@ -411,7 +411,9 @@ class WorkEstimate:
         from bulkinfer.report.step_cost import fit_step_cost
 
         fit = fit_step_cost(self.sampled_steps)
-        return None if fit is None else replace(fit, batch_rates=batch_rates(self.sampled_steps, fit))
+        return (
+            None if fit is None else replace(fit, batch_rates=batch_rates(self.sampled_steps, fit, self._most_rows()))
+        )
 
     def mean_prompt(self) -> float:
         """The planned rows' mean prompt length (tokens; 0 before any)."""

@@ -237,10 +237,11 @@ def _drift(steps: Sequence[Step], model: StepCost) -> float:
     return math.sqrt(statistics.fmean(b * b for b in blocks))
 
 
-def batch_rates(steps: Sequence[Step], model: StepCost, *, every_bin: bool = False) -> tuple[float, ...]:
+def batch_rates(steps: Sequence[Step], model: StepCost, most: float, *, every_bin: bool = False) -> tuple[float, ...]:
     """What the linear model misses of how a step's cost grows with its
     batch: the decode-only steps (none prefilled) in :data:`BATCH_BINS` bins,
-    full batches (:data:`FULL_BATCH` of the most rows at once) and the rest,
+    full batches (:data:`FULL_BATCH` of ``most``, the most rows the engine
+    decodes at once, as :meth:`StepCost.batch_factor` is asked) and the rest,
     each the log of its median seconds per unit of work over the median of
     them all (0 for a bin of fewer than :data:`MIN_BIN_STEPS` steps). A run
     again of the same job takes its recent rate and times each step to come
@@ -256,7 +257,6 @@ def batch_rates(steps: Sequence[Step], model: StepCost, *, every_bin: bool = Fal
     decode = [s for s in steps if s.prefilled == 0 and s.decoded > 0 and s.seconds > 0]
     if not decode:
         return ()
-    most = max(s.decoded for s in decode)
     rates = [s.seconds / model.work(s) for s in decode]
     centre = statistics.median(rates)
     bins: list[list[float]] = [[] for _ in range(BATCH_BINS)]

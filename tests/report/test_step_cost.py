@@ -58,9 +58,9 @@ def test_the_fit_keeps_how_much_slower_its_full_batches_ran() -> None:
         Step(s.seconds * (1.5 if s.decoded == 256 and not s.prefilled else 1.0), s.decoded, s.prefilled, s.context)
         for s in timed_steps(truth, 0.003)
     ]
-    rates = batch_rates(steps, truth)
+    rates = batch_rates(steps, truth, 256)
     assert rates[1] - rates[0] == pytest.approx(math.log(1.5), abs=0.03)
-    assert all(abs(v) < 0.03 for v in batch_rates(timed_steps(truth, 0.003), truth))
+    assert all(abs(v) < 0.03 for v in batch_rates(timed_steps(truth, 0.003), truth, 256))
     fitted = fit_step_cost(steps)
     assert fitted is not None and fitted.batch_rates == ()  # the fit alone: the run's end adds them (WorkEstimate)
     assert StepCost.from_json(replace(truth, batch_rates=rates).to_json()) == replace(truth, batch_rates=rates)
