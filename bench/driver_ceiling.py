@@ -68,6 +68,8 @@ class InstantEngine:
             self.generated_tokens += request.max_tokens
         return done
 
+    running_prompt_tokens = 0
+
     def running_lengths(self) -> list[int]:
         return []
 

@@ -9,10 +9,13 @@ with ``configs/demo.toml``; ``multiturn``: the 452 turns of
 wrapped, and writes every call the estimator gets, with its
 ``time.monotonic()`` second: ``["p", t, prompt_tokens, max_tokens]`` (a row
 planned), ``["u", t, done, failed, completion_tokens, planned]`` (rows
-ended), ``["t", t, generated_tokens, prefilled_tokens, running, cached_tokens]`` (the
-engine's live counts after a step; ``running``: each running request's
-completion tokens so far; ``cached_tokens``: of the prompt tokens, those
-from the prefix cache, absent from recordings before it was kept), to ``bench/results/eta-trace-WORKLOAD.json``
+ended), ``["t", t, generated_tokens, prefilled_tokens, running, cached_tokens,
+running_prompt_tokens]`` (the engine's live counts after a step; ``running``:
+each running request's completion tokens so far; ``cached_tokens``: of the
+prompt tokens, those from the prefix cache, absent from recordings before it
+was kept; ``running_prompt_tokens``: the running requests' prompt tokens,
+summed, absent before it was kept: a replay then reconstructs it,
+:func:`running_prompts`), to ``bench/results/eta-trace-WORKLOAD.json``
 with the machine and the run's report.
 
 Replay (``python -m bench.eta_trace replay FILE [--prior-from FILE2]``):
@@ -44,6 +47,7 @@ import statistics
 import sys
 import tempfile
 import time
+from collections import Counter
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -69,9 +73,11 @@ def record(workload: str, out: Path, job_output: Path | None = None) -> None:
     wrapped = progress.Progress
     tick, update, planned = wrapped.tick, wrapped.update, wrapped.planned
 
-    def on_tick(self: Any, generated: int, prefilled: int, running: list[int], cached: int = 0) -> None:
-        events.append(["t", time.monotonic(), generated, prefilled, list(running), cached])
-        tick(self, generated, prefilled, running, cached)
+    def on_tick(
+        self: Any, generated: int, prefilled: int, running: list[int], cached: int = 0, prompts: int | None = None
+    ) -> None:
+        events.append(["t", time.monotonic(), generated, prefilled, list(running), cached, prompts])
+        tick(self, generated, prefilled, running, cached, prompts)
 
     def on_update(self: Any, done: int = 0, failed: int = 0, completion_tokens: int = 0, planned_: bool = True) -> None:
         events.append(["u", time.monotonic(), done, failed, completion_tokens, planned_])
@@ -173,13 +179,51 @@ def fitted_step_cost(recording: dict[str, Any]) -> Any:
     """The step model fitted to a recording's steps, as its run would have stored it."""
     from bulkinfer.report.eta import WorkEstimate
 
-    work = WorkEstimate(recording["events"][0][1])
-    for e in recording["events"]:
+    events = recording["events"]
+    prompts = running_prompts(events)
+    work = WorkEstimate(events[0][1])
+    for i, e in enumerate(events):
         if e[0] == "p":
             work.plan(e[2], e[3])
         elif e[0] == "t":
-            work.observe(e[1], e[2], e[3], e[4], e[5] if len(e) > 5 else 0)
+            work.observe(e[1], e[2], e[3], e[4], e[5] if len(e) > 5 else 0, prompts[i])
     return work.fitted_step_cost()
+
+
+def running_prompts(events: list[list[Any]]) -> dict[int, int | None]:
+    """The running requests' prompt tokens, summed, at each ``t`` event (by
+    its index): recorded, or for a recording made before they were,
+    reconstructed. Requests start in the order they were planned, and a
+    request's prompt tokens count as processed at its first output, so the
+    processed count gives the rows started by each step exactly; a running
+    request with ``g`` tokens started ``g`` steps ago: its prompt is the
+    mean of the rows started in that step (exact when none of those has
+    ended). Checked on the recordings of ``bench/results/eta-range-*``: the
+    processed count fell on a boundary between planned rows at every step."""
+    import bisect
+
+    out: dict[int, int | None] = {}
+    prompts: list[int] = []
+    cumulative = [0]
+    started: list[int] = []  # rows started by the end of each step
+    for i, e in enumerate(events):
+        if e[0] == "p":
+            prompts.append(e[2])
+            cumulative.append(cumulative[-1] + e[2])
+        elif e[0] == "t" and len(e) > 6:
+            out[i] = e[6]
+        elif e[0] == "t":
+            started.append(bisect.bisect_right(cumulative, e[3]) - 1)
+            total = 0.0
+            for g, n in Counter(e[4]).items():
+                at = max(len(started) - g, 0)  # the step whose output held its first token
+                while at > 0 and started[at] == started[at - 1]:
+                    at -= 1
+                first = started[at - 1] if at > 0 else 0
+                rows = prompts[first : started[at]] or prompts
+                total += n * statistics.fmean(rows) if rows else 0.0
+            out[i] = round(total)
+    return out
 
 
 def _replayed(
@@ -200,6 +244,7 @@ def _replayed(
     from bulkinfer.report.progress import Progress
 
     events = recording["events"]
+    prompts = running_prompts(events)
     prior: list[int] = []
     if prior_from is not None:
         earlier = WorkEstimate()
@@ -217,14 +262,14 @@ def _replayed(
         max_running=recording["report"]["engine"].get("max_num_seqs"),
     )
     last = -1.0
-    for event in events:
+    for i, event in enumerate(events):
         kind, clock[0] = event[0], event[1]
         if kind == "p":
             progress.planned(event[2], event[3])
         elif kind == "u":
             progress.update(event[2], event[3], event[4], event[5])
         else:
-            progress.tick(event[2], event[3], event[4], event[5] if len(event) > 5 else 0)
+            progress.tick(event[2], event[3], event[4], event[5] if len(event) > 5 else 0, prompts[i])
         if clock[0] - last >= 1.0:
             last = clock[0]
             yield clock[0], progress

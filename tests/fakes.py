@@ -50,7 +50,7 @@ class FakeEngine:
         self.steps = 0
         self.max_queued = 0
         self.closed = False
-        self.generated_tokens = self.prefilled_tokens = self.cached_tokens = 0
+        self.generated_tokens = self.prefilled_tokens = self.cached_tokens = self.running_prompt_tokens = 0
 
     def add(self, request_id: str, request: Request) -> Completion | None:
         assert request.prompt_token_ids

@@ -30,7 +30,9 @@ class Engine(Protocol):
     ``running_lengths()`` gives the
     completion tokens so far of each unfinished request that has some (live
     progress; an engine that cannot see unfinished requests counts them when
-    they finish and returns ``[]``).
+    they finish and returns ``[]``), ``running_prompt_tokens`` the prompt
+    tokens of those requests, summed (the context they attend over, with
+    their completion tokens: the ETA's step model).
 
     ``abort_unfinished()`` drops every request the engine still holds (a
     stopped run's) and any finished one not yet returned: nothing of them
@@ -48,6 +50,8 @@ class Engine(Protocol):
     def prefilled_tokens(self) -> int: ...
     @property
     def cached_tokens(self) -> int: ...
+    @property
+    def running_prompt_tokens(self) -> int: ...
     def running_lengths(self) -> list[int]: ...
 
     def add(self, request_id: str, request: Request) -> Completion | None: ...
@@ -67,7 +71,7 @@ class NoEngine:
     max_model_len = 0
     max_num_seqs = 1
     settings: dict[str, Any] = {}
-    generated_tokens = prefilled_tokens = cached_tokens = 0
+    generated_tokens = prefilled_tokens = cached_tokens = running_prompt_tokens = 0
 
     def running_lengths(self) -> list[int]:
         return []

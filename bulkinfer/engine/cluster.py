@@ -97,14 +97,15 @@ class ReplicaActor:
 
     def step(
         self, adds: list[tuple[str, Request]], max_s: float
-    ) -> tuple[list[Completion], tuple[int, int, int], list[int]]:
+    ) -> tuple[list[Completion], tuple[int, int, int], tuple[list[int], int]]:
         """Add ``adds``, then run engine steps until a request finishes, none
         is left, or ``max_s`` seconds have passed.
 
         Returns:
             (finished requests, (completion tokens generated, prompt tokens
             processed, of them served from the prefix cache) since the last
-            call, the running requests' completion tokens so far).
+            call, (the running requests' completion tokens so far, their
+            prompt tokens summed)).
         """
         done = [rejected for rid, request in adds if (rejected := self.engine.add(rid, request)) is not None]
         deadline = time.monotonic() + max_s
@@ -113,7 +114,7 @@ class ReplicaActor:
         counted = (self.engine.generated_tokens, self.engine.prefilled_tokens, self.engine.cached_tokens)
         delta = (counted[0] - self._counted[0], counted[1] - self._counted[1], counted[2] - self._counted[2])
         self._counted = counted
-        return done, delta, self.engine.running_lengths()
+        return done, delta, (self.engine.running_lengths(), self.engine.running_prompt_tokens)
 
     def abort_unfinished(self) -> None:
         self.engine.abort_unfinished()
@@ -141,6 +142,7 @@ class RayReplica:
         self.dead = False  # Ray will not restart it
         self.generated_tokens = self.prefilled_tokens = self.cached_tokens = 0
         self._running: list[int] = []
+        self.running_prompt_tokens = 0
 
     @property
     def settings(self) -> dict[str, Any]:
@@ -194,10 +196,10 @@ class RayReplica:
             return []
         call, self.call = self.call, None
         try:
-            done, (generated, prefilled, cached), self._running = ray.get(call)
+            done, (generated, prefilled, cached), (self._running, self.running_prompt_tokens) = ray.get(call)
         except (ray.exceptions.RayActorError, ray.exceptions.ActorUnavailableError) as exc:
             self._unfinished.clear()
-            self._adds, self._running = [], []
+            self._adds, self._running, self.running_prompt_tokens = [], [], 0
             if isinstance(exc, ray.exceptions.ActorUnavailableError):
                 # only unreachable: it may still hold the requests; restarted, it holds none
                 ray.kill(self._actor, no_restart=False)
@@ -226,7 +228,7 @@ class RayReplica:
         """
         import ray
 
-        self._adds, self._running = [], []
+        self._adds, self._running, self.running_prompt_tokens = [], [], 0
         self._unfinished.clear()
         try:
             if self.call is not None:

@@ -91,7 +91,7 @@ class EngineMux:
     :attr:`generated_tokens`, :attr:`prefilled_tokens` and
     :attr:`cached_tokens` are the batch's: the engine's counts minus the
     online requests' (their cached tokens once they finish). ``running_lengths()``
-    is the engine's (online requests included).
+    and :attr:`running_prompt_tokens` are the engine's (online requests included).
     """
 
     def __init__(
@@ -146,6 +146,10 @@ class EngineMux:
     @property
     def cached_tokens(self) -> int:
         return max(self._engine.cached_tokens - self._online_cached, 0)
+
+    @property
+    def running_prompt_tokens(self) -> int:
+        return self._engine.running_prompt_tokens
 
     def running_lengths(self) -> list[int]:
         return self._engine.running_lengths()

@@ -177,6 +177,10 @@ class Replicas:
     def cached_tokens(self) -> int:
         return sum(e.cached_tokens for e in self.engines)
 
+    @property
+    def running_prompt_tokens(self) -> int:
+        return sum(e.running_prompt_tokens for e in self.engines)
+
     def running_lengths(self) -> list[int]:
         return [n for e in self.engines for n in e.running_lengths()]
 

@@ -189,7 +189,9 @@ class StreamedOutputs:
     ``generated_tokens`` counts every completion token seen;
     ``prefilled_tokens`` the prompt tokens of every request that produced
     its first output, ``cached_tokens`` those of them vLLM served from its
-    prefix cache (``RequestOutput.num_cached_tokens``). :attr:`top_logprobs`
+    prefix cache (``RequestOutput.num_cached_tokens``); :attr:`token_counts`
+    and :attr:`prompt_counts` the completion tokens so far and the prompt
+    tokens of each request that has output and has not finished. :attr:`top_logprobs`
     holds, for each request that asked for log-probabilities, how many
     alternatives per token. :attr:`watchers`
     holds, for a request whose caller streams it (an online request), a
@@ -205,6 +207,7 @@ class StreamedOutputs:
         self.top_logprobs: dict[str, int] = {}
         self._choices: dict[str, dict[int, _Choice]] = {}
         self.token_counts: dict[str, int] = {}
+        self.prompt_counts: dict[str, int] = {}  # the prompt tokens of each request in token_counts
         self.watchers: dict[str, Watcher] = {}
         self.generated_tokens = 0
         self.prefilled_tokens = self.cached_tokens = 0
@@ -231,7 +234,8 @@ class StreamedOutputs:
             if choices is None:  # its first output: the prompt has been processed
                 choices = self._choices[request_id] = {}
                 self.token_counts[request_id] = 0
-                self.prefilled_tokens += len(out.prompt_token_ids or ())
+                self.prompt_counts[request_id] = len(out.prompt_token_ids or ())
+                self.prefilled_tokens += self.prompt_counts[request_id]
                 self.cached_tokens += getattr(out, "num_cached_tokens", None) or 0
             top = self.top_logprobs.get(request_id)
             for piece in out.outputs:
@@ -303,6 +307,7 @@ class StreamedOutputs:
                 self.top_logprobs,
                 self._choices,
                 self.token_counts,
+                self.prompt_counts,
                 self._pooled,
                 self.watchers,
             )
@@ -313,6 +318,7 @@ class StreamedOutputs:
     def _finished(self, out: Any, choices: dict[int, _Choice]) -> Completion:
         request_id = out.request_id
         self.top_logprobs.pop(request_id, None)
+        self.prompt_counts.pop(request_id, None)
         all_choices = tuple(
             Choice(
                 index=index,

@@ -255,6 +255,10 @@ class VllmEngine:
     def cached_tokens(self) -> int:
         return self._outputs.cached_tokens
 
+    @property
+    def running_prompt_tokens(self) -> int:
+        return sum(self._outputs.prompt_counts.values())
+
     def running_lengths(self) -> list[int]:
         return list(self._outputs.token_counts.values())
 

@@ -170,7 +170,8 @@ class Generation:
         generated = self.engine.generated_tokens - self._engine_base[0]
         prefilled = self.engine.prefilled_tokens - self._engine_base[1]
         cached = self.engine.cached_tokens - self._engine_base[2]
-        self.progress.tick(generated, prefilled, self.engine.running_lengths(), cached)
+        running = self.engine.running_lengths()
+        self.progress.tick(generated, prefilled, running, cached, self.engine.running_prompt_tokens)
         self.stats.sample(generated, prefilled)
 
     def _tell(self) -> None:

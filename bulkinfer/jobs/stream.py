@@ -342,7 +342,13 @@ def _stream(
     def on_step(finished: list[Completion]) -> None:
         if finished:
             writer.flush()
-        progress.tick(engine.generated_tokens, engine.prefilled_tokens, engine.running_lengths(), engine.cached_tokens)
+        progress.tick(
+            engine.generated_tokens,
+            engine.prefilled_tokens,
+            engine.running_lengths(),
+            engine.cached_tokens,
+            engine.running_prompt_tokens,
+        )
 
     def on_planned(request: Request) -> None:
         progress.planned(request.prompt_length, request.max_completion_tokens)

@@ -48,7 +48,11 @@ narrows as rows finish.
 - **Steps**: :mod:`bulkinfer.report.step_cost` (the fixed cost of a step,
   the tokens it decodes, attends over and prefills, not those from the
   prefix cache); its scale is the median over the :data:`RECENT_STEPS`
-  latest steps. A run timed by its own job's fits also times its steps to
+  latest steps. The context attended over is the running rows' own prompts
+  and completions so far (the engine's ``running_prompt_tokens``); in the
+  futures the running rows keep their mean prompt, and the rows still to
+  start have the mean prompt of the prompt tokens not yet processed (rows
+  are fed longest prompt first). A run timed by its own job's fits also times its steps to
   come by their batches (full or not) at the rates its earlier runs saw
   (``batch_rates``): the futures give each step's rows (the slots' ends).
   A first run does so at its own batch rates once it has seen both kinds
@@ -187,6 +191,7 @@ class WorkEstimate:
         self.prefilled_tokens = 0
         self.cached_tokens = 0  # of the prefilled ones, served from the prefix cache
         self.running: list[int] = []  # the tokens so far of each row the engine is generating
+        self.running_prompt = 0.0  # their prompt tokens, summed
         self.max_running = max_running
         self.concurrency = 0  # the most rows seen generating at once
         self.step_cost = step_cost or StepCost()
@@ -218,17 +223,29 @@ class WorkEstimate:
             block[1] += completion_tokens
 
     def observe(
-        self, now: float, generated_tokens: int, prefilled_tokens: int, running: list[int], cached_tokens: int = 0
+        self,
+        now: float,
+        generated_tokens: int,
+        prefilled_tokens: int,
+        running: list[int],
+        cached_tokens: int = 0,
+        running_prompt_tokens: int | None = None,
     ) -> None:
         """The engine's totals at ``now`` (seconds): completion tokens
         generated, prompt tokens processed (``cached_tokens`` of them served
-        from the prefix cache), and the completion tokens so far of each
-        request it is generating. Counts that moved since the last call end
+        from the prefix cache), the completion tokens so far of each request
+        it is generating and those requests' prompt tokens, summed (None: at
+        the planned rows' mean). Counts that moved since the last call end
         an engine step (its seconds, tokens and context join the recent
         steps); the step prefilled the prompt tokens it computed, not the
         cached ones (a multi-turn job found 49% of its prompt tokens in the
-        cache: counted, its prefill weight halved against other jobs')."""
+        cache: counted, its prefill weight halved against other jobs').
+        The context is the running rows' own (see
+        :func:`~bulkinfer.report.step_cost.batch_rates`: at the mean, a
+        multi-turn job's full batches looked 1.6x slower than its drain)."""
         self.generated_tokens, self.prefilled_tokens, self.running = generated_tokens, prefilled_tokens, running
+        prompts = running_prompt_tokens
+        self.running_prompt = len(running) * self.mean_prompt() if prompts is None else prompts
         self.concurrency = max(self.concurrency, len(running))
         then, prompt_then, completion_then = self._last_step
         if (prefilled_tokens, generated_tokens) == (prompt_then, completion_then):
@@ -238,8 +255,9 @@ class WorkEstimate:
         self.cached_tokens = max(cached_tokens, self.cached_tokens)
         if now <= then:
             return
-        context = sum(running) + len(running) * self.mean_prompt()
-        step = Step(now - then, generated_tokens - completion_then, max(computed, 0), context)
+        step = Step(
+            now - then, generated_tokens - completion_then, max(computed, 0), sum(running) + self.running_prompt
+        )
         self.steps.append(step)
         self.step_count += 1
         if self.step_count % self._stride == 0:  # every stride-th step, in order
@@ -367,9 +385,8 @@ class WorkEstimate:
         for i in range(SAMPLES):
             steps, decoded, context, batches = rows.draw(i)
             cost, rate = models[i % len(models)], rates[i % len(models)]
-            decoding = (cost.overhead_tokens * steps + decoded + cost.context_weight * context) * self._batch_factor(
-                cost, batches
-            )
+            decoding = cost.overhead_tokens * steps + decoded + cost.context_weight * context
+            decoding *= cost.batches_factor(batches, self._most_rows())
             work = decoding + cost.prefill_weight * prefill_left
             seconds.append(rate * drift[i] * work)
             tokens.append(decoded)
@@ -379,27 +396,13 @@ class WorkEstimate:
 
     def _rate(self, model: StepCost) -> float:
         """Seconds per unit of a step's work under ``model``: the median over
-        the recent steps (a decode-only step's work at its batch's rate, see
-        :meth:`_batch_factor`)."""
-        return statistics.median(s.seconds / (model.work(s) * self._factor(model, s)) for s in self.steps)
-
-    def _factor(self, model: StepCost, step: Step) -> float:
-        """A recent step's batch rate under ``model`` (1 for a step that prefilled)."""
-        if step.prefilled:
-            return 1.0
-        return model.batch_factor(step.decoded, self._most_rows())
-
-    def _batch_factor(self, model: StepCost, batches: list[tuple[int, float]]) -> float:
-        """The steps to come (``batches``: (rows, steps)) at their batches'
-        rates under ``model`` (:func:`~bulkinfer.report.step_cost.batch_rates`:
-        a run again's job's earlier runs', a first run's own so far): their
-        mean factor, each step weighted by its work (rows and the fixed cost)."""
-        if not model.batch_rates or not batches:
-            return 1.0
-        most, fixed = self._most_rows(), model.overhead_tokens
-        weights = [(rows + fixed) * steps for rows, steps in batches]
-        factors = [model.batch_factor(rows, most) for rows, _ in batches]
-        return sum(w * f for w, f in zip(weights, factors, strict=True)) / sum(weights)
+        the recent steps (a decode-only step's work at its batch's rate,
+        :meth:`~bulkinfer.report.step_cost.StepCost.batch_factor`)."""
+        most = self._most_rows()
+        return statistics.median(
+            s.seconds / (model.work(s) * (1.0 if s.prefilled else model.batch_factor(s.decoded, most)))
+            for s in self.steps
+        )
 
     def _most_rows(self) -> int:
         """The most rows the engine decodes at once (its ``max_num_seqs``, else the most seen)."""
@@ -418,6 +421,16 @@ class WorkEstimate:
     def mean_prompt(self) -> float:
         """The planned rows' mean prompt length (tokens; 0 before any)."""
         return self.planned_prompt_tokens / self.planned_rows if self.planned_rows else 0.0
+
+    def running_mean_prompt(self) -> float:
+        """The running rows' mean prompt length (tokens; the planned rows' before any run)."""
+        return self.running_prompt / len(self.running) if self.running else self.mean_prompt()
+
+    def waiting_mean_prompt(self, total_rows: int | None, failed_rows: int) -> float:
+        """The rows not started's mean prompt length (tokens; unplanned rows at the
+        planned rows' mean): rows are fed longest prompt first."""
+        rows = self.rows_left(total_rows, failed_rows)
+        return self._prompt_left(total_rows, failed_rows) / rows if rows else self.mean_prompt()
 
     def cached_share(self) -> float:
         """The share of the prompt tokens processed so far that came from the

@@ -30,7 +30,9 @@ class Work(Protocol):
 
     def rows_left(self, total_rows: int | None, failed_rows: int) -> int: ...
 
-    def mean_prompt(self) -> float: ...
+    def running_mean_prompt(self) -> float: ...
+
+    def waiting_mean_prompt(self, total_rows: int | None, failed_rows: int) -> float: ...
 
     def survival_and_known(self) -> tuple[list[float], int]: ...
 
@@ -80,7 +82,8 @@ class Futures:
         self.waiting = work.rows_left(total_rows, failed_rows)
         self.slots = max(work.max_running or work.concurrency, len(work.running), 1)
         self.tail = min(self.waiting, TAIL_ROWS_PER_SLOT * self.slots)
-        self.mean_prompt = work.mean_prompt()
+        self.running_prompt = work.running_mean_prompt()
+        self.waiting_prompt = work.waiting_mean_prompt(total_rows, failed_rows)
         self.running = sorted(work.running, reverse=True)
         if work.same_job:
             self.pool = self._pool(total_rows or work.planned_rows)
@@ -130,7 +133,7 @@ class Futures:
             length = draw_running(g)
             slots.append(length - g)
             decoded += length - g
-            context += (length - g) * self.mean_prompt + (length * length - g * g) / 2
+            context += (length - g) * self.running_prompt + (length * length - g * g) / 2
         slots += [0] * (self.slots - len(slots))
         tail = [draw_waiting(0) for _ in range(self.tail)]
         bulk_rows = self.waiting - self.tail
@@ -141,12 +144,12 @@ class Futures:
             bulk = max(bulk_rows * mean + math.sqrt(bulk_rows) * sd * self.rng.gauss(0.0, 1.0), 0.0)
             slots = _fill(slots, bulk)
             decoded += bulk
-            context += bulk_rows * (mean * self.mean_prompt + mean_square / 2)
+            context += bulk_rows * (mean * self.waiting_prompt + mean_square / 2)
         heapq.heapify(slots)
         for length in tail:
             heapq.heapreplace(slots, slots[0] + length)
             decoded += length
-            context += length * self.mean_prompt + length * length / 2
+            context += length * self.waiting_prompt + length * length / 2
         return max(slots, default=0.0), decoded, context, _batches(slots)
 
     def _from_pool(self) -> _Draw:

@@ -239,9 +239,18 @@ class Progress:
                 self.work.finish(None)
         self._show()
 
-    def tick(self, generated_tokens: int, prefilled_tokens: int, running: list[int], cached_tokens: int = 0) -> None:
+    def tick(
+        self,
+        generated_tokens: int,
+        prefilled_tokens: int,
+        running: list[int],
+        cached_tokens: int = 0,
+        running_prompt_tokens: int | None = None,
+    ) -> None:
         """The engine's live counts after a step (see :meth:`WorkEstimate.observe`)."""
-        self.work.observe(self.clock(), generated_tokens, prefilled_tokens, running, cached_tokens)
+        self.work.observe(
+            self.clock(), generated_tokens, prefilled_tokens, running, cached_tokens, running_prompt_tokens
+        )
         self._show()
 
     def _show(self) -> None:

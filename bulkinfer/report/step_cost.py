@@ -145,6 +145,16 @@ class StepCost:
             return 1.0
         return math.exp(self.batch_rates[_bin(rows, most)])
 
+    def batches_factor(self, batches: Sequence[tuple[int, float]], most: float) -> float:
+        """Steps to come (``batches``: (rows, steps)) at their batches' rates
+        (:meth:`batch_factor`): their mean factor, each step weighted by its
+        work (rows and the fixed cost); 1.0 without batch rates or steps."""
+        if not self.batch_rates or not batches:
+            return 1.0
+        weights = [(rows + self.overhead_tokens) * steps for rows, steps in batches]
+        factors = [self.batch_factor(rows, most) for rows, _ in batches]
+        return sum(w * f for w, f in zip(weights, factors, strict=True)) / sum(weights)
+
     def to_json(self) -> dict[str, Any]:
         data: dict[str, Any] = asdict(self)
         data["batch_rates"] = list(self.batch_rates)
@@ -246,12 +256,15 @@ def batch_rates(steps: Sequence[Step], model: StepCost, most: float, *, every_bi
     them all (0 for a bin of fewer than :data:`MIN_BIN_STEPS` steps). A run
     again of the same job takes its recent rate and times each step to come
     at their bins' ratio. On an AMX Xeon (bfloat16) a multi-turn job's full
-    batches (256 rows, ~650 tokens of context a row) took 0.45-0.7 s a step
-    and its batches of 150-180 rows 0.2-0.27 s: +0.39 and -0.08 (first run),
-    +0.40 and -0.12 (run again); ShareGPT and short questions within 0.1 on
-    that Xeon and on a Zen 3. Timed at its full batches' rate, that run
-    again's point erred +49% at 60% of the run
-    (``bench/results/eta-range-xeon-own-fits.md``). Empty without
+    batches (256 rows) took 0.45-0.7 s a step and its batches of 150-180
+    rows 0.2-0.27 s: +0.39 and -0.08 (first run), +0.40 and -0.12 (run
+    again), and timed at its full batches' rate that run again's point
+    erred +49% at 60% of the run (``bench/results/eta-range-xeon-own-fits.md``).
+    Most of that was the context mis-counted: each row's at the planned
+    rows' mean prompt (597 tokens), while the full batches' rows held prompts
+    of 800-930 and the drain's of 40-150 (rows are fed longest first).
+    Counted from the running rows' own prompts, the same runs' bins are
+    within +-0.11 (``bench/results/eta-range-*-replayed-context.md``). Empty without
     decode-only steps, and with ``every_bin`` unless every bin has
     :data:`MIN_BIN_STEPS` (a run still going: it knows only what it saw)."""
     decode = [s for s in steps if s.prefilled == 0 and s.decoded > 0 and s.seconds > 0]

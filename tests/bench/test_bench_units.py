@@ -309,3 +309,20 @@ def test_eta_trace_rates_against_the_final_figure(tmp_path: Path) -> None:
     assert since[20.0] == pytest.approx(-1.0)  # nothing decoded yet
     assert since[90.0] == pytest.approx(400 / 90 / 5 - 1)  # -11%
     assert dict(out["last 30 s"])[90.0] == pytest.approx(1.0)  # the decode phase: twice the average
+
+
+def test_eta_trace_reconstructs_the_running_prompts_of_an_older_recording() -> None:
+    """Rows start in plan order, one a step here: a running row with ``g``
+    tokens started ``g`` steps ago, and the prompt tokens processed say which
+    rows had started by then. A recording that kept the figure is read as is."""
+    from bench.eta_trace import running_prompts
+
+    planned = [["p", 0.0, prompt, 8] for prompt in (10, 20, 30, 40)]
+    steps = [
+        ["t", 1.0, 1, 10, [1], 0],  # row 0 starts
+        ["t", 2.0, 3, 30, [2, 1], 0],  # row 1 starts
+        ["t", 3.0, 5, 60, [2, 1], 0],  # row 0 ended, row 2 starts
+        ["t", 4.0, 7, 100, [2, 1], 0],  # row 1 ended, row 3 starts
+    ]
+    assert list(running_prompts(planned + steps).values()) == [10, 30, 50, 70]
+    assert running_prompts([*planned, [*steps[0], 12]]) == {4: 12}

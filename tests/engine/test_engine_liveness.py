@@ -226,6 +226,9 @@ def test_streamed_outputs_are_joined_and_every_token_counted() -> None:
     ]
     assert (outputs.generated_tokens, outputs.prefilled_tokens) == (7, 6)  # a prompt counts once
     assert list(outputs.token_counts.values()) == [2]
+    assert outputs.prompt_counts == {"b": 3}  # the running request's prompt: the ETA's context
+    outputs.forget(["b"])  # aborted
+    assert outputs.token_counts == outputs.prompt_counts == {}
 
 
 def test_a_request_a_step_finished_on_its_own_is_unfinished_until_handed_over(

@@ -504,3 +504,36 @@ def test_a_first_run_learns_its_own_batch_rates_once_it_has_seen_both(monkeypatc
         return result
 
     assert eta(learn=True) < 0.75 * eta(learn=False)
+
+
+def test_the_context_is_the_running_rows_own_prompts_not_the_planned_mean() -> None:
+    """Rows fed longest prompt first (128 of 1,000 tokens, then 128 of 100),
+    every one 50 tokens long, steps timed by a model with an attention cost.
+    Told the running rows' prompt tokens (the engine's
+    ``running_prompt_tokens``), a run again times the rest within 5%; at the
+    planned rows' mean prompt (550) the recent steps' rate comes out too high
+    and the second wave's steps too dear: 25% over."""
+    cost = StepCost(0.004, 0.5, 0.05, 16.0)
+
+    def seconds(decoded: int, prefilled: int, context: int) -> float:
+        return 0.001 * (decoded + 16.0 + 0.004 * context + 0.5 * prefilled)
+
+    def eta(told: bool) -> tuple[float, float]:
+        work = WorkEstimate(0.0, prior=[50] * 101, max_running=128, same_job=True, step_cost=cost)
+        work.step_cost_same_job = True
+        for prompt in [1000] * 128 + [100] * 128:
+            work.plan(prompt, 64)
+        clock = seconds(128, 128_000, 128 * 1001)
+        work.observe(clock, 128, 128_000, [1] * 128, 0, 128_000 if told else None)
+        for k in range(2, 21):
+            clock += seconds(128, 0, 128 * (1000 + k))
+            work.observe(clock, 128 * k, 128_000, [k] * 128, 0, 128_000 if told else None)
+        left = sum(seconds(128, 0, 128 * (1000 + k)) for k in range(21, 50))  # the first wave ends at 50 tokens
+        left += seconds(128, 12_800, 128 * 101) + sum(seconds(128, 0, 128 * (100 + k)) for k in range(2, 51))
+        result = work.eta_s(256)
+        assert result is not None
+        return result, left
+
+    (told, real), (mean, _) = eta(True), eta(False)
+    assert told == pytest.approx(real, rel=0.05)
+    assert mean > 1.2 * real
