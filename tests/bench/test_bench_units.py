@@ -313,16 +313,20 @@ def test_eta_trace_rates_against_the_final_figure(tmp_path: Path) -> None:
 
 def test_eta_trace_reconstructs_the_running_prompts_of_an_older_recording() -> None:
     """Rows start in plan order, one a step here: a running row with ``g``
-    tokens started ``g`` steps ago, and the prompt tokens processed say which
-    rows had started by then. A recording that kept the figure is read as is."""
+    tokens started ``g`` steps ago (steps: the events whose counts moved, not
+    the calls that returned while a step ran), and the prompt tokens
+    processed say which rows had started by then. A recording that kept the
+    figure is read as is."""
     from bench.eta_trace import running_prompts
 
     planned = [["p", 0.0, prompt, 8] for prompt in (10, 20, 30, 40)]
     steps = [
         ["t", 1.0, 1, 10, [1], 0],  # row 0 starts
+        ["t", 1.5, 1, 10, [1], 0],  # a call that returned while a step ran
         ["t", 2.0, 3, 30, [2, 1], 0],  # row 1 starts
-        ["t", 3.0, 5, 60, [2, 1], 0],  # row 0 ended, row 2 starts
-        ["t", 4.0, 7, 100, [2, 1], 0],  # row 1 ended, row 3 starts
+        ["t", 2.5, 3, 30, [2, 1], 0],
+        ["t", 3.0, 6, 60, [3, 2, 1], 0],  # row 2 starts
+        ["t", 4.0, 8, 100, [3, 2, 1], 0],  # row 0 ended, row 3 starts
     ]
-    assert list(running_prompts(planned + steps).values()) == [10, 30, 50, 70]
+    assert list(running_prompts(planned + steps).values()) == [10, 10, 30, 30, 60, 90]
     assert running_prompts([*planned, [*steps[0], 12]]) == {4: 12}
