@@ -70,6 +70,14 @@ def adequate(entry: dict[str, Any]) -> bool:
     return entry.get("rows", 0) >= MIN_ROWS and entry.get("completion_tokens", 0) >= MIN_COMPLETION_TOKENS
 
 
+# What the stored step models' context is (see bulkinfer.report.eta.WorkEstimate.observe): the
+# running rows' own prompts and completions. Fits stored before (no such key) counted each row's prompt
+# at the planned rows' mean, and their context weights differ: a multi-turn job's fits on a 2-core
+# Zen 3 weighed context 0.0005-0.016 and prefill 0.25-2.0 then, 0.0005 and 0.25 refitted
+# (bench.eta_trace.running_prompts on bench/results/eta-range-zen3{,b,c}-multiturn-*.json).
+STEP_CONTEXT = "running prompts"
+
+
 def record_calibration(
     report: dict[str, Any],
     machine: dict[str, Any],
@@ -105,6 +113,7 @@ def record_calibration(
         "output": report.get("output") if source == "run" else None,
         "completion_lengths": completion_lengths or [],
         "step_cost": step_cost.to_json() if step_cost is not None else None,
+        "step_context": STEP_CONTEXT,
     }
     if not adequate(entry):
         return None
@@ -200,12 +209,22 @@ def length_prior(model_path: str, output: str, machine: dict[str, Any] | None = 
     per row grows with the batch (its runs' rates wandered up to 0.28), and
     other jobs' calm fits, drawn at their own spread, held the real time left
     on 11% and 27% of the estimates of two runs again, their own fits on
-    100% (replayed, ``bench/results/eta-range-xeon-nucleus-replayed-own-fits.md``)."""
+    100% (replayed, ``bench/results/eta-range-xeon-nucleus-replayed-own-fits.md``).
+    Fits stored before a step's context was its running rows' own prompts
+    (:data:`STEP_CONTEXT`) are not used: their context weight is of another
+    quantity."""
     entries = load_calibrations()
     runs = [e for e in entries if e.get("completion_lengths")]
     same_job = [e for e in runs if e.get("output") == output]
     same = same_job or [e for e in runs if e.get("model_path") == model_path]
-    fitted = [e for e in entries if machine is not None and e.get("step_cost") and _matches(e, model_path, machine)]
+    fitted = [
+        e
+        for e in entries
+        if machine is not None
+        and e.get("step_cost")
+        and e.get("step_context") == STEP_CONTEXT
+        and _matches(e, model_path, machine)
+    ]
     read = ((e, StepCost.from_json(e["step_cost"])) for e in fitted)
     fits = [(e, f) for e, f in read if f is not None]
     own = [f for e, f in fits if e.get("output") == output]

@@ -230,6 +230,11 @@ def test_the_eta_prior_is_the_same_jobs_lengths_else_the_same_models(
     assert length_prior("/models/tiny", "new.jsonl", machine)[2:] == (every_job, False)
     # a job whose own fits all wandered is still timed by them (its spread widens the range)
     assert length_prior("/models/tiny", "d.jsonl", machine)[2:] == (contended, True)
+    # a fit stored before the context was the running rows' own prompts is of another quantity: not used
+    calibration_path().write_bytes(
+        orjson.dumps({"entries": [{**e, "step_context": None} for e in load_calibrations()]})
+    )
+    assert length_prior("/models/tiny", "d.jsonl", machine)[2:] == (None, False)
 
 
 def test_an_old_calibration_store_is_not_used(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
