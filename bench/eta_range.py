@@ -40,6 +40,10 @@ stored, a run again's its first run's fit, as the store gives it today),
 and writes
 ``eta-range-T-replayed.{json,md}`` (``--replayed-as S``: ``eta-range-T-S``,
 keeping an earlier replay): to compare a change on the same runs.
+``--pace T1,T2,...`` runs nothing: for each job of each tag, the seconds its
+run again took for each fifth of its completion tokens over its first run's
+(greedy jobs: the same tokens; the machine's own wander between two runs
+minutes apart), to ``eta-range-pace.{json,md}``.
 ``--store-fits`` replays the first runs of tag T timed by the step models
 stored on this machine, pooled by the rule before ``CALM_SPREAD`` (the
 newest five fits) and by today's, and writes ``eta-range-T-calm.{json,md}``.
@@ -169,6 +173,47 @@ def store_fits_replayed(workloads: list[str], tag: str) -> dict[str, Any]:
     return {"fits": [f.to_json() for f in fits], "runs": runs}
 
 
+def fifths(recording: dict[str, Any]) -> list[float]:
+    """Seconds a run took for each fifth of its completion tokens (from its engine counts)."""
+    ticks = [e for e in recording["events"] if e[0] == "t"]
+    total, out, last, k = ticks[-1][2], [], ticks[0][1], 1
+    for e in ticks:
+        if k <= 5 and e[2] >= k * total / 5:
+            out.append(e[1] - last)
+            last, k = e[1], k + 1
+    return out
+
+
+def pace(tags: list[str], workloads: list[str]) -> dict[str, Any]:
+    """:func:`fifths` of each run again over its first run's, for each job of each tag."""
+    rows = []
+    for tag in tags:
+        for workload in workloads:
+            first, again = (
+                orjson.loads((RESULTS / f"eta-range-{tag}-{workload}-{run}.json").read_bytes())
+                for run in ("first", "again")
+            )
+            tokens = [r["report"]["tokens"]["completion"] for r in (first, again)]
+            ratios = [b / a for a, b in zip(fifths(first), fifths(again), strict=False)]
+            rows.append({"tag": tag, "workload": workload, "completion_tokens": tokens, "again_over_first": ratios})
+    return {"runs": rows}
+
+
+def render_pace(doc: dict[str, Any]) -> str:
+    lines = [
+        "# A job's two runs, fifth by fifth of their completion tokens\n",
+        f"Command: `{doc['command']}` (from the committed recordings). Each figure: the seconds the run again "
+        "took for that fifth of its completion tokens over its first run's.\n",
+        "| round | job | completion tokens (first / again) | 1st | 2nd | 3rd | 4th | 5th |",
+        "| --- | --- | --- | --: | --: | --: | --: | --: |",
+    ]
+    for r in doc["runs"]:
+        ratios = " | ".join(f"{x:.2f}" for x in r["again_over_first"])
+        first, again = r["completion_tokens"]
+        lines.append(f"| {r['tag']} | {r['workload']} | {first:,} / {again:,} | {ratios} |")
+    return "\n".join(lines) + "\n"
+
+
 def render(doc: dict[str, Any]) -> str:
     """The Markdown table of a bench run."""
     m = doc["machine"]
@@ -211,6 +256,7 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument(
         "--replayed-as", default="replayed", help="--replay writes eta-range-TAG-THIS.{json,md} (keep earlier replays)"
     )
+    parser.add_argument("--pace", default="", help="tags: each job's run again over its first run, fifth by fifth")
     parser.add_argument(
         "--store-fits",
         action="store_true",
@@ -221,6 +267,12 @@ def main(argv: list[str] | None = None) -> None:
     )
     args = parser.parse_args(argv)
     command = " ".join(["python -m bench.eta_range", *(argv if argv is not None else sys.argv[1:])])
+    if args.pace:
+        paced = {"command": command, **pace(args.pace.split(","), args.workloads.split(","))}
+        (RESULTS / "eta-range-pace.json").write_bytes(orjson.dumps(paced, option=orjson.OPT_INDENT_2))
+        (RESULTS / "eta-range-pace.md").write_text(render_pace(paced))
+        print(render_pace(paced))
+        return
     if args.store_fits:
         doc: dict[str, Any] = {"command": command, "machine": machine(), "versions": versions()}
         doc.update(store_fits_replayed(args.workloads.split(","), args.tag))

@@ -330,3 +330,12 @@ def test_eta_trace_reconstructs_the_running_prompts_of_an_older_recording() -> N
     ]
     assert list(running_prompts(planned + steps).values()) == [10, 10, 30, 30, 60, 90]
     assert running_prompts([*planned, [*steps[0], 12]]) == {4: 12}
+
+
+def test_eta_range_pace_is_the_seconds_of_each_fifth_of_the_completion_tokens() -> None:
+    from bench.eta_range import fifths
+
+    ticks = [["t", float(t), tokens, 0, [], 0] for t, tokens in enumerate([0, 10, 20, 30, 40, 50, 60, 70, 80, 90, 100])]
+    assert fifths({"events": ticks}) == [2.0, 2.0, 2.0, 2.0, 2.0]
+    slow_end = [*ticks[:9], ["t", 20.0, 90, 0, [], 0], ["t", 30.0, 100, 0, [], 0]]
+    assert fifths({"events": slow_end}) == [2.0, 2.0, 2.0, 2.0, 22.0]
