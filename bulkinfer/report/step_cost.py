@@ -264,7 +264,7 @@ def batch_rates(steps: Sequence[Step], model: StepCost, most: float, *, every_bi
     rows' mean prompt (597 tokens), while the full batches' rows held prompts
     of 800-930 and the drain's of 40-150 (rows are fed longest first).
     Counted from the running rows' own prompts, the same runs' bins are
-    within +-0.11 (``bench/results/eta-range-*-replayed-context.md``). Empty without
+    within +-0.17 (refitted by ``bench.eta_trace.fitted_step_cost``). Empty without
     decode-only steps, and with ``every_bin`` unless every bin has
     :data:`MIN_BIN_STEPS` (a run still going: it knows only what it saw)."""
     decode = [s for s in steps if s.prefilled == 0 and s.decoded > 0 and s.seconds > 0]
