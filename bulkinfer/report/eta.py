@@ -240,9 +240,8 @@ class WorkEstimate:
         steps); the step prefilled the prompt tokens it computed, not the
         cached ones (a multi-turn job found 49% of its prompt tokens in the
         cache: counted, its prefill weight halved against other jobs').
-        The context is the running rows' own (see
-        :func:`~bulkinfer.report.step_cost.batch_rates`: at the mean, a
-        multi-turn job's full batches looked 1.6x slower than its drain)."""
+        The context is the running rows' own (at the mean, a multi-turn job's full
+        batches looked 1.6x slower than its drain: :func:`~.step_cost.batch_rates`)."""
         self.generated_tokens, self.prefilled_tokens, self.running = generated_tokens, prefilled_tokens, running
         prompts = running_prompt_tokens
         self.running_prompt = len(running) * self.mean_prompt() if prompts is None else prompts
@@ -373,10 +372,11 @@ class WorkEstimate:
             return None
         rows = Futures(self, total_rows, failed_rows)
         prefill_left = self._prompt_left(total_rows, failed_rows) * (1 - self.cached_share())
+        most = self._most_rows()
         if self.step_cost_same_job:
             models, spread = [self.step_cost], max(self.step_cost.spread, SAME_JOB_SPREAD)
         else:  # other jobs' batch rates are theirs: this run's own, once it has seen both kinds of batch
-            own = batch_rates(self.sampled_steps, self.step_cost, self._most_rows(), every_bin=True)
+            own = batch_rates(self.sampled_steps, self.step_cost, most, every_bin=True)
             models = [replace(model, batch_rates=own) for model in self.step_cost.neighbours()]
             spread = self.step_cost.spread if self.same_job else max(self.step_cost.spread, OTHER_JOBS_SPREAD)
         drift = spread_factors(spread, self.rng)
@@ -386,7 +386,7 @@ class WorkEstimate:
             steps, decoded, context, batches = rows.draw(i)
             cost, rate = models[i % len(models)], rates[i % len(models)]
             decoding = cost.overhead_tokens * steps + decoded + cost.context_weight * context
-            decoding *= cost.batches_factor(batches, self._most_rows())
+            decoding *= cost.batches_factor(batches, most)
             work = decoding + cost.prefill_weight * prefill_left
             seconds.append(rate * drift[i] * work)
             tokens.append(decoded)
