@@ -36,7 +36,7 @@ from typing import Any
 
 import psutil
 
-from bulkinfer.engine.args import cpu_model
+from bulkinfer.engine.args import cpu_flags, cpu_id, cpu_model
 
 SAMPLE_INTERVAL_S = 0.5
 
@@ -144,21 +144,11 @@ def _gpus() -> list[str]:
 
 
 def cpu_kind() -> str:
-    """``family F model M`` and the CPU's AVX-512 / bfloat16 / AMX flags, from ``/proc/cpuinfo``
-    (the model name alone, "AMD EPYC", does not tell a Zen 3 from a Zen 5)."""
-    fields: dict[str, str] = {}
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            key, _, value = line.partition(":")
-            if key.strip() in ("cpu family", "model", "flags") and key.strip() not in fields:
-                fields[key.strip()] = value.strip()
-            if line == "":
-                break
-    except OSError:
-        return ""
+    """``family F model M`` (:func:`bulkinfer.engine.args.cpu_id`) and the CPU's AVX-512 / bfloat16 /
+    AMX flags, from ``/proc/cpuinfo`` (the model name alone, "AMD EPYC", does not tell a Zen 3 from a Zen 5)."""
     wanted = ("avx2", "avx512f", "avx512_bf16", "amx_bf16")
-    flags = [f for f in wanted if f in fields.get("flags", "").split()]
-    return f"family {fields.get('cpu family', '?')} model {fields.get('model', '?')}, {'/'.join(flags) or 'no AVX2'}"
+    flags = [f for f in wanted if f in cpu_flags()]
+    return f"{cpu_id() or 'family ? model ?'}, {'/'.join(flags) or 'no AVX2'}"
 
 
 def machine() -> dict[str, Any]:

@@ -369,6 +369,27 @@ def cpu_model() -> str:
     return platform.processor() or platform.machine()
 
 
+def cpu_id(cpuinfo: str = "/proc/cpuinfo") -> str | None:
+    """``"family F model M"`` from ``cpuinfo`` (x86: the first processor's
+    ``cpu family`` and ``model`` lines), else None. The model name alone does not tell CPU
+    generations apart: a KVM guest on an AMD EPYC Zen 3 (family 25 model 1),
+    Zen 4 (family 25 model 17) or Zen 5 (family 26 model 2) reads "AMD EPYC"
+    in each."""
+    fields: dict[str, str] = {}
+    try:
+        with open(cpuinfo, encoding="utf-8") as f:
+            for line in f:
+                if not line.strip():
+                    break  # the first processor's block is enough
+                key, _, value = line.partition(":")
+                fields.setdefault(key.strip(), value.strip())
+    except OSError:
+        return None
+    if "cpu family" not in fields or "model" not in fields:
+        return None
+    return f"family {fields['cpu family']} model {fields['model']}"
+
+
 def cpu_flags() -> set[str]:
     """The CPU's feature flags from ``/proc/cpuinfo`` (empty where unreadable)."""
     try:
@@ -404,8 +425,11 @@ def vllm_version() -> str | None:
 
 def this_machine() -> dict[str, Any]:
     """What a throughput measurement depends on besides the model:
-    ``{"cpu": CPU model name, "cores": logical cores}``."""
-    return {"cpu": cpu_model(), "cores": os.cpu_count() or 0}
+    ``{"cpu": CPU model name, "cpu_id": "family F model M" or None
+    (:func:`cpu_id`), "cores": logical cores}``. Stored choices and
+    calibrations are looked up by it, so a home shared by machines of one
+    model name but other CPU generations keeps each one's apart."""
+    return {"cpu": cpu_model(), "cpu_id": cpu_id(), "cores": os.cpu_count() or 0}
 
 
 def detect_device() -> str:

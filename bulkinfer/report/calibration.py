@@ -86,7 +86,8 @@ def record_calibration(
     step_cost: StepCost | None = None,
 ) -> dict[str, Any] | None:
     """Store a finished run's throughput for its model on ``machine``
-    (``{"cpu": model name, "cores": n}``) and return the entry; ``source`` is
+    (``{"cpu": model name, "cpu_id": family and model, "cores": n}``,
+    :func:`bulkinfer.engine.args.this_machine`) and return the entry; ``source`` is
     ``"run"`` or ``"calibrate"``; ``completion_lengths``: the run's
     completion lengths as quantiles (tokens), the ETA's prior for a later
     run (:func:`length_prior`); ``step_cost``: the step model fitted to
@@ -246,6 +247,7 @@ def _matches(entry: dict[str, Any], model_path: str, machine: dict[str, Any]) ->
     return bool(
         entry.get("model_path") == model_path
         and theirs.get("cpu") == machine.get("cpu")
+        and theirs.get("cpu_id") == machine.get("cpu_id")
         and theirs.get("cores") == machine.get("cores")
     )
 
@@ -284,7 +286,8 @@ def estimate(
     here = [e for e in entries if _matches(e, model_path, machine)]
     small = [e for e in here if not adequate(e)]
     used = [e for e in here if adequate(e) and e.get("completion_tokens_per_s", 0) > 0][-USE_NEWEST:]
-    where = f"{model} on this machine ({machine.get('cpu')}, {machine.get('cores')} cores)"
+    cpu = ", ".join(str(part) for part in (machine.get("cpu"), machine.get("cpu_id")) if part)
+    where = f"{model} on this machine ({cpu}, {machine.get('cores')} cores)"
     if not used:
         why = f"no estimate: no calibration of {where}"
         if small:

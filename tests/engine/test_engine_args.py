@@ -17,6 +17,7 @@ from bulkinfer.config import load_settings
 from bulkinfer.engine.args import (
     CPU_KV_CACHE_MIN_BYTES,
     GiB,
+    cpu_id,
     job_kv_cache_bytes,
     kv_cache_bytes_per_token,
     resolve_engine_args,
@@ -184,3 +185,27 @@ def test_the_compile_cache_leaves_tmp_after_the_tokenizer_has_imported_torch_dyn
     before, after = out.stdout.split()
     assert before.startswith(tempfile.gettempdir()) and Path(before).name.startswith("torchinductor_")
     assert after == str(tmp_path / "torchinductor")
+
+
+ZEN5_CPUINFO = """processor\t: 0
+vendor_id\t: AuthenticAMD
+cpu family\t: 26
+model\t\t: 2
+model name\t: AMD EPYC
+flags\t\t: fpu avx2 avx512f avx512_bf16
+
+processor\t: 1
+vendor_id\t: AuthenticAMD
+cpu family\t: 25
+model\t\t: 1
+model name\t: AMD EPYC
+"""
+
+
+def test_the_cpu_id_tells_cpu_generations_of_one_model_name_apart(tmp_path: Path) -> None:
+    info = tmp_path / "cpuinfo"
+    info.write_text(ZEN5_CPUINFO)
+    assert cpu_id(str(info)) == "family 26 model 2"  # the first processor's block
+    info.write_text("processor\t: 0\nBogoMIPS\t: 50.00\nCPU part\t: 0xd0c\n")  # an Arm machine: no family
+    assert cpu_id(str(info)) is None
+    assert cpu_id(str(tmp_path / "missing")) is None

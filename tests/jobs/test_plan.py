@@ -126,7 +126,9 @@ def test_plan_estimate_is_a_range_from_adequate_calibrations_of_this_model_and_m
     small_run = _entry(model, here, rows=20, completion_tokens=5000, completion_tokens_per_s=400.0)  # the last run
     other_model = _entry("/models/other", here, completion_tokens_per_s=1000.0)
     other_machine = _entry(model, {"cpu": "Some Other CPU", "cores": 64}, completion_tokens_per_s=1000.0)
-    _store([calibrated, big_run, other_model, other_machine, small_run])
+    # the same model name and cores, another CPU generation (KVM guests of Zen 3 and Zen 5 both read "AMD EPYC")
+    other_generation = _entry(model, {**here, "cpu_id": "family 1 model 1"}, completion_tokens_per_s=1000.0)
+    _store([calibrated, big_run, other_model, other_machine, other_generation, small_run])
 
     src = _ten_rows(tmp_path)
     json_path = tmp_path / "plan.json"
