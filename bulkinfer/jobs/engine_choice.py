@@ -64,8 +64,10 @@ def choose_engine_settings(
         size_kv_cache: on CPU, a KV cache sized to the job's tokens instead of
             vLLM's default (off when the engine outlives the job).
         sample: gives the input's first rows tokenized (:func:`sample_tokens`),
-            which size the KV cache better than the input's bytes alone;
-            called only when bulkinfer sizes the cache (CPU, no size of the user's).
+            which size the KV cache better than the input's bytes alone and
+            give the compile choice each row's own ``max_tokens``; called at
+            most once, only on CPU when bulkinfer sizes the cache or decides
+            eager against compiled.
 
     Raises:
         EngineError: the dtype probe's engine fails.
@@ -75,14 +77,21 @@ def choose_engine_settings(
         # the probe starts engines of its own: never a kept engine (serve and eval pass one), which it would reuse
         device = detect_device()
         settings, choice = measured_settings(model, settings, device, vllm_engine, print_to_stderr)
+        taken: list[TokenSample | None] = []  # the sample, once taken
+
+        def rows() -> TokenSample | None:
+            if not taken:
+                taken.append(sample() if sample is not None else None)
+            return taken[0]
+
         if size_kv_cache and device == "cpu" and kv_cache_left_to_bulkinfer(settings.engine):
-            rows = sample() if sample is not None else None
-            tokens = job_tokens(settings, scan, rows)
+            tokens = job_tokens(settings, scan, rows())
             if tokens is not None and (kv := sized_kv_cache(model, settings.engine, tokens)):
                 settings = with_engine(settings, kv_cache_memory_bytes=kv["kv_cache_memory_bytes"])
-                choice["kv_cache"] = {**kv, "job_tokens": tokens, "tokens_from": tokens_from(rows)}
+                choice["kv_cache"] = {**kv, "job_tokens": tokens, "tokens_from": tokens_from(rows())}
         if device == "cpu":
-            expected = expected_completion_tokens(settings, scan) if size_kv_cache else None
+            decides = size_kv_cache and settings.engine.enforce_eager is None
+            expected = expected_completion_tokens(settings, scan, rows()) if decides else None
             settings, choice["compile"] = choose_compile(model, settings, expected)
     return with_priority_scheduling(settings, scan.mentions_priority), choice
 
@@ -98,13 +107,20 @@ def with_priority_scheduling(settings: Settings, rows_set_priority: bool) -> Set
     return with_engine(settings, extra_args={**extra, "scheduling_policy": "priority"})
 
 
-def expected_completion_tokens(settings: Settings, scan: InputScan) -> int | None:
-    """The most completion tokens a job generates: ``rows x n x max_tokens``
-    (the default ``max_tokens``; as ``plan``'s estimate, every row generating
-    all of it); None when the input's size is unknown or the engines run on
-    other machines (a Ray cluster's, whose compile figures this one lacks)."""
+def expected_completion_tokens(settings: Settings, scan: InputScan, sample: TokenSample | None = None) -> int | None:
+    """The most completion tokens a job generates (as ``plan``'s estimate,
+    every row generating all of its ``n x max_tokens``): with a ``sample``
+    of the input's first rows (:func:`sample_tokens`), their own ``n x
+    max_tokens`` per row over ``scan.rows`` (all of them when the sample is
+    the whole input); without one, ``rows x n x`` the default
+    ``max_tokens``. None when the input's size is unknown or the engines run
+    on other machines (a Ray cluster's, whose compile figures this one lacks)."""
     if scan.rows is None or settings.ray.address not in (None, "local"):
         return None
+    if sample is not None and sample.whole:
+        return sample.completion_tokens
+    if sample is not None and sample.rows > 0:
+        return math.ceil(sample.completion_tokens / sample.rows * scan.rows)
     return scan.rows * settings.sampling.n * settings.sampling.max_tokens
 
 

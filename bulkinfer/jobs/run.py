@@ -247,7 +247,8 @@ def _os_error(exc: OSError, paths: RunPaths) -> BulkinferError:
 
 def _token_sample(path: Path, tokenizer: Any, settings: Settings, job: Job) -> TokenSample | None:
     """A JSONL input's first rows tokenized (:func:`sample_tokens`), from a
-    reader of their own, to size the KV cache; None for Parquet (its bytes
+    reader of their own, to size the KV cache and count the rows' own
+    ``max_tokens`` for the compile choice; None for Parquet (its bytes
     are column bytes, not rows'), for what is not a regular file (a pipe
     cannot be read twice) or when the input cannot be read again."""
     if SUFFIXES.get(format_suffix(path)) != JSONL or not path.is_file():

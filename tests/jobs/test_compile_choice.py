@@ -127,6 +127,33 @@ def test_a_job_sized_run_decides_from_rows_n_and_max_tokens(home: Path, monkeypa
     assert choice["compile"]["expected_completion_tokens"] is None  # an engine that outlives the job
 
 
+def test_rows_that_set_their_own_max_tokens_decide_by_them(home: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """An OpenAI batch file's rows each carry max_tokens: the compile choice
+    counts theirs (from the tokenized sample), not 256 a row."""
+    from bulkinfer.jobs import engine_choice
+
+    monkeypatch.setattr(engine_choice, "detect_device", lambda: "cpu")
+    monkeypatch.setattr(engine_choice, "sized_kv_cache", lambda *a: {})
+    monkeypatch.setattr(engine_choice, "measured_settings", lambda model, s, *a: (with_engine(s, dtype="float32"), {}))
+    store()  # cold break-even 90,000
+    scan = InputScan(rows=100, mentions_priority=False, bytes=10_000)  # at 256 a row: 25,600 tokens, eager
+    taken: list[int] = []
+
+    def long_rows() -> engine_choice.TokenSample:  # the first 10 of 100 rows ask for 2,000 tokens each
+        taken.append(1)
+        return engine_choice.TokenSample(rows=10, bytes=1_000, prompt_tokens=500, completion_tokens=20_000, whole=False)
+
+    settings, choice = engine_choice.choose_engine_settings("m", Settings(), scan, True, True, long_rows)
+    assert choice["compile"]["expected_completion_tokens"] == 200_000 and settings.engine.enforce_eager is False
+    assert taken == [1]  # one sample for both the KV cache and the compile choice
+    whole = engine_choice.TokenSample(rows=100, bytes=10_000, prompt_tokens=500, completion_tokens=3_200, whole=True)
+    settings, choice = engine_choice.choose_engine_settings("m", Settings(), scan, True, True, lambda: whole)
+    assert choice["compile"]["expected_completion_tokens"] == 3_200 and settings.engine.enforce_eager is True
+    users = with_engine(Settings(), enforce_eager=True, kv_cache_memory_bytes=2**30)  # nothing left to decide
+    engine_choice.choose_engine_settings("m", users, scan, True, True, long_rows)
+    assert taken == [1]
+
+
 class Timed:
     """Stands in for an engine: its start takes ``start_s`` (a clock advanced by the factory)."""
 

@@ -109,7 +109,8 @@ RECORDS = {r["cpu"]: r for r in orjson.loads((Path(__file__).parent / "probe_rec
 # What the probe decides on each recorded CPU: (dtype, why).
 PROBE_DECISIONS = {
     "amd-epyc-zen3": ("float32", "bfloat16 passed the probe (0.6% from float32's perplexity) at 0.19x"),
-    "amd-epyc-zen5": ("bfloat16", "bfloat16 passed the probe (0.2% from float32's perplexity) at 1.23x"),
+    "amd-epyc-zen4": ("bfloat16", "bfloat16 passed the probe (0.2% from float32's perplexity) at 1.23x"),
+    "amd-epyc-zen5": ("bfloat16", "bfloat16 passed the probe (0.2% from float32's perplexity) at 1.60x"),
     "intel-xeon-amx": ("bfloat16", "bfloat16 passed the probe (0.1% from float32's perplexity) at 2.08x"),
 }
 
@@ -118,6 +119,7 @@ PROBE_DECISIONS = {
 RUN_CHOICES = {
     # no native bfloat16: float32 without starting the probe (whose answer would be float32 too, at 0.19x)
     "amd-epyc-zen3": ("float32", "this CPU has no native bfloat16 instructions (amx_bf16, avx512_bf16)", False, None),
+    "amd-epyc-zen4": ("bfloat16", PROBE_DECISIONS["amd-epyc-zen4"][1], True, "avx512_bf16"),
     "amd-epyc-zen5": ("bfloat16", PROBE_DECISIONS["amd-epyc-zen5"][1], True, "avx512_bf16"),
     "intel-xeon-amx": ("bfloat16", PROBE_DECISIONS["intel-xeon-amx"][1], True, "amx_bf16"),
 }
