@@ -355,26 +355,8 @@ def _torch_inductor_default() -> Path:
     return Path(default_cache_dir()).absolute()
 
 
-def cpu_model() -> str:
-    """The CPU's model name from ``/proc/cpuinfo`` (else what ``platform`` says)."""
-    import platform
-
-    try:
-        with open("/proc/cpuinfo", encoding="utf-8") as f:
-            for line in f:
-                if line.startswith("model name"):
-                    return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return platform.processor() or platform.machine()
-
-
-def cpu_id(cpuinfo: str = "/proc/cpuinfo") -> str | None:
-    """``"family F model M"`` from ``cpuinfo`` (x86: the first processor's
-    ``cpu family`` and ``model`` lines), else None. The model name alone does not tell CPU
-    generations apart: a KVM guest on an AMD EPYC Zen 3 (family 25 model 1),
-    Zen 4 (family 25 model 17) or Zen 5 (family 26 model 2) reads "AMD EPYC"
-    in each."""
+def cpuinfo_fields(cpuinfo: str = "/proc/cpuinfo") -> dict[str, str]:
+    """The first processor's ``key: value`` lines of ``cpuinfo`` (empty where unreadable)."""
     fields: dict[str, str] = {}
     try:
         with open(cpuinfo, encoding="utf-8") as f:
@@ -384,7 +366,22 @@ def cpu_id(cpuinfo: str = "/proc/cpuinfo") -> str | None:
                 key, _, value = line.partition(":")
                 fields.setdefault(key.strip(), value.strip())
     except OSError:
-        return None
+        pass
+    return fields
+
+
+def cpu_model() -> str:
+    """The CPU's model name from ``/proc/cpuinfo`` (else what ``platform`` says)."""
+    import platform
+
+    return cpuinfo_fields().get("model name") or platform.processor() or platform.machine()
+
+
+def cpu_id(cpuinfo: str = "/proc/cpuinfo") -> str | None:
+    """``"family F model M"`` from ``cpuinfo`` (x86), else None: the model name alone does not
+    tell CPU generations apart (a KVM guest on an AMD EPYC Zen 3, family 25 model 1, Zen 4,
+    25/17, or Zen 5, 26/2, reads "AMD EPYC" in each)."""
+    fields = cpuinfo_fields(cpuinfo)
     if "cpu family" not in fields or "model" not in fields:
         return None
     return f"family {fields['cpu family']} model {fields['model']}"
@@ -392,14 +389,7 @@ def cpu_id(cpuinfo: str = "/proc/cpuinfo") -> str | None:
 
 def cpu_flags() -> set[str]:
     """The CPU's feature flags from ``/proc/cpuinfo`` (empty where unreadable)."""
-    try:
-        with open("/proc/cpuinfo", encoding="utf-8") as f:
-            for line in f:
-                if line.startswith("flags"):
-                    return set(line.split(":", 1)[1].split())
-    except OSError:
-        pass
-    return set()
+    return set(cpuinfo_fields().get("flags", "").split())
 
 
 def native_bfloat16(flags: set[str]) -> str | None:
