@@ -17,6 +17,7 @@ The engine itself is then built by the run's engine factory (by default
 
 from __future__ import annotations
 
+import functools
 import itertools
 import math
 from collections.abc import Callable, Iterable
@@ -77,13 +78,7 @@ def choose_engine_settings(
         # the probe starts engines of its own: never a kept engine (serve and eval pass one), which it would reuse
         device = detect_device()
         settings, choice = measured_settings(model, settings, device, vllm_engine, print_to_stderr)
-        taken: list[TokenSample | None] = []  # the sample, once taken
-
-        def rows() -> TokenSample | None:
-            if not taken:
-                taken.append(sample() if sample is not None else None)
-            return taken[0]
-
+        rows = functools.cache(sample) if sample is not None else lambda: None  # taken once, when first needed
         if size_kv_cache and device == "cpu" and kv_cache_left_to_bulkinfer(settings.engine):
             tokens = job_tokens(settings, scan, rows())
             if tokens is not None and (kv := sized_kv_cache(model, settings.engine, tokens)):
