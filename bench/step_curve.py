@@ -10,7 +10,8 @@ P, B requests of P prompt tokens (fixed token ids), ``max_tokens`` 24 (48
 for the long prompts, whose prefill takes more steps), ``ignore_eos``,
 temperature 0, are added at once to one engine (vLLM's ``LLMEngine``, in
 this process: ``VLLM_ENABLE_V1_MULTIPROCESSING=0``, as bulkinfer runs one
-CPU engine; the default model, float32 on CPU, eager, vLLM's scheduler
+CPU engine; the default model, float32 on CPU (``--dtype``), eager
+(``--compiled``: vLLM's compiled model), vLLM's scheduler
 defaults, 256 sequences); each ``step()`` is timed with ``time.perf_counter``. A pure
 decode step is one after every request has at least 2 tokens and before
 any has all of them: B rows decoded, nothing prefilled. Per point: the
@@ -23,7 +24,7 @@ equivalents (its ``overhead_tokens``: t_B / s - B; one figure for every B
 if the line held); the context weight from the long prompts against the
 short at the same B: (t_long - t_short) / (B x (P_long - P_short)) / s.
 
-Usage: ``python -m bench.step_curve [--tag T]``; writes
+Usage: ``python -m bench.step_curve [--dtype D] [--compiled] [--tag T]``; writes
 ``bench/results/step-curve[-T].{json,md}``. One engine: a quiet machine, a
 few minutes.
 """
@@ -37,19 +38,21 @@ import statistics
 import sys
 import time
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 import orjson
 
 from bench.measure import machine, versions
 
+DType = Literal["float32", "bfloat16", "float16"]
 ROOT = Path(__file__).resolve().parents[1]
 SHORT, LONG = 16, 512
 GRID = [(b, SHORT) for b in (1, 2, 4, 8, 16, 32, 64, 128, 256)] + [(b, LONG) for b in (1, 2, 4, 8, 16, 32, 64)]
 
 
-def measure(model: str) -> list[dict[str, Any]]:
-    """The median pure-decode step (seconds) of each point of :data:`GRID`."""
+def measure(model: str, dtype: DType = "float32", compiled: bool = False) -> list[dict[str, Any]]:
+    """The median pure-decode step (seconds) of each point of :data:`GRID`,
+    the engine at ``dtype``, eager or (``compiled``) vLLM's compiled model."""
     os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
     from vllm import EngineArgs, LLMEngine, RequestOutput, SamplingParams
     from vllm.inputs import TokensPrompt
@@ -57,8 +60,8 @@ def measure(model: str) -> list[dict[str, Any]]:
     engine = LLMEngine.from_engine_args(
         EngineArgs(
             model=model,
-            dtype="float32",
-            enforce_eager=True,
+            dtype=dtype,
+            enforce_eager=not compiled,
             kv_cache_memory_bytes=3 << 30,
             max_num_seqs=256,  # vLLM's LLM class default and bulkinfer's; LLMEngine's own is 128 on CPU
             seed=0,
@@ -111,11 +114,13 @@ def derive(points: list[dict[str, Any]]) -> dict[str, Any]:
 def render(doc: dict[str, Any]) -> str:
     """The results page."""
     m, d = doc["machine"], doc["derived"]
+    doc = {"dtype": "float32", "compiled": False, **doc}  # recorded before --dtype and --compiled
     lines = [
         f"# One decode step by rows and context ({doc['date']}; {m['cpu']} ({m['cpu_kind']}), "
         f"{m['logical_cores']} cores)",
         "",
-        f"Command: `{doc['command']}`; vLLM {doc['versions']['vllm']}, the default model, float32, eager, "
+        f"Command: `{doc['command']}`; vLLM {doc['versions']['vllm']}, the default model, {doc['dtype']}, "
+        f"{'compiled' if doc['compiled'] else 'eager'}, "
         "one engine in this process. Seconds: the median of a point's pure decode steps.",
         "",
         "| rows | prompt tokens | decode steps | step s | ms per row | overhead it implies (tokens) | context weight |",
@@ -146,15 +151,22 @@ def render(doc: dict[str, Any]) -> str:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--tag", default="")
+    parser.add_argument("--dtype", default="float32", choices=["float32", "bfloat16", "float16"])
+    parser.add_argument("--compiled", action="store_true", help="vLLM's compiled model (enforce_eager=False)")
     args = parser.parse_args()
     from bulkinfer.models import resolve_model
 
-    points = measure(resolve_model(None))
+    points = measure(resolve_model(None), args.dtype, args.compiled)
     doc = {
         "date": dt.datetime.now(dt.UTC).strftime("%Y-%m-%dT%H:%M:%SZ"),
         "machine": machine(),
         "versions": versions(),
-        "command": "python -m bench.step_curve" + (f" --tag {args.tag}" if args.tag else ""),
+        "command": "python -m bench.step_curve"
+        + (f" --dtype {args.dtype}" if args.dtype != "float32" else "")
+        + (" --compiled" if args.compiled else "")
+        + (f" --tag {args.tag}" if args.tag else ""),
+        "dtype": args.dtype,
+        "compiled": args.compiled,
         "points": points,
         "derived": derive(points),
     }

@@ -234,6 +234,12 @@ def calibrate(
             f"compiled {compiled['completion_tokens_per_s']:.1f} tok/s, start "
             f"{'unmeasured' if cold is None else f'{cold:.1f} s'} cold, {compiled['warm_start_s']:.1f} s warm"
         )
+        for name, side in (("eager", eager), ("compiled", compiled)):
+            if cost := side.get("decode_cost"):
+                typer.echo(
+                    f"compile: {name} decode step {1000 * cost['fixed_s']:.2f} ms + {1000 * cost['per_row_s']:.3f} ms "
+                    f"a row + {1e6 * cost['per_context_token_s']:.2f} us a context token"
+                )
     entry = result["calibration"]
     typer.echo(
         f"calibrated: {entry['completion_tokens_per_s']:.1f} completion tokens/s, "

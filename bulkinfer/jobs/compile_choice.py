@@ -5,25 +5,39 @@ bulkinfer's default on CPU until measured otherwise).
 Compiling costs start-up seconds (the first time on a machine: the whole
 compilation; after that the compile cache, see
 :func:`~bulkinfer.engine.args.compile_cache_dir`, gives most of it back)
-and may make each engine step faster. So it pays from some number of
-completion tokens on, and that number is measured, per model, dtype and
-machine, by ``bulkinfer calibrate --compile`` (:func:`measure_compile`):
+and may make each engine step faster. So it pays for jobs of enough work,
+and what it costs and saves is measured, per model, dtype and machine, by
+``bulkinfer calibrate --compile`` (:func:`measure_compile`):
 one eager engine and two compiled ones, each in a fresh process as a
 run's is (the first fills the cache, the second starts from it), each
 start timed, and the first two generating the same fixed workload
 (:data:`TRIAL_TOKENS`).
 
-A run then decides (:func:`choose_compile`), where the user set neither
-``enforce_eager`` nor ``--no-enforce-eager``: compiled when the job's
-expected completion tokens times the seconds compiling saves a token exceed
-the start-up it adds (the warm figure when a compiled engine of the same
-settings started on this machine before and its cache is still there, the
-cold one otherwise), eager otherwise; the report's ``engine_choice.compile``
-says which and why, with the break-even. Unmeasured, a job runs eager.
+Each engine also times its decode steps and prefill at a few batch sizes
+and contexts (:data:`~bulkinfer.jobs.decode_steps.DECODE_GRID`) and stores
+the cost fitted to them (:class:`~bulkinfer.jobs.decode_steps.DecodeCost`:
+seconds a step, a row, a context token and a prompt token).
 
-The break-even in completion tokens: ``extra start s / (1 / eager tok/s - 1 /
-compiled tok/s)`` (the trials' means); none when compiling was not clearly
-faster (:func:`clearly_faster`: every compiled trial beat every eager one).
+A run then decides (:func:`choose_compile`), where the user set neither
+``enforce_eager`` nor ``--no-enforce-eager``: compiled when the seconds
+compiling is expected to save the job exceed the start-up it adds (the warm
+figure when a compiled engine of the same settings started on this machine
+before and its cache is still there, the cold one otherwise), eager
+otherwise; never when compiling was not clearly faster in the trials
+(:func:`clearly_faster`: every compiled trial beat every eager one). The
+seconds saved are each engine's cost of the job's own work
+(:func:`~bulkinfer.jobs.decode_steps.decode_work`: its decode steps,
+completion tokens, context tokens and prompt tokens, from its first rows
+tokenized), so a job of long
+prompts and completions, whose steps attend over more context, is priced
+as such: on an AMD EPYC Zen 5 the trials' whole-job rates (1.12x) put the
+break-even of a ShareGPT job at 76,407 completion tokens while the job
+itself generated 1.16x faster compiled. Without that work (a Parquet
+input) or a decode cost (measured before 2026-12-01), the trials' rates
+decide: the break-even in completion tokens ``extra start s / (1 / eager
+tok/s - 1 / compiled tok/s)`` against the job's expected completion
+tokens. The report's ``engine_choice.compile`` says which and why.
+Unmeasured, a job runs eager.
 """
 
 from __future__ import annotations
@@ -35,7 +49,8 @@ from typing import Any
 from bulkinfer.config import Settings, with_engine
 from bulkinfer.engine.args import compile_cache_dir, import_vllm, this_machine, vllm_version
 from bulkinfer.engine.base import EngineFactory
-from bulkinfer.jobs.tune import speed
+from bulkinfer.jobs.decode_steps import DECODE_GRID, GRID_TOKENS, DecodeCost, DecodeWork, fit_decode_cost
+from bulkinfer.jobs.tune import speed, step_seconds
 from bulkinfer.models import load_tokenizer
 from bulkinfer.report.calibration import record_choice, stored_choice
 
@@ -67,7 +82,14 @@ def compile_machine(settings: Settings) -> dict[str, Any]:
 
 
 def _graph_key(settings: Settings) -> dict[str, Any]:
-    return {**compile_machine(settings), **{k: getattr(settings.engine, k) for k in GRAPH_SETTINGS}}
+    """What a compiled start's graph is stored under: the machine, the graph
+    settings and the compile cache directory it went to (a run given another
+    ``TORCHINDUCTOR_CACHE_DIR``, as ``bench.compile``'s are, fills that one:
+    recorded without it, such a run made the next ``calibrate --compile``
+    take its cold start of 76.9 s for a warm one and store no cold figure;
+    AMD EPYC Zen 4, 2026-12-01)."""
+    graph = {k: getattr(settings.engine, k) for k in GRAPH_SETTINGS}
+    return {**compile_machine(settings), **graph, "compile_cache": str(compile_cache_dir())}
 
 
 def cache_warm(model: str, settings: Settings) -> dict[str, Any] | None:
@@ -103,12 +125,17 @@ def clearly_faster(eager: dict[str, Any], compiled: dict[str, Any]) -> bool:
     return bool(slowest > max(eager.get("trial_rates") or [eager["completion_tokens_per_s"]]))
 
 
-def choose_compile(model: str, settings: Settings, expected_tokens: int | None) -> tuple[Settings, dict[str, Any]]:
+def choose_compile(
+    model: str, settings: Settings, expected_tokens: int | None, work: DecodeWork | None = None
+) -> tuple[Settings, dict[str, Any]]:
     """``settings`` with ``enforce_eager`` decided for a CPU job expected to
-    generate ``expected_tokens`` completion tokens (None: unknown), and the
-    report's ``engine_choice.compile`` (``enforce_eager``, ``why``, and when
-    measured ``break_even_completion_tokens``, ``expected_completion_tokens``,
-    ``cache``: warm or cold). See the module docstring."""
+    generate ``expected_tokens`` completion tokens (None: unknown) in the
+    decode ``work`` (None: unknown), and the report's
+    ``engine_choice.compile`` (``enforce_eager``, ``why``, and when measured
+    ``expected_completion_tokens``, ``cache``: warm or cold; by the decode
+    cost ``expected_generation_s`` of each engine, ``extra_start_s`` and
+    ``decode_work``; else ``break_even_completion_tokens``). See the module
+    docstring."""
     if settings.engine.enforce_eager is not None:
         return settings, {"enforce_eager": settings.engine.enforce_eager, "why": "set by the user"}
     if settings.engine.data_parallel_size > 1:
@@ -125,34 +152,84 @@ def choose_compile(model: str, settings: Settings, expected_tokens: int | None) 
     if start is None:  # measured with the cache already warm: what a cold start costs is unknown
         why = "the compile cache is cold for these settings and a cold compile was not measured here"
         return with_engine(settings, enforce_eager=True), {"enforce_eager": True, "why": why, **choice}
-    speeds = eager["completion_tokens_per_s"], compiled["completion_tokens_per_s"]
-    tokens = break_even(start - eager["start_s"], *speeds) if clearly_faster(eager, compiled) else None
-    choice["break_even_completion_tokens"] = None if tokens is None else round(tokens)
     rates = (
         f"compiled {compiled['completion_tokens_per_s']:.1f} vs eager {eager['completion_tokens_per_s']:.1f} "
-        f"completion tok/s, start {start:.1f} vs {eager['start_s']:.1f} s with the compile cache "
+        f"completion tok/s in the trials, start {start:.1f} vs {eager['start_s']:.1f} s with the compile cache "
         f"{choice['cache']} (measured {measured['measured_at']})"
     )
-    if tokens is None:
-        use_eager, why = True, f"compiling is not faster here: {rates}"
-    elif expected_tokens is None:
-        use_eager = True
-        why = f"the job's size is unknown; compiling pays from {tokens:,.0f} completion tokens: {rates}"
+    if not clearly_faster(eager, compiled):
+        choice["break_even_completion_tokens"] = None
+        why = f"compiling is not faster here: {rates}"
+        return with_engine(settings, enforce_eager=True), {"enforce_eager": True, "why": why, **choice}
+    costs = DecodeCost.from_json(eager.get("decode_cost")), DecodeCost.from_json(compiled.get("decode_cost"))
+    extra = start - eager["start_s"]
+    if work is not None and work.tokens > 0 and costs[0] is not None and costs[1] is not None:
+        use_eager, why = _by_decode_cost(work, costs[0], costs[1], extra, choice)
     else:
-        use_eager = expected_tokens < tokens
-        side = "under" if use_eager else "at or over"
-        why = (
-            f"the job's expected {expected_tokens:,} completion tokens are {side} the break-even of "
-            f"{tokens:,.0f}: {rates}"
-        )
-    return with_engine(settings, enforce_eager=use_eager), {"enforce_eager": use_eager, "why": why, **choice}
+        use_eager, why = _by_break_even(expected_tokens, eager, compiled, extra, choice)
+    return with_engine(settings, enforce_eager=use_eager), {"enforce_eager": use_eager, "why": why + rates, **choice}
+
+
+def _by_break_even(
+    expected_tokens: int | None,
+    eager: dict[str, Any],
+    compiled: dict[str, Any],
+    extra_start_s: float,
+    choice: dict[str, Any],
+) -> tuple[bool, str]:
+    """Eager (True) or compiled by the trials' rates (:func:`break_even`,
+    compiled being clearly faster) against the job's ``expected_tokens``;
+    the reason's first part; ``choice`` gains the break-even."""
+    tokens = break_even(extra_start_s, eager["completion_tokens_per_s"], compiled["completion_tokens_per_s"])
+    assert tokens is not None  # clearly faster: the mean of the compiled trials beats the eager trials'
+    choice["break_even_completion_tokens"] = round(tokens)
+    if expected_tokens is None:
+        return True, f"the job's size is unknown; compiling pays from {tokens:,.0f} completion tokens: "
+    use_eager = expected_tokens < tokens
+    side = "under" if use_eager else "at or over"
+    return (
+        use_eager,
+        f"the job's expected {expected_tokens:,} completion tokens are {side} the break-even of {tokens:,.0f}: ",
+    )
+
+
+def _by_decode_cost(
+    work: DecodeWork, eager: DecodeCost, compiled: DecodeCost, extra_start_s: float, choice: dict[str, Any]
+) -> tuple[bool, str]:
+    """Eager (True) or compiled for ``work`` by each engine's decode cost;
+    the reason's first part; ``choice`` gains what it was decided by."""
+    seconds = {"eager": round(eager.seconds(work), 1), "compiled": round(compiled.seconds(work), 1)}
+    saved = seconds["eager"] - seconds["compiled"]
+    choice.update(
+        expected_generation_s=seconds, extra_start_s=round(extra_start_s, 1),
+        decode_work={
+            "steps": work.steps, "completion_tokens": work.tokens, "context_tokens": work.context,
+            "prompt_tokens": work.prompt_tokens,
+        },
+    )  # fmt: skip
+    use_eager = saved <= extra_start_s
+    verdict = "does not pay" if use_eager else "pays"
+    why = (
+        f"compiling {verdict}: it is expected to save {saved:,.1f} s of the job's generation "
+        f"({work.steps:,} decode steps, {work.tokens:,} completion tokens, {work.context:,} context tokens, "
+        f"{work.prompt_tokens:,} prompt tokens: "
+        f"{seconds['eager']:,.1f} s eager, {seconds['compiled']:,.1f} s compiled at the step costs measured) "
+        f"against {extra_start_s:.1f} s more to start; "
+    )
+    return use_eager, why
 
 
 def _timed_engine(model: str, settings: Settings, engine_factory: EngineFactory, trials: bool) -> dict[str, Any]:
     """Start an engine of ``model`` at ``settings`` in this process, timed
     (vLLM imported first, as a run has it when its engine starts), with
-    ``trials`` the warm-up and :data:`TRIALS` speed trials, then close it:
-    ``{"start_s", "trial_rates"}`` (seconds; completion tokens/s, empty without ``trials``)."""
+    ``trials`` the warm-up, :data:`TRIALS` speed trials and :data:`TRIALS`
+    passes over :data:`~bulkinfer.jobs.decode_steps.DECODE_GRID` (each
+    point's fastest kept: a 2-core VM's speed wandered by up to 30% between
+    two calibrations 17 minutes apart, AMD EPYC Zen 4), then close it:
+    ``{"start_s", "trial_rates", "decode_steps"}`` (seconds; completion
+    tokens/s; ``[rows, prompt tokens, seconds a decode step, seconds a
+    prompt token's prefill]`` each, :func:`~bulkinfer.jobs.tune.step_seconds`;
+    both empty without ``trials``)."""
     tokenizer = load_tokenizer(model, settings.engine.trust_remote_code)  # imports torch._dynamo, as a run's does
     import_vllm()
     clock = time.monotonic()
@@ -160,12 +237,17 @@ def _timed_engine(model: str, settings: Settings, engine_factory: EngineFactory,
     start_s = time.monotonic() - clock
     try:
         rates: list[float] = []
+        grid: list[list[float]] = []
         if trials:
             speed(engine, tokenizer, 16, 4)  # warm-up
             rates = [round(speed(engine, tokenizer, TRIAL_ROWS, TRIAL_TOKENS)[0], 2) for _ in range(TRIALS)]
+            vocab = len(tokenizer)
+            passes = [[step_seconds(engine, r, p, GRID_TOKENS, vocab) for r, p in DECODE_GRID] for _ in range(TRIALS)]
+            for (r, p), *times in zip(DECODE_GRID, *passes, strict=True):  # each point's least disturbed pass
+                grid.append([r, p, round(min(t[0] for t in times), 6), round(min(t[1] for t in times), 8)])
     finally:
         engine.close()
-    return {"start_s": round(start_s, 2), "trial_rates": rates}
+    return {"start_s": round(start_s, 2), "trial_rates": rates, "decode_steps": grid}
 
 
 def in_fresh_process(fn: Callable[..., Any], *args: Any) -> Any:
@@ -192,8 +274,11 @@ def measure_compile(
     stored entry: ``eager`` (``start_s``, ``completion_tokens_per_s``: the
     mean of ``trial_rates``, :data:`TRIALS` of them) and ``compiled``
     (``cold_start_s``: the first compiled start, ``warm_start_s``: the second,
-    ``completion_tokens_per_s``, ``trial_rates``). The compile cache is warm
-    for these settings afterwards.
+    ``completion_tokens_per_s``, ``trial_rates``); each with the seconds of
+    its decode steps at :data:`~bulkinfer.jobs.decode_steps.DECODE_GRID`
+    (``decode_steps``) and the line fitted to them (``decode_cost``,
+    :class:`~bulkinfer.jobs.decode_steps.DecodeCost`). The compile cache is
+    warm for these settings afterwards.
 
     Each engine starts in a process of its own (``isolate``, default
     :func:`in_fresh_process`), as a run's does: torch's compile caches key a
@@ -216,9 +301,11 @@ def measure_compile(
         if name == "compiled again":  # the start is what this one measures
             results["compiled"]["warm_start_s"] = timed["start_s"]
             continue
-        trials = timed["trial_rates"]
+        trials, grid = timed["trial_rates"], timed["decode_steps"]
         rate = round(sum(trials) / len(trials), 2)
         results[name] = {"start_s": timed["start_s"], "completion_tokens_per_s": rate, "trial_rates": trials}
+        if grid:
+            results[name].update(decode_steps=grid, decode_cost=fit_decode_cost(grid).to_json())
         if not eager:  # a cold start only if the compile cache did not hold it yet; else the earlier cold figure
             cold = earlier["compiled"].get("cold_start_s") if was_warm and earlier else None
             results[name] = {"cold_start_s": cold if was_warm else timed["start_s"], **results[name]}

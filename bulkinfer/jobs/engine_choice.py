@@ -32,7 +32,8 @@ from bulkinfer.engine.factory import vllm_engine
 from bulkinfer.io.inputs import InputScan
 from bulkinfer.io.readers import RawRow
 from bulkinfer.jobs.compile_choice import choose_compile
-from bulkinfer.jobs.tune import measured_settings, print_to_stderr
+from bulkinfer.jobs.decode_steps import DecodeWork, decode_work
+from bulkinfer.jobs.tune import TUNE_DEFAULTS, measured_settings, print_to_stderr
 from bulkinfer.prep.planner import Planner
 from bulkinfer.prep.rows import RowParser
 
@@ -87,7 +88,8 @@ def choose_engine_settings(
         if device == "cpu":
             decides = size_kv_cache and settings.engine.enforce_eager is None
             expected = expected_completion_tokens(settings, scan, rows()) if decides else None
-            settings, choice["compile"] = choose_compile(model, settings, expected)
+            work = expected_decode_work(settings, scan, rows()) if decides else None
+            settings, choice["compile"] = choose_compile(model, settings, expected, work)
     return with_priority_scheduling(settings, scan.mentions_priority), choice
 
 
@@ -117,6 +119,19 @@ def expected_completion_tokens(settings: Settings, scan: InputScan, sample: Toke
     if sample is not None and sample.rows > 0:
         return math.ceil(sample.completion_tokens / sample.rows * scan.rows)
     return scan.rows * settings.sampling.n * settings.sampling.max_tokens
+
+
+def expected_decode_work(settings: Settings, scan: InputScan, sample: TokenSample | None) -> DecodeWork | None:
+    """The job's decode work (:func:`~bulkinfer.jobs.decode_steps.decode_work`)
+    from the ``sample``'s rows (each row's prompt and ``n x max_tokens``
+    tokens) scaled to ``scan.rows``, at the engine's ``max_num_seqs``
+    (vLLM's default, 256, when unset); None without a sample with its rows'
+    lengths, an input of unknown size, or engines on other machines."""
+    if sample is None or not sample.lengths or scan.rows is None or settings.ray.address not in (None, "local"):
+        return None
+    rows = len(sample.lengths) if sample.whole else math.ceil(len(sample.lengths) / sample.rows * scan.rows)
+    slots = settings.engine.max_num_seqs or TUNE_DEFAULTS["max_num_seqs"]
+    return decode_work(sample.lengths, rows, slots)
 
 
 def job_tokens(settings: Settings, scan: InputScan, sample: TokenSample | None = None) -> int | None:
@@ -157,13 +172,15 @@ class TokenSample:
     parsed, their ``bytes`` (each row's JSON, compact, and a newline: at most
     its line's bytes), ``prompt_tokens`` (chat template applied),
     ``completion_tokens`` (each row's ``n x max_tokens``); ``whole``: every
-    row of the input was read."""
+    row of the input was read; ``lengths``: each sequence's (prompt tokens,
+    ``max_tokens``), a row of ``n`` choices ``n`` times."""
 
     rows: int
     bytes: int
     prompt_tokens: int
     completion_tokens: int
     whole: bool
+    lengths: tuple[tuple[int, int], ...] = ()
 
 
 def sample_tokens(
@@ -177,6 +194,7 @@ def sample_tokens(
     planner = Planner(tokenizer, settings.plan, max_model_len=1 << 62)
     count = size = prompts = completions = 0
     read = 0
+    lengths: list[tuple[int, int]] = []
     for raw in itertools.islice(rows, limit + 1):
         read += 1
         if read > limit or raw.error is not None:
@@ -190,6 +208,7 @@ def sample_tokens(
         size += len(orjson.dumps(raw.data)) + 1
         prompts += tokens
         completions += request.max_completion_tokens
+        lengths += [(tokens, request.max_tokens)] * int(request.options.get("n", 1))
     if not count:
         return None
-    return TokenSample(count, size, prompts, completions, whole=read <= limit)
+    return TokenSample(count, size, prompts, completions, whole=read <= limit, lengths=tuple(lengths))

@@ -34,6 +34,7 @@ compile choice's (:mod:`bulkinfer.jobs.compile_choice`): worst beats best.
 from __future__ import annotations
 
 import dataclasses
+import itertools
 import math
 import time
 from collections.abc import Callable, Sequence
@@ -351,6 +352,57 @@ def speed(
         engine.abort_unfinished()
     seconds = time.monotonic() - started
     return (engine.generated_tokens - before) / seconds, seconds, cut.is_set()
+
+
+_PROMPT_SALT = itertools.count(1)
+
+
+def step_seconds(engine: Engine, rows: int, prompt_tokens: int, tokens: int, vocab: int) -> tuple[float, float]:
+    """Seconds of one decode step of ``rows`` rows of ``prompt_tokens``
+    prompt tokens each on ``engine``, and seconds a prompt token of theirs
+    took to prefill. The rows (distinct token ids below ``vocab``, so none
+    shares a cached prefix with another or with an earlier call's;
+    ``tokens`` tokens each, ``ignore_eos``) are sent
+    at once; the prefill is timed from then to the first step after which
+    every row has a token (over ``rows x prompt_tokens`` tokens; the first
+    rows' first decode steps, under vLLM's chunked prefill, are in it); the
+    decode step is the steps during which every row is decoding (each has 2
+    tokens or more and none has all) timed together by the completion
+    tokens they generated (:attr:`Engine.generated_tokens`).
+
+    Raises:
+        EngineError: a request failed, or no step decoded every row at once
+            (``tokens`` too few for the prefill's chunks, or the KV cache too
+            small for ``rows``).
+    """
+    salt = 7919 * next(_PROMPT_SALT)  # no prompt of an earlier call is found in the prefix cache either
+    requests = []
+    for i in range(rows):
+        request = _request(i, None, tokens)
+        ids = [100 + (salt + 7 * (i * prompt_tokens + j)) % (vocab - 200) for j in range(prompt_tokens)]
+        request.prompt_token_ids = ids
+        requests.append(request)
+    marks: list[tuple[float, int]] = []  # (time, completion tokens so far) after each step that decoded every row
+    seen, prefilled = [engine.generated_tokens], [0.0]
+
+    def on_step(_: list[Any]) -> None:  # also called when a wait ended mid-step: then no token came
+        lengths, generated = engine.running_lengths(), engine.generated_tokens
+        if generated != seen[0] and len(lengths) == rows:
+            prefilled[0] = prefilled[0] or time.monotonic() - started
+            if min(lengths) >= 2 and max(lengths) < tokens:
+                marks.append((time.monotonic(), generated))
+        seen[0] = generated
+
+    def failed(request: Request, message: str) -> None:
+        raise EngineError(f"a measuring request failed in the engine: {message}")
+
+    started = time.monotonic()
+    feed(engine, iter(requests), max_in_flight=rows, on_finished=lambda *_: None, on_failed=failed,
+         on_step=on_step, id_prefix="steps-")  # fmt: skip
+    if len(marks) < 2 or marks[-1][1] == marks[0][1]:
+        raise EngineError(f"no two engine steps decoded all {rows} rows of {prompt_tokens} prompt tokens at once")
+    (start, first), (end, last) = marks[0], marks[-1]
+    return (end - start) * rows / (last - first), prefilled[0] / (rows * prompt_tokens)
 
 
 def print_to_stderr(line: str) -> None:

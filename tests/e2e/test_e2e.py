@@ -311,3 +311,23 @@ def test_parquet_request_columns_reach_the_engine_with_passthrough_off(tmp_path:
     assert [len(r["completions"]) for r in records] == [3, 3]
     assert all("note" not in r for r in records)  # passthrough = false: not copied
     assert result.report["tokens"]["completion"] == sum(r["completion_tokens"] for r in records)
+
+
+def test_a_decode_step_costs_more_with_more_rows_and_context(shared_engine: Any) -> None:
+    """The decode steps ``calibrate --compile`` times (bulkinfer.jobs.tune.step_seconds) on the real
+    engine: one row of 32 prompt tokens, then 16 rows of 512 (8,448 tokens, about 0.4 of the shared
+    engine's 1 GiB KV cache in float32). The second costs more (about 2.2x, eager and compiled, on a
+    2-core AMD EPYC Zen 4: bench/results/step-curve-zen4-bf16-*.md); both are positive and under 10 s."""
+    from bulkinfer.jobs.decode_steps import GRID_TOKENS
+    from bulkinfer.jobs.tune import step_seconds
+    from bulkinfer.models import load_tokenizer
+
+    engine = shared_engine(shared_engine.model, shared_engine.settings)
+    vocab = len(load_tokenizer(shared_engine.model, False))
+    one, one_prefill = step_seconds(engine, 1, 32, GRID_TOKENS, vocab)
+    many, many_prefill = step_seconds(engine, 16, 512, GRID_TOKENS, vocab)
+    print(f"decode step: 1 row x 32 prompt tokens {1000 * one:.1f} ms, 16 rows x 512 {1000 * many:.1f} ms; "
+          f"prefill {1e6 * one_prefill:.0f} and {1e6 * many_prefill:.0f} us a prompt token")  # fmt: skip
+    assert 0 < one < many < 10
+    assert 0 < many_prefill < 0.1  # 8,192 prompt tokens in under 14 minutes
+    assert not engine.has_unfinished()

@@ -15,6 +15,7 @@ import bulkinfer.jobs.compile_choice as cc
 from bulkinfer.config import Settings, with_engine
 from bulkinfer.errors import EngineError
 from bulkinfer.io.inputs import InputScan
+from bulkinfer.jobs.decode_steps import DECODE_GRID, GRID_TOKENS, DecodeCost, DecodeWork, grid_context
 from bulkinfer.report.calibration import record_choice
 
 
@@ -40,6 +41,22 @@ def store(
     for side in entry.values():
         rate = side["completion_tokens_per_s"]
         side["trial_rates"] = [rate - spread, rate + spread]
+    record_choice("compile", "m", cc.compile_machine(F32), entry)
+
+
+# Decode costs of the shape measured on a 2-core AMD EPYC Zen 4 (bfloat16; bench/results/step-curve-zen4-bf16-*):
+# compiling saves a little a step and a row, and half of what a context token costs.
+EAGER = DecodeCost(fixed_s=0.019, per_row_s=0.001, per_context_token_s=4.5e-6, per_prompt_token_s=2e-4)
+COMPILED = DecodeCost(fixed_s=0.015, per_row_s=0.0009, per_context_token_s=2.3e-6, per_prompt_token_s=1.5e-4)
+
+
+def store_with_costs(eager_rate: float = 200.0, compiled_rate: float = 250.0) -> None:
+    """A measurement with decode costs (EAGER, COMPILED): eager starts in 10 s, compiled 100 s cold, 20 s warm."""
+    store(eager_rate, compiled_rate)
+    entry = dict(cc.stored_choice("compile", "m", cc.compile_machine(F32)) or {})
+    entry.pop("measured_at", None)
+    entry["eager"]["decode_cost"] = EAGER.to_json()
+    entry["compiled"]["decode_cost"] = COMPILED.to_json()
     record_choice("compile", "m", cc.compile_machine(F32), entry)
 
 
@@ -92,6 +109,20 @@ def test_a_warm_cache_moves_the_break_even_down(home: Path) -> None:
     assert cc.choose_compile("m", F32, 12_000)[1]["cache"] == "cold"
 
 
+def test_a_start_into_another_compile_cache_leaves_this_one_cold(home: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A run given its own TORCHINDUCTOR_CACHE_DIR (bench.compile's) fills
+    that directory: the default one is still cold for a later run or calibrate."""
+    store()
+    fill_cache(home)  # the default cache holds something (another model's graph, say)
+    monkeypatch.setenv("TORCHINDUCTOR_CACHE_DIR", str(home / "bench-cache"))
+    (home / "bench-cache" / "fxgraph").mkdir(parents=True)
+    cc.record_compiled_start("m", F32, 80.0)
+    assert cc.cache_warm("m", F32) is not None  # warm where it went
+    monkeypatch.setenv("TORCHINDUCTOR_CACHE_DIR", str(home / "inductor"))
+    assert cc.cache_warm("m", F32) is None
+    assert cc.choose_compile("m", F32, 12_000)[1]["cache"] == "cold"
+
+
 def test_compiling_that_is_not_faster_and_an_unknown_size_or_cold_cost_run_eager(home: Path) -> None:
     store(compiled_rate=210.0, spread=6.0)  # compiled's slowest trial (204) under eager's fastest (206)
     settings, choice = cc.choose_compile("m", F32, 10**9)
@@ -106,6 +137,38 @@ def test_compiling_that_is_not_faster_and_an_unknown_size_or_cold_cost_run_eager
     store(cold=None)  # measured on a warm cache: a cold start's cost unknown
     settings, choice = cc.choose_compile("m", F32, 10**9)
     assert settings.engine.enforce_eager is True and "cold compile was not measured" in choice["why"]
+
+
+def test_the_decode_costs_price_each_jobs_own_work_not_its_tokens_alone(home: Path) -> None:
+    """Two jobs of the same 65,000 completion tokens: short rows and rows
+    attending over long contexts. At the measured costs compiling saves
+    the first 15.9 s (under the 90 s a cold compile adds: eager) and the
+    second 132.5 s (compiled); a warm cache (10 s more) compiles both."""
+    store_with_costs()
+    short = DecodeWork(steps=1_000, tokens=65_000, context=2_000_000, prompt_tokens=20_000)
+    long = DecodeWork(steps=1_000, tokens=65_000, context=55_000_000, prompt_tokens=20_000)
+    settings, choice = cc.choose_compile("m", F32, 65_000, short)
+    # eager 19 + 65 + 9 + 4 = 97.0 s; compiled 15 + 58.5 + 4.6 + 3 = 81.1 s: 15.9 s saved
+    assert choice["expected_generation_s"] == {"eager": 97.0, "compiled": 81.1}
+    assert choice["extra_start_s"] == 90.0 and settings.engine.enforce_eager is True
+    assert choice["decode_work"] == {
+        "steps": 1_000, "completion_tokens": 65_000, "context_tokens": 2_000_000, "prompt_tokens": 20_000,
+    }  # fmt: skip
+    assert "does not pay" in choice["why"] and "15.9 s" in choice["why"]
+    assert "break_even_completion_tokens" not in choice  # decided by the work, not a token count
+    settings, choice = cc.choose_compile("m", F32, 65_000, long)
+    # eager 19 + 65 + 247.5 + 4 = 335.5 s; compiled 15 + 58.5 + 126.5 + 3 = 203.0 s: 132.5 s saved
+    assert choice["expected_generation_s"] == {"eager": 335.5, "compiled": 203.0}
+    assert settings.engine.enforce_eager is False and "pays" in choice["why"]
+    warm_cache(home)
+    assert cc.choose_compile("m", F32, 65_000, short)[1]["enforce_eager"] is False  # 15.9 s > 10 s
+    # without the work (a Parquet input) the trials' break-even decides, as before: 10 s / (1/200 - 1/250)
+    _, choice = cc.choose_compile("m", F32, 9_000, None)
+    assert choice["break_even_completion_tokens"] == 10_000 and choice["enforce_eager"] is True
+    # trials in which compiling was not clearly faster: eager, whatever the costs say
+    store_with_costs(compiled_rate=200.0)
+    _, choice = cc.choose_compile("m", F32, 65_000, long)
+    assert choice["enforce_eager"] is True and "not faster" in choice["why"]
 
 
 def test_a_job_sized_run_decides_from_rows_n_and_max_tokens(home: Path, monkeypatch: pytest.MonkeyPatch) -> None:
@@ -154,6 +217,37 @@ def test_rows_that_set_their_own_max_tokens_decide_by_them(home: Path, monkeypat
     assert taken == [1]
 
 
+def test_a_job_is_priced_by_its_sampled_rows_prompts_and_max_tokens(
+    home: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The compile choice's decode work comes from the tokenized sample's
+    rows (prompt tokens, max_tokens; a row of n choices n times), scaled
+    to the input's rows, at the engine's max_num_seqs (256 unset)."""
+    from bulkinfer.jobs import engine_choice
+
+    monkeypatch.setattr(engine_choice, "detect_device", lambda: "cpu")
+    monkeypatch.setattr(engine_choice, "sized_kv_cache", lambda *a: {})
+    monkeypatch.setattr(engine_choice, "measured_settings", lambda model, s, *a: (with_engine(s, dtype="float32"), {}))
+    store_with_costs()
+    scan = InputScan(rows=1_000, mentions_priority=False, bytes=100_000)
+    # the first 10 of 1,000 rows: 1,000 prompt tokens and 1,000 completion tokens each
+    lengths = ((1_000, 1_000),) * 10
+    sample = engine_choice.TokenSample(10, 10_000, 10_000, 10_000, whole=False, lengths=lengths)
+    settings, choice = engine_choice.choose_engine_settings("m", Settings(), scan, True, True, lambda: sample)
+    # 1,000 rows of 1,000 tokens, 256 at once: 4 waves of 1,000 steps; each row 1,000 x 1,000 + 999 x 1,000 / 2
+    assert choice["compile"]["decode_work"] == {
+        "steps": 4_000, "completion_tokens": 1_000_000, "context_tokens": 1_499_500_000, "prompt_tokens": 1_000_000,
+    }  # fmt: skip
+    assert settings.engine.enforce_eager is False
+    few_seqs = with_engine(Settings(), max_num_seqs=100)
+    _, choice = engine_choice.choose_engine_settings("m", few_seqs, scan, True, True, lambda: sample)
+    assert choice["compile"]["decode_work"]["steps"] == 10_000
+    # no lengths (a sample of another kind) or no sample (Parquet): the trials' break-even decides
+    bare = engine_choice.TokenSample(10, 10_000, 10_000, 10_000, whole=False)
+    _, choice = engine_choice.choose_engine_settings("m", Settings(), scan, True, True, lambda: bare)
+    assert "decode_work" not in choice["compile"] and choice["compile"]["break_even_completion_tokens"] == 90_000
+
+
 class Timed:
     """Stands in for an engine: its start takes ``start_s`` (a clock advanced by the factory)."""
 
@@ -178,11 +272,21 @@ def test_the_measurement_stores_starts_and_rates_and_keeps_a_cold_figure_across_
         return engines[-1]
 
     monkeypatch.setattr(cc.time, "monotonic", lambda: clock[0])
-    monkeypatch.setattr(cc, "load_tokenizer", lambda model, trust: None)
+    monkeypatch.setattr(cc, "load_tokenizer", lambda model, trust: range(1000))  # a vocabulary of 1,000
     monkeypatch.setattr(cc, "import_vllm", lambda: None)
     monkeypatch.setattr(
         cc, "speed", lambda engine, tok, rows, tokens: (250.0 if engine.eager is False else 200.0, 1, False)
     )
+    asked: list[tuple[int, int, int, int]] = []
+
+    def step_seconds(engine: Timed, rows: int, prompt: int, tokens: int, vocab: int) -> tuple[float, float]:
+        asked.append((rows, prompt, tokens, vocab))  # a cost of its own for each engine
+        cost = EAGER if engine.eager else COMPILED
+        step = cost.fixed_s + cost.per_row_s * rows + cost.per_context_token_s * grid_context(rows, prompt)
+        disturbed = 1.5 if len(asked) <= len(DECODE_GRID) else 1.0  # eager's first pass ran beside other work
+        return step * disturbed, cost.per_prompt_token_s * disturbed
+
+    monkeypatch.setattr(cc, "step_seconds", step_seconds)
     isolated: list[bool] = []
 
     def here(fn: Any, *args: Any) -> Any:  # in_fresh_process without the process: the fake engine is in this one
@@ -191,6 +295,18 @@ def test_the_measurement_stores_starts_and_rates_and_keeps_a_cold_figure_across_
 
     fill_cache(home)  # as the first compiled start does
     entry = cc.measure_compile("m", F32, factory, isolate=here)  # type: ignore[arg-type]
+    fitted = {}
+    for side in ("eager", "compiled"):
+        assert [(r, p) for r, p, *_ in entry[side].pop("decode_steps")] == list(DECODE_GRID)
+        fitted[side] = DecodeCost.from_json(entry[side].pop("decode_cost"))
+    # the grid twice in eager's engine, then twice in compiled's
+    assert asked == [(r, p, GRID_TOKENS, 1000) for r, p in DECODE_GRID] * cc.TRIALS * 2
+    for got, truth in ((fitted["eager"], EAGER), (fitted["compiled"], COMPILED)):  # the undisturbed line again
+        assert got is not None
+        assert got.fixed_s == pytest.approx(truth.fixed_s, abs=1e-5)
+        assert got.per_row_s == pytest.approx(truth.per_row_s, abs=1e-6)
+        assert got.per_context_token_s == pytest.approx(truth.per_context_token_s, abs=1e-8)
+        assert got.per_prompt_token_s == pytest.approx(truth.per_prompt_token_s)
     assert entry["eager"] == {"start_s": 10.0, "completion_tokens_per_s": 200.0, "trial_rates": [200.0, 200.0]}
     assert entry["compiled"] == {
         "cold_start_s": 100.0, "start_s": 100.0, "completion_tokens_per_s": 250.0, "trial_rates": [250.0, 250.0],

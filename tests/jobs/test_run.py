@@ -374,6 +374,8 @@ def test_the_kv_cache_is_sized_from_the_first_rows_tokenized(tmp_path: Path, tin
     sample = sample_tokens(open_reader(src), tokenizer, config, to_request)
     assert sample is not None and sample.whole and sample.rows == 10
     assert (sample.prompt_tokens, sample.completion_tokens) == (prompts, 10 * 100)
+    each = [len(r["input_ids"] if hasattr(r, "keys") else r) for r in rendered]
+    assert sample.lengths == tuple((n, 100) for n in each)  # each row's own, for the compile choice's decode work
     scan = scan_input(src)
     assert job_tokens(config, scan, sample) == prompts + 1000  # the whole input: its own count
     first = sample_tokens(open_reader(src), tokenizer, config, to_request, limit=4)
@@ -382,6 +384,26 @@ def test_the_kv_cache_is_sized_from_the_first_rows_tokenized(tmp_path: Path, tin
     estimate = math.ceil(first.prompt_tokens / first.bytes * scan.bytes * SAMPLE_MARGIN + 100 * 11)
     assert job_tokens(config, scan, first) == estimate
     assert estimate >= prompts + 1000  # the later rows are longer, and the bytes say so
+
+
+def test_a_row_of_n_choices_is_n_sequences_in_the_sample(tmp_path: Path, tiny_home: Path) -> None:
+    """The compile choice's decode work counts a row of ``n`` choices as ``n``
+    sequences of its own ``max_tokens`` (vLLM decodes each), its prompt beside each."""
+    from transformers import AutoTokenizer
+
+    from bulkinfer.io.readers import open_reader
+    from bulkinfer.jobs.engine_choice import sample_tokens
+    from bulkinfer.prep.rows import to_request
+
+    tokenizer = AutoTokenizer.from_pretrained(tiny_home / "models" / "smollm2-135m-instruct")
+    src = tmp_path / "in.jsonl"
+    rows = [{"id": "one", "prompt": "hi", "max_tokens": 7}, {"id": "three", "prompt": "hi", "n": 3, "max_tokens": 5}]
+    src.write_bytes(b"".join(orjson.dumps(r) + b"\n" for r in rows))
+    config = load_settings().resolve_chat_template(tokenizer)
+    sample = sample_tokens(open_reader(src), tokenizer, config, to_request)
+    assert sample is not None and sample.completion_tokens == 7 + 3 * 5
+    prompt = sample.prompt_tokens // 2  # the same prompt twice
+    assert sample.lengths == ((prompt, 7), (prompt, 5), (prompt, 5), (prompt, 5))
 
 
 def test_the_report_itemises_the_start_and_the_first_token(tmp_path: Path) -> None:
