@@ -383,15 +383,16 @@ def step_seconds(engine: Engine, rows: int, prompt_tokens: int, tokens: int, voc
         request.prompt_token_ids = ids
         requests.append(request)
     marks: list[tuple[float, int]] = []  # (time, completion tokens so far) after each step that decoded every row
-    seen, prefilled = [engine.generated_tokens], [0.0]
+    seen, prefilled = engine.generated_tokens, 0.0
 
     def on_step(_: list[Any]) -> None:  # also called when a wait ended mid-step: then no token came
+        nonlocal seen, prefilled
         lengths, generated = engine.running_lengths(), engine.generated_tokens
-        if generated != seen[0] and len(lengths) == rows:
-            prefilled[0] = prefilled[0] or time.monotonic() - started
+        if generated != seen and len(lengths) == rows:
+            prefilled = prefilled or time.monotonic() - started
             if min(lengths) >= 2 and max(lengths) < tokens:
                 marks.append((time.monotonic(), generated))
-        seen[0] = generated
+        seen = generated
 
     def failed(request: Request, message: str) -> None:
         raise EngineError(f"a measuring request failed in the engine: {message}")
@@ -402,7 +403,7 @@ def step_seconds(engine: Engine, rows: int, prompt_tokens: int, tokens: int, voc
     if len(marks) < 2 or marks[-1][1] == marks[0][1]:
         raise EngineError(f"no two engine steps decoded all {rows} rows of {prompt_tokens} prompt tokens at once")
     (start, first), (end, last) = marks[0], marks[-1]
-    return (end - start) * rows / (last - first), prefilled[0] / (rows * prompt_tokens)
+    return (end - start) * rows / (last - first), prefilled / (rows * prompt_tokens)
 
 
 def print_to_stderr(line: str) -> None:
