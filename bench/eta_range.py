@@ -40,6 +40,12 @@ stored, a run again's its first run's fit, as the store gives it today),
 and writes
 ``eta-range-T-replayed.{json,md}`` (``--replayed-as S``: ``eta-range-T-S``,
 keeping an earlier replay): to compare a change on the same runs.
+``--replay --set NAME=VALUE`` (repeatable) replays with a constant of
+:mod:`bulkinfer.report.eta` or :mod:`bulkinfer.report.futures` changed, to
+see what a part of the estimator costs (``--set OTHER_JOBS_SPREAD=0``: the
+rate's drift away, the range from the lengths alone); ``--tag`` may name
+several tags, comma-separated: one page, ``eta-range-S.{json,md}`` for
+``--replayed-as S``, each run with its tag.
 ``--pace T1,T2,...`` runs nothing: for each job of each tag, the seconds its
 run again took for each fifth of its completion tokens over its first run's
 (greedy jobs: the same tokens; the machine's own wander between two runs
@@ -113,8 +119,23 @@ def scored(recording: dict[str, Any], first_run: bool) -> dict[str, Any]:
         "rows": report["request_counts"]["completed"],
         "completion_tokens": report["tokens"]["completion"],
         "step_cost_stored": trace.get("step_cost_stored"),
+        **known_at(recording["events"], 0.25),
         **score_trace(trace["points"], trace["end_s"], first_run),
     }
+
+
+def known_at(events: list[list[Any]], fraction: float) -> dict[str, float]:
+    """What a run knew at ``fraction`` of its time (from its recorded
+    events): the share of its rows that had ended (``rows_ended``) and of
+    its completion tokens generated (``tokens_generated``): a first run's
+    lengths come from the rows ended and the tokens the running ones have."""
+    start, end = events[0][1], events[-1][1]
+    at = start + fraction * (end - start)
+    planned = sum(1 for e in events if e[0] == "p")
+    ended = sum(e[2] + e[3] for e in events if e[0] == "u" and e[1] <= at)
+    ticks = [e for e in events if e[0] == "t"]
+    generated = max((e[2] for e in ticks if e[1] <= at), default=0)
+    return {"rows_ended": ended / planned if planned else 0.0, "tokens_generated": generated / ticks[-1][2]}
 
 
 def replayed(workloads: list[str], tag: str) -> list[dict[str, Any]]:
@@ -223,23 +244,43 @@ def render(doc: dict[str, Any]) -> str:
         "the run on; from 25% on no wider than +-50% of the point; the point within +-35% (from 10% on for a "
         "run again, from 50% on for a first run); widths and point errors not on the last 10 s.\n",
         "| job | run | generate s | estimates | range held | widest (from 25%) | median width | "
-        "largest point error | goals met |",
-        "| --- | --- | --: | --: | --: | --: | --: | --: | --- |",
+        "largest point error | goals met | at 25%: rows ended, tokens generated |",
+        "| --- | --- | --: | --: | --: | --: | --: | --: | --- | --: |",
     ]
+    if doc.get("set"):
+        lines[1:1] = [f"Replayed with {', '.join(doc['set'])} (bench.eta_range --set).\n"]
     if "fits" in doc:
         lines[2:2] = [f"Step models in the store (oldest first): {doc['fits']}\n"]
         lines[-2] = "| timed by | " + lines[-2][2:]
         lines[-1] = "| --- | " + lines[-1][2:]
     for row in doc["runs"]:
         rule = f"{row['rule']}: {row['step_cost']} | " if "rule" in row else ""
+        rule += f"{row['tag']}: " if "tag" in row else ""
         lines.append(
             f"| {rule}{row['workload']} ({DESCRIBED[row['workload']]}) | {'first' if row['first_run'] else 'again'} "
             f"| {row['generate_s']:.0f} | {row['estimates']} | {_pct(row['coverage'])} "
             f"| +-{_pct(row['max_half_width'])} | +-{_pct(row['median_half_width'])} "
             f"| {_pct(row['max_point_error'], signed=True)} (from {row['point_error_from']:.0%}) "
-            f"| {'yes' if row['met'] else 'no'} |"
+            f"| {'yes' if row['met'] else 'no'} "
+            f"| {_pct(row.get('rows_ended'))}, {_pct(row.get('tokens_generated'))} |"
         )
     return "\n".join(lines) + "\n"
+
+
+def overridden(settings: list[str]) -> None:
+    """Each ``NAME=VALUE`` set on :mod:`bulkinfer.report.eta` or
+    :mod:`bulkinfer.report.futures`, whichever has it, as the constant's type
+    (``0``/``1`` for a flag). Raises SystemExit for a name neither has."""
+    import bulkinfer.report.eta as eta
+    import bulkinfer.report.futures as futures
+
+    for setting in settings:
+        name, _, value = setting.partition("=")
+        module = eta if hasattr(eta, name) else futures
+        if not hasattr(module, name):
+            raise SystemExit(f"bench.eta_range: --set {setting}: no such constant in report.eta or report.futures")
+        old = getattr(module, name)
+        setattr(module, name, value == "1" if isinstance(old, bool) else type(old)(value))
 
 
 def _pct(value: float | None, signed: bool = False) -> str:
@@ -255,6 +296,9 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--replay", action="store_true", help="re-score the recordings of --tag, running nothing")
     parser.add_argument(
         "--replayed-as", default="replayed", help="--replay writes eta-range-TAG-THIS.{json,md} (keep earlier replays)"
+    )
+    parser.add_argument(
+        "--set", action="append", default=[], metavar="NAME=VALUE", help="--replay with an estimator constant changed"
     )
     parser.add_argument("--pace", default="", help="tags: each job's run again over its first run, fifth by fifth")
     parser.add_argument(
@@ -281,9 +325,11 @@ def main(argv: list[str] | None = None) -> None:
         print(render(doc))
         return
     if args.replay:
-        runs = replayed(args.workloads.split(","), args.tag)
-        doc = {"command": command, "machine": machine(), "versions": versions(), "runs": runs}
-        name = f"eta-range-{args.tag}-{args.replayed_as}"
+        overridden(args.set)
+        tags = args.tag.split(",")
+        runs = [{"tag": tag, **run} for tag in tags for run in replayed(args.workloads.split(","), tag)]
+        doc = {"command": command, "machine": machine(), "versions": versions(), "runs": runs, "set": args.set}
+        name = f"eta-range-{tags[0]}-{args.replayed_as}" if len(tags) == 1 else f"eta-range-{args.replayed_as}"
         (RESULTS / f"{name}.json").write_bytes(orjson.dumps(doc, option=orjson.OPT_INDENT_2))
         (RESULTS / f"{name}.md").write_text(render(doc))
         print(render(doc))

@@ -30,10 +30,12 @@ import subprocess
 import sys
 import threading
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import orjson
 import psutil
 
 from bulkinfer.engine.args import cpu_flags, cpu_id, cpu_model
@@ -182,4 +184,23 @@ def versions() -> dict[str, str | None]:
         "transformers": _version("transformers"),
         "tokenizers": _version("tokenizers"),
         "bulkinfer": _version("bulkinfer"),
+    }
+
+
+def write_page(stem: str, doc: dict[str, Any], render: Callable[[dict[str, Any]], str]) -> None:
+    """``bench/results/STEM.json`` (``doc``) and ``STEM.md`` (``render(doc)``), the page also to stderr."""
+    out = Path(__file__).resolve().parents[1] / "bench" / "results" / f"{stem}.json"
+    out.write_bytes(orjson.dumps(doc, option=orjson.OPT_INDENT_2))
+    out.with_suffix(".md").write_text(render(doc))
+    print(render(doc), file=sys.stderr)
+
+
+def stamp() -> dict[str, Any]:
+    """A results page's provenance: ``date`` (UTC), ``machine`` and ``versions``."""
+    import datetime as dt
+
+    return {
+        "date": dt.datetime.now(dt.UTC).strftime("%Y-%m-%dT%H:%M:%SZ"),
+        "machine": machine(),
+        "versions": versions(),
     }

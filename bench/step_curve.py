@@ -32,7 +32,6 @@ few minutes.
 from __future__ import annotations
 
 import argparse
-import datetime as dt
 import os
 import statistics
 import sys
@@ -42,7 +41,7 @@ from typing import Any, Literal
 
 import orjson
 
-from bench.measure import machine, versions
+from bench.measure import stamp, write_page
 
 DType = Literal["float32", "bfloat16", "float16"]
 ROOT = Path(__file__).resolve().parents[1]
@@ -50,52 +49,70 @@ SHORT, LONG = 16, 512
 GRID = [(b, SHORT) for b in (1, 2, 4, 8, 16, 32, 64, 128, 256)] + [(b, LONG) for b in (1, 2, 4, 8, 16, 32, 64)]
 
 
-def measure(model: str, dtype: DType = "float32", compiled: bool = False) -> list[dict[str, Any]]:
-    """The median pure-decode step (seconds) of each point of :data:`GRID`,
-    the engine at ``dtype``, eager or (``compiled``) vLLM's compiled model."""
+def build_engine(model: str, dtype: DType = "float32", compiled: bool = False, kv_cache_gib: int = 3) -> Any:
+    """vLLM's ``LLMEngine`` in this process (``VLLM_ENABLE_V1_MULTIPROCESSING=0``,
+    as bulkinfer runs one CPU engine) at ``dtype``, eager or (``compiled``)
+    vLLM's compiled model, 256 sequences, a KV cache of ``kv_cache_gib`` GiB."""
     os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
-    from vllm import EngineArgs, LLMEngine, RequestOutput, SamplingParams
-    from vllm.inputs import TokensPrompt
+    from vllm import EngineArgs, LLMEngine
 
-    engine = LLMEngine.from_engine_args(
+    return LLMEngine.from_engine_args(
         EngineArgs(
             model=model,
             dtype=dtype,
             enforce_eager=not compiled,
-            kv_cache_memory_bytes=3 << 30,
+            kv_cache_memory_bytes=kv_cache_gib << 30,
             max_num_seqs=256,  # vLLM's LLM class default and bulkinfer's; LLMEngine's own is 128 on CPU
             seed=0,
             disable_log_stats=True,
         )
     )
+
+
+def measure_point(engine: Any, rows: int, prompt: int, generated: int, first_id: int) -> dict[str, Any]:
+    """``rows`` requests of ``prompt`` fixed token ids (distinct from
+    ``first_id`` on: no prefix-cache hits between points), ``generated``
+    tokens each, ``ignore_eos``, temperature 0, added at once and stepped to
+    the end; returns the point with its pure decode steps (every request at 2
+    tokens or more and none done): their count, median and every one (seconds)."""
+    from vllm import RequestOutput, SamplingParams
+    from vllm.inputs import TokensPrompt
+
+    params = SamplingParams(max_tokens=generated, ignore_eos=True, temperature=0)
+    for rid in range(first_id, first_id + rows):
+        ids = [(1000 + 7 * (rid + j)) % 40000 + 100 for j in range(prompt)]
+        engine.add_request(str(rid), TokensPrompt(prompt_token_ids=ids), params)
+    steps = []
+    while engine.has_unfinished_requests():
+        start = time.perf_counter()
+        outputs = engine.step()
+        steps.append(
+            (
+                time.perf_counter() - start,
+                [len(o.outputs[0].token_ids) for o in outputs if isinstance(o, RequestOutput)],
+            )
+        )
+    decode = [s for s, n in steps if len(n) == rows and min(n) >= 2 and max(n) < generated]
+    return {
+        "rows": rows,
+        "prompt_tokens": prompt,
+        "steps": len(steps),
+        "decode_steps": len(decode),
+        "decode_step_s": statistics.median(decode) if decode else None,
+        "decode_steps_s": decode,
+    }
+
+
+def measure(model: str, dtype: DType = "float32", compiled: bool = False) -> list[dict[str, Any]]:
+    """The median pure-decode step (seconds) of each point of :data:`GRID`,
+    the engine at ``dtype``, eager or (``compiled``) vLLM's compiled model."""
+    engine = build_engine(model, dtype, compiled)
     points, rid = [], 0
     for rows, prompt in GRID:
-        generated = 24 if prompt == SHORT else 48
-        params = SamplingParams(max_tokens=generated, ignore_eos=True, temperature=0)
-        for _ in range(rows):
-            ids = [(1000 + 7 * (rid + j)) % 40000 + 100 for j in range(prompt)]
-            engine.add_request(str(rid), TokensPrompt(prompt_token_ids=ids), params)
-            rid += 1
-        steps = []
-        while engine.has_unfinished_requests():
-            start = time.perf_counter()
-            outputs = engine.step()
-            steps.append(
-                (
-                    time.perf_counter() - start,
-                    [len(o.outputs[0].token_ids) for o in outputs if isinstance(o, RequestOutput)],
-                )
-            )
-        decode = [s for s, n in steps if len(n) == rows and min(n) >= 2 and max(n) < generated]
-        points.append(
-            {
-                "rows": rows,
-                "prompt_tokens": prompt,
-                "steps": len(steps),
-                "decode_steps": len(decode),
-                "decode_step_s": statistics.median(decode) if decode else None,
-            }
-        )
+        point = measure_point(engine, rows, prompt, 24 if prompt == SHORT else 48, rid)
+        del point["decode_steps_s"]
+        points.append(point)
+        rid += rows
         print(orjson.dumps(points[-1]).decode(), file=sys.stderr, flush=True)
     return points
 
@@ -158,9 +175,7 @@ def main() -> None:
 
     points = measure(resolve_model(None), args.dtype, args.compiled)
     doc = {
-        "date": dt.datetime.now(dt.UTC).strftime("%Y-%m-%dT%H:%M:%SZ"),
-        "machine": machine(),
-        "versions": versions(),
+        **stamp(),
         "command": "python -m bench.step_curve"
         + (f" --dtype {args.dtype}" if args.dtype != "float32" else "")
         + (" --compiled" if args.compiled else "")
@@ -170,10 +185,7 @@ def main() -> None:
         "points": points,
         "derived": derive(points),
     }
-    out = ROOT / "bench" / "results" / f"step-curve{'-' + args.tag if args.tag else ''}.json"
-    out.write_bytes(orjson.dumps(doc, option=orjson.OPT_INDENT_2))
-    out.with_suffix(".md").write_text(render(doc))
-    print(render(doc), file=sys.stderr)
+    write_page(f"step-curve{'-' + args.tag if args.tag else ''}", doc, render)
 
 
 if __name__ == "__main__":

@@ -10,8 +10,8 @@ and what it costs and saves is measured, per model, dtype and machine, by
 ``bulkinfer calibrate --compile`` (:func:`measure_compile`):
 one eager engine and two compiled ones, each in a fresh process as a
 run's is (the first fills the cache, the second starts from it), each
-start timed, and the first two generating the same fixed workload
-(:data:`TRIAL_TOKENS`).
+start timed, and the first two, alive at once, taking turns at the same
+fixed workload (:data:`TRIAL_TOKENS`).
 
 Each engine also times its decode steps and prefill at a few batch sizes
 and contexts (:data:`~bulkinfer.jobs.decode_steps.DECODE_GRID`) and stores
@@ -42,16 +42,14 @@ Unmeasured, a job runs eager.
 
 from __future__ import annotations
 
-import time
 from collections.abc import Callable
 from typing import Any
 
 from bulkinfer.config import Settings, with_engine
-from bulkinfer.engine.args import compile_cache_dir, import_vllm, this_machine, vllm_version
+from bulkinfer.engine.args import compile_cache_dir, this_machine, vllm_version
 from bulkinfer.engine.base import EngineFactory
-from bulkinfer.jobs.decode_steps import DECODE_GRID, GRID_TOKENS, DecodeCost, DecodeWork, fit_decode_cost
-from bulkinfer.jobs.tune import speed, step_seconds
-from bulkinfer.models import load_tokenizer
+from bulkinfer.jobs.decode_steps import DECODE_GRID, DecodeCost, DecodeWork, fit_decode_cost
+from bulkinfer.jobs.served_engine import ProcessEngine, ServedEngine
 from bulkinfer.report.calibration import record_choice, stored_choice
 
 # Each engine runs the speed trial this many times; compiled counts as faster only when its slowest trial beats
@@ -73,6 +71,9 @@ TRIAL_TOKENS = tuple(round(32 * 16 ** (i / (TRIAL_ROWS - 1))) for i in range(TRI
 
 # The engine settings vLLM's compiled graph depends on (besides model and dtype): a compiled start with the same
 # ones finds the compile cache warm (not the KV cache size: vLLM 0.32 CacheConfig.compute_hash ignores it).
+SIDES = ("eager", "compiled")
+
+
 GRAPH_SETTINGS = ("max_model_len", "max_num_seqs", "max_num_batched_tokens")
 
 
@@ -219,55 +220,12 @@ def _by_decode_cost(
     return use_eager, why
 
 
-def _timed_engine(model: str, settings: Settings, engine_factory: EngineFactory, trials: bool) -> dict[str, Any]:
-    """Start an engine of ``model`` at ``settings`` in this process, timed
-    (vLLM imported first, as a run has it when its engine starts), with
-    ``trials`` the warm-up, :data:`TRIALS` speed trials and :data:`TRIALS`
-    passes over :data:`~bulkinfer.jobs.decode_steps.DECODE_GRID` (each
-    point's fastest kept: a 2-core VM's speed wandered by up to 30% between
-    two calibrations 17 minutes apart, AMD EPYC Zen 4), then close it:
-    ``{"start_s", "trial_rates", "decode_steps"}`` (seconds; completion
-    tokens/s; ``[rows, prompt tokens, seconds a decode step, seconds a
-    prompt token's prefill]`` each, :func:`~bulkinfer.jobs.tune.step_seconds`;
-    both empty without ``trials``)."""
-    tokenizer = load_tokenizer(model, settings.engine.trust_remote_code)  # imports torch._dynamo, as a run's does
-    import_vllm()
-    clock = time.monotonic()
-    engine = engine_factory(model, settings)
-    start_s = time.monotonic() - clock
-    try:
-        rates: list[float] = []
-        grid: list[list[float]] = []
-        if trials:
-            speed(engine, tokenizer, 16, 4)  # warm-up
-            rates = [round(speed(engine, tokenizer, TRIAL_ROWS, TRIAL_TOKENS)[0], 2) for _ in range(TRIALS)]
-            vocab = len(tokenizer)
-            passes = [[step_seconds(engine, r, p, GRID_TOKENS, vocab) for r, p in DECODE_GRID] for _ in range(TRIALS)]
-            for (r, p), *times in zip(DECODE_GRID, *passes, strict=True):  # each point's least disturbed pass
-                grid.append([r, p, round(min(t[0] for t in times), 6), round(min(t[1] for t in times), 8)])
-    finally:
-        engine.close()
-    return {"start_s": round(start_s, 2), "trial_rates": rates, "decode_steps": grid}
-
-
-def in_fresh_process(fn: Callable[..., Any], *args: Any) -> Any:
-    """``fn(*args)`` in a new Python process (``multiprocessing`` spawn: nothing
-    imported, compiled or cached in memory yet, as at a run's start); its
-    result or exception (pickled) comes back. Output goes where this
-    process's file descriptors 1 and 2 go."""
-    import multiprocessing
-    from concurrent.futures import ProcessPoolExecutor
-
-    with ProcessPoolExecutor(max_workers=1, mp_context=multiprocessing.get_context("spawn")) as pool:
-        return pool.submit(fn, *args).result()
-
-
 def measure_compile(
     model: str,
     settings: Settings,
     engine_factory: EngineFactory,
     say: Callable[[str], None] | None = None,
-    isolate: Callable[..., Any] = in_fresh_process,
+    serve: Callable[[str, Settings, EngineFactory], ServedEngine] = ProcessEngine,
 ) -> dict[str, Any]:
     """Measure eager against compiled for ``model`` at ``settings``' dtype
     on this machine and store it (see the module docstring); returns the
@@ -276,40 +234,81 @@ def measure_compile(
     (``cold_start_s``: the first compiled start, ``warm_start_s``: the second,
     ``completion_tokens_per_s``, ``trial_rates``); each with the seconds of
     its decode steps at :data:`~bulkinfer.jobs.decode_steps.DECODE_GRID`
-    (``decode_steps``) and the line fitted to them (``decode_cost``,
+    (``decode_steps``: ``[rows, prompt tokens, seconds a decode step, seconds
+    a prompt token's prefill]``, each point's fastest of :data:`TRIALS`
+    passes) and the line fitted to them (``decode_cost``,
     :class:`~bulkinfer.jobs.decode_steps.DecodeCost`). The compile cache is
     warm for these settings afterwards.
 
-    Each engine starts in a process of its own (``isolate``, default
-    :func:`in_fresh_process`), as a run's does: torch's compile caches key a
-    graph by what the process compiled before it, and a compiled engine
-    started after another engine (or the dtype probe) in one process wrote
-    a cache entry the next run never found, so that run compiled again
-    (66-89 s engine start instead of 27-36 s; Intel Xeon, 2026-11-28).
+    Each engine starts in a process of its own (``serve``, default
+    :class:`~bulkinfer.jobs.served_engine.ProcessEngine`), as a run's does:
+    torch's compile caches key a graph by what the process compiled before
+    it, and a compiled engine started after another engine (or the dtype
+    probe) in one process wrote a cache entry the next run never found, so
+    that run compiled again (66-89 s engine start instead of 27-36 s; Intel
+    Xeon, 2026-11-28). The eager and the first compiled engine are alive at
+    once and take turns: each speed trial and each grid point runs on one
+    and straight after on the other, the order swapped every pass, so the
+    machine's wander lands on both (see :mod:`~bulkinfer.jobs.served_engine`).
 
     Raises:
         EngineError: an engine fails to start or a request fails.
     """
     earlier = stored_choice("compile", model, compile_machine(settings))
-    results: dict[str, dict[str, Any]] = {}
-    for name, eager in (("eager", True), ("compiled", False), ("compiled again", False)):
+    variants = {name: with_engine(settings, enforce_eager=name == "eager", data_parallel_size=1) for name in SIDES}
+    was_warm = cache_warm(model, variants["compiled"]) is not None
+    engines: dict[str, ServedEngine] = {}
+    try:
+        for name in SIDES:
+            if say:
+                say(f"compile: starting the {name} engine")
+            engines[name] = serve(model, variants[name], engine_factory)
         if say:
-            say(f"compile: starting the {name} engine")
-        variant = with_engine(settings, enforce_eager=eager, data_parallel_size=1)
-        was_warm = cache_warm(model, variant) is not None
-        timed = isolate(_timed_engine, model, variant, engine_factory, name != "compiled again")
-        if name == "compiled again":  # the start is what this one measures
-            results["compiled"]["warm_start_s"] = timed["start_s"]
-            continue
-        trials, grid = timed["trial_rates"], timed["decode_steps"]
-        rate = round(sum(trials) / len(trials), 2)
-        results[name] = {"start_s": timed["start_s"], "completion_tokens_per_s": rate, "trial_rates": trials}
-        if grid:
-            results[name].update(decode_steps=grid, decode_cost=fit_decode_cost(grid).to_json())
-        if not eager:  # a cold start only if the compile cache did not hold it yet; else the earlier cold figure
-            cold = earlier["compiled"].get("cold_start_s") if was_warm and earlier else None
-            results[name] = {"cold_start_s": cold if was_warm else timed["start_s"], **results[name]}
-            record_compiled_start(model, variant, timed["start_s"])
-    trial = {"rows": TRIAL_ROWS, "completion_tokens": sum(TRIAL_TOKENS)}
-    entry = {"eager": results["eager"], "compiled": results["compiled"], "trial": trial}
+            say("compile: speed trials and decode steps, eager and compiled taking turns")
+        for engine in engines.values():
+            engine.ask("speed", 16, 4)  # warm-up
+        rates: dict[str, list[float]] = {name: [] for name in SIDES}
+        passes: dict[str, list[list[tuple[float, float]]]] = {name: [] for name in SIDES}
+        for trial in range(TRIALS):
+            for name in _turns(trial):
+                rates[name].append(engines[name].ask("speed", TRIAL_ROWS, TRIAL_TOKENS))
+        for trial in range(TRIALS):
+            for name in SIDES:
+                passes[name].append([])
+            for rows, prompt in DECODE_GRID:
+                for name in _turns(trial):
+                    passes[name][-1].append(engines[name].ask("step", rows, prompt))
+    finally:
+        for engine in engines.values():
+            engine.close()
+    results: dict[str, dict[str, Any]] = {}
+    for name in SIDES:
+        grid = [  # each point's least disturbed pass
+            [r, p, round(min(t[0] for t in times), 6), round(min(t[1] for t in times), 8)]
+            for (r, p), *times in zip(DECODE_GRID, *passes[name], strict=True)
+        ]
+        trials = rates[name]
+        results[name] = {
+            "start_s": engines[name].start_s,
+            "completion_tokens_per_s": round(sum(trials) / len(trials), 2),
+            "trial_rates": trials,
+            "decode_steps": grid,
+            "decode_cost": fit_decode_cost(grid).to_json(),
+        }
+    started = engines["compiled"].start_s  # a cold start only if the compile cache did not hold it yet
+    cold = earlier["compiled"].get("cold_start_s") if was_warm and earlier else None
+    results["compiled"] = {"cold_start_s": cold if was_warm else started, **results["compiled"]}
+    record_compiled_start(model, variants["compiled"], started)
+    if say:
+        say("compile: starting the compiled engine again")
+    again = serve(model, variants["compiled"], engine_factory)  # the start is what this one measures
+    again.close()
+    results["compiled"]["warm_start_s"] = again.start_s
+    workload = {"rows": TRIAL_ROWS, "completion_tokens": sum(TRIAL_TOKENS)}
+    entry: dict[str, Any] = {"eager": results["eager"], "compiled": results["compiled"], "trial": workload}
     return record_choice("compile", model, compile_machine(settings), entry)
+
+
+def _turns(trial: int) -> tuple[str, str]:
+    """The order the two engines take a trial or a grid point in: swapped every pass."""
+    return SIDES if trial % 2 == 0 else (SIDES[1], SIDES[0])

@@ -339,3 +339,28 @@ def test_eta_range_pace_is_the_seconds_of_each_fifth_of_the_completion_tokens() 
     assert fifths({"events": ticks}) == [2.0, 2.0, 2.0, 2.0, 2.0]
     slow_end = [*ticks[:9], ["t", 20.0, 90, 0, [], 0], ["t", 30.0, 100, 0, [], 0]]
     assert fifths({"events": slow_end}) == [2.0, 2.0, 2.0, 2.0, 22.0]
+
+
+def test_eta_range_knows_the_rows_ended_and_tokens_generated_at_a_quarter_of_the_run() -> None:
+    """Four rows planned over 0-100 s; at 25 s one had ended and 30 of the
+    run's 200 completion tokens were generated (the ``u`` event's done and
+    failed both count as ended)."""
+    from bench.eta_range import known_at
+
+    events: list[list[Any]] = [["p", 0.0, 10, 100] for _ in range(4)]
+    events += [["t", 20.0, 30, 40, [10, 10, 10], 0], ["u", 24.0, 1, 0, 10, True], ["u", 50.0, 1, 1, 50, True]]
+    events += [["t", 100.0, 200, 40, [], 0]]
+    assert known_at(events, 0.25) == {"rows_ended": 0.25, "tokens_generated": 0.15}
+
+
+def test_eta_range_replays_with_an_estimator_constant_changed(monkeypatch: pytest.MonkeyPatch) -> None:
+    import bulkinfer.report.eta as eta
+    import bulkinfer.report.futures as futures
+    from bench.eta_range import overridden
+
+    monkeypatch.setattr(eta, "OTHER_JOBS_SPREAD", eta.OTHER_JOBS_SPREAD)
+    monkeypatch.setattr(futures, "BEYOND_POWER", futures.BEYOND_POWER)
+    overridden(["OTHER_JOBS_SPREAD=0", "BEYOND_POWER=0.25"])
+    assert (eta.OTHER_JOBS_SPREAD, futures.BEYOND_POWER) == (0.0, 0.25)
+    with pytest.raises(SystemExit, match="NO_SUCH"):
+        overridden(["NO_SUCH=1"])

@@ -12,6 +12,7 @@ from typing import Any
 import pytest
 
 import bulkinfer.jobs.compile_choice as cc
+import bulkinfer.jobs.served_engine as se
 from bulkinfer.config import Settings, with_engine
 from bulkinfer.errors import EngineError
 from bulkinfer.io.inputs import InputScan
@@ -271,36 +272,42 @@ def test_the_measurement_stores_starts_and_rates_and_keeps_a_cold_figure_across_
         engines.append(Timed(settings))
         return engines[-1]
 
-    monkeypatch.setattr(cc.time, "monotonic", lambda: clock[0])
-    monkeypatch.setattr(cc, "load_tokenizer", lambda model, trust: range(1000))  # a vocabulary of 1,000
-    monkeypatch.setattr(cc, "import_vllm", lambda: None)
-    monkeypatch.setattr(
-        cc, "speed", lambda engine, tok, rows, tokens: (250.0 if engine.eager is False else 200.0, 1, False)
-    )
-    asked: list[tuple[int, int, int, int]] = []
+    monkeypatch.setattr(se.time, "monotonic", lambda: clock[0])
+    monkeypatch.setattr(se, "load_tokenizer", lambda model, trust: range(1000))  # a vocabulary of 1,000
+    monkeypatch.setattr(se, "import_vllm", lambda: None)
+    trials: list[bool | None] = []
+
+    def speed(engine: Timed, tok: Any, rows: int, tokens: Any) -> tuple[float, int, bool]:
+        trials.append(engine.eager)
+        return (250.0 if engine.eager is False else 200.0, 1, False)
+
+    monkeypatch.setattr(se, "speed", speed)
+    asked: list[tuple[bool | None, int, int, int, int]] = []
 
     def step_seconds(engine: Timed, rows: int, prompt: int, tokens: int, vocab: int) -> tuple[float, float]:
-        asked.append((rows, prompt, tokens, vocab))  # a cost of its own for each engine
+        asked.append((engine.eager, rows, prompt, tokens, vocab))  # a cost of its own for each engine
         cost = EAGER if engine.eager else COMPILED
         step = cost.fixed_s + cost.per_row_s * rows + cost.per_context_token_s * grid_context(rows, prompt)
-        disturbed = 1.5 if len(asked) <= len(DECODE_GRID) else 1.0  # eager's first pass ran beside other work
+        disturbed = 1.5 if len(asked) <= len(DECODE_GRID) else 1.0  # the first points ran beside other work
         return step * disturbed, cost.per_prompt_token_s * disturbed
 
-    monkeypatch.setattr(cc, "step_seconds", step_seconds)
-    isolated: list[bool] = []
+    monkeypatch.setattr(se, "step_seconds", step_seconds)
+    served: list[se.LocalEngine] = []
 
-    def here(fn: Any, *args: Any) -> Any:  # in_fresh_process without the process: the fake engine is in this one
-        isolated.append(True)
-        return fn(*args)
+    def here(model: str, settings: Settings, engine_factory: Any) -> se.LocalEngine:  # without the process
+        served.append(se.LocalEngine(model, settings, engine_factory))
+        return served[-1]
 
     fill_cache(home)  # as the first compiled start does
-    entry = cc.measure_compile("m", F32, factory, isolate=here)  # type: ignore[arg-type]
+    entry = cc.measure_compile("m", F32, factory, serve=here)  # type: ignore[arg-type]
     fitted = {}
     for side in ("eager", "compiled"):
         assert [(r, p) for r, p, *_ in entry[side].pop("decode_steps")] == list(DECODE_GRID)
         fitted[side] = DecodeCost.from_json(entry[side].pop("decode_cost"))
-    # the grid twice in eager's engine, then twice in compiled's
-    assert asked == [(r, p, GRID_TOKENS, 1000) for r, p in DECODE_GRID] * cc.TRIALS * 2
+    # both engines alive at once, taking turns: every trial and grid point on one then the other, swapped each pass
+    assert trials == [True, False, True, False, False, True]  # the warm-ups, then the two trials
+    turns = [(True, False), (False, True)]
+    assert asked == [(e, r, p, GRID_TOKENS, 1000) for first in turns for r, p in DECODE_GRID for e in first]
     for got, truth in ((fitted["eager"], EAGER), (fitted["compiled"], COMPILED)):  # the undisturbed line again
         assert got is not None
         assert got.fixed_s == pytest.approx(truth.fixed_s, abs=1e-5)
@@ -313,18 +320,48 @@ def test_the_measurement_stores_starts_and_rates_and_keeps_a_cold_figure_across_
         "warm_start_s": 20.0,
     }  # fmt: skip
     assert [e.eager for e in engines] == [True, False, False] and all(e.closed for e in engines)
-    assert len(isolated) == 3  # every engine through the isolation, each as a run's first
+    assert len(served) == 3  # every engine in a process of its own, each as a run's first
     assert cc.cache_warm("m", F32) is not None
-    again = cc.measure_compile("m", F32, factory, isolate=here)  # type: ignore[arg-type]
+    again = cc.measure_compile("m", F32, factory, serve=here)  # type: ignore[arg-type]
     assert again["compiled"]["cold_start_s"] == 100.0  # its first compiled start was warm: the earlier cold figure
     assert again["compiled"]["warm_start_s"] == 19.0
     assert cc.choose_compile("m", F32, 12_000)[0].engine.enforce_eager is False  # warm: 19 - 11 s -> 8,000 tokens
 
 
-def test_in_fresh_process_runs_in_another_process_and_brings_back_its_result_or_error() -> None:
-    assert cc.in_fresh_process(os.getpid) != os.getpid()
+def test_a_served_engine_runs_in_another_process_and_brings_back_its_answers_or_errors() -> None:
+    served = se.ProcessEngine("m", F32, _fails, local_engine=_PidEngine)  # type: ignore[arg-type]
+    try:
+        assert served.start_s == 1.5
+        assert served.ask("pid") != os.getpid()
+        with pytest.raises(ValueError, match="no calibration trial 'speed'"):
+            served.ask("speed", 64, (32,))
+        assert served.ask("pid") == served.ask("pid")  # the same process after an error
+    finally:
+        served.close()
     with pytest.raises(EngineError, match="no engine"):
-        cc.in_fresh_process(_fails)
+        se.ProcessEngine("m", F32, _fails, local_engine=_FailingEngine)  # type: ignore[arg-type]
+
+
+class _PidEngine:
+    """A served engine without an engine: answers with its process id."""
+
+    start_s = 1.5
+
+    def __init__(self, model: str, settings: Settings, engine_factory: Any) -> None:
+        pass
+
+    def ask(self, what: str, *args: Any) -> int:
+        if what != "pid":
+            raise ValueError(f"no calibration trial {what!r}")
+        return os.getpid()
+
+    def close(self) -> None:
+        pass
+
+
+class _FailingEngine(_PidEngine):
+    def __init__(self, model: str, settings: Settings, engine_factory: Any) -> None:
+        raise EngineError("no engine")
 
 
 def _fails() -> None:
