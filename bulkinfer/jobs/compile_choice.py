@@ -69,11 +69,12 @@ TRIAL_ROWS = 64
 TRIAL_TOKENS = tuple(round(32 * 16 ** (i / (TRIAL_ROWS - 1))) for i in range(TRIAL_ROWS))
 
 
-# The engine settings vLLM's compiled graph depends on (besides model and dtype): a compiled start with the same
-# ones finds the compile cache warm (not the KV cache size: vLLM 0.32 CacheConfig.compute_hash ignores it).
+# The two engines measured, alive at once and taking turns (see measure_compile).
 SIDES = ("eager", "compiled")
 
 
+# The engine settings vLLM's compiled graph depends on (besides model and dtype): a compiled start with the same
+# ones finds the compile cache warm (not the KV cache size: vLLM 0.32 CacheConfig.compute_hash ignores it).
 GRAPH_SETTINGS = ("max_model_len", "max_num_seqs", "max_num_batched_tokens")
 
 
@@ -268,16 +269,16 @@ def measure_compile(
         for engine in engines.values():
             engine.ask("speed", 16, 4)  # warm-up
         rates: dict[str, list[float]] = {name: [] for name in SIDES}
-        passes: dict[str, list[list[tuple[float, float]]]] = {name: [] for name in SIDES}
+        steps: dict[str, dict[tuple[int, int], list[tuple[float, float]]]] = {
+            name: {point: [] for point in DECODE_GRID} for name in SIDES
+        }
         for trial in range(TRIALS):
             for name in _turns(trial):
                 rates[name].append(engines[name].ask("speed", TRIAL_ROWS, TRIAL_TOKENS))
         for trial in range(TRIALS):
-            for name in SIDES:
-                passes[name].append([])
-            for rows, prompt in DECODE_GRID:
+            for point in DECODE_GRID:
                 for name in _turns(trial):
-                    passes[name][-1].append(engines[name].ask("step", rows, prompt))
+                    steps[name][point].append(engines[name].ask("step", *point))
     finally:
         for engine in engines.values():
             engine.close()
@@ -285,7 +286,7 @@ def measure_compile(
     for name in SIDES:
         grid = [  # each point's least disturbed pass
             [r, p, round(min(t[0] for t in times), 6), round(min(t[1] for t in times), 8)]
-            for (r, p), *times in zip(DECODE_GRID, *passes[name], strict=True)
+            for (r, p), times in steps[name].items()
         ]
         trials = rates[name]
         results[name] = {
