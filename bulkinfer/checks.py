@@ -80,6 +80,7 @@ def validate(settings: Settings, names: Mapping[str, str] | None = None) -> None
             e.top_p_sampler in TOP_P_SAMPLERS,
             f"one of {', '.join(TOP_P_SAMPLERS)}",
         ),
+        ("engine.batch_order", e.batch_order, e.batch_order in BATCH_ORDERS, f"one of {', '.join(BATCH_ORDERS)}"),
         (
             "plan.buckets",
             p.buckets,
@@ -154,6 +155,10 @@ FEED_ORDERS: tuple[str, ...] = ("descending", "ascending", "arrival")
 
 # engine.top_p_sampler: "auto", bulkinfer's nucleus processor on CPU (bulkinfer.engine.nucleus); "vllm", vLLM's sort.
 TOP_P_SAMPLERS: tuple[str, ...] = ("auto", "vllm")
+
+
+# engine.batch_order: "auto", the running batch in KV-block order on CPU (bulkinfer.engine.batch_order); "vllm", vLLM's.
+BATCH_ORDERS: tuple[str, ...] = ("auto", "vllm")
 
 
 OUTPUT_ORDERS: tuple[str, ...] = ("input", "completion")

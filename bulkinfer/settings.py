@@ -66,6 +66,11 @@ class EngineSettings:
     request's ``top_p`` on CPU with bulkinfer's nucleus processor
     (:mod:`bulkinfer.engine.nucleus`: the same tokens kept, without sorting
     the vocabulary), ``"vllm"`` with vLLM's own sort.
+
+    ``batch_order`` is bulkinfer's too: ``"auto"`` keeps the engine's running
+    batch in KV-block order on CPU, so rows sharing a prompt prefix are
+    decoded next to each other (:mod:`bulkinfer.engine.batch_order`);
+    ``"vllm"`` leaves vLLM's own order.
     """
 
     dtype: str = "auto"
@@ -80,6 +85,7 @@ class EngineSettings:
     seed: int = 0
     trust_remote_code: bool = False
     top_p_sampler: str = "auto"
+    batch_order: str = "auto"
     extra_args: Mapping[str, Any] = field(default_factory=dict)
 
 

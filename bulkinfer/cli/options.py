@@ -587,6 +587,20 @@ TopPSamplerOption = Annotated[
 ]
 
 
+BatchOrderOption = Annotated[
+    Literal["auto", "vllm"] | None,
+    typer.Option(
+        metavar="ORDER",
+        help=described(
+            "The order of the engine's running batch on CPU: auto (by KV blocks, so rows sharing a prompt "
+            "prefix are decoded side by side) or vllm (vLLM's own).",
+            "auto",
+        ),
+        rich_help_panel=ENGINE,
+    ),
+]
+
+
 EngineArgOption = Annotated[
     list[str] | None,
     typer.Option(

@@ -8,6 +8,7 @@ import typer
 
 from bulkinfer.cli.app import Command, app, epilog
 from bulkinfer.cli.options import (
+    BatchOrderOption,
     BucketsOption,
     ChatTemplateOption,
     ChoiceOption,
@@ -137,6 +138,7 @@ def run(
     seed: SeedOption = None,
     trust_remote_code: TrustRemoteCodeOption = None,
     top_p_sampler: TopPSamplerOption = None,
+    batch_order: BatchOrderOption = None,
     engine_arg: EngineArgOption = None,
     order: OrderOption = None,
     prefix_aware: PrefixAwareOption = None,

@@ -161,6 +161,7 @@ class VllmEngine:
             "distributed_executor_backend": vllm_config.parallel_config.distributed_executor_backend,
             "vllm_version": vllm.__version__,
         }
+        self.settings["batch_order"] = self._install_batch_order(settings, args)
         self._outputs = StreamedOutputs()
         self._tokens_input: Callable[[list[int]], Any]
         try:
@@ -237,6 +238,32 @@ class VllmEngine:
         self._unfinished.add(request_id)
         self._outputs.expect_embeddings(request_id, parts)
         return None
+
+    def _install_batch_order(self, settings: EngineSettings, args: Mapping[str, Any]) -> str:
+        """``"kv-blocks"`` when :mod:`bulkinfer.engine.batch_order` now sorts
+        this engine's running batch (``batch_order`` ``"auto"``, a generating
+        CPU engine with vLLM's prefix cache on, whose workers took it), else
+        ``"vllm"`` (vLLM's own order)."""
+        from bulkinfer.engine import batch_order
+
+        if (
+            settings.batch_order != "auto"
+            or self.settings["device"] != "cpu"
+            or args.get("runner") == "pooling"
+            or not self.settings["enable_prefix_caching"]
+        ):
+            return "vllm"
+        installed = self._stepper.call(lambda: self._engine.collective_rpc(batch_order.install))
+        return "kv-blocks" if installed and all(installed) else "vllm"
+
+    def batch_order_swaps(self) -> int | None:
+        """Rows moved by :mod:`bulkinfer.engine.batch_order` since the engine
+        started (None when vLLM's own order is kept). Call between steps."""
+        if self.settings.get("batch_order") != "kv-blocks":
+            return None
+        from bulkinfer.engine import batch_order
+
+        return sum(int(t["swaps"]) for t in self._engine.collective_rpc(batch_order.tally) if t)
 
     @property
     def stepping(self) -> bool:

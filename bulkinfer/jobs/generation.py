@@ -87,6 +87,7 @@ class Generation:
         self.stats = RunStats()
         # the engine's live counts when this run started (an engine may be reused)
         self._engine_base = (engine.generated_tokens, engine.prefilled_tokens, engine.cached_tokens)
+        self._swaps_base = self._batch_order_swaps()
 
     def fail(self, error: RowError, planned: bool = False) -> None:
         """Record a failed row; ``planned``: it failed in the engine, after planning."""
@@ -193,6 +194,11 @@ class Generation:
             self.spool.close()
             self.errors.close()
 
+    def _batch_order_swaps(self) -> int | None:
+        """The engine's rows moved into KV-block order so far (:mod:`bulkinfer.engine.batch_order`), None without."""
+        swaps = getattr(self.engine, "batch_order_swaps", None)
+        return None if swaps is None else swaps()
+
     def report(self, model_path: str, load_s: float, total_s: float, generated: bool = True) -> dict[str, Any]:
         """The run report (see :mod:`bulkinfer.report.model` for the keys;
         ``generated``: the job generated text, else it has no sampling,
@@ -200,6 +206,8 @@ class Generation:
         ``passthrough_fields`` (see :meth:`~bulkinfer.prep.planner.Planner.passthrough_fields`)."""
         plan = self.settings.plan
         engine = self.engine.settings
+        if (swaps := self._batch_order_swaps()) is not None and self._swaps_base is not None:
+            engine = {**engine, "batch_order_swaps": swaps - self._swaps_base}
         counts = (self.spool.count, self.errors.count, self.reader.blank_lines)
         prefix = self.planner.prefix.to_report() if self.planner.prefix is not None else None
         report = {

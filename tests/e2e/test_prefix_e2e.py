@@ -60,3 +60,37 @@ def test_rows_sharing_a_system_prompt_hit_the_prefix_cache(tmp_path: Path, share
     assert cache["cached_tokens"] == estimate["shareable_tokens"]
     assert 0.5 < cache["hit_rate"] < 1
     assert "prefix cache hits" in summary and f"{100 * cache['hit_rate']:.1f}%" in summary
+
+
+def test_siblings_are_put_back_side_by_side_as_rows_finish(tmp_path: Path, shared_engine: Any) -> None:
+    """Two groups of six rows, each sharing its own long system prompt. The
+    first group's five followers end after 2 tokens: vLLM's condense moves the
+    last rows of the batch (the second group's) into their slots, in reverse,
+    and bulkinfer's batch order (bulkinfer.engine.batch_order) sorts them
+    back by their KV blocks. Every row still ends with its own max_tokens."""
+    rows = []
+    for group, topic in enumerate(("the reading room", "the printing service")):
+        system = f"Group {group}. You answer questions about {topic} of a small public library. " * 30
+        for i in range(6):
+            max_tokens = 2 if group == 0 and i > 0 else 8
+            question = f"Question {i}: what is the rule number {i + 3} about {topic}?" + " Please." * (5 - i)
+            rows.append(
+                {
+                    "id": f"g{group}-{i}",
+                    "messages": [{"role": "system", "content": system}, {"role": "user", "content": question}],
+                    "max_tokens": max_tokens,
+                }
+            )
+    src = tmp_path / "in.jsonl"
+    src.write_bytes(b"".join(orjson.dumps(r) + b"\n" for r in rows))
+    out = tmp_path / "out.jsonl"
+    result = api.run(src, out, engine=shared_engine, ignore_eos=True, temperature=0.0, progress_plain=True)
+    assert result.exit_code == 0
+    engine = result.report["engine"]
+    print(f"batch order: {engine['batch_order']}, swaps {engine.get('batch_order_swaps')}")
+    assert engine["device"] == "cpu" and engine["batch_order"] == "kv-blocks"
+    assert engine["batch_order_swaps"] > 0
+    done = {r["id"]: r for r in map(orjson.loads, out.read_bytes().splitlines())}
+    assert {rid: r["completion_tokens"] for rid, r in done.items()} == {r["id"]: r["max_tokens"] for r in rows}
+    assert all(r["completion"] for r in done.values())
+    assert result.report["prefix_cache"]["estimate"]["groups"] == 2

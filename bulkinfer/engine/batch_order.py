@@ -1,0 +1,93 @@
+"""The engine's running batch kept in KV-block order, so that rows sharing a
+prompt prefix sit next to each other in every step (CPU).
+
+A decode step on CPU reads every running row's whole KV cache: with
+hundreds of rows over long contexts that is gigabytes a step, and the
+attention kernel waits on memory. Rows whose prompts share a prefix share
+its KV blocks (vLLM's prefix cache gives them the same physical blocks), so
+a shared block read for one row is still in the core's caches when the next
+row reads it, if that row comes next. vLLM's persistent batch
+(``InputBatch``) admits requests into the lowest free slots and, as rows
+finish, moves the last rows into the holes (``InputBatch.condense``): the
+order drifts away from the order bulkinfer fed the siblings in. After
+vLLM's own reordering each step (``GPUModelRunner._may_reorder_batch``, the
+hook vLLM's attention backends use to reorder the batch), :func:`order_by_blocks`
+sorts the running rows by their block tables (the first
+:data:`BLOCK_COLUMNS` block ids, lexicographically), swapping rows with
+vLLM's ``InputBatch.swap_states``, which also tells logits processors of the
+moves. Only when at least two running rows share their first block: a
+batch of rows that share nothing is left as vLLM ordered it.
+
+Measured on a 2-core AMD EPYC Zen 4 (bfloat16): a decode step of 192 rows
+of 896-token prompts in 48 groups sharing 768-token prefixes took 451-521 ms
+with siblings adjacent and 499-769 ms shuffled (README, Engine settings).
+
+Installed on the engine's workers with vLLM's ``collective_rpc``
+(:func:`install`), only where vLLM's attention backend does not reorder the
+batch itself (its ``reorder_batch_threshold`` is unset: the CPU backend).
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+# Block ids compared per row: siblings that share more blocks sit closer.
+BLOCK_COLUMNS = 8
+
+
+def order_by_blocks(batch: Any) -> int:
+    """Sorts vLLM's ``InputBatch`` ``batch`` (its first ``num_reqs`` rows) by
+    the rows' first :data:`BLOCK_COLUMNS` KV block ids (group 0's block
+    table), lexicographically, with ``batch.swap_states``; returns the swaps
+    made. No-op (0) when no two rows share their first block."""
+    import numpy as np
+
+    rows = batch.num_reqs
+    if rows < 2:
+        return 0
+    table = batch.block_table.block_tables[0].block_table.np
+    keys = table[:rows, : min(BLOCK_COLUMNS, table.shape[1])]
+    if len(np.unique(keys[:, 0])) == rows:
+        return 0
+    order = np.lexsort(keys[:, ::-1].T)  # lexsort's last key is its primary: block 0 first
+    if (order == np.arange(rows)).all():
+        return 0
+    wanted = [batch.req_ids[i] for i in order]
+    swaps = 0
+    for position, request_id in enumerate(wanted):
+        current = batch.req_id_to_index[request_id]
+        if current != position:
+            batch.swap_states(position, current)
+            swaps += 1
+    return swaps
+
+
+def install(worker: Any) -> bool:
+    """Run by vLLM's ``collective_rpc`` on each worker: after vLLM's own
+    reordering in every step, :func:`order_by_blocks`. Returns False (nothing
+    installed) where the model runner has no such hook or its attention
+    backend reorders the batch itself."""
+    runner: Any = getattr(worker, "model_runner", None)
+    vllm_reorder = getattr(runner, "_may_reorder_batch", None)
+    if vllm_reorder is None or getattr(runner, "reorder_batch_threshold", None) is not None:
+        return False
+    tally = {"steps": 0, "swaps": 0, "seconds": 0.0}
+
+    def reorder(scheduler_output: Any) -> None:
+        vllm_reorder(scheduler_output)
+        start = time.perf_counter()
+        tally["swaps"] += order_by_blocks(runner.input_batch)
+        tally["steps"] += 1
+        tally["seconds"] += time.perf_counter() - start
+
+    runner._may_reorder_batch = reorder
+    runner.bulkinfer_batch_order = tally
+    return True
+
+
+def tally(worker: Any) -> dict[str, float] | None:
+    """Run by ``collective_rpc``: the worker's steps, swaps and seconds spent
+    sorting since :func:`install` (None where it is not installed)."""
+    found = getattr(getattr(worker, "model_runner", None), "bulkinfer_batch_order", None)
+    return None if found is None else dict(found)

@@ -1,0 +1,103 @@
+"""The running batch in KV-block order (bulkinfer.engine.batch_order), on a
+stand-in for vLLM's InputBatch: only the sort and its hook are tested here;
+that vLLM's engine takes it is tests/e2e/test_prefix_e2e.py's."""
+
+from __future__ import annotations
+
+from types import SimpleNamespace
+from typing import Any
+
+import numpy as np
+
+from bulkinfer.engine import batch_order
+
+
+class Batch:
+    """What order_by_blocks reads of vLLM's InputBatch: req_ids, req_id_to_index,
+    num_reqs, block_table.block_tables[0].block_table.np, and swap_states, which
+    moves a row's whole state (here its id and its block table row)."""
+
+    def __init__(self, tables: dict[str, list[int]], width: int = 10) -> None:
+        self.req_ids = list(tables)
+        self.req_id_to_index = {rid: i for i, rid in enumerate(self.req_ids)}
+        self.table = np.zeros((len(tables) + 2, width), dtype=np.int32)  # spare rows, as vLLM's max_num_reqs
+        for i, blocks in enumerate(tables.values()):
+            self.table[i, : len(blocks)] = blocks
+        self.block_table = SimpleNamespace(block_tables=[SimpleNamespace(block_table=SimpleNamespace(np=self.table))])
+        self.swaps: list[tuple[int, int]] = []
+
+    @property
+    def num_reqs(self) -> int:
+        return len(self.req_ids)
+
+    def swap_states(self, i: int, j: int) -> None:
+        self.swaps.append((i, j))
+        a, b = self.req_ids[i], self.req_ids[j]
+        self.req_ids[i], self.req_ids[j] = b, a
+        self.req_id_to_index[a], self.req_id_to_index[b] = j, i
+        self.table[[i, j]] = self.table[[j, i]]
+
+    def rows(self) -> dict[str, list[int]]:
+        return {rid: [int(b) for b in self.table[i] if b] for i, rid in enumerate(self.req_ids)}
+
+
+def test_siblings_sharing_blocks_end_next_to_each_other_in_block_order() -> None:
+    # two conversations (first blocks 7 and 3), their turns scattered as condense leaves them, and a loner
+    tables = {
+        "a2": [7, 8, 20],
+        "lone": [50, 51],
+        "b1": [3, 30],
+        "a1": [7, 8, 9],
+        "b2": [3, 31, 32],
+        "a3": [7, 21],
+    }
+    batch = Batch(tables)
+    before = batch.rows()
+    swaps = batch_order.order_by_blocks(batch)
+    assert batch.req_ids == ["b1", "b2", "a1", "a2", "a3", "lone"]  # by block 0, then 1, then 2
+    assert batch.rows() == {rid: before[rid] for rid in batch.req_ids}  # each row kept its own blocks
+    assert swaps == len(batch.swaps) > 0
+    assert batch.req_id_to_index == {rid: i for i, rid in enumerate(batch.req_ids)}
+    assert batch_order.order_by_blocks(batch) == 0  # sorted stays sorted: no swap
+
+
+def test_rows_that_share_no_block_keep_vllms_order() -> None:
+    batch = Batch({"x": [9, 10], "y": [2], "z": [5, 6]})
+    assert batch_order.order_by_blocks(batch) == 0
+    assert batch.req_ids == ["x", "y", "z"] and not batch.swaps
+
+
+def test_only_the_first_block_columns_decide() -> None:
+    # the same first BLOCK_COLUMNS blocks: their order is vLLM's (lexsort is stable)
+    shared = list(range(100, 100 + batch_order.BLOCK_COLUMNS))
+    batch = Batch({"late": [*shared, 2], "early": [*shared, 1]}, width=batch_order.BLOCK_COLUMNS + 2)
+    assert batch_order.order_by_blocks(batch) == 0
+    assert batch.req_ids == ["late", "early"]
+
+
+def runner(threshold: int | None, batch: Batch, calls: list[Any]) -> SimpleNamespace:
+    return SimpleNamespace(
+        reorder_batch_threshold=threshold, input_batch=batch, _may_reorder_batch=lambda out: calls.append(out)
+    )
+
+
+def test_install_sorts_after_vllms_own_reorder_and_counts() -> None:
+    calls: list[Any] = []
+    batch = Batch({"a2": [7, 20], "b": [3], "a1": [7, 9]})
+    worker = SimpleNamespace(model_runner=runner(None, batch, calls))
+    assert batch_order.tally(worker) is None
+    assert batch_order.install(worker) is True
+    worker.model_runner._may_reorder_batch("scheduler output")
+    assert calls == ["scheduler output"]  # vLLM's reorder ran first
+    assert batch.req_ids == ["b", "a1", "a2"]
+    tally = batch_order.tally(worker)
+    assert tally is not None and (tally["steps"], tally["swaps"]) == (1, len(batch.swaps))
+
+
+def test_not_installed_where_vllms_backend_orders_the_batch_itself() -> None:
+    calls: list[Any] = []
+    worker = SimpleNamespace(model_runner=runner(1, Batch({"a": [1]}), calls))  # e.g. MLA: decodes first
+    original = worker.model_runner._may_reorder_batch
+    assert batch_order.install(worker) is False
+    assert worker.model_runner._may_reorder_batch is original
+    assert batch_order.install(SimpleNamespace()) is False  # no model runner (another executor's worker)
