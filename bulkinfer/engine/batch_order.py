@@ -18,9 +18,7 @@ vLLM's ``InputBatch.swap_states``, which also tells logits processors of the
 moves. Only when at least two running rows share their first block: a
 batch of rows that share nothing is left as vLLM ordered it.
 
-Measured on a 2-core AMD EPYC Zen 4 (bfloat16): a decode step of 192 rows
-of 896-token prompts in 48 groups sharing 768-token prefixes took 451-521 ms
-with siblings adjacent and 499-769 ms shuffled (README, Engine settings).
+Measured with ``python -m bench.batch_order`` (README, Engine settings).
 
 Installed on the engine's workers with vLLM's ``collective_rpc``
 (:func:`install`), only where vLLM's attention backend does not reorder the
