@@ -20,9 +20,11 @@ batch of rows that share nothing is left as vLLM ordered it.
 
 Measured with ``python -m bench.batch_order`` (README, Engine settings).
 
-Installed on the engine's workers with vLLM's ``collective_rpc``
-(:func:`install`), only where vLLM's attention backend does not reorder the
-batch itself (its ``reorder_batch_threshold`` is unset: the CPU backend).
+Installed on the engine's worker with vLLM's ``collective_rpc``
+(:func:`install`) for an engine in bulkinfer's process (vLLM sends a function
+to engine core processes only under ``VLLM_ALLOW_INSECURE_SERIALIZATION=1``),
+only where vLLM's attention backend does not reorder the batch itself (its
+``reorder_batch_threshold`` is unset: the CPU backend).
 """
 
 from __future__ import annotations

@@ -242,13 +242,16 @@ class VllmEngine:
     def _install_batch_order(self, settings: EngineSettings, args: Mapping[str, Any]) -> str:
         """``"kv-blocks"`` when :mod:`bulkinfer.engine.batch_order` now sorts
         this engine's running batch (``batch_order`` ``"auto"``, a generating
-        CPU engine with vLLM's prefix cache on, whose workers took it), else
-        ``"vllm"`` (vLLM's own order)."""
+        CPU engine in this process with vLLM's prefix cache on, whose worker
+        took it), else ``"vllm"`` (vLLM's own order). An engine in child
+        processes keeps vLLM's order: vLLM sends ``collective_rpc`` a function
+        only under ``VLLM_ALLOW_INSECURE_SERIALIZATION=1``."""
         from bulkinfer.engine import batch_order
 
         if (
             settings.batch_order != "auto"
             or self.settings["device"] != "cpu"
+            or not self.settings["in_process"]
             or args.get("runner") == "pooling"
             or not self.settings["enable_prefix_caching"]
         ):
