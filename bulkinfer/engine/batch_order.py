@@ -20,20 +20,44 @@ batch of rows that share nothing is left as vLLM ordered it.
 
 Measured with ``python -m bench.batch_order`` (README, Engine settings).
 
-Installed on the engine's worker with vLLM's ``collective_rpc``
-(:func:`install`) for an engine in bulkinfer's process (vLLM sends a function
-to engine core processes only under ``VLLM_ALLOW_INSECURE_SERIALIZATION=1``),
-only where vLLM's attention backend does not reorder the batch itself (its
+Installed on each of the engine's workers by name with vLLM's
+``collective_rpc``, in bulkinfer's process or in engine core processes of
+their own (replicas): the worker class gains :class:`BatchOrderExtension`
+through vLLM's ``EngineArgs.worker_extension_cls`` (:func:`wanted`), since
+vLLM sends ``collective_rpc`` a function, rather than a method name, to
+another process only under ``VLLM_ALLOW_INSECURE_SERIALIZATION=1``. vLLM
+leaves ``worker_extension_cls`` out of its config hash (``ParallelConfig.compute_hash``),
+so compiled engines share their compile cache with or without it. Only
+where vLLM's attention backend does not reorder the batch itself (its
 ``reorder_batch_threshold`` is unset: the CPU backend).
 """
 
 from __future__ import annotations
 
 import time
+from collections.abc import Mapping
 from typing import Any
 
 # Block ids compared per row: siblings that share more blocks sit closer.
 BLOCK_COLUMNS = 8
+
+# vLLM's ``EngineArgs.worker_extension_cls`` value that gives its workers :class:`BatchOrderExtension`.
+EXTENSION = f"{__name__}.BatchOrderExtension"
+
+
+def wanted(setting: str, device: str, args: Mapping[str, Any]) -> bool:
+    """Whether an engine started with vLLM engine arguments ``args`` on
+    ``device`` gets the KV-block order (``[engine] batch_order`` ``setting``
+    ``"auto"``, CPU, a generating runner, the prefix cache not turned off,
+    no ``worker_extension_cls`` of the user's): then it is started with
+    ``worker_extension_cls`` :data:`EXTENSION`."""
+    return (
+        setting == "auto"
+        and device == "cpu"
+        and args.get("runner") != "pooling"
+        and args.get("enable_prefix_caching") is not False
+        and not args.get("worker_extension_cls")
+    )
 
 
 def order_by_blocks(batch: Any) -> int:
@@ -91,3 +115,16 @@ def tally(worker: Any) -> dict[str, float] | None:
     sorting since :func:`install` (None where it is not installed)."""
     found = getattr(getattr(worker, "model_runner", None), "bulkinfer_batch_order", None)
     return None if found is None else dict(found)
+
+
+class BatchOrderExtension:
+    """Mixed into vLLM's worker class (``worker_extension_cls``
+    :data:`EXTENSION`): ``collective_rpc("bulkinfer_batch_order_install")``
+    runs :func:`install` on each worker, ``"bulkinfer_batch_order_tally"``
+    :func:`tally`, in whatever process the worker lives."""
+
+    def bulkinfer_batch_order_install(self) -> bool:
+        return install(self)
+
+    def bulkinfer_batch_order_tally(self) -> dict[str, float] | None:
+        return tally(self)

@@ -339,11 +339,12 @@ class EngineMux:
         self._owners[request_id] = listener
         if listener is not None:
             self._online_in_flight += 1
+        # watched before it is added: the engine streams a watched request every token (VllmEngine.stream_interval)
+        if listener is not None and self._watch is not None and request.inputs is None:  # pooling: no pieces
+            self._watch(request_id, self._counted(request_id, request.prompt_length, listener))
         rejected = self._engine.add(request_id, request)
         if rejected is not None:
             self._route([rejected])
-        elif listener is not None and self._watch is not None and request.inputs is None:  # pooling: no pieces
-            self._watch(request_id, self._counted(request_id, request.prompt_length, listener))
 
     def _counted(
         self, request_id: str, prompt_tokens: int, listener: Listener

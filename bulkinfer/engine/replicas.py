@@ -184,6 +184,14 @@ class Replicas:
     def running_lengths(self) -> list[int]:
         return [n for e in self.engines for n in e.running_lengths()]
 
+    def batch_order_swaps(self) -> int | None:
+        """Rows the replicas moved into KV-block order since they started
+        (:mod:`bulkinfer.engine.batch_order`), summed; None when none sorts.
+        Call between steps."""
+        counts = [count() for e in self.engines if (count := getattr(e, "batch_order_swaps", None)) is not None]
+        found = [n for n in counts if n is not None]
+        return sum(found) if found else None
+
     def add(self, request_id: str, request: Request) -> Completion | None:
         """Hand ``request`` to the replica that is up with the fewest tokens
         in flight (the first of equals). A replica whose step is running gets

@@ -31,10 +31,15 @@ def top_p_split(request: Request, nucleus: bool) -> tuple[float, dict[str, float
     return request.top_p, None
 
 
-def sampling_params(request: Request, sampling_params_cls: Any, output_kind: Any, nucleus: bool = False) -> Any:
+def sampling_params(
+    request: Request, sampling_params_cls: Any, output_kind: Any, nucleus: bool = False, stream_interval: int = 1
+) -> Any:
     """vLLM ``SamplingParams`` for one request (a scoring request: ``max_tokens=1``
     and ``prompt_logprobs=0``, the log-probability of each actual prompt token);
-    ``nucleus``: the engine has bulkinfer's nucleus processor (see :func:`top_p_split`).
+    ``nucleus``: the engine has bulkinfer's nucleus processor (see :func:`top_p_split`);
+    ``stream_interval`` (tokens): vLLM's, a streamed request's output comes
+    at its first token, then every that many, and when it finishes (1: every
+    step; a request's own ``options`` win).
 
     Raises:
         whatever vLLM's ``SamplingParams`` raises for values it rejects
@@ -48,6 +53,7 @@ def sampling_params(request: Request, sampling_params_cls: Any, output_kind: Any
 
         structured = StructuredOutputsParams(**request.structured)
     top_p, extra_args = top_p_split(request, nucleus)
+    every = {"stream_interval": stream_interval} if stream_interval > 1 else {}
     return sampling_params_cls(
         max_tokens=request.max_tokens,
         temperature=request.temperature,
@@ -58,7 +64,7 @@ def sampling_params(request: Request, sampling_params_cls: Any, output_kind: Any
         ignore_eos=request.ignore_eos,
         output_kind=output_kind,
         structured_outputs=structured,
-        **request.options,
+        **{**every, **request.options},
     )
 
 

@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import Any
 
 from bulkinfer.config import EngineSettings
+from bulkinfer.engine import batch_order
 from bulkinfer.engine.args import (
     IN_PROCESS,
     MULTIPROCESSING_ENV,
@@ -42,15 +43,23 @@ from bulkinfer.schema import Completion, Request
 # close(): how long vLLM's own shutdown may take before the processes are killed (seconds).
 CLOSE_TIMEOUT_S = 5.0
 
+# Tokens between a streamed request's outputs (vLLM's stream_interval; 1: every step). Every
+# token cost 5-10% of the completion tokens/s of 256-row bfloat16 compiled steps, every 16th
+# nothing (bench/results/stream_overhead-zen4-bf16-compiled.md; AMD EPYC Zen 4, 2026-12-02).
+STREAM_INTERVAL = 16
+
 
 class VllmEngine:
     """One vLLM ``LLMEngine`` for the whole run.
 
     Generation requests stream their tokens (vLLM's ``RequestOutputKind.DELTA``),
     so :attr:`generated_tokens` counts work as it happens, not only when a
-    request finishes (see :class:`StreamedOutputs`). With ``stream_tokens`` set to
-    False, requests added from then on return once, finished (``FINAL_ONLY``:
-    the baseline of ``bench/stream_overhead.py``).
+    request finishes (see :class:`StreamedOutputs`), every
+    :data:`STREAM_INTERVAL` tokens (:attr:`stream_interval`; vLLM's
+    ``SamplingParams.stream_interval``: the first token, then every that
+    many, and the last), a watched request (:meth:`watch`) every token.
+    With ``stream_tokens`` set to False, requests added from then on return
+    once, finished (``FINAL_ONLY``: the baseline of ``bench/stream_overhead.py``).
 
     Args:
         model: a model directory or hub id, as vLLM takes it.
@@ -90,11 +99,15 @@ class VllmEngine:
         self._final_only = RequestOutputKind.FINAL_ONLY
         self._delta = RequestOutputKind.DELTA
         self.stream_tokens = True
+        self.stream_interval = STREAM_INTERVAL
         self._stall_timeout_s = stall_timeout_s
         device = detect_device()
         known = {f.name for f in dataclasses.fields(EngineArgs)}
         args = resolve_engine_args(str(model), settings, device, available_memory_bytes(), known)
         self._nucleus = has_nucleus(args)
+        ordered = batch_order.wanted(settings.batch_order, device, args)
+        if ordered:
+            args["worker_extension_cls"] = batch_order.EXTENSION
         if isinstance(args.get("structured_outputs_config"), dict):  # a TOML table: EngineArgs takes the config
             from vllm.config import StructuredOutputsConfig
 
@@ -146,8 +159,10 @@ class VllmEngine:
         vllm_config = self._engine.vllm_config
         self.max_model_len: int = vllm_config.model_config.max_model_len
         self.max_num_seqs: int = vllm_config.scheduler_config.max_num_seqs
+        # not reported: what the report names otherwise, bulkinfer's own worker extension (batch_order)
+        hidden = {"model", "tokenizer", "disable_log_stats", *(("worker_extension_cls",) if ordered else ())}
         self.settings = {
-            **{k: v for k, v in args.items() if k not in ("model", "tokenizer", "disable_log_stats")},
+            **{k: v for k, v in args.items() if k not in hidden},
             "dtype": str(vllm_config.model_config.dtype).removeprefix("torch."),
             "max_model_len": self.max_model_len,
             "max_num_seqs": self.max_num_seqs,
@@ -161,7 +176,7 @@ class VllmEngine:
             "distributed_executor_backend": vllm_config.parallel_config.distributed_executor_backend,
             "vllm_version": vllm.__version__,
         }
-        self.settings["batch_order"] = self._install_batch_order(settings, args)
+        self.settings["batch_order"] = self._install_batch_order(ordered)
         self._outputs = StreamedOutputs()
         self._tokens_input: Callable[[list[int]], Any]
         try:
@@ -188,7 +203,8 @@ class VllmEngine:
         try:
             streamed = self.stream_tokens and request.score_from is None
             kind = self._delta if streamed else self._final_only
-            params = sampling_params(request, self._sampling_params, kind, self._nucleus)
+            every = 1 if request_id in self._outputs.watchers else self.stream_interval
+            params = sampling_params(request, self._sampling_params, kind, self._nucleus, every)
             self._engine.add_request(
                 request_id, self._tokens_input(request.prompt_token_ids), params, priority=request.priority
             )
@@ -198,6 +214,7 @@ class VllmEngine:
                 raise EngineError(
                     f"the vLLM engine died: {exc}; finished rows are kept: continue with --resume"
                 ) from exc
+            self._outputs.watchers.pop(request_id, None)
             return Completion(request_id, "", "error", len(request.prompt_token_ids), 0, f"{type(exc).__name__}: {exc}")
         self._unfinished.add(request_id)
         if request.score_from is not None:
@@ -239,24 +256,14 @@ class VllmEngine:
         self._outputs.expect_embeddings(request_id, parts)
         return None
 
-    def _install_batch_order(self, settings: EngineSettings, args: Mapping[str, Any]) -> str:
+    def _install_batch_order(self, ordered: bool) -> str:
         """``"kv-blocks"`` when :mod:`bulkinfer.engine.batch_order` now sorts
-        this engine's running batch (``batch_order`` ``"auto"``, a generating
-        CPU engine in this process with vLLM's prefix cache on, whose worker
-        took it), else ``"vllm"`` (vLLM's own order). An engine in child
-        processes keeps vLLM's order: vLLM sends ``collective_rpc`` a function
-        only under ``VLLM_ALLOW_INSECURE_SERIALIZATION=1``."""
-        from bulkinfer.engine import batch_order
-
-        if (
-            settings.batch_order != "auto"
-            or self.settings["device"] != "cpu"
-            or not self.settings["in_process"]
-            or args.get("runner") == "pooling"
-            or not self.settings["enable_prefix_caching"]
-        ):
+        this engine's running batch (it was started with the extension,
+        ``ordered``, vLLM resolved the prefix cache on, and every worker took
+        it), else ``"vllm"`` (vLLM's own order)."""
+        if not ordered or not self.settings["enable_prefix_caching"]:
             return "vllm"
-        installed = self._stepper.call(lambda: self._engine.collective_rpc(batch_order.install))
+        installed = self._stepper.call(lambda: self._engine.collective_rpc("bulkinfer_batch_order_install"))
         return "kv-blocks" if installed and all(installed) else "vllm"
 
     def batch_order_swaps(self) -> int | None:
@@ -264,9 +271,7 @@ class VllmEngine:
         started (None when vLLM's own order is kept). Call between steps."""
         if self.settings.get("batch_order") != "kv-blocks":
             return None
-        from bulkinfer.engine import batch_order
-
-        return sum(int(t["swaps"]) for t in self._engine.collective_rpc(batch_order.tally) if t)
+        return sum(int(t["swaps"]) for t in self._engine.collective_rpc("bulkinfer_batch_order_tally") if t)
 
     @property
     def stepping(self) -> bool:
@@ -384,8 +389,10 @@ class VllmEngine:
 
     def watch(self, request_id: str, watcher: Watcher) -> None:
         """Call ``watcher`` with each piece of the generation request
-        ``request_id`` (added, not finished) as the engine produces it, in the
-        thread that calls :meth:`step` (an online request's streamed answer)."""
+        ``request_id`` (about to be added, or added and not finished) as the
+        engine produces it, in the thread that calls :meth:`step` (an online
+        request's streamed answer). Watched before :meth:`add`, a request
+        streams every token instead of every :attr:`stream_interval`."""
         self._outputs.watchers[request_id] = watcher
 
     def abort_unfinished(self) -> None:

@@ -7,6 +7,7 @@ the output or errors spool; progress and the run's counters observe it all.
 from __future__ import annotations
 
 import dataclasses
+import logging
 import time
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
@@ -29,6 +30,9 @@ from bulkinfer.report.progress import Progress
 from bulkinfer.report.stats import RunStats
 from bulkinfer.schema import Completion, Done, Request, RowError
 from bulkinfer.stop import StopToken
+
+# to the engine's log file with vLLM's own lines (bulkinfer.engine.log)
+log = logging.getLogger(f"vllm.{__name__}")
 
 
 @dataclass(frozen=True, slots=True)
@@ -88,6 +92,7 @@ class Generation:
         # the engine's live counts when this run started (an engine may be reused)
         self._engine_base = (engine.generated_tokens, engine.prefilled_tokens, engine.cached_tokens)
         self._swaps_base = self._batch_order_swaps()
+        self._swaps: int | None = None  # the same when generation ended
 
     def fail(self, error: RowError, planned: bool = False) -> None:
         """Record a failed row; ``planned``: it failed in the engine, after planning."""
@@ -130,6 +135,7 @@ class Generation:
                 f"{self.spool.path} and {self.errors.path}; continue with --resume"
             ) from None
         self.stats.generation_ended()
+        self._swaps = self._batch_order_swaps()  # now: an engine in processes of its own is closed before the report
         with self.stats.timed("write"):
             self._close()
             self.files.finish(self.settings.plan.file_output_order)
@@ -197,7 +203,11 @@ class Generation:
     def _batch_order_swaps(self) -> int | None:
         """The engine's rows moved into KV-block order so far (:mod:`bulkinfer.engine.batch_order`), None without."""
         swaps = getattr(self.engine, "batch_order_swaps", None)
-        return None if swaps is None else swaps()
+        try:
+            return None if swaps is None else swaps()
+        except Exception as exc:  # a count for the report: never the reason a run fails
+            log.warning("the engine's batch order count is not known: %s: %s", type(exc).__name__, exc)
+            return None
 
     def report(self, model_path: str, load_s: float, total_s: float, generated: bool = True) -> dict[str, Any]:
         """The run report (see :mod:`bulkinfer.report.model` for the keys;
@@ -206,8 +216,8 @@ class Generation:
         ``passthrough_fields`` (see :meth:`~bulkinfer.prep.planner.Planner.passthrough_fields`)."""
         plan = self.settings.plan
         engine = self.engine.settings
-        if (swaps := self._batch_order_swaps()) is not None and self._swaps_base is not None:
-            engine = {**engine, "batch_order_swaps": swaps - self._swaps_base}
+        if self._swaps is not None and self._swaps_base is not None:
+            engine = {**engine, "batch_order_swaps": self._swaps - self._swaps_base}
         counts = (self.spool.count, self.errors.count, self.reader.blank_lines)
         prefix = self.planner.prefix.to_report() if self.planner.prefix is not None else None
         report = {

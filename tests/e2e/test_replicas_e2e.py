@@ -50,6 +50,16 @@ def test_resume_at_two_replicas_ends_every_id_once(resumed: dict[str, Any]) -> N
     assert len(ids) == len(set(ids)) == ROWS
 
 
+def test_each_replica_keeps_its_batch_in_kv_block_order(resumed: dict[str, Any]) -> None:
+    """The batch order is installed by name (vLLM's worker_extension_cls) in
+    each replica's engine core process; these rows share no full KV block
+    (their common chat-template start is shorter than one), so none moved."""
+    engine = resumed["engine"]
+    assert engine["in_process"] is False
+    assert (engine["batch_order"], engine["batch_order_swaps"]) == ("kv-blocks", 0)
+    assert "worker_extension_cls" not in engine  # bulkinfer's own, not reported as a vLLM argument of the user's
+
+
 def test_both_replicas_worked_in_the_resumed_run(resumed: dict[str, Any]) -> None:
     replicas = resumed["engine"]["replicas"]
     left = ROWS - resumed["resumed"]["completed"]

@@ -101,3 +101,33 @@ def test_not_installed_where_vllms_backend_orders_the_batch_itself() -> None:
     assert batch_order.install(worker) is False
     assert worker.model_runner._may_reorder_batch is original
     assert batch_order.install(SimpleNamespace()) is False  # no model runner (another executor's worker)
+
+
+def test_the_extension_runs_install_and_tally_by_name_on_vllms_worker() -> None:
+    """vLLM mixes worker_extension_cls into its worker class; collective_rpc
+    then calls these methods by name in whatever process the worker lives."""
+    from vllm.utils.import_utils import resolve_obj_by_qualname
+
+    assert resolve_obj_by_qualname(batch_order.EXTENSION) is batch_order.BatchOrderExtension
+
+    class Worker(batch_order.BatchOrderExtension):
+        def __init__(self, model_runner: Any) -> None:
+            self.model_runner = model_runner
+
+    batch = Batch({"a2": [7, 20], "b": [3], "a1": [7, 9]})
+    worker = Worker(runner(None, batch, []))
+    assert worker.bulkinfer_batch_order_tally() is None
+    assert worker.bulkinfer_batch_order_install() is True
+    worker.model_runner._may_reorder_batch("scheduler output")
+    tally = worker.bulkinfer_batch_order_tally()
+    assert batch.req_ids == ["b", "a1", "a2"] and tally is not None and tally["swaps"] == len(batch.swaps) > 0
+
+
+def test_wanted_for_generating_cpu_engines_with_the_prefix_cache_and_no_extension_of_the_users() -> None:
+    assert batch_order.wanted("auto", "cpu", {"model": "m"})
+    assert batch_order.wanted("auto", "cpu", {"enable_prefix_caching": True})
+    assert not batch_order.wanted("vllm", "cpu", {})
+    assert not batch_order.wanted("auto", "cuda", {})
+    assert not batch_order.wanted("auto", "cpu", {"runner": "pooling"})
+    assert not batch_order.wanted("auto", "cpu", {"enable_prefix_caching": False})
+    assert not batch_order.wanted("auto", "cpu", {"worker_extension_cls": "mine.Extension"})
