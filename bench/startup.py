@@ -41,9 +41,7 @@ LAYOUTS = {
 }
 
 
-def one_run(
-    src: Path, work: Path, key: str, env: dict[str, str], max_tokens: int, root: Path = ROOT
-) -> dict[str, Any]:
+def one_run(src: Path, work: Path, key: str, env: dict[str, str], max_tokens: int, root: Path = ROOT) -> dict[str, Any]:
     """One ``bulkinfer run`` of ``src`` by the checkout at ``root``; its timings."""
     import os
 

@@ -43,10 +43,12 @@ from bulkinfer.schema import Completion, Request
 # close(): how long vLLM's own shutdown may take before the processes are killed (seconds).
 CLOSE_TIMEOUT_S = 5.0
 
-# Tokens between a streamed request's outputs (vLLM's stream_interval; 1: every step). Every
-# token cost 5-10% of the completion tokens/s of 256-row bfloat16 compiled steps, every 16th
-# nothing (bench/results/stream_overhead-zen4-bf16-compiled.md; AMD EPYC Zen 4, 2026-12-02).
-STREAM_INTERVAL = 16
+# Tokens between a streamed request's outputs (vLLM's stream_interval): 1, every step. Every
+# token cost 5-10% of the completion tokens/s of 256-row bfloat16 compiled steps against every
+# 16th (bench/results/stream_overhead-zen4-bf16-compiled.md; AMD EPYC Zen 4, 2026-12-02), but
+# the ETA's step model (bulkinfer.report.eta, WorkEstimate.observe) and calibrate's step costs
+# (bulkinfer.jobs.tune.step_seconds) read each step's tokens from the counts moving every step.
+STREAM_INTERVAL = 1
 
 
 class VllmEngine:
@@ -55,7 +57,7 @@ class VllmEngine:
     Generation requests stream their tokens (vLLM's ``RequestOutputKind.DELTA``),
     so :attr:`generated_tokens` counts work as it happens, not only when a
     request finishes (see :class:`StreamedOutputs`), every
-    :data:`STREAM_INTERVAL` tokens (:attr:`stream_interval`; vLLM's
+    :attr:`stream_interval` tokens (default :data:`STREAM_INTERVAL`; vLLM's
     ``SamplingParams.stream_interval``: the first token, then every that
     many, and the last), a watched request (:meth:`watch`) every token.
     With ``stream_tokens`` set to False, requests added from then on return

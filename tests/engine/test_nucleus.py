@@ -155,3 +155,12 @@ def test_an_unknown_top_p_sampler_is_a_config_error(tmp_path) -> None:
     config.write_text('[engine]\ntop_p_sampler = "fast"\n')
     with pytest.raises(ConfigError, match="engine.top_p_sampler"):
         load_settings(config)
+
+
+def test_a_streamed_request_returns_every_stream_interval_tokens_unless_it_asks_otherwise() -> None:
+    """vLLM's own SamplingParams.stream_interval (VllmEngine passes its
+    stream_interval for a batch row, 1 for a watched online request)."""
+    assert sampling_params(request(), SamplingParams, None, stream_interval=16).stream_interval == 16
+    assert sampling_params(request(), SamplingParams, None).stream_interval is None  # vLLM's: every token
+    own = request(options={"stream_interval": 4})
+    assert sampling_params(own, SamplingParams, None, stream_interval=16).stream_interval == 4
