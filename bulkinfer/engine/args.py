@@ -11,6 +11,7 @@ from pathlib import Path
 from typing import Any
 
 from bulkinfer.config import EngineSettings
+from bulkinfer.engine import compile_key
 from bulkinfer.engine.sampling import NUCLEUS_PROCESSOR
 from bulkinfer.errors import ConfigError, EngineError, closest
 
@@ -315,13 +316,14 @@ def configure_environment() -> None:
     engine starts) writes torch's own default (``/tmp/torchinductor_$USER``)
     into the environment, so a default set after it never took effect and
     compiled kernels stayed in ``/tmp`` (seen on an Intel Xeon, 2026-11-28).
-    A value of the user's other than torch's default wins."""
+    A value of the user's other than torch's default wins. Its keys: :mod:`~bulkinfer.engine.compile_key`."""
     os.environ.setdefault("VLLM_CPU_NUM_OF_RESERVED_CPU", "0")
     os.environ.setdefault("VLLM_LOGGING_LEVEL", "INFO")
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
     if detect_device() == "cpu":
         os.environ.setdefault("VLLM_USE_AOT_COMPILE", "0")
         os.environ[INDUCTOR_CACHE_ENV] = str(compile_cache_dir())
+        compile_key.stable_memory_format_pickle(child_processes=True)
 
 
 # torch inductor's cache directory (torch._inductor's default: /tmp/torchinductor_$USER).
