@@ -37,6 +37,10 @@ import importlib
 import os
 from typing import Any
 
+# Part of what bulkinfer records a compiled start under (bulkinfer.jobs.compile_choice): a start recorded before
+# bulkinfer changed the keys torch hashes (revision 1: memory_format by one name) filled entries no start finds now.
+KEY_REVISION = 1
+
 # Set by bulkinfer's process, inherited by the engine processes vLLM starts from it: :func:`register` acts only then.
 ENV = "BULKINFER_STABLE_COMPILE_KEY"
 

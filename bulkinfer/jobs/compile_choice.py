@@ -46,6 +46,7 @@ from collections.abc import Callable
 from typing import Any
 
 from bulkinfer.config import Settings, with_engine
+from bulkinfer.engine import compile_key
 from bulkinfer.engine.args import compile_cache_dir, this_machine, vllm_version
 from bulkinfer.engine.base import EngineFactory
 from bulkinfer.jobs.decode_steps import DECODE_GRID, DecodeCost, DecodeWork, fit_decode_cost
@@ -89,9 +90,11 @@ def _graph_key(settings: Settings) -> dict[str, Any]:
     ``TORCHINDUCTOR_CACHE_DIR``, as ``bench.compile``'s are, fills that one:
     recorded without it, such a run made the next ``calibrate --compile``
     take its cold start of 76.9 s for a warm one and store no cold figure;
-    AMD EPYC Zen 4, 2026-12-01)."""
+    AMD EPYC Zen 4, 2026-12-01), and the revision of bulkinfer's keys
+    (:data:`~bulkinfer.engine.compile_key.KEY_REVISION`)."""
     graph = {k: getattr(settings.engine, k) for k in GRAPH_SETTINGS}
-    return {**compile_machine(settings), **graph, "compile_cache": str(compile_cache_dir())}
+    cache = {"compile_cache": str(compile_cache_dir()), "compile_key": compile_key.KEY_REVISION}
+    return {**compile_machine(settings), **graph, **cache}
 
 
 def cache_warm(model: str, settings: Settings) -> dict[str, Any] | None:

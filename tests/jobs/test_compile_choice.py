@@ -14,6 +14,7 @@ import pytest
 import bulkinfer.jobs.compile_choice as cc
 import bulkinfer.jobs.served_engine as se
 from bulkinfer.config import Settings, with_engine
+from bulkinfer.engine import compile_key
 from bulkinfer.errors import EngineError
 from bulkinfer.io.inputs import InputScan
 from bulkinfer.jobs.decode_steps import DECODE_GRID, GRID_TOKENS, DecodeCost, DecodeWork, grid_context
@@ -120,6 +121,22 @@ def test_a_start_into_another_compile_cache_leaves_this_one_cold(home: Path, mon
     cc.record_compiled_start("m", F32, 80.0)
     assert cc.cache_warm("m", F32) is not None  # warm where it went
     monkeypatch.setenv("TORCHINDUCTOR_CACHE_DIR", str(home / "inductor"))
+    assert cc.cache_warm("m", F32) is None
+    assert cc.choose_compile("m", F32, 12_000)[1]["cache"] == "cold"
+
+
+def test_a_start_recorded_under_an_earlier_key_revision_leaves_the_cache_cold(
+    home: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A compiled start recorded before bulkinfer changed the compile keys
+    (compile_key.KEY_REVISION) filled entries no start finds now."""
+    store()
+    fill_cache(home)
+    revision = compile_key.KEY_REVISION
+    monkeypatch.setattr(compile_key, "KEY_REVISION", revision - 1)
+    cc.record_compiled_start("m", F32, 20.0)
+    assert cc.cache_warm("m", F32) is not None
+    monkeypatch.setattr(compile_key, "KEY_REVISION", revision)
     assert cc.cache_warm("m", F32) is None
     assert cc.choose_compile("m", F32, 12_000)[1]["cache"] == "cold"
 
