@@ -15,8 +15,13 @@ done (greedy); the time is from the first ``add`` to the last completion. Short
 prompts keep the rounds decode-bound: every step returns one output per
 running request, which is where streaming costs.
 
+With ``--no-overlap``, a variant that streams with the engine's next step
+started only after this thread handled the last one's outputs (the two in
+turn, not side by side). Each round runs the variants one later than the
+round before.
+
 Usage: ``python -m bench.stream_overhead [--rows 256 --max-tokens 48]
-[--dtype bfloat16 --compiled --raw --tag zen4-bf16-compiled]``; writes
+[--dtype bfloat16 --compiled --raw --no-overlap --tag zen4-bf16-compiled]``; writes
 ``bench/results/stream_overhead[-TAG].{json,md}``.
 """
 
@@ -27,6 +32,7 @@ import datetime as dt
 import os
 import statistics
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -35,11 +41,16 @@ import orjson
 ROOT = Path(__file__).resolve().parents[1]
 
 
-def one_round(engine: Any, requests: list[Any], stream: bool, interval: int = 1) -> dict[str, float]:
+def one_round(
+    engine: Any, requests: list[Any], stream: bool, interval: int = 1, overlap: bool = True
+) -> dict[str, float]:
     """Feed ``requests``, step until all finished; seconds and tokens.
-    ``interval``: streamed outputs every that many tokens (vLLM's ``stream_interval``)."""
+    ``interval``: streamed outputs every that many tokens (vLLM's ``stream_interval``);
+    ``overlap``: the next step runs while this thread handles the last one's outputs
+    (:attr:`VllmEngine.overlap_steps`), else the two take turns."""
     engine.stream_tokens = stream
     engine.stream_interval = interval
+    engine.overlap_steps = overlap
     started = time.monotonic()
     for i, request in enumerate(requests):
         rejected = engine.add(f"{int(stream)}-{time.monotonic_ns()}-{i}", request)
@@ -96,6 +107,9 @@ def main() -> None:
     parser.add_argument(
         "--stream-interval", type=int, default=1, help="add DELTA every N tokens (vLLM's stream_interval) per round"
     )
+    parser.add_argument(
+        "--no-overlap", action="store_true", help="add DELTA with the engine step and output handling in turn"
+    )
     parser.add_argument("--tag", default="", help="results file suffix: stream_overhead-TAG.json")
     args = parser.parse_args()
     out = ROOT / "bench" / "results" / (f"stream_overhead-{args.tag}.json" if args.tag else "stream_overhead.json")
@@ -129,18 +143,23 @@ def main() -> None:
     engine = VllmEngine(model, settings.engine)
     try:
         one_round(engine, requests[:16], stream=True)  # warm-up
-        results: dict[str, list[dict[str, float]]] = {"final_only": [], "delta": []}
+        variants: dict[str, Callable[[], dict[str, float]]] = {
+            "final_only": lambda: one_round(engine, requests, False),
+            "delta": lambda: one_round(engine, requests, True),
+        }
+        if args.stream_interval > 1:
+            every = args.stream_interval
+            variants[f"delta_every_{every}"] = lambda: one_round(engine, requests, True, every)
+        if args.no_overlap:
+            variants["delta_no_overlap"] = lambda: one_round(engine, requests, True, overlap=False)
         if args.raw:
-            results["vllm_loop"] = []
+            variants["vllm_loop"] = lambda: raw_round(engine, requests)
             raw_round(engine, requests[:16])  # warm-up
-        for _ in range(args.rounds):
-            for stream in (False, True):
-                results["delta" if stream else "final_only"].append(one_round(engine, requests, stream))
-            if args.stream_interval > 1:
-                every = f"delta_every_{args.stream_interval}"
-                results.setdefault(every, []).append(one_round(engine, requests, True, args.stream_interval))
-            if args.raw:
-                results["vllm_loop"].append(raw_round(engine, requests))
+        results: dict[str, list[dict[str, float]]] = {kind: [] for kind in variants}
+        order = list(variants)
+        for k in range(args.rounds):  # each round starts one variant later: no variant always runs first
+            for kind in order[k % len(order) :] + order[: k % len(order)]:
+                results[kind].append(variants[kind]())
     finally:
         engine.close()
     summary = {kind: statistics.median(r["tokens_per_s"] for r in runs) for kind, runs in results.items()}
@@ -151,7 +170,7 @@ def main() -> None:
         ("--stream-interval", args.stream_interval > 1 and args.stream_interval),
     ):
         command += f" {flag} {value}" if value else ""
-    command += " --compiled" * args.compiled + " --raw" * args.raw
+    command += " --compiled" * args.compiled + " --raw" * args.raw + " --no-overlap" * args.no_overlap
     doc: dict[str, Any] = {
         "machine": {"cpu": cpu_model(), "cores": os.cpu_count()},
         "date": dt.date.today().isoformat(),
@@ -184,6 +203,9 @@ def main() -> None:
     if args.stream_interval > 1:
         every = f"delta_every_{args.stream_interval}"
         lines += [f"DELTA every {args.stream_interval} tokens vs FINAL_ONLY: {doc[every + '_vs_final_only']:+.1%}"]
+    if args.no_overlap:
+        in_turn = doc["delta_no_overlap_vs_final_only"]
+        lines += [f"DELTA, step and output handling in turn, vs FINAL_ONLY: {in_turn:+.1%}"]
     if args.raw:
         lines += [f"DELTA (bulkinfer's engine wrapper) vs vLLM's own step loop: {doc['delta_vs_vllm_loop']:+.1%}"]
     out.with_suffix(".md").write_text("\n".join(lines) + "\n")

@@ -263,7 +263,13 @@ def run_bulkinfer(
         reference=reference,
         load_s=report["seconds"]["load"],
         padding={"arrival": pad["arrival"], "sorted": pad["sorted"], "batch_size": pad["batch_size"], "static": False},
-        extra={"order": order, "feed": feed, "bulkinfer_seconds": report["seconds"], "engine": report.get("engine")},
+        extra={
+            "order": order,
+            "feed": feed,
+            "bulkinfer_seconds": report["seconds"],
+            "bulkinfer_cpu_seconds": report.get("cpu_seconds"),
+            "engine": report.get("engine"),
+        },
     )
 
 

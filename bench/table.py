@@ -137,6 +137,20 @@ def _systems(summary: dict[str, Any] | None) -> list[str]:
     return lines
 
 
+def _cpu(results: list[dict[str, Any]]) -> list[str]:
+    """What bulkinfer's own thread took during generation (its report's ``cpu_seconds``)."""
+    lines = []
+    for r in results:
+        cpu, generate = r.get("bulkinfer_cpu_seconds"), r.get("seconds", {}).get("generate")
+        if cpu and generate:
+            lines.append(
+                f"- `{r['key']}` CPU during generation: bulkinfer's feed thread {cpu['feed_thread']:.1f} s "
+                f"({cpu['feed_thread'] / generate:.1%} of a core), its whole process {cpu['process']:.1f} s "
+                f"({cpu['process'] / generate:.2f} cores)."
+            )
+    return ["", *lines] if lines else []
+
+
 def render(doc: dict[str, Any]) -> str:
     """Title, machine and settings, the results table, and what the columns mean."""
     w, m, v, s = doc["workload"], doc["machine"], doc["versions"], doc["settings"]
@@ -185,6 +199,7 @@ def render(doc: dict[str, Any]) -> str:
         lines += ["", f"Recomputed: {doc['recomputed']}."]
     lines += _orders(doc.get("orders"))
     lines += _systems(doc.get("systems"))
+    lines += _cpu(doc["results"])
     if not doc.get("complete", True):
         lines += ["", "**Incomplete**: the run stopped (or is still going) before its last system."]
     lines += ["", *(f"- {note}" for note in doc["notes"]), ""]

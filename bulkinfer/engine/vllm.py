@@ -82,6 +82,8 @@ class VllmEngine:
             processes are terminated before it propagates).
     """
 
+    overlap_steps = True  # False: a step starts once the last one's outputs are handled (bench's --no-overlap)
+
     def __init__(
         self,
         model: str | Path,
@@ -143,8 +145,7 @@ class VllmEngine:
             if isinstance(exc, BulkinferError | KeyboardInterrupt | SystemExit):
                 raise
             raise EngineError(f"the vLLM engine failed to start: {type(exc).__name__}: {exc}") from exc
-        # vLLM's multiprocessing handles of its engine core processes, kept here:
-        # vLLM may drop its own once it sees the engine die
+        # vLLM's handles of its engine core processes, kept here: vLLM may drop its own once it sees the engine die
         resources = getattr(getattr(self._engine, "engine_core", None), "resources", None)
         manager_processes = getattr(getattr(resources, "engine_manager", None), "processes", None) or ()
         self._core_processes = {proc.pid: proc for proc in manager_processes if getattr(proc, "pid", None)}
@@ -343,7 +344,7 @@ class VllmEngine:
             if isinstance(error, BulkinferError | KeyboardInterrupt):
                 raise error
             raise EngineError(f"the vLLM engine failed: {type(error).__name__}: {error}") from error
-        if next_step and self._engine.has_unfinished_requests():
+        if next_step and self.overlap_steps and self._engine.has_unfinished_requests():
             self._stepper.start()
         done = self._outputs.completions(outputs)
         self._unfinished.difference_update(c.request_id for c in done)
@@ -398,9 +399,8 @@ class VllmEngine:
         self._outputs.watchers[request_id] = watcher
 
     def abort_unfinished(self) -> None:
-        """Abort every request still in the engine (vLLM's ``abort_request``),
-        after the step in flight, if any; its results and any buffered ones
-        are dropped.
+        """Abort every request still in the engine (:meth:`abort`), after the
+        step in flight, if any; its results and any buffered ones are dropped.
 
         Raises:
             EngineError: the engine died.

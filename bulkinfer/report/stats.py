@@ -172,15 +172,26 @@ class RunStats:
         self.structured = StructuredStats()
         self.series = TokenSeries()
         self._started = clock()
+        # CPU seconds during generation: the feeding thread's, the whole process's (time.thread_time, process_time)
+        self.cpu_seconds: dict[str, float] = {}
+        self._cpu_started = (time.thread_time(), time.process_time())
         # the clock when the engine first reported a completion token (None: not yet)
         self.first_token_at: float | None = None
 
     def start(self) -> None:
         """Generation starts: the first request is about to be handed over."""
         self._started = self.clock()
+        self._cpu_started = (time.thread_time(), time.process_time())
 
     def generation_ended(self) -> None:
+        """Generation ended (call from the thread that called :meth:`start`):
+        ``seconds["generate"]`` and :attr:`cpu_seconds` (``feed_thread``: the
+        CPU seconds of the thread that fed the engine and handled its results,
+        bulkinfer's own work; ``process``: every thread of this process, an
+        engine in it included)."""
         self.seconds["generate"] = self.clock() - self._started
+        thread_s, process_s = self._cpu_started
+        self.cpu_seconds = {"feed_thread": time.thread_time() - thread_s, "process": time.process_time() - process_s}
 
     @contextmanager
     def timed(self, phase: str) -> Iterator[None]:
@@ -250,6 +261,7 @@ class RunStats:
                 "completion": done.completion_tokens + self.completion_tokens,
             },
             "seconds": seconds,
+            **({"cpu_seconds": self.cpu_seconds} if self.cpu_seconds else {}),
             "throughput": throughput(ran, self.prompt_tokens, self.completion_tokens, seconds["generate"]),
             "throughput_end_to_end": throughput(ran, self.prompt_tokens, self.completion_tokens, total_s),
             "prefix_cache": prefix_cache(self.cached_tokens, self.prompt_tokens, prefix),

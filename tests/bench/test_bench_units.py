@@ -10,7 +10,7 @@ import pytest
 
 from bench.compare import bench_settings, build_parser, plan_jobs, summarize_orders, summarize_systems
 from bench.systems import BenchSettings
-from bench.table import render
+from bench.table import _cpu, render
 from bench.workload import Row, static_subset
 
 # The machine and versions every results page starts with (bench.measure.machine / versions).
@@ -364,3 +364,19 @@ def test_eta_range_replays_with_an_estimator_constant_changed(monkeypatch: pytes
     assert (eta.OTHER_JOBS_SPREAD, futures.BEYOND_POWER) == (0.0, 0.25)
     with pytest.raises(SystemExit, match="NO_SUCH"):
         overridden(["NO_SUCH=1"])
+
+
+def test_table_states_what_bulkinfers_own_thread_took_during_generation() -> None:
+    results = [
+        {
+            "key": "a-descending-1",
+            "seconds": {"generate": 200.0},
+            "bulkinfer_cpu_seconds": {"feed_thread": 1.0, "process": 390.0},
+        },
+        {"key": "b-1", "seconds": {"generate": 200.0}},
+    ]
+    assert _cpu(results) == [
+        "",
+        "- `a-descending-1` CPU during generation: bulkinfer's feed thread 1.0 s (0.5% of a core), "
+        "its whole process 390.0 s (1.95 cores).",
+    ]

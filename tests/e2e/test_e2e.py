@@ -172,6 +172,8 @@ def test_report_agrees_with_output(mixed: dict[str, Any]) -> None:
     assert report["tokens"]["completion"] == sum(o["completion_tokens"] for o in outputs)
     gen = report["seconds"]["generate"]
     assert gen > 0
+    cpu = report["cpu_seconds"]  # bulkinfer's own thread is part of its process
+    assert 0 < cpu["feed_thread"] <= cpu["process"]
     tput = report["throughput"]
     assert tput["completion_tokens_per_s"] == pytest.approx(report["tokens"]["completion"] / gen)
     assert tput["requests_per_s"] == pytest.approx(len(outputs) / gen)

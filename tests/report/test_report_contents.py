@@ -6,6 +6,8 @@ throughput and bytes in GiB; reports of an older bulkinfer still render."""
 from __future__ import annotations
 
 import io
+import threading
+import time
 from pathlib import Path
 from typing import Any
 
@@ -244,3 +246,29 @@ def test_finish_reasons_structured_checks_and_pass_through_fields_are_reported(
     text = out.getvalue()
     assert "stop 7, length 2" in text and "7/9 valid, 2 cut at max_tokens, 0 invalid" in text
     assert "max_token 3 (did you mean max_tokens? copied, not read)" in text
+
+
+def test_cpu_seconds_count_the_feeding_thread_apart_from_the_process() -> None:
+    """A thread spinning beside the feeding thread (as an engine's step
+    thread does) counts in ``process`` and not in ``feed_thread``, which
+    holds only what the feeding thread itself ran."""
+    run_stats = stats.RunStats()
+    run_stats.start()
+    stop = threading.Event()
+
+    def spin() -> None:
+        while not stop.is_set():
+            pass
+
+    spinner = threading.Thread(target=spin)
+    spinner.start()
+    time.sleep(0.5)  # the feeding thread waits, as for an engine step
+    busy_until = time.thread_time() + 0.05
+    while time.thread_time() < busy_until:
+        pass
+    stop.set()
+    spinner.join()
+    run_stats.generation_ended()
+    cpu = run_stats.cpu_seconds
+    assert 0.05 <= cpu["feed_thread"] < 0.4
+    assert cpu["process"] >= cpu["feed_thread"] + 0.1
