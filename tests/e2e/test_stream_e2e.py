@@ -40,7 +40,8 @@ def test_results_flow_out_while_the_input_is_still_open(tmp_path: Any) -> None:
     )
     assert proc.stdin is not None and proc.stdout is not None and proc.stderr is not None
     stderr: list[bytes] = []
-    threading.Thread(target=lambda: stderr.append(proc.stderr.read()), daemon=True).start()  # type: ignore[union-attr]
+    reader = threading.Thread(target=lambda: stderr.append(proc.stderr.read()), daemon=True)  # type: ignore[union-attr]
+    reader.start()
     first, rest = ROWS[:8], ROWS[8:]
     proc.stdin.write(b"".join(orjson.dumps({"id": r["id"], "prompt": r["prompt"]}) + b"\n" for r in first))
     proc.stdin.flush()
@@ -62,5 +63,6 @@ def test_results_flow_out_while_the_input_is_still_open(tmp_path: Any) -> None:
     assert sorted(r["id"] for r in outputs) == sorted(r["id"] for r in ROWS)  # every row once
     assert all(r["completion"] and r["completion_tokens"] <= 16 for r in outputs)
     assert [r["id"] for r in records if "error" in r] == ["bad"]
+    reader.join(timeout=60)  # the process has exited; its last stderr bytes may still be on their way here
     summary = b"".join(stderr).decode()
     assert "stream ended: 12 rows completed, 1 failed" in summary, summary[-2000:]
