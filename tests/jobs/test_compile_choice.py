@@ -87,6 +87,44 @@ def test_a_user_setting_wins_and_an_unmeasured_machine_runs_eager(home: Path) ->
     assert "calibrate --compile" in choice["why"]
 
 
+BF16 = with_engine(Settings(), dtype="bfloat16")
+
+
+def test_unmeasured_bfloat16_decides_by_the_prior_and_the_probes_eager_rate(home: Path) -> None:
+    # cold: 420 s of eager generation at the probe's 250 tok/s: 105,000 tokens
+    assert cc.PRIOR_BREAK_EVEN_S == {"cold": 420.0, "warm": 120.0}
+    settings, choice = cc.choose_compile("m", BF16, 104_999, eager_rate=250.0)
+    assert settings.engine.enforce_eager is True
+    assert choice["cache"] == "cold" and choice["break_even_completion_tokens"] == 105_000
+    assert choice["prior"] == {"break_even_eager_s": 420.0, "eager_completion_tokens_per_s": 250.0}
+    assert "not measured" in choice["why"] and "the job's expected 104,999 are under it" in choice["why"]
+    settings, choice = cc.choose_compile("m", BF16, 105_000, eager_rate=250.0)
+    assert settings.engine.enforce_eager is False and "at or over" in choice["why"]
+    # a compiled start of these settings left the cache warm: 120 s, 30,000 tokens
+    fill_cache(home)
+    cc.record_compiled_start("m", BF16, 30.0)
+    settings, choice = cc.choose_compile("m", BF16, 31_000, eager_rate=250.0)
+    assert choice["cache"] == "warm" and choice["break_even_completion_tokens"] == 30_000
+    assert settings.engine.enforce_eager is False
+    # a faster machine's eager rate moves the break-even up: the same job runs eager there
+    assert cc.choose_compile("m", BF16, 31_000, eager_rate=500.0)[1]["enforce_eager"] is True
+
+
+def test_the_prior_needs_bfloat16_a_probe_rate_and_a_known_size(home: Path) -> None:
+    for settings, tokens, rate in ((F32, 10**9, 250.0), (BF16, 10**9, None), (BF16, None, 250.0)):
+        chosen, choice = cc.choose_compile("m", settings, tokens, eager_rate=rate)
+        assert chosen.engine.enforce_eager is True and "prior" not in choice, (settings.engine.dtype, tokens, rate)
+        assert "calibrate --compile" in choice["why"]
+    # a measurement replaces the prior
+    record_choice("compile", "m", cc.compile_machine(BF16), {
+        "eager": {"start_s": 10.0, "completion_tokens_per_s": 250.0, "trial_rates": [250.0, 250.0]},
+        "compiled": {"cold_start_s": 100.0, "warm_start_s": 20.0, "completion_tokens_per_s": 240.0,
+                     "trial_rates": [240.0, 240.0]},
+    })  # fmt: skip
+    _, choice = cc.choose_compile("m", BF16, 10**9, eager_rate=250.0)
+    assert choice["enforce_eager"] is True and "not faster" in choice["why"] and "prior" not in choice
+
+
 def test_a_cold_cache_compiles_only_past_the_cold_break_even(home: Path) -> None:
     store()  # cold: 90 s more -> 90,000 tokens
     settings, choice = cc.choose_compile("m", F32, 89_000)
@@ -206,6 +244,31 @@ def test_a_job_sized_run_decides_from_rows_n_and_max_tokens(home: Path, monkeypa
     assert settings.engine.enforce_eager is True
     _, choice = engine_choice.choose_engine_settings("m", Settings(), big, measure=True, size_kv_cache=False)
     assert choice["compile"]["expected_completion_tokens"] is None  # an engine that outlives the job
+
+
+def test_a_run_passes_the_dtype_probes_rate_at_the_chosen_dtype(home: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    from bulkinfer.jobs import engine_choice
+
+    trials = [
+        {"dtype": "float32", "completion_tokens_per_s": 180.0},
+        {"dtype": "bfloat16", "completion_tokens_per_s": 250.0},
+    ]
+    probed = {"dtype": {"dtype": "bfloat16", "why": "faster", "trials": trials}}
+    monkeypatch.setattr(engine_choice, "detect_device", lambda: "cpu")
+    monkeypatch.setattr(engine_choice, "sized_kv_cache", lambda *a: {})
+    monkeypatch.setattr(
+        engine_choice, "measured_settings", lambda model, s, *a: (with_engine(s, dtype="bfloat16"), probed)
+    )
+    big = InputScan(rows=1000, mentions_priority=False, bytes=10_000)  # 256,000 tokens at most: over 105,000
+    settings, choice = engine_choice.choose_engine_settings("m", Settings(), big, measure=True, size_kv_cache=True)
+    assert choice["compile"]["prior"]["eager_completion_tokens_per_s"] == 250.0
+    assert settings.engine.enforce_eager is False
+    user = {"dtype": {"dtype": "bfloat16", "why": "set by the user"}}  # no probe ran: no rate, eager
+    monkeypatch.setattr(
+        engine_choice, "measured_settings", lambda model, s, *a: (with_engine(s, dtype="bfloat16"), user)
+    )
+    settings, choice = engine_choice.choose_engine_settings("m", Settings(), big, measure=True, size_kv_cache=True)
+    assert settings.engine.enforce_eager is True and "prior" not in choice["compile"]
 
 
 def test_rows_that_set_their_own_max_tokens_decide_by_them(home: Path, monkeypatch: pytest.MonkeyPatch) -> None:
