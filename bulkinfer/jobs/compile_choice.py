@@ -211,6 +211,7 @@ def choose_by_prior(
     (``break_even_eager_s``, ``eager_completion_tokens_per_s``); else eager."""
     why = "compilation not measured for this model and dtype here (bulkinfer calibrate --compile measures it)"
     if settings.engine.dtype != "bfloat16" or not eager_rate or expected_tokens is None:
+        why += "; " + _no_prior(settings.engine.dtype, eager_rate)
         return with_engine(settings, enforce_eager=True), {"enforce_eager": True, "why": why}
     cache = "warm" if cache_warm(model, settings) else "cold"
     seconds = PRIOR_BREAK_EVEN_S[cache]
@@ -229,6 +230,15 @@ def choose_by_prior(
         "prior": {"break_even_eager_s": seconds, "eager_completion_tokens_per_s": eager_rate},
     }  # fmt: skip
     return with_engine(settings, enforce_eager=use_eager), choice
+
+
+def _no_prior(dtype: str | None, eager_rate: float | None) -> str:
+    """Why the prior cannot decide a job: the first condition that stops it."""
+    if dtype != "bfloat16":
+        return f"no prior for dtype {dtype or 'unset'} (the prior covers bfloat16 only): eager"
+    if not eager_rate:
+        return "no eager rate from the dtype probe here (the user set the dtype, or the probe did not time it): eager"
+    return "the job's completion tokens are unknown (its size is not known before the run): eager"
 
 
 def _by_break_even(

@@ -111,10 +111,17 @@ def test_unmeasured_bfloat16_decides_by_the_prior_and_the_probes_eager_rate(home
 
 
 def test_the_prior_needs_bfloat16_a_probe_rate_and_a_known_size(home: Path) -> None:
-    for settings, tokens, rate in ((F32, 10**9, 250.0), (BF16, 10**9, None), (BF16, None, 250.0)):
+    stopped_by = (
+        (F32, 10**9, 250.0, "no prior for dtype float32"),
+        (BF16, 10**9, None, "no eager rate from the dtype probe"),
+        (BF16, None, 250.0, "completion tokens are unknown"),
+    )
+    for settings, tokens, rate, why in stopped_by:
         chosen, choice = cc.choose_compile("m", settings, tokens, eager_rate=rate)
         assert chosen.engine.enforce_eager is True and "prior" not in choice, (settings.engine.dtype, tokens, rate)
-        assert "calibrate --compile" in choice["why"]
+        # the why names the one condition that stopped the prior, and how to measure instead
+        assert "calibrate --compile" in choice["why"] and why in choice["why"], choice["why"]
+        assert sum(w in choice["why"] for *_, w in stopped_by) == 1, choice["why"]
     # a measurement replaces the prior
     record_choice("compile", "m", cc.compile_machine(BF16), {
         "eager": {"start_s": 10.0, "completion_tokens_per_s": 250.0, "trial_rates": [250.0, 250.0]},
