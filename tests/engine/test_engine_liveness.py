@@ -15,6 +15,7 @@ import subprocess
 import sys
 import threading
 import time
+from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
 
@@ -250,3 +251,24 @@ def test_a_request_a_step_finished_on_its_own_is_unfinished_until_handed_over(
     assert engine.has_unfinished()  # vLLM would say False: the result is in the step's hands
     assert [c.request_id for c in engine.step(wait=5)] == ["7"]
     assert not engine.has_unfinished()
+
+
+def test_a_watchdog_that_cannot_spawn_fails_the_start_as_an_engine_error(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    """An OSError spawning the watchdog (EFAULT once from fork/exec, two
+    replicas starting on a 2-core VM) is the engine's failure to start (exit
+    5), not an OSError escaping to the run, which reported it as a file it
+    cannot write ("cannot write .../python: Bad address (EFAULT)", exit 9)."""
+    import errno
+
+    from bulkinfer.config import EngineSettings
+    from bulkinfer.engine import args, watchdog
+
+    def no_spawn() -> Any:
+        raise OSError(errno.EFAULT, "Bad address", sys.executable)
+
+    monkeypatch.setattr(watchdog, "Watchdog", no_spawn)
+    with pytest.raises(EngineError, match=r"the vLLM engine failed to start: OSError: \[Errno 14\] Bad address"):
+        VllmEngine(tmp_path, EngineSettings())
+    assert args.IN_PROCESS._owner is None  # released: the next engine may run in this process
