@@ -31,7 +31,7 @@ echo "# $(date -u +%FT%TZ) $machine; $input; order: ${order[*]}"
 i=0
 for side in "${order[@]}"; do
   i=$((i + 1))
-  case $side in plain | tcmalloc | jemalloc | iomp | omp-active | omp-passive) ;; *) echo "unknown variant: $side" >&2; exit 2 ;; esac
+  [[ $side == plain || -v preload[$side] || -v wait_policy[$side] ]] || { echo "unknown variant: $side" >&2; exit 2; }
   lib=${preload[$side]:-} policy=${wait_policy[$side]:-}
   [ -z "$lib" ] || [ -f "$lib" ] || { echo "$side: $lib not found" >&2; exit 2; }
   out="$work/$i-$side.out.jsonl"
