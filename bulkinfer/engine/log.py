@@ -35,6 +35,11 @@ def terminal() -> IO[str]:
     return _terminal or sys.stderr
 
 
+def warn(message: str) -> None:
+    """``bulkinfer: warning: MESSAGE`` on :func:`terminal`."""
+    print(f"bulkinfer: warning: {message}", file=terminal())
+
+
 class EngineLog:
     """Sends file descriptors 1 and 2 to ``path`` for the ``with`` block.
 

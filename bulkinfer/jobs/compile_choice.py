@@ -60,7 +60,7 @@ from bulkinfer.engine.args import compile_cache_dir, this_machine, vllm_version
 from bulkinfer.engine.base import EngineFactory
 from bulkinfer.jobs.decode_steps import DECODE_GRID, DecodeCost, DecodeWork, fit_decode_cost
 from bulkinfer.jobs.served_engine import ProcessEngine, ServedEngine
-from bulkinfer.report.calibration import record_choice, stored_choice
+from bulkinfer.report.calibration import Warn, record_choice, stored_choice
 
 # Each engine runs the speed trial this many times; compiled counts as faster only when its slowest trial beats
 # eager's fastest (runs of one system on a 2-core AMD EPYC Zen 3 differed by up to 20% within an hour: compiled
@@ -127,10 +127,11 @@ def cache_warm(model: str, settings: Settings) -> dict[str, Any] | None:
     return stored_choice("compile_cache", model, _graph_key(settings))
 
 
-def record_compiled_start(model: str, settings: Settings, start_s: float) -> None:
+def record_compiled_start(model: str, settings: Settings, start_s: float, warn: Warn | None = None) -> None:
     """Remember that a compiled engine of ``model`` with ``settings`` started
-    here (in ``start_s`` seconds): the compile cache now holds its graph."""
-    record_choice("compile_cache", model, _graph_key(settings), {"start_s": round(start_s, 2)})
+    here (in ``start_s`` seconds): the compile cache now holds its graph.
+    A store that cannot be written: see :func:`~bulkinfer.report.calibration.record_choice`."""
+    record_choice("compile_cache", model, _graph_key(settings), {"start_s": round(start_s, 2)}, warn)
 
 
 def break_even(extra_start_s: float, eager_rate: float, compiled_rate: float) -> float | None:

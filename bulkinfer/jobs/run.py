@@ -27,7 +27,7 @@ from bulkinfer.config import Settings
 from bulkinfer.default_model import DEFAULT_MODEL
 from bulkinfer.engine.args import this_machine
 from bulkinfer.engine.base import Engine, NoEngine
-from bulkinfer.engine.log import EngineLog
+from bulkinfer.engine.log import EngineLog, warn
 from bulkinfer.errors import (
     EXIT_OK,
     EXIT_PARTIAL,
@@ -35,6 +35,7 @@ from bulkinfer.errors import (
     EngineError,
     InputFileError,
     ModelError,
+    OutputWriteError,
     write_error,
 )
 from bulkinfer.io.formats import JSONL, SUFFIXES, format_suffix
@@ -239,10 +240,19 @@ def make_output_dir(out: Path) -> None:
 
 def _os_error(exc: OSError, paths: RunPaths) -> BulkinferError:
     """An OSError that escaped the run as a bulkinfer error: reading the
-    input is an InputFileError; writing a file is an OutputWriteError."""
-    if exc.filename is not None and same_file(Path(exc.filename), paths.input):
+    input is an InputFileError; a file of the run (beside the output) or no
+    file named, an OutputWriteError for it (or the output's directory); any
+    other file, an OutputWriteError that names it without claiming it is
+    the run's (the errno's hints speak of ``-o``)."""
+    if exc.filename is None:
+        return write_error(exc, paths.output.parent)
+    named = Path(os.fsdecode(exc.filename))
+    if same_file(named, paths.input):
         return InputFileError(f"cannot read {paths.input}: {exc.strerror or exc}")
-    return write_error(exc, None if exc.filename is not None else paths.output.parent)
+    if named.absolute().parent == paths.output.absolute().parent:
+        return write_error(exc)
+    name = errno.errorcode.get(exc.errno or 0, "OSError")
+    return OutputWriteError(f"{named}: {exc.strerror or exc} ({name}); finished rows are kept: fix it, then --resume")
 
 
 def _token_sample(path: Path, tokenizer: Any, settings: Settings, job: Job) -> TokenSample | None:
@@ -288,7 +298,7 @@ def _run_locked(attempt: Attempt, job: Job, settings: Settings, context: RunCont
         start["engine"] = time.monotonic() - clock
         compiled = engine_choice.get("compile", {}).get("enforce_eager") is False
         if compiled and not context.engine_outlives_run:  # the compile cache now holds this graph
-            record_compiled_start(model, settings, start["engine"])
+            record_compiled_start(model, settings, start["engine"], warn=warn)
         context.observer.engine_ready()
     settings = settings.resolve_chat_template(tokenizer)
     load_s = time.monotonic() - attempt.started
@@ -314,5 +324,6 @@ def _run_locked(attempt: Attempt, job: Job, settings: Settings, context: RunCont
     write_run_html(report, paths.html)
     if job.calibrate:
         work = generation.progress.work
-        record_calibration(report, this_machine(), "run", work.length_quantiles(), work.fitted_step_cost())
+        lengths, fit = work.length_quantiles(), work.fitted_step_cost()
+        record_calibration(report, this_machine(), "run", lengths, fit, warn=warn)
     return report

@@ -44,7 +44,7 @@ from bulkinfer.config import PlanSettings, Settings, with_engine
 from bulkinfer.engine.args import cpu_flags, native_bfloat16, sized_kv_cache, this_machine, vllm_version
 from bulkinfer.engine.base import Engine, EngineFactory
 from bulkinfer.engine.feed import FeedStopped, feed
-from bulkinfer.engine.log import terminal
+from bulkinfer.engine.log import terminal, warn
 from bulkinfer.errors import EngineError
 from bulkinfer.jobs.perplexity import reference_nll
 from bulkinfer.models import load_tokenizer
@@ -242,7 +242,8 @@ def measured_settings(
         elif stored is None:
             if say:
                 say("measuring which dtype is right and fastest for this model on this CPU (once; stored)")
-            stored = record_choice("dtype", model, machine, probe_dtype(model, settings, engine_factory, say=say))
+            probe = probe_dtype(model, settings, engine_factory, say=say)
+            stored = record_choice("dtype", model, machine, probe, warn)  # a run goes on unstored
         settings = with_engine(settings, dtype=stored["dtype"])
         choice["dtype"] = {k: stored[k] for k in ("dtype", "why", "trials", "measured_at") if k in stored}
     else:

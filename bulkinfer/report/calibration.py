@@ -16,13 +16,16 @@ into a range of seconds, never a single figure: see its docstring.
 
 from __future__ import annotations
 
+import errno
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any, NamedTuple
 
 import orjson
 
 from bulkinfer.default_model import bulkinfer_home
+from bulkinfer.errors import OutputWriteError
 from bulkinfer.io.files import atomic_write
 from bulkinfer.report.step_cost import POOLED_FITS, StepCost, median_model, pooled
 
@@ -57,6 +60,11 @@ def calibration_path() -> Path:
     return bulkinfer_home() / "calibration.json"
 
 
+# Where a store that cannot be written tells it: None raises (``calibrate``: storing is its point);
+# else the message goes here and the caller goes on (a run: its rows are done, later runs measure again).
+Warn = Callable[[str], None]
+
+
 def generated_by_attempt(report: dict[str, Any]) -> tuple[int, int]:
     """(rows, completion tokens) that a run report's own attempt generated,
     resumed rows excluded (its ``throughput`` covers the same rows)."""
@@ -84,6 +92,7 @@ def record_calibration(
     source: str = "run",
     completion_lengths: list[int] | None = None,
     step_cost: StepCost | None = None,
+    warn: Warn | None = None,
 ) -> dict[str, Any] | None:
     """Store a finished run's throughput for its model on ``machine``
     (``{"cpu": model name, "cpu_id": family and model, "cores": n}``,
@@ -95,7 +104,7 @@ def record_calibration(
     (returns None). An entry measured on the same output file is replaced
     (``calibrate`` replaces the entry its own run stored); only the
     newest :data:`KEEP_PER_MODEL_AND_MACHINE` per model and machine are kept.
-    The write is atomic."""
+    The write is atomic; where it fails, see :func:`_save` (``warn``)."""
     rows, completion_tokens = generated_by_attempt(report)
     entry = {
         "source": source,
@@ -122,20 +131,23 @@ def record_calibration(
     kept = [e for e in load_calibrations() if output is None or e.get("output") != output]
     same = [e for e in kept if _matches(e, entry["model_path"], machine)]
     drop = {id(e) for e in same[: max(0, len(same) + 1 - KEEP_PER_MODEL_AND_MACHINE)]}
-    _save(entries=[*(e for e in kept if id(e) not in drop), entry])
+    _save(entries=[*(e for e in kept if id(e) not in drop), entry], warn=warn)
     return entry
 
 
-def record_choice(kind: str, model_path: str, machine: dict[str, Any], result: dict[str, Any]) -> dict[str, Any]:
+def record_choice(
+    kind: str, model_path: str, machine: dict[str, Any], result: dict[str, Any], warn: Warn | None = None
+) -> dict[str, Any]:
     """Store an engine setting chosen by measurement (``kind``: ``"dtype"``
     from the dtype probe, ``"scheduler"`` from ``calibrate --tune``) for
     ``model_path`` on ``machine`` (any dict naming what the choice depends
     on: CPU, cores, its bfloat16 support, the vLLM version), replacing an
     earlier one of the same kind, model and machine; returns the entry
-    (``result`` plus those keys and ``measured_at``). The write is atomic."""
+    (``result`` plus those keys and ``measured_at``). The write is atomic;
+    where it fails, see :func:`_save` (``warn``)."""
     entry = {"kind": kind, "model_path": model_path, "machine": machine, "measured_at": _now(), **result}
     others = [c for c in _load().get("choices", []) if not _same_choice(c, kind, model_path, machine)]
-    _save(choices=[*others, entry])
+    _save(choices=[*others, entry], warn=warn)
     return entry
 
 
@@ -168,16 +180,33 @@ def _load() -> dict[str, Any]:
     return data if isinstance(data, dict) else {}
 
 
-def _save(entries: list[dict[str, Any]] | None = None, choices: list[dict[str, Any]] | None = None) -> None:
-    """Write the store atomically, replacing ``entries`` and/or ``choices`` and keeping the other."""
+def _save(
+    entries: list[dict[str, Any]] | None = None,
+    choices: list[dict[str, Any]] | None = None,
+    warn: Warn | None = None,
+) -> None:
+    """Write the store atomically, replacing ``entries`` and/or ``choices`` and keeping the other.
+
+    Raises:
+        OutputWriteError: the store cannot be written (exit 9; a read-only
+            or full ``$BULKINFER_HOME``), unless ``warn`` is given: then the
+            same message goes to ``warn`` and nothing is stored.
+    """
     data = _load()
     store = {
         "entries": entries if entries is not None else load_calibrations(),
         "choices": choices if choices is not None else [c for c in data.get("choices", []) if isinstance(c, dict)],
     }
     path = calibration_path()
-    path.parent.mkdir(parents=True, exist_ok=True)
-    atomic_write(path, orjson.dumps(store, option=orjson.OPT_INDENT_2))
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        atomic_write(path, orjson.dumps(store, option=orjson.OPT_INDENT_2))
+    except OSError as exc:
+        name = errno.errorcode.get(exc.errno or 0, "OSError")
+        message = f"cannot write the calibration store {path}: {exc.strerror or exc} ({name})"
+        if warn is None:
+            raise OutputWriteError(f"{message}; set BULKINFER_HOME to a writable directory") from exc
+        warn(f"{message}: not stored, so later runs measure again; set BULKINFER_HOME to a writable directory")
 
 
 class LengthPrior(NamedTuple):

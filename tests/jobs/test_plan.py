@@ -16,7 +16,7 @@ from typer.testing import CliRunner
 from bulkinfer.cli import app
 from bulkinfer.config import load_settings
 from bulkinfer.engine.args import this_machine
-from bulkinfer.errors import EngineError
+from bulkinfer.errors import EXIT_WRITE, EngineError, OutputWriteError
 from bulkinfer.jobs.plan import plan_file
 from bulkinfer.models import load_tokenizer, resolve_model
 from bulkinfer.report.calibration import calibration_path, length_prior, load_calibrations, record_calibration
@@ -201,6 +201,30 @@ def test_record_calibration_stores_adequate_runs_with_their_source(
         record_calibration(_report(f"b{i}.jsonl", 300, 100.0 + i, 50.0), machine)
     kept = load_calibrations()
     assert [e["output"] for e in kept] == [f"b{i}.jsonl" for i in range(2, 12)]  # the newest 10
+
+
+def test_a_store_that_cannot_be_written_fails_calibrate_and_only_warns_a_run(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    (tmp_path / "file").write_bytes(b"")
+    monkeypatch.setenv("BULKINFER_HOME", str(tmp_path / "file" / "home"))  # a path through a regular file
+    store = tmp_path / "file" / "home" / "calibration.json"
+    machine = {"cpu": "Test CPU", "cores": 2}
+    with pytest.raises(OutputWriteError) as caught:  # calibrate: storing is its point
+        record_calibration(_report("a.jsonl", 300, 100.0, 50.0), machine)
+    assert caught.value.exit_code == EXIT_WRITE
+    assert str(caught.value) == (
+        f"cannot write the calibration store {store}: Not a directory (ENOTDIR); "
+        "set BULKINFER_HOME to a writable directory"
+    )
+    warned: list[str] = []  # a run: told, and goes on with what it measured
+    entry = record_calibration(_report("a.jsonl", 300, 100.0, 50.0), machine, warn=warned.append)
+    assert entry is not None and entry["rows"] == 300
+    assert warned == [
+        f"cannot write the calibration store {store}: Not a directory (ENOTDIR): not stored, so later runs "
+        "measure again; set BULKINFER_HOME to a writable directory"
+    ]
+    assert load_calibrations() == []
 
 
 def test_the_eta_prior_is_the_same_jobs_lengths_else_the_same_models(

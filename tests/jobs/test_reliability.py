@@ -246,6 +246,39 @@ def test_disk_full_at_the_html_report_warns_and_leaves_no_temporary(
     assert not [p for p in tmp_path.iterdir() if p.name.endswith(".tmp")]
 
 
+def test_a_read_only_calibration_store_only_warns_a_finished_run(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capfd: pytest.CaptureFixture[str]
+) -> None:
+    import bulkinfer.report.calibration as calibration
+
+    monkeypatch.setattr(calibration, "MIN_ROWS", 1)  # the fake engine's rows are enough to store
+    monkeypatch.setattr(calibration, "MIN_COMPLETION_TOKENS", 1)
+    monkeypatch.setenv("BULKINFER_FAILPOINT", "atomic_write:EROFS:calibration.json")  # e.g. a read-only $HOME
+    paths = RunPaths.build(write_rows(tmp_path / "in.jsonl", 5), tmp_path / "out.jsonl")
+    result = run(paths, settings(), RunContext(engine_factory=lambda m, s: FakeEngine()))
+    assert result.exit_code == EXIT_OK and sorted(ids(paths.output)) == [f"r{i}" for i in range(5)]
+    store = calibration.calibration_path()
+    assert (
+        f"bulkinfer: warning: cannot write the calibration store {store}: Read-only file system (EROFS): "
+        "not stored, so later runs measure again" in capfd.readouterr().err
+    )
+
+
+def test_an_os_error_on_a_file_not_the_runs_names_it_without_blaming_the_output(tmp_path: Path) -> None:
+    import errno
+
+    elsewhere = tmp_path / "elsewhere" / "weights.bin"
+
+    def engine_factory(model: str, s: Settings) -> FakeEngine:
+        raise PermissionError(errno.EACCES, "Permission denied", str(elsewhere))
+
+    paths = RunPaths.build(write_rows(tmp_path / "in.jsonl", 2), tmp_path / "out" / "out.jsonl")
+    with pytest.raises(OutputWriteError) as caught:
+        run(paths, settings(), RunContext(engine_factory=engine_factory))
+    message = f"{elsewhere}: Permission denied (EACCES); finished rows are kept: fix it, then --resume"
+    assert str(caught.value) == message  # not "cannot write", nor "choose another -o"
+
+
 def test_an_output_whose_parent_is_a_file_exits_9(tmp_path: Path) -> None:
     src = write_rows(tmp_path / "in.jsonl", 2)
     (tmp_path / "afile").write_text("x")
