@@ -124,12 +124,18 @@ _WRITE_HINTS = {
 }
 
 
+def os_reason(exc: OSError) -> str:
+    """``"REASON (ERRNO)"`` of an OSError: ``"Read-only file system (EROFS)"``
+    (``OSError`` where it has no errno)."""
+    return f"{exc.strerror or exc} ({errno.errorcode.get(exc.errno or 0, 'OSError')})"
+
+
 def write_error(exc: OSError, path: object = None) -> OutputWriteError:
     """An :class:`OutputWriteError` for ``exc`` naming the file (``path``, else
     ``exc.filename``), the errno's name and what to do (a plainer hint for an
     errno outside ENOSPC, EDQUOT, EFBIG, EROFS, EACCES, EPERM, ENOTDIR, EISDIR)."""
-    name = errno.errorcode.get(exc.errno or 0, "")
     where = path if path is not None else exc.filename
-    hint = _WRITE_HINTS.get(name, "finished rows are kept: continue with --resume once it is fixed")
-    reason = exc.strerror or str(exc)
-    return OutputWriteError(f"cannot write {where}: {reason} ({name or 'OSError'}); {hint}")
+    hint = _WRITE_HINTS.get(
+        errno.errorcode.get(exc.errno or 0, ""), "finished rows are kept: continue with --resume once it is fixed"
+    )
+    return OutputWriteError(f"cannot write {where}: {os_reason(exc)}; {hint}")

@@ -36,6 +36,7 @@ from bulkinfer.errors import (
     InputFileError,
     ModelError,
     OutputWriteError,
+    os_reason,
     write_error,
 )
 from bulkinfer.io.formats import JSONL, SUFFIXES, format_suffix
@@ -251,8 +252,7 @@ def _os_error(exc: OSError, paths: RunPaths) -> BulkinferError:
         return InputFileError(f"cannot read {paths.input}: {exc.strerror or exc}")
     if named.absolute().parent == paths.output.absolute().parent:
         return write_error(exc)
-    name = errno.errorcode.get(exc.errno or 0, "OSError")
-    return OutputWriteError(f"{named}: {exc.strerror or exc} ({name}); finished rows are kept: fix it, then --resume")
+    return OutputWriteError(f"{named}: {os_reason(exc)}; finished rows are kept: fix it, then --resume")
 
 
 def _token_sample(path: Path, tokenizer: Any, settings: Settings, job: Job) -> TokenSample | None:

@@ -16,7 +16,6 @@ into a range of seconds, never a single figure: see its docstring.
 
 from __future__ import annotations
 
-import errno
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -25,7 +24,7 @@ from typing import Any, NamedTuple
 import orjson
 
 from bulkinfer.default_model import bulkinfer_home
-from bulkinfer.errors import OutputWriteError
+from bulkinfer.errors import OutputWriteError, os_reason
 from bulkinfer.io.files import atomic_write
 from bulkinfer.report.step_cost import POOLED_FITS, StepCost, median_model, pooled
 
@@ -202,8 +201,7 @@ def _save(
         path.parent.mkdir(parents=True, exist_ok=True)
         atomic_write(path, orjson.dumps(store, option=orjson.OPT_INDENT_2))
     except OSError as exc:
-        name = errno.errorcode.get(exc.errno or 0, "OSError")
-        message = f"cannot write the calibration store {path}: {exc.strerror or exc} ({name})"
+        message = f"cannot write the calibration store {path}: {os_reason(exc)}"
         if warn is None:
             raise OutputWriteError(f"{message}; set BULKINFER_HOME to a writable directory") from exc
         warn(f"{message}: not stored, so later runs measure again; set BULKINFER_HOME to a writable directory")
