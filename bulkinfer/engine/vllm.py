@@ -21,12 +21,12 @@ from bulkinfer.engine import batch_order
 from bulkinfer.engine.args import (
     IN_PROCESS,
     MULTIPROCESSING_ENV,
-    available_memory_bytes,
     detect_device,
     has_nucleus,
     import_vllm,
     resolve_engine_args,
 )
+from bulkinfer.engine.kv_cache import available_memory_bytes
 from bulkinfer.engine.processes import (
     alive,
     engine_processes,

@@ -28,8 +28,9 @@ from typing import Any
 import orjson
 
 from bulkinfer.config import Settings, with_engine
-from bulkinfer.engine.args import detect_device, kv_cache_left_to_bulkinfer, sized_kv_cache
+from bulkinfer.engine.args import detect_device
 from bulkinfer.engine.factory import vllm_engine
+from bulkinfer.engine.kv_cache import kv_cache_left_to_bulkinfer, sized_kv_cache
 from bulkinfer.io.inputs import InputScan
 from bulkinfer.io.readers import RawRow
 from bulkinfer.jobs.compile_choice import choose_compile

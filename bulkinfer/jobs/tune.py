@@ -41,9 +41,10 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 from bulkinfer.config import PlanSettings, Settings, with_engine
-from bulkinfer.engine.args import cpu_flags, native_bfloat16, sized_kv_cache, this_machine, vllm_version
+from bulkinfer.engine.args import cpu_flags, native_bfloat16, this_machine, vllm_version
 from bulkinfer.engine.base import Engine, EngineFactory
 from bulkinfer.engine.feed import FeedStopped, feed
+from bulkinfer.engine.kv_cache import sized_kv_cache
 from bulkinfer.engine.log import terminal, warn
 from bulkinfer.errors import EngineError
 from bulkinfer.jobs.perplexity import reference_nll

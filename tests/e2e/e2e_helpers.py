@@ -21,6 +21,11 @@ SAMPLE = ROOT / "sample_data"
 # chat answer is a near tie in float32 itself (0.08 nats), and bfloat16 on that Xeon answers "L'Etoile, ...".
 CAPITALS = {"japan": "Tokyo", "kenya": "Nairobi", "sweden": "Stockholm"}
 
+# The smallest KV cache vLLM starts the default model with in float32 (bulkinfer's floor: one 8,192-token request
+# and two blocks of 128 tokens, 46,080 bytes each), for the runs whose cache bulkinfer does not size (a stream, a Ray
+# cluster): 0.36 GiB, touched at each engine start (vLLM zeroes it), where vLLM's CPU default is 25% of memory.
+SMALL_KV_CACHE = ["--kv-cache-memory-bytes", str(8448 * 46_080)]
+
 
 def read_jsonl(path: Path) -> list[dict[str, Any]]:
     return [orjson.loads(line) for line in path.read_bytes().splitlines() if line.strip()]

@@ -17,15 +17,16 @@ from typing import Any
 import psutil
 import pytest
 import ray  # noqa: F401  (bulkinfer[ray]: make install has it)
-from e2e_helpers import kill_9_mid_run, resume_to_the_end, spool_lines, wait_until
+from e2e_helpers import SMALL_KV_CACHE, kill_9_mid_run, resume_to_the_end, spool_lines, wait_until
 
 pytestmark = [pytest.mark.e2e, pytest.mark.devices(2, reason="two replicas, one CPU each")]
 
 ROWS = 28
 
-# Each replica's KV cache: 1 GiB holds these 28-row jobs; the CPU default (25% of memory) would take each replica
-# ~10 s more to allocate. bulkinfer sizes it by itself only where the engines run on this machine (not a cluster's).
-KV_CACHE = ["--kv-cache-memory-bytes", str(1 << 30)]
+# Each replica's KV cache: the smallest holds these 28-row jobs; the CPU default (25% of memory) would take each
+# replica ~10 s more to allocate. bulkinfer sizes it by itself only where the engines run on this machine (not a
+# cluster's).
+KV_CACHE = SMALL_KV_CACHE
 
 
 @pytest.fixture(scope="module")

@@ -17,15 +17,15 @@ from typing import Any
 
 import orjson
 import pytest
-from e2e_helpers import ROOT, SAMPLE, read_jsonl
+from e2e_helpers import ROOT, SAMPLE, SMALL_KV_CACHE, read_jsonl
 
 pytestmark = pytest.mark.e2e
 
 ROWS = read_jsonl(SAMPLE / "sharegpt.jsonl")[:12]
 
 # A stream's size is unknown, so bulkinfer leaves vLLM's CPU default KV cache (25% of memory, ~10 s more to
-# allocate); 1 GiB holds these 13 rows.
-KV_CACHE = ["--kv-cache-memory-bytes", str(1 << 30)]
+# allocate); the smallest holds these 13 rows.
+KV_CACHE = SMALL_KV_CACHE
 
 
 def test_results_flow_out_while_the_input_is_still_open(tmp_path: Any) -> None:

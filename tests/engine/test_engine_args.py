@@ -14,15 +14,8 @@ from pathlib import Path
 import pytest
 
 from bulkinfer.config import load_settings
-from bulkinfer.engine.args import (
-    CPU_KV_CACHE_MIN_BYTES,
-    GiB,
-    cpu_id,
-    job_kv_cache_bytes,
-    kv_cache_bytes_per_token,
-    resolve_engine_args,
-    sized_kv_cache,
-)
+from bulkinfer.engine.args import cpu_id, resolve_engine_args
+from bulkinfer.engine.kv_cache import GiB, job_kv_cache_bytes, kv_cache_bytes_per_token, sized_kv_cache
 from bulkinfer.errors import ConfigError
 
 
@@ -81,23 +74,29 @@ def test_the_kv_cache_bytes_per_token_of_smollm2_135m(tmp_path: Path) -> None:
 def test_a_small_job_gets_a_small_kv_cache_never_below_one_longest_request() -> None:
     default = 6 * GiB
     assert job_kv_cache_bytes(default, 100_000, 46_080, 8192) == 100_000 * 46_080  # the whole job, 4.3 GiB
-    assert job_kv_cache_bytes(default, 80, 46_080, 8192) == CPU_KV_CACHE_MIN_BYTES
+    assert job_kv_cache_bytes(default, 80, 46_080, 8192) == 8448 * 46_080  # 64 blocks of 128 tokens, +2: 0.36 GiB
+    assert job_kv_cache_bytes(default, 80, 46_080, 8000) == 8320 * 46_080  # 8,000 tokens take 63 blocks, +2
+    assert job_kv_cache_bytes(default, 80, 46_080, 8192, block_size=16) == 8224 * 46_080
     assert job_kv_cache_bytes(default, 80, 1 << 20, 8192) == default  # one 8192-token request: 8 GiB
     assert job_kv_cache_bytes(default, 10**9, 46_080, 8192) == default
 
 
 def test_the_kv_cache_says_why_and_a_users_size_wins(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     (tmp_path / "config.json").write_text(json.dumps(SMOLLM2))
-    monkeypatch.setattr("bulkinfer.engine.args.available_memory_bytes", lambda: 24 * GiB)  # default: 6 GiB
+    monkeypatch.setattr("bulkinfer.engine.kv_cache.available_memory_bytes", lambda: 24 * GiB)  # default: 6 GiB
     monkeypatch.delenv("VLLM_CPU_KVCACHE_SPACE", raising=False)
     engine = load_settings().engine
     model = str(tmp_path)
     small = sized_kv_cache(model, engine, 80)
-    assert small == {"kv_cache_memory_bytes": GiB, "why": small["why"]}
-    assert small["why"] == "the floor, 1 GiB or one 8192-token request (the job's ~80 tokens need less)"
+    assert small == {"kv_cache_memory_bytes": 8448 * 46_080, "why": small["why"]}
+    assert small["why"] == "the floor, one 8192-token request (8448 tokens; the job's ~80 tokens need less)"
     assert sized_kv_cache(model, engine, 50_000)["kv_cache_memory_bytes"] == 50_000 * 46_080
     assert sized_kv_cache(model, engine, 10**6)["kv_cache_memory_bytes"] == 6 * GiB
-    assert sized_kv_cache(model, dataclasses.replace(engine, dtype="bfloat16"), 40_000)["kv_cache_memory_bytes"] == GiB
+    assert sized_kv_cache(model, dataclasses.replace(engine, dtype="bfloat16"), 40_000)["kv_cache_memory_bytes"] == (
+        40_000 * 23_040
+    )
+    sixteen = dataclasses.replace(engine, extra_args={"block_size": 16})  # vLLM's block_size, an --engine-arg
+    assert sized_kv_cache(model, sixteen, 80)["kv_cache_memory_bytes"] == 8224 * 46_080
     assert sized_kv_cache(model, dataclasses.replace(engine, kv_cache_memory_bytes=3 * GiB), 80) == {}
     assert sized_kv_cache(model, dataclasses.replace(engine, gpu_memory_utilization=0.5), 80) == {}
     assert sized_kv_cache(str(tmp_path / "missing"), engine, 80) == {}
