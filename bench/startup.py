@@ -16,17 +16,19 @@ bulkinfer's process, alternating; REF checked out in a temporary git
 worktree): a change to the start or the exit, measured side by side.
 
 Usage: ``python -m bench.startup [--rows 300 --max-tokens 16 --rounds 2]
-[--base REF] [--out FILE]``; writes ``bench/results/startup.{json,md}``.
+[--base REF] [--flags "-dp 2"] [--out FILE]``; writes ``bench/results/startup.{json,md}``.
 """
 
 from __future__ import annotations
 
 import argparse
 import datetime as dt
+import shlex
 import statistics
 import subprocess
 import sys
 import tempfile
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -41,13 +43,15 @@ LAYOUTS = {
 }
 
 
-def one_run(src: Path, work: Path, key: str, env: dict[str, str], max_tokens: int, root: Path = ROOT) -> dict[str, Any]:
-    """One ``bulkinfer run`` of ``src`` by the checkout at ``root``; its timings."""
+def one_run(
+    src: Path, work: Path, key: str, env: dict[str, str], max_tokens: int, root: Path = ROOT, flags: Sequence[str] = ()
+) -> dict[str, Any]:
+    """One ``bulkinfer run`` of ``src`` (with ``flags``) by the checkout at ``root``; its timings."""
     import os
 
     out = work / f"{key}.jsonl"
     cmd = [sys.executable, "-m", "bulkinfer", "run", str(src), "-o", str(out), "--overwrite", "--plain-progress"]
-    cmd += ["--max-tokens", str(max_tokens), "--temperature", "0"]
+    cmd += ["--max-tokens", str(max_tokens), "--temperature", "0", *flags]
     env = {**os.environ, "PYTHONUNBUFFERED": "1", "PYTHONPATH": str(root), **env}
     measured = run_measured(cmd, work / f"{key}.log", env=env, cwd=root)
     if measured.returncode != 0:
@@ -59,7 +63,9 @@ def one_run(src: Path, work: Path, key: str, env: dict[str, str], max_tokens: in
         "wall_s": measured.wall_s,
         "outside_run_s": measured.wall_s - seconds["total"],
         "seconds": seconds,
-        "engine": {k: report["engine"].get(k) for k in ("dtype", "in_process", "kv_cache_memory_bytes")},
+        "engine": {
+            k: report["engine"].get(k) for k in ("dtype", "in_process", "kv_cache_memory_bytes", "data_parallel_size")
+        },
         "cpu_s": measured.cpu_s,
         "completion_tokens": report["tokens"]["completion"],
     }
@@ -72,7 +78,9 @@ def markdown(doc: dict[str, Any]) -> str:
         + (f" ({m['cpu_kind']})" if m.get("cpu_kind") else "")
         + f", {m['logical_cores']} cores)",
         "",
-        f"Command: `{doc['command']}`; `bulkinfer run` at its defaults, `--max-tokens {doc['max_tokens']}`, "
+        f"Command: `{doc['command']}`; `bulkinfer run` at its defaults, `--max-tokens {doc['max_tokens']}`"
+        + "".join(f" `{flag}`" for flag in doc.get("flags", ()))
+        + ", "
         "alternating. Seconds; `first token` from the run's start; `outside` = wall - the report's total "
         "(interpreter, imports, command line; summary, exit).",
         "",
@@ -111,6 +119,7 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=2)
     parser.add_argument("--out", type=Path, default=ROOT / "bench" / "results" / "startup.json")
     parser.add_argument("--base", help="a commit to compare this checkout with (both in bulkinfer's process)")
+    parser.add_argument("--flags", default="", help='more `bulkinfer run` flags for every run, e.g. "-dp 2"')
     args = parser.parse_args()
 
     work = Path(tempfile.mkdtemp(prefix="bench-startup-"))
@@ -122,12 +131,13 @@ def main() -> None:
     src = work / "in.jsonl"
     with open(ROOT / "sample_data" / "sharegpt.jsonl", "rb") as f:
         src.write_bytes(b"".join(line for _, line in zip(range(args.rows), f, strict=False)))
+    flags = shlex.split(args.flags)
     runs = []
     for i in range(1, args.rounds + 1):
         for layout, (env, root) in layouts.items():
             key = f"{layout.split()[0]}-{i}"
             print(f"[bench.startup] {key}", file=sys.stderr, flush=True)
-            runs.append({**one_run(src, work, key, env, args.max_tokens, root), "layout": layout})
+            runs.append({**one_run(src, work, key, env, args.max_tokens, root, flags), "layout": layout})
     if args.base:
         subprocess.run(["git", "-C", str(ROOT), "worktree", "remove", "--force", str(work / "base")], check=True)
     means = {
@@ -149,6 +159,7 @@ def main() -> None:
         "versions": versions(),
         "rows": args.rows,
         "max_tokens": args.max_tokens,
+        "flags": flags,
         "runs": runs,
         "means": means,
     }
