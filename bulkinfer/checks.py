@@ -98,6 +98,12 @@ def validate(settings: Settings, names: Mapping[str, str] | None = None) -> None
             p.stall_timeout_s is None or (is_number(p.stall_timeout_s) and p.stall_timeout_s > 0),
             "a number of seconds > 0",
         ),
+        (
+            "plan.start_timeout_s",
+            p.start_timeout_s,
+            p.start_timeout_s is None or (is_number(p.start_timeout_s) and p.start_timeout_s > 0),
+            "a number of seconds > 0",
+        ),
         ("plan.padding_batch_size", p.padding_batch_size, int_ge_1(p.padding_batch_size), "an integer >= 1"),
         (
             "plan.output_order",

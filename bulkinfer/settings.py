@@ -114,6 +114,13 @@ class PlanSettings:
       alive but no longer answers. One step is at most one batch of
       ``max_num_batched_tokens`` prompt tokens: raise it for large models on
       CPU. ``None``: wait for ever.
+    - ``start_timeout_s``: seconds a run's model load and engine start (the
+      tokenizer, a dtype probe or compiled start it chooses, the engine) may
+      take before the run counts as stuck: the CLI then kills the engine's
+      processes and exits 5 (no row was run yet; the lock is freed). vLLM's
+      own ``VLLM_ENGINE_READY_TIMEOUT_S`` (600 s) bounds only an engine in
+      child processes; one CPU engine starts in bulkinfer's process, where
+      nothing else would. ``None``: wait for ever.
     - ``max_wait_s``: a stream's rows (``bulkinfer run -``) go to the
       planner when ``window_rows`` of them arrived or the oldest of them has
       waited this many seconds: longer fills fuller, better-sorted windows,
@@ -137,6 +144,7 @@ class PlanSettings:
     max_in_flight: int | None = None
     padding_batch_size: int = 16
     stall_timeout_s: float | None = 600.0
+    start_timeout_s: float | None = 1800.0
     output_order: OutputOrder | None = None
     max_wait_s: float = 1.0
 

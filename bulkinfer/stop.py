@@ -11,6 +11,9 @@ set, it adds no new request, flushes what finished and raises
 from __future__ import annotations
 
 import threading
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 
 from bulkinfer.errors import Interrupted
 
@@ -21,6 +24,11 @@ class StopToken:
     ``starting`` is True while the job has nothing to flush (model load,
     engine start); the job sets it to False when it starts feeding rows. A
     signal handler may then stop at once instead of asking.
+
+    ``load_deadline`` (:func:`time.monotonic` seconds, or None) is when the
+    job's model load and engine start, under :meth:`loading`, count as
+    stuck; whoever owns the process enforces it (the CLI:
+    :class:`bulkinfer.cli.signals.StopSignals`), the job only states it.
     """
 
     def __init__(self) -> None:
@@ -28,6 +36,19 @@ class StopToken:
         self.reason = ""
         self.signum: int | None = None
         self.starting = True
+        self.load_deadline: float | None = None
+        self.load_timeout_s: float | None = None
+
+    @contextmanager
+    def loading(self, timeout_s: float | None) -> Iterator[None]:
+        """The ``with`` body is the job's model load and engine start, which
+        may take ``timeout_s`` seconds (None: no limit)."""
+        self.load_timeout_s = timeout_s
+        self.load_deadline = None if timeout_s is None else time.monotonic() + timeout_s
+        try:
+            yield
+        finally:
+            self.load_deadline = None
 
     def stop(self, reason: str = "stopped", signum: int | None = None) -> None:
         """Ask the job to stop; ``signum``: the signal that asked (sets the exit code 128 + N)."""

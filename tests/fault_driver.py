@@ -2,7 +2,9 @@
 tests can kill it (SIGKILL, SIGTERM) at chosen moments.
 
 Usage: python tests/fault_driver.py INPUT OUTPUT [--resume] [--step-delay S] [--hang-at N] [--slow-start S]
-(--hang-at: from step N on no step finishes; --slow-start: the engine takes S seconds to start, like a model load)
+[--start-timeout S]
+(--hang-at: from step N on no step finishes; --slow-start: the engine takes S seconds to start, like a model load;
+--start-timeout: plan.start_timeout_s)
 Exit code: as `bulkinfer` (0, 3, 128+N, ...), through the CLI's own exit path.
 """
 
@@ -31,9 +33,13 @@ def main() -> int:
     parser.add_argument("--step-delay", type=float, default=0.05)
     parser.add_argument("--hang-at", type=int)
     parser.add_argument("--slow-start", type=float, default=0.0)
+    parser.add_argument("--start-timeout", type=float)
     args = parser.parse_args()
     without_native_bfloat16()
-    settings = load_settings(None, {"plan.max_in_flight": 2})
+    overrides: dict[str, object] = {"plan.max_in_flight": 2}
+    if args.start_timeout is not None:
+        overrides["plan.start_timeout_s"] = args.start_timeout
+    settings = load_settings(None, overrides)
 
     def factory(model: str, s: object) -> FakeEngine:
         time.sleep(args.slow_start)

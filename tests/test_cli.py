@@ -360,6 +360,7 @@ def test_every_override_option_reaches_its_setting() -> None:
         "max_in_flight": 16,
         "padding_batch_size": 4,
         "stall_timeout_s": 30.0,
+        "start_timeout_s": 900.0,
         "output_order": "completion",
         "max_wait_s": 0.25,
         "ray": "auto",
@@ -383,6 +384,7 @@ def test_every_override_option_reaches_its_setting() -> None:
     assert (s.engine.top_p_sampler, s.engine.batch_order) == ("vllm", "vllm")
     assert (s.plan.order, s.plan.buckets, s.plan.window_rows) == ("ascending", (64, 128), 100)
     assert (s.plan.max_in_flight, s.plan.padding_batch_size, s.plan.stall_timeout_s) == (16, 4, 30.0)
+    assert s.plan.start_timeout_s == 900.0
     assert s.plan.max_wait_s == 0.25
     assert (s.ray.address, s.ray.cpus_per_replica, s.ray.max_restarts) == ("auto", 4, -1)
     assert (s.plan.output_order, s.plan.prefix_aware) == ("completion", False)

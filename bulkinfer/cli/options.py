@@ -717,6 +717,20 @@ StallTimeoutOption = Annotated[
 ]
 
 
+StartTimeoutOption = Annotated[
+    float | None,
+    typer.Option(
+        "--start-timeout-s",
+        metavar="SECONDS",
+        help=described(
+            "Seconds the model load and engine start may take before the run counts as stuck.",
+            f"{_PLAN.start_timeout_s:g}",
+        ),
+        rich_help_panel=PLAN,
+    ),
+]
+
+
 OutputOrderOption = Annotated[
     Literal["input", "completion"] | None,
     typer.Option(

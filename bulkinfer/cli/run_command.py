@@ -58,6 +58,7 @@ from bulkinfer.cli.options import (
     RunOutputOption,
     SeedOption,
     StallTimeoutOption,
+    StartTimeoutOption,
     StopOption,
     StopTokenIdsOption,
     StreamErrorsOption,
@@ -149,6 +150,7 @@ def run(
     max_in_flight: MaxInFlightOption = None,
     padding_batch_size: PaddingBatchSizeOption = None,
     stall_timeout_s: StallTimeoutOption = None,
+    start_timeout_s: StartTimeoutOption = None,
     output_order: OutputOrderOption = None,
 ) -> None:
     """Generate a completion for every row of INPUT; write OUT, OUT.errors.jsonl and OUT.report.json."""

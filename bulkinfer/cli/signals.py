@@ -4,12 +4,14 @@ from __future__ import annotations
 
 import os
 import signal
+import threading
+import time
 from collections.abc import Callable
 from typing import Any, NoReturn, TypeVar
 
 import typer
 
-from bulkinfer.errors import BulkinferError, Interrupted
+from bulkinfer.errors import BulkinferError, EngineError, Interrupted
 from bulkinfer.stop import StopToken
 
 T = TypeVar("T")
@@ -46,19 +48,32 @@ class StopSignals:
     While the job is ``starting`` (model load and engine start: nothing to
     flush yet) the first signal raises :class:`Interrupted` at once, wherever
     the main thread is; the engine start cleans its processes up. Only the
-    CLI installs these handlers (the main thread's): the core never does."""
+    CLI installs these handlers (the main thread's): the core never does.
+
+    The job's load deadline (:meth:`StopToken.loading`,
+    ``plan.start_timeout_s``) is enforced here, by a thread: past it, it
+    writes the error, kills the engine's processes and ends this one with
+    exit 5 (:class:`EngineError`'s). Not by raising in the main thread from
+    a signal handler: such an exception, raised wherever the main thread
+    was, once left the interpreter to crash later in its garbage collector
+    (a segmentation fault, in a test), and a main thread blocked inside a C
+    call would never run the handler. Nothing is lost: no row has run yet,
+    and the lock goes with the process."""
 
     SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
 
     def __init__(self) -> None:
         self.token = StopToken()
         self._previous: dict[int, Any] = {}
+        self._done = threading.Event()
 
     def __enter__(self) -> StopToken:
         self._previous = {s: signal.signal(s, self._handle) for s in self.SIGNALS}
+        threading.Thread(target=self._watch_load, name="bulkinfer-load-deadline", daemon=True).start()
         return self.token
 
     def __exit__(self, *exc: object) -> None:
+        self._done.set()
         for sig, handler in self._previous.items():
             signal.signal(sig, handler)
 
@@ -72,6 +87,28 @@ class StopSignals:
 
             kill_all_now()  # an engine being started dies now, not after vLLM's graceful shutdown
             raise Interrupted(signum, f"stopped by {name} before any row was run")
+
+    def _watch_load(self) -> None:
+        """Polls the job's load deadline every 0.5 s while the command runs;
+        past it, ends the process (see the class)."""
+        while not self._done.wait(0.5):
+            deadline = self.token.load_deadline
+            if deadline is None or time.monotonic() < deadline:
+                continue
+            from bulkinfer.engine.log import terminal
+            from bulkinfer.engine.watchdog import kill_all_now
+
+            stuck = EngineError(
+                f"the model load and engine start took over {self.token.load_timeout_s:g} s "
+                "(plan.start_timeout_s): stopped before any row was run; if the model needs longer, "
+                "raise --start-timeout-s, else see the engine's log"
+            )
+            # to the terminal and, while it captures standard error, the engine's log; straight to the file
+            # descriptors: a main thread stuck while writing would hold a stream's lock
+            for fd in {2, terminal().fileno()}:
+                os.write(fd, f"bulkinfer: error: {stuck}\n".encode())
+            kill_all_now()
+            os._exit(stuck.exit_code)
 
 
 def invoke(options: dict[str, Any], job: Callable[..., T], *args: Any, **kwargs: Any) -> T:

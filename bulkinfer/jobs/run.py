@@ -286,16 +286,19 @@ def _run_locked(attempt: Attempt, job: Job, settings: Settings, context: RunCont
         tokenizer = None
         engine_choice: dict[str, Any] = {}
     else:
-        clock = time.monotonic()
-        model = resolve_model(settings.model)
-        tokenizer = context.tokenizer_factory(model, settings.engine.trust_remote_code)
-        start["tokenizer"], clock = time.monotonic() - clock, time.monotonic()
-        sized = job.sized_kv_cache and not context.engine_outlives_run  # an engine that outlives the job: not sized
-        sample = functools.partial(_token_sample, paths.input, tokenizer, settings, job) if job.kind == "run" else None
-        settings, engine_choice = choose_engine_settings(model, settings, scan, job.calibrate, sized, sample)
-        start["engine_choice"], clock = time.monotonic() - clock, time.monotonic()
-        engine = context.engine_factory(model, settings)
-        start["engine"] = time.monotonic() - clock
+        with context.stop.loading(settings.plan.start_timeout_s):  # the CLI ends a load that takes longer
+            clock = time.monotonic()
+            model = resolve_model(settings.model)
+            tokenizer = context.tokenizer_factory(model, settings.engine.trust_remote_code)
+            start["tokenizer"], clock = time.monotonic() - clock, time.monotonic()
+            sized = job.sized_kv_cache and not context.engine_outlives_run  # an engine that outlives the job: not sized
+            sample = (
+                functools.partial(_token_sample, paths.input, tokenizer, settings, job) if job.kind == "run" else None
+            )
+            settings, engine_choice = choose_engine_settings(model, settings, scan, job.calibrate, sized, sample)
+            start["engine_choice"], clock = time.monotonic() - clock, time.monotonic()
+            engine = context.engine_factory(model, settings)
+            start["engine"] = time.monotonic() - clock
         compiled = engine_choice.get("compile", {}).get("enforce_eager") is False
         if compiled and not context.engine_outlives_run:  # the compile cache now holds this graph
             record_compiled_start(model, settings, start["engine"], warn=warn)

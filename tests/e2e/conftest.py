@@ -3,9 +3,10 @@ one shared engine, and an account of every model start.
 
 - ``BULKINFER_HOME`` is a directory of this session whose ``models/`` is the
   real home's (the default model and encoder, prepared there once), so the
-  runs' calibration store starts empty: each run decides its dtype as on a
-  machine that never ran the model (on a CPU with native bfloat16, the first
-  run probes), and the tests read what it decided.
+  runs' calibration store starts empty, as on a machine that never ran the
+  model: test_calibrate_e2e.py runs first (tests/conftest.py orders it) and
+  its ``bulkinfer calibrate`` probes the dtype and stores it; every later
+  run uses it, and the tests read what each run decided.
 - ``BULKINFER_E2E_DTYPE=float32|bfloat16`` stores that dtype as this
   machine's measured choice before any test, so the whole suite runs with
   the other dtype than the probe would pick ("forced through the stored

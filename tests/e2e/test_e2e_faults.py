@@ -10,8 +10,8 @@ One job lives through three runs, each a test that needs the one before
 3. ``--resume`` again finishes: every id exactly once, and the
    ``--engine-arg`` the three runs were given reached vLLM.
 
-Then ``kill -9`` during the model load, and a double SIGINT during the
-engine start. The first two runs and these keep vLLM's engine in child
+Then ``kill -9`` during the model load, a double SIGINT during the engine
+start, and a start past ``--start-timeout-s``. The first two runs and these keep vLLM's engine in child
 processes (``VLLM_ENABLE_V1_MULTIPROCESSING=1``, as replicas and GPUs run it;
 one CPU engine runs in bulkinfer's process by default, as the third run does).
 (A poison row among good ones is part of test_e2e.py's run.)
@@ -158,4 +158,28 @@ def test_a_double_sigint_during_the_engine_start_exits_130_at_once(tmp_path: Pat
     _, alive = psutil.wait_procs(seen, timeout=10)
     assert not alive
     # nothing in the next run's way; the engine's log of the start is kept
+    assert sorted(p.name for p in tmp_path.iterdir()) == [".out.lock", "in.jsonl", "out.log"]
+
+
+def test_a_start_past_its_timeout_exits_5_and_takes_the_engine_processes_along(tmp_path: Path) -> None:
+    """``--start-timeout-s 15``: on these CPUs (the tokenizer's load 4-10 s, the engine's start in its child
+    processes 20-40 s) the deadline passes while vLLM's engine core is starting."""
+    src, out = tmp_path / "in.jsonl", tmp_path / "out.jsonl"
+    write_rows(src, [{"id": "a", "prompt": "hello"}])
+    run = start("run", str(src), "-o", str(out), "--plain-progress", "--start-timeout-s", "15", env=PROCESSES)
+    started = psutil.Process(run.pid).create_time()
+    seen: dict[int, psutil.Process] = {}
+    while run.poll() is None:
+        seen.update((p.pid, p) for p in vllm_children(run.pid))
+        time.sleep(0.2)
+    _, stderr = run.communicate(timeout=30)
+    assert run.returncode == 5, stderr[-3000:]
+    message = "bulkinfer: error: the model load and engine start took over 15 s (plan.start_timeout_s)"
+    assert message in stderr
+    assert message in (tmp_path / "out.log").read_text()  # the engine's log says why it ends there
+    assert seen, "the deadline passed before the engine started"
+    _, alive = psutil.wait_procs(list(seen.values()), timeout=10)
+    assert not alive, f"engine processes outlived bulkinfer: {alive}"
+    time.sleep(1.0)
+    assert vllm_processes_since(started) == []
     assert sorted(p.name for p in tmp_path.iterdir()) == [".out.lock", "in.jsonl", "out.log"]
