@@ -103,6 +103,8 @@ class StopSignals:
                 "(plan.start_timeout_s): stopped before any row was run; if the model needs longer, "
                 "raise --start-timeout-s, else see the engine's log"
             )
+            if self.token.load_deadline is None:  # the load ended meanwhile
+                continue
             # to the terminal and, while it captures standard error, the engine's log; straight to the file
             # descriptors: a main thread stuck while writing would hold a stream's lock
             for fd in {2, terminal().fileno()}:

@@ -313,11 +313,12 @@ def _stream(
     started: float,
     heap: str,
 ) -> RunReport:
-    model = resolve_model(settings.model)
-    tokenizer = context.tokenizer_factory(model, settings.engine.trust_remote_code)
-    scan = InputScan(rows=None, mentions_priority=True)  # rows may set priority: vLLM's priority scheduling
-    settings, engine_choice = choose_engine_settings(model, settings, scan, True, False)
-    engine = context.engine_factory(model, settings)
+    with context.stop.loading(settings.plan.start_timeout_s):  # the CLI ends a load that takes longer
+        model = resolve_model(settings.model)
+        tokenizer = context.tokenizer_factory(model, settings.engine.trust_remote_code)
+        scan = InputScan(rows=None, mentions_priority=True)  # rows may set priority: vLLM's priority scheduling
+        settings, engine_choice = choose_engine_settings(model, settings, scan, True, False)
+        engine = context.engine_factory(model, settings)
     settings = settings.resolve_chat_template(tokenizer)
     load_s = time.monotonic() - started
     counts = {"completed": 0, "failed": 0, "prompt_tokens": 0, "completion_tokens": 0, "windows": 0}
