@@ -85,11 +85,16 @@ def spool_lines(spool: Path) -> int:
     return spool.read_bytes().count(b"\n") if spool.exists() else 0
 
 
-def engine_children(driver: int) -> list[psutil.Process]:
-    """The vLLM processes (``VLLM::...`` titles) a bulkinfer run started."""
+def engine_children(driver: int, spawned: bool = False) -> list[psutil.Process]:
+    """The vLLM processes (``VLLM::...`` titles) a bulkinfer run started; with
+    ``spawned``, also those multiprocessing spawned (``spawn_main``) that have
+    not imported enough yet to take their ``VLLM::`` title."""
+    marks = ("VLLM", "spawn_main") if spawned else ("VLLM",)
     try:
-        return [p for p in psutil.Process(driver).children(recursive=True) if "VLLM" in " ".join(p.cmdline())]
-    except psutil.NoSuchProcess:
+        return [
+            p for p in psutil.Process(driver).children(recursive=True) if any(m in " ".join(p.cmdline()) for m in marks)
+        ]
+    except psutil.Error:
         return []
 
 

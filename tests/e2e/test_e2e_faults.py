@@ -161,24 +161,6 @@ def test_a_double_sigint_during_the_engine_start_exits_130_at_once(tmp_path: Pat
     assert sorted(p.name for p in tmp_path.iterdir()) == [".out.lock", "in.jsonl", "out.log"]
 
 
-def engine_or_spawned_children(driver: int) -> list[psutil.Process]:
-    """``driver``'s vLLM processes and the processes multiprocessing spawned (``spawn_main``), which vLLM's
-    become once they imported enough to set their ``VLLM::`` title."""
-    try:
-        children = psutil.Process(driver).children(recursive=True)
-    except psutil.NoSuchProcess:
-        return []
-    found = []
-    for proc in children:
-        try:
-            line = " ".join(proc.cmdline())
-        except psutil.Error:
-            continue
-        if "VLLM" in line or "spawn_main" in line:
-            found.append(proc)
-    return found
-
-
 def test_a_start_past_its_timeout_exits_5_and_takes_the_engine_processes_along(tmp_path: Path) -> None:
     """``--start-timeout-s 20``: the deadline passes during the load (where depends on the CPU: the
     tokenizer's load 4-10 s, importing vLLM 6-13 s, then vLLM's engine core in its child processes); the run
@@ -189,7 +171,7 @@ def test_a_start_past_its_timeout_exits_5_and_takes_the_engine_processes_along(t
     started = psutil.Process(run.pid).create_time()
     seen: dict[int, psutil.Process] = {}
     while run.poll() is None:  # vLLM's engine core, also while it still imports (before it takes its VLLM:: title)
-        seen.update((p.pid, p) for p in engine_or_spawned_children(run.pid))
+        seen.update((p.pid, p) for p in engine_children(run.pid, spawned=True))
         time.sleep(0.2)
     _, stderr = run.communicate(timeout=30)
     assert run.returncode == 5, stderr[-3000:]
