@@ -38,6 +38,15 @@ def environment_until_spawned(variables: Mapping[str, str]) -> Iterator[None]:
     (:data:`_SPAWNING`), then go on while this one waits for its engine to
     load: replicas load side by side, each with its own variables.
 
+    Every process an engine start spawns before its engine core (its
+    watchdog) is spawned inside this block too: Python spawns with vfork,
+    whose child reads this process's environment array until its exec, and
+    another start adding a variable (its own, or vLLM's config setting
+    ``LD_PRELOAD``) reallocates that array: the exec failed with EFAULT
+    ("OSError: [Errno 14] Bad address: '.../python'"): with a thread adding
+    variables, 465 of 1,201 spawns failed with vfork, none of 877 with fork
+    (``python -m bench.spawn_race``, ``bench/results/spawn-race-xeon-m167.txt``).
+
     Meanwhile a ``__main__.__file__`` that is no file (``"<stdin>"`` under
     ``python -``) is hidden: the spawn start method runs the parent's main
     file again in the child (Python's multiprocessing docs, "Safe importing

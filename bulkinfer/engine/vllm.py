@@ -127,7 +127,6 @@ class VllmEngine:
         self._stepper = Stepper(step_done)
         watchdog: Watchdog | None = None
         try:
-            watchdog = self._watchdog = Watchdog()  # before any engine process; a failed spawn fails the start
             start = engine_start(str(model), args.get("runner") or "generate")
 
             def build() -> Any:
@@ -136,6 +135,7 @@ class VllmEngine:
                 )
 
             with environment_until_spawned(variables), start:
+                watchdog = self._watchdog = Watchdog()  # first, and under the lock (environment_until_spawned)
                 self._engine = self._stepper.call(build) if in_process else build()
         except BaseException as exc:
             self._stepper.stop()

@@ -253,22 +253,31 @@ def test_a_request_a_step_finished_on_its_own_is_unfinished_until_handed_over(
     assert not engine.has_unfinished()
 
 
-def test_a_watchdog_that_cannot_spawn_fails_the_start_as_an_engine_error(
+def test_the_watchdog_spawns_under_the_start_lock_and_its_failure_fails_the_start(
     monkeypatch: pytest.MonkeyPatch, tmp_path: Path
 ) -> None:
-    """An OSError spawning the watchdog (EFAULT once from fork/exec, two
-    replicas starting on a 2-core VM) is the engine's failure to start (exit
-    5), not an OSError escaping to the run, which reported it as a file it
-    cannot write ("cannot write .../python: Bad address (EFAULT)", exit 9)."""
+    """The watchdog is spawned while the start holds the lock under which
+    every start sets its variables: spawned outside it, a replica's watchdog
+    failed with EFAULT while the other replica's start added variables (two
+    replicas on a 2-core VM; ``python -m bench.spawn_race``). An OSError
+    spawning it is the engine's failure to start (exit 5), not an OSError
+    escaping to the run, which reported it as a file it cannot write
+    ("cannot write .../python: Bad address (EFAULT)", exit 9); the lock and
+    the in-process claim are released."""
     import errno
 
     from bulkinfer.config import EngineSettings
-    from bulkinfer.engine import args, watchdog
+    from bulkinfer.engine import args, processes, watchdog
+
+    locked: list[bool] = []
 
     def no_spawn() -> Any:
+        locked.append(processes._SPAWNING.locked())
         raise OSError(errno.EFAULT, "Bad address", sys.executable)
 
     monkeypatch.setattr(watchdog, "Watchdog", no_spawn)
     with pytest.raises(EngineError, match=r"the vLLM engine failed to start: OSError: \[Errno 14\] Bad address"):
         VllmEngine(tmp_path, EngineSettings())
+    assert locked == [True]
+    assert not processes._SPAWNING.locked()
     assert args.IN_PROCESS._owner is None  # released: the next engine may run in this process
