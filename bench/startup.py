@@ -4,7 +4,7 @@ child processes, ``VLLM_ENABLE_V1_MULTIPROCESSING=1``), alternating.
 
 Each run is ``bulkinfer run`` as a user runs it (its own dtype choice, KV cache
 sized to the job) on the first ``--rows`` rows of ``sample_data/sharegpt.jsonl``
-with ``--max-tokens`` tokens each, on a machine that ran the model before
+(or of ``--input FILE``) with ``--max-tokens`` tokens each, on a machine that ran the model before
 (the dtype probe is stored: run ``bulkinfer calibrate`` or one job first).
 Per run: the report's ``seconds.start`` (tokenizer, engine choice, engine
 start, first token: from the run's start), ``load``, ``generate``, ``total``;
@@ -16,13 +16,14 @@ bulkinfer's process, alternating; REF checked out in a temporary git
 worktree): a change to the start or the exit, measured side by side.
 
 Usage: ``python -m bench.startup [--rows 300 --max-tokens 16 --rounds 2]
-[--base REF] [--flags "-dp 2"] [--out FILE]``; writes ``bench/results/startup.{json,md}``.
+[--base REF] [--flags "-dp 2"] [--input FILE] [--out FILE]``; writes ``bench/results/startup.{json,md}``.
 """
 
 from __future__ import annotations
 
 import argparse
 import datetime as dt
+import os
 import shlex
 import statistics
 import subprocess
@@ -120,6 +121,7 @@ def main() -> None:
     parser.add_argument("--out", type=Path, default=ROOT / "bench" / "results" / "startup.json")
     parser.add_argument("--base", help="a commit to compare this checkout with (both in bulkinfer's process)")
     parser.add_argument("--flags", default="", help='more `bulkinfer run` flags for every run, e.g. "-dp 2"')
+    parser.add_argument("--input", type=Path, default=ROOT / "sample_data" / "sharegpt.jsonl", help="JSONL rows")
     args = parser.parse_args()
 
     work = Path(tempfile.mkdtemp(prefix="bench-startup-"))
@@ -129,7 +131,7 @@ def main() -> None:
         subprocess.run(["git", "-C", str(ROOT), "worktree", "add", "--detach", str(base), args.base], check=True)
         layouts = {f"base {args.base}": ({}, base), "this checkout": ({}, ROOT)}
     src = work / "in.jsonl"
-    with open(ROOT / "sample_data" / "sharegpt.jsonl", "rb") as f:
+    with open(args.input, "rb") as f:
         src.write_bytes(b"".join(line for _, line in zip(range(args.rows), f, strict=False)))
     flags = shlex.split(args.flags)
     runs = []
@@ -158,6 +160,7 @@ def main() -> None:
         "machine": machine(),
         "versions": versions(),
         "rows": args.rows,
+        "input": os.path.relpath(args.input, ROOT),
         "max_tokens": args.max_tokens,
         "flags": flags,
         "runs": runs,

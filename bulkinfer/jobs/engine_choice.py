@@ -84,9 +84,11 @@ def choose_engine_settings(
         rows = functools.cache(sample) if sample is not None else lambda: None  # taken once, when first needed
         if size_kv_cache and device == "cpu" and kv_cache_left_to_bulkinfer(settings.engine):
             tokens = job_tokens(settings, scan, rows())
-            if tokens is not None and (kv := sized_kv_cache(model, settings.engine, tokens)):
+            running = running_sequences(settings, scan, rows())
+            if tokens is not None and (kv := sized_kv_cache(model, settings.engine, tokens, running)):
                 settings = with_engine(settings, kv_cache_memory_bytes=kv["kv_cache_memory_bytes"])
-                choice["kv_cache"] = {**kv, "job_tokens": tokens, "tokens_from": tokens_from(rows())}
+                choice["kv_cache"] = {**kv, "job_tokens": tokens, "running_sequences": running}
+                choice["kv_cache"]["tokens_from"] = tokens_from(rows())
         if device == "cpu":
             decides = size_kv_cache and settings.engine.enforce_eager is None
             expected = expected_completion_tokens(settings, scan, rows()) if decides else None
@@ -132,6 +134,22 @@ def expected_completion_tokens(settings: Settings, scan: InputScan, sample: Toke
     if sample is not None and sample.rows > 0:
         return math.ceil(sample.completion_tokens / sample.rows * scan.rows)
     return scan.rows * settings.sampling.n * settings.sampling.max_tokens
+
+
+def running_sequences(settings: Settings, scan: InputScan, sample: TokenSample | None = None) -> int:
+    """The most sequences of a job that hold KV-cache blocks at once: its
+    sequences (a row of ``n`` choices counts ``n``; from the ``sample``'s rows
+    scaled to ``scan.rows``, else ``rows x n``) up to the engine's
+    ``max_num_seqs`` (vLLM's default, 256, when unset; all of them for an
+    input of unknown size)."""
+    slots = settings.engine.max_num_seqs or TUNE_DEFAULTS["max_num_seqs"]
+    if scan.rows is None:
+        return slots
+    if sample is not None and sample.lengths and sample.rows > 0:
+        sequences = len(sample.lengths) if sample.whole else math.ceil(len(sample.lengths) / sample.rows * scan.rows)
+    else:
+        sequences = scan.rows * settings.sampling.n
+    return min(sequences, slots)
 
 
 def expected_decode_work(settings: Settings, scan: InputScan, sample: TokenSample | None) -> DecodeWork | None:

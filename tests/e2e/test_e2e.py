@@ -22,7 +22,7 @@ from reference_types import check_openai_line
 
 import bulkinfer as api
 from bulkinfer.config import DEFAULT_BUCKETS
-from bulkinfer.engine.kv_cache import kv_cache_bytes_per_token
+from bulkinfer.engine.kv_cache import job_kv_tokens, kv_cache_bytes_per_token
 from bulkinfer.errors import ConfigError
 from bulkinfer.models import resolve_model
 from bulkinfer.prep.planner import bucket_index, bucket_label
@@ -84,15 +84,20 @@ def test_the_terminal_holds_only_bulkinfers_lines(mixed: dict[str, Any]) -> None
 
 @pytest.mark.device("cpu", reason="bulkinfer sizes vLLM's KV cache to the job on CPU only (a GPU's is vLLM's)")
 def test_a_small_job_gets_the_smallest_kv_cache(mixed: dict[str, Any]) -> None:
-    """40 rows need far less than vLLM's CPU default: the floor, one
-    8,192-token request of SmolLM2-135M and two blocks (8,448 tokens, 0.36 GiB
-    in float32), with which vLLM starts (exactly 8,192 tokens: it refuses)."""
+    """40 rows need far less than vLLM's CPU default: what holds the job (its
+    tokens and a 128-token block for each row running at once, and vLLM's
+    null block), never below the floor, one 8,192-token request of
+    SmolLM2-135M and two blocks (8,448 tokens, 0.36 GiB in float32), with
+    which vLLM starts (exactly 8,192 tokens: it refuses)."""
     report = read_report(mixed["out"].parent / "out.report.json")
     choice = report["engine_choice"]
     per_token = kv_cache_bytes_per_token(resolve_model(None), report["engine"]["dtype"])
     assert per_token is not None
-    assert choice["kv_cache"]["kv_cache_memory_bytes"] == 8448 * per_token
-    assert choice["kv_cache"]["why"].startswith("the floor, one 8192-token request (8448 tokens;"), choice
+    whole_job = job_kv_tokens(choice["kv_cache"]["job_tokens"], choice["kv_cache"]["running_sequences"])
+    assert choice["kv_cache"]["running_sequences"] >= len(read_jsonl(mixed["out"])), choice  # every row at once
+    assert choice["kv_cache"]["kv_cache_memory_bytes"] == max(8448, whole_job) * per_token
+    floor = "the floor, one 8192-token request (8448 tokens;"
+    assert choice["kv_cache"]["why"].startswith(floor if whole_job <= 8448 else "the job's ~"), choice
     # every row of the small input tokenized before the engine started (the bad rows left out)
     assert choice["kv_cache"]["tokens_from"].startswith("every row tokenized"), choice
     used = report["tokens"]["prompt"] + report["tokens"]["completion"]
@@ -101,7 +106,8 @@ def test_a_small_job_gets_the_smallest_kv_cache(mixed: dict[str, Any]) -> None:
     found = re.findall(r"KV cache size: ([\d,]+) tokens", log)
     assert found, log[-2000:]
     # the run's engine starts last (a dtype probe run first on a new machine logs its trial engines here too)
-    assert int(found[-1].replace(",", "")) == 8448  # vLLM's own count of the cache it allocated
+    # vLLM's own count of the cache it allocated, in whole 128-token blocks
+    assert int(found[-1].replace(",", "")) == max(8448, whole_job) // 128 * 128
 
 
 def test_capital_of_japan_is_tokyo(mixed: dict[str, Any]) -> None:

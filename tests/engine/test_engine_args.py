@@ -73,7 +73,10 @@ def test_the_kv_cache_bytes_per_token_of_smollm2_135m(tmp_path: Path) -> None:
 
 def test_a_small_job_gets_a_small_kv_cache_never_below_one_longest_request() -> None:
     default = 6 * GiB
-    assert job_kv_cache_bytes(default, 100_000, 46_080, 8192) == 100_000 * 46_080  # the whole job, 4.3 GiB
+    assert job_kv_cache_bytes(default, 100_000, 46_080, 8192) == 100_128 * 46_080  # the whole job and a null block
+    # at most 256 sequences at once, each up to a 128-token block more than its tokens: 4.9 GiB
+    assert job_kv_cache_bytes(default, 100_000, 46_080, 8192, sequences=256) == (100_000 + 257 * 128) * 46_080
+    assert job_kv_cache_bytes(default, 100_000, 46_080, 8192, block_size=16, sequences=256) == 104_112 * 46_080
     assert job_kv_cache_bytes(default, 80, 46_080, 8192) == 8448 * 46_080  # 64 blocks of 128 tokens, +2: 0.36 GiB
     assert job_kv_cache_bytes(default, 80, 46_080, 8000) == 8320 * 46_080  # 8,000 tokens take 63 blocks, +2
     assert job_kv_cache_bytes(default, 80, 46_080, 8192, block_size=16) == 8224 * 46_080
@@ -90,10 +93,16 @@ def test_the_kv_cache_says_why_and_a_users_size_wins(tmp_path: Path, monkeypatch
     small = sized_kv_cache(model, engine, 80)
     assert small == {"kv_cache_memory_bytes": 8448 * 46_080, "why": small["why"]}
     assert small["why"] == "the floor, one 8192-token request (8448 tokens; the job's ~80 tokens need less)"
-    assert sized_kv_cache(model, engine, 50_000)["kv_cache_memory_bytes"] == 50_000 * 46_080
+    job = sized_kv_cache(model, engine, 50_000, 200)
+    assert job["kv_cache_memory_bytes"] == (50_000 + 201 * 128) * 46_080
+    assert job["why"] == (
+        "the job's ~50000 tokens and a 128-token block for each of 200 sequences running at once"
+        " and vLLM's null block (75728 tokens) at 46080 bytes each"
+    )
+    assert sized_kv_cache(model, engine, 50_000)["kv_cache_memory_bytes"] == (50_000 + 2 * 128) * 46_080
     assert sized_kv_cache(model, engine, 10**6)["kv_cache_memory_bytes"] == 6 * GiB
     assert sized_kv_cache(model, dataclasses.replace(engine, dtype="bfloat16"), 40_000)["kv_cache_memory_bytes"] == (
-        40_000 * 23_040
+        40_256 * 23_040
     )
     sixteen = dataclasses.replace(engine, extra_args={"block_size": 16})  # vLLM's block_size, an --engine-arg
     assert sized_kv_cache(model, sixteen, 80)["kv_cache_memory_bytes"] == 8224 * 46_080
