@@ -23,13 +23,22 @@ Measured with ``python -m bench.batch_order`` (README, Engine settings).
 Installed on each of the engine's workers by name with vLLM's
 ``collective_rpc``, in bulkinfer's process or in engine core processes of
 their own (replicas): the worker class gains :class:`BatchOrderExtension`
-through vLLM's ``EngineArgs.worker_extension_cls`` (:func:`wanted`), since
+through vLLM's ``EngineArgs.worker_extension_cls`` (:func:`hooked`), since
 vLLM sends ``collective_rpc`` a function, rather than a method name, to
 another process only under ``VLLM_ALLOW_INSECURE_SERIALIZATION=1``. vLLM
 leaves ``worker_extension_cls`` out of its config hash (``ParallelConfig.compute_hash``),
 so compiled engines share their compile cache with or without it. Only
 where vLLM's attention backend does not reorder the batch itself (its
 ``reorder_batch_threshold`` is unset: the CPU backend).
+
+The same step hook counts vLLM's **preemptions**: the running requests its
+scheduler stopped to free KV blocks for others (their blocks freed, their
+tokens computed again when they resume), which vLLM names in the
+``SchedulerOutput.preempted_req_ids`` of the step that preempted them
+(``Scheduler._preempt_request``, vllm 0.32) whether or not it logs stats
+(vLLM's own counters, ``IterationStats.num_preempted_reqs``, need
+``log_stats``, which bulkinfer's engine runs without). The hook is on every
+CPU engine that generates (:func:`hooked`), sorting or not (:func:`wanted`).
 """
 
 from __future__ import annotations
@@ -45,19 +54,19 @@ BLOCK_COLUMNS = 8
 EXTENSION = f"{__name__}.BatchOrderExtension"
 
 
-def wanted(setting: str, device: str, args: Mapping[str, Any]) -> bool:
+def hooked(device: str, args: Mapping[str, Any]) -> bool:
     """Whether an engine started with vLLM engine arguments ``args`` on
-    ``device`` gets the KV-block order (``[engine] batch_order`` ``setting``
-    ``"auto"``, CPU, a generating runner, the prefix cache not turned off,
-    no ``worker_extension_cls`` of the user's): then it is started with
+    ``device`` gets bulkinfer's step hook (CPU, a generating runner, no
+    ``worker_extension_cls`` of the user's): then it is started with
     ``worker_extension_cls`` :data:`EXTENSION`."""
-    return (
-        setting == "auto"
-        and device == "cpu"
-        and args.get("runner") != "pooling"
-        and args.get("enable_prefix_caching") is not False
-        and not args.get("worker_extension_cls")
-    )
+    return device == "cpu" and args.get("runner") != "pooling" and not args.get("worker_extension_cls")
+
+
+def wanted(setting: str, args: Mapping[str, Any]) -> bool:
+    """Whether a :func:`hooked` engine's running batch is kept in KV-block
+    order: ``[engine] batch_order`` ``setting`` ``"auto"`` and the prefix
+    cache not turned off in ``args``."""
+    return setting == "auto" and args.get("enable_prefix_caching") is not False
 
 
 def order_by_blocks(batch: Any) -> int:
@@ -87,23 +96,26 @@ def order_by_blocks(batch: Any) -> int:
     return swaps
 
 
-def install(worker: Any) -> bool:
+def install(worker: Any, sort: bool = True) -> bool:
     """Run by vLLM's ``collective_rpc`` on each worker: after vLLM's own
-    reordering in every step, :func:`order_by_blocks`. Returns False (nothing
-    installed) where the model runner has no such hook or its attention
-    backend reorders the batch itself."""
+    reordering in every step, count the step's preemptions and, with
+    ``sort``, :func:`order_by_blocks`. Returns False (nothing installed)
+    where the model runner has no such hook or its attention backend
+    reorders the batch itself."""
     runner: Any = getattr(worker, "model_runner", None)
     vllm_reorder = getattr(runner, "_may_reorder_batch", None)
     if vllm_reorder is None or getattr(runner, "reorder_batch_threshold", None) is not None:
         return False
-    tally = {"steps": 0, "swaps": 0, "seconds": 0.0}
+    tally = {"steps": 0, "swaps": 0, "seconds": 0.0, "preemptions": 0}
 
     def reorder(scheduler_output: Any) -> None:
         vllm_reorder(scheduler_output)
-        start = time.perf_counter()
-        tally["swaps"] += order_by_blocks(runner.input_batch)
         tally["steps"] += 1
-        tally["seconds"] += time.perf_counter() - start
+        tally["preemptions"] += len(getattr(scheduler_output, "preempted_req_ids", None) or ())
+        if sort:
+            start = time.perf_counter()
+            tally["swaps"] += order_by_blocks(runner.input_batch)
+            tally["seconds"] += time.perf_counter() - start
 
     runner._may_reorder_batch = reorder
     runner.bulkinfer_batch_order = tally
@@ -111,20 +123,40 @@ def install(worker: Any) -> bool:
 
 
 def tally(worker: Any) -> dict[str, float] | None:
-    """Run by ``collective_rpc``: the worker's steps, swaps and seconds spent
-    sorting since :func:`install` (None where it is not installed)."""
+    """Run by ``collective_rpc``: the worker's steps, preemptions, swaps and
+    seconds spent sorting since :func:`install` (None where it is not
+    installed). Every worker of an engine runs the same steps, so any one's
+    counts are the engine's."""
     found = getattr(getattr(worker, "model_runner", None), "bulkinfer_batch_order", None)
     return None if found is None else dict(found)
 
 
+def install_all(engine: Any, sort: bool) -> bool:
+    """Runs :func:`install` (``sort``) on every worker of vLLM's ``LLMEngine``
+    ``engine``, started with :data:`EXTENSION`, by ``collective_rpc``; True
+    when every worker took it."""
+    installed = engine.collective_rpc("bulkinfer_batch_order_install", args=(sort,))
+    return bool(installed) and all(installed)
+
+
+def step_counts(engine: Any, sorting: bool) -> dict[str, int]:
+    """Since :func:`install_all` on ``engine``: ``preemptions``, the requests
+    vLLM's scheduler preempted, and when ``sorting`` (the KV-block order is
+    on) ``batch_order_swaps``, the rows moved into it. The first worker's
+    counts: every worker of an engine runs the same steps."""
+    counted = engine.collective_rpc("bulkinfer_batch_order_tally")[0]
+    swaps = {"batch_order_swaps": int(counted["swaps"])} if sorting else {}
+    return {"preemptions": int(counted["preemptions"]), **swaps}
+
+
 class BatchOrderExtension:
     """Mixed into vLLM's worker class (``worker_extension_cls``
-    :data:`EXTENSION`): ``collective_rpc("bulkinfer_batch_order_install")``
+    :data:`EXTENSION`): ``collective_rpc("bulkinfer_batch_order_install", args=(sort,))``
     runs :func:`install` on each worker, ``"bulkinfer_batch_order_tally"``
     :func:`tally`, in whatever process the worker lives."""
 
-    def bulkinfer_batch_order_install(self) -> bool:
-        return install(self)
+    def bulkinfer_batch_order_install(self, sort: bool = True) -> bool:
+        return install(self, sort)
 
     def bulkinfer_batch_order_tally(self) -> dict[str, float] | None:
         return tally(self)

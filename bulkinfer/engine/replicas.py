@@ -184,13 +184,17 @@ class Replicas:
     def running_lengths(self) -> list[int]:
         return [n for e in self.engines for n in e.running_lengths()]
 
-    def batch_order_swaps(self) -> int | None:
-        """Rows the replicas moved into KV-block order since they started
-        (:mod:`bulkinfer.engine.batch_order`), summed; None when none sorts.
-        Call between steps."""
-        counts = [count() for e in self.engines if (count := getattr(e, "batch_order_swaps", None)) is not None]
-        found = [n for n in counts if n is not None]
-        return sum(found) if found else None
+    def step_counts(self) -> dict[str, int] | None:
+        """The replicas' step-hook counts since they started (preemptions,
+        rows moved into KV-block order: see
+        :func:`bulkinfer.engine.batch_order.step_counts`), summed over the
+        replicas that count; None when none does. Call between steps."""
+        totals: dict[str, int] = {}
+        for engine in self.engines:
+            counts = getattr(engine, "step_counts", None)
+            for name, n in ((counts() if counts is not None else None) or {}).items():
+                totals[name] = totals.get(name, 0) + n
+        return totals or None
 
     def add(self, request_id: str, request: Request) -> Completion | None:
         """Hand ``request`` to the replica that is up with the fewest tokens

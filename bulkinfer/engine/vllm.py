@@ -107,8 +107,8 @@ class VllmEngine:
         known = {f.name for f in dataclasses.fields(EngineArgs)}
         args = resolve_engine_args(str(model), settings, device, available_memory_bytes(), known)
         self._nucleus = has_nucleus(args)
-        ordered = batch_order.wanted(settings.batch_order, device, args)
-        if ordered:
+        hooked = batch_order.hooked(device, args)
+        if hooked:
             args["worker_extension_cls"] = batch_order.EXTENSION
         if isinstance(args.get("structured_outputs_config"), dict):  # a TOML table: EngineArgs takes the config
             from vllm.config import StructuredOutputsConfig
@@ -163,7 +163,7 @@ class VllmEngine:
         self.max_model_len: int = vllm_config.model_config.max_model_len
         self.max_num_seqs: int = vllm_config.scheduler_config.max_num_seqs
         # not reported: what the report names otherwise, bulkinfer's own worker extension (batch_order)
-        hidden = {"model", "tokenizer", "disable_log_stats", *(("worker_extension_cls",) if ordered else ())}
+        hidden = {"model", "tokenizer", "disable_log_stats", *(("worker_extension_cls",) if hooked else ())}
         self.settings = {
             **{k: v for k, v in args.items() if k not in hidden},
             "dtype": str(vllm_config.model_config.dtype).removeprefix("torch."),
@@ -179,7 +179,7 @@ class VllmEngine:
             "distributed_executor_backend": vllm_config.parallel_config.distributed_executor_backend,
             "vllm_version": vllm.__version__,
         }
-        self.settings["batch_order"] = self._install_batch_order(ordered)
+        self.settings["batch_order"] = self._install_step_hook(hooked, batch_order.wanted(settings.batch_order, args))
         self._outputs = StreamedOutputs()
         self._tokens_input: Callable[[list[int]], Any]
         try:
@@ -259,22 +259,20 @@ class VllmEngine:
         self._outputs.expect_embeddings(request_id, parts)
         return None
 
-    def _install_batch_order(self, ordered: bool) -> str:
-        """``"kv-blocks"`` when :mod:`bulkinfer.engine.batch_order` now sorts
-        this engine's running batch (it was started with the extension,
-        ``ordered``, vLLM resolved the prefix cache on, and every worker took
-        it), else ``"vllm"`` (vLLM's own order)."""
-        if not ordered or not self.settings["enable_prefix_caching"]:
-            return "vllm"
-        installed = self._stepper.call(lambda: self._engine.collective_rpc("bulkinfer_batch_order_install"))
-        return "kv-blocks" if installed and all(installed) else "vllm"
+    def _install_step_hook(self, hooked: bool, ordered: bool) -> str:
+        """Installs :mod:`bulkinfer.engine.batch_order`'s step hook on the
+        workers of an engine started with it (``hooked``); returns ``"kv-blocks"``
+        when it sorts the running batch (``ordered`` and vLLM resolved the prefix
+        cache on), else ``"vllm"`` (vLLM's own order)."""
+        sort = ordered and bool(self.settings["enable_prefix_caching"])
+        self._hooked = hooked and self._stepper.call(lambda: batch_order.install_all(self._engine, sort))
+        return "kv-blocks" if sort and self._hooked else "vllm"
 
-    def batch_order_swaps(self) -> int | None:
-        """Rows moved by :mod:`bulkinfer.engine.batch_order` since the engine
-        started (None when vLLM's own order is kept). Call between steps."""
-        if self.settings.get("batch_order") != "kv-blocks":
-            return None
-        return sum(int(t["swaps"]) for t in self._engine.collective_rpc("bulkinfer_batch_order_tally") if t)
+    def step_counts(self) -> dict[str, int] | None:
+        """The step hook's counts since the engine started (see
+        :func:`bulkinfer.engine.batch_order.step_counts`), None without it. Call between steps."""
+        sorting = self.settings["batch_order"] == "kv-blocks"
+        return batch_order.step_counts(self._engine, sorting) if self._hooked else None
 
     @property
     def stepping(self) -> bool:

@@ -91,8 +91,8 @@ class Generation:
         self.stats = RunStats()
         # the engine's live counts when this run started (an engine may be reused)
         self._engine_base = (engine.generated_tokens, engine.prefilled_tokens, engine.cached_tokens)
-        self._swaps_base = self._batch_order_swaps()
-        self._swaps: int | None = None  # the same when generation ended
+        self._counts_base = self._step_counts()
+        self._counts: dict[str, int] | None = None  # the same when generation ended
 
     def fail(self, error: RowError, planned: bool = False) -> None:
         """Record a failed row; ``planned``: it failed in the engine, after planning."""
@@ -135,7 +135,7 @@ class Generation:
                 f"{self.spool.path} and {self.errors.path}; continue with --resume"
             ) from None
         self.stats.generation_ended()
-        self._swaps = self._batch_order_swaps()  # now: an engine in processes of its own is closed before the report
+        self._counts = self._step_counts()  # now: an engine in processes of its own is closed before the report
         with self.stats.timed("write"):
             self._close()
             self.files.finish(self.settings.plan.file_output_order)
@@ -200,13 +200,14 @@ class Generation:
             self.spool.close()
             self.errors.close()
 
-    def _batch_order_swaps(self) -> int | None:
-        """The engine's rows moved into KV-block order so far (:mod:`bulkinfer.engine.batch_order`), None without."""
-        swaps = getattr(self.engine, "batch_order_swaps", None)
+    def _step_counts(self) -> dict[str, int] | None:
+        """The engine's preemptions and rows moved into KV-block order so far
+        (:func:`bulkinfer.engine.batch_order.step_counts`), None without."""
+        counts = getattr(self.engine, "step_counts", None)
         try:
-            return None if swaps is None else swaps()
-        except Exception as exc:  # a count for the report: never the reason a run fails
-            log.warning("the engine's batch order count is not known: %s: %s", type(exc).__name__, exc)
+            return None if counts is None else counts()
+        except Exception as exc:  # counts for the report: never the reason a run fails
+            log.warning("the engine's step counts are not known: %s: %s", type(exc).__name__, exc)
             return None
 
     def report(self, model_path: str, load_s: float, total_s: float, generated: bool = True) -> dict[str, Any]:
@@ -216,8 +217,9 @@ class Generation:
         ``passthrough_fields`` (see :meth:`~bulkinfer.prep.planner.Planner.passthrough_fields`)."""
         plan = self.settings.plan
         engine = self.engine.settings
-        if self._swaps is not None and self._swaps_base is not None:
-            engine = {**engine, "batch_order_swaps": self._swaps - self._swaps_base}
+        if self._counts is not None and self._counts_base is not None:
+            base = self._counts_base
+            engine = {**engine, **{name: n - base.get(name, 0) for name, n in self._counts.items()}}
         counts = (self.spool.count, self.errors.count, self.reader.blank_lines)
         prefix = self.planner.prefix.to_report() if self.planner.prefix is not None else None
         report = {

@@ -97,6 +97,13 @@ def print_summary(report: RunReport | dict[str, Any], console: Console) -> None:
     if r.engine_choice.compile:
         mode = "eager" if r.engine_choice.compile.enforce_eager else "compiled"
         summary.add_row("compilation", f"{mode}: {r.engine_choice.compile.why}")
+    preempted = r.engine.get("preemptions")
+    if preempted:
+        summary.add_row(
+            "preemptions",
+            f"{preempted}: the KV cache did not hold every running row, so vLLM stopped requests and computed their "
+            "tokens again (a larger --kv-cache-memory-bytes or a smaller --max-num-seqs avoids it)",
+        )
     rss = r.peak_rss_bytes
     if rss.bulkinfer is not None:
         engine = f", engine {format_bytes(rss.children)}" if rss.children else ""

@@ -123,11 +123,55 @@ def test_the_extension_runs_install_and_tally_by_name_on_vllms_worker() -> None:
     assert batch.req_ids == ["b", "a1", "a2"] and tally is not None and tally["swaps"] == len(batch.swaps) > 0
 
 
-def test_wanted_for_generating_cpu_engines_with_the_prefix_cache_and_no_extension_of_the_users() -> None:
-    assert batch_order.wanted("auto", "cpu", {"model": "m"})
-    assert batch_order.wanted("auto", "cpu", {"enable_prefix_caching": True})
-    assert not batch_order.wanted("vllm", "cpu", {})
-    assert not batch_order.wanted("auto", "cuda", {})
-    assert not batch_order.wanted("auto", "cpu", {"runner": "pooling"})
-    assert not batch_order.wanted("auto", "cpu", {"enable_prefix_caching": False})
-    assert not batch_order.wanted("auto", "cpu", {"worker_extension_cls": "mine.Extension"})
+def test_the_hook_on_generating_cpu_engines_without_an_extension_of_the_users() -> None:
+    assert batch_order.hooked("cpu", {"model": "m"})
+    assert batch_order.hooked("cpu", {"enable_prefix_caching": False})  # it counts preemptions without sorting
+    assert not batch_order.hooked("cuda", {})
+    assert not batch_order.hooked("cpu", {"runner": "pooling"})
+    assert not batch_order.hooked("cpu", {"worker_extension_cls": "mine.Extension"})
+
+
+def test_the_block_order_wanted_by_auto_with_the_prefix_cache() -> None:
+    assert batch_order.wanted("auto", {"model": "m"})
+    assert batch_order.wanted("auto", {"enable_prefix_caching": True})
+    assert not batch_order.wanted("vllm", {})
+    assert not batch_order.wanted("auto", {"enable_prefix_caching": False})
+
+
+def test_preemptions_are_counted_from_vllms_scheduler_output_sorting_or_not() -> None:
+    for sort in (True, False):
+        batch = Batch({"a2": [7, 20], "b": [3], "a1": [7, 9]})
+        worker = SimpleNamespace(model_runner=runner(None, batch, []))
+        assert batch_order.install(worker, sort=sort) is True
+        for preempted in ({"r1", "r2"}, None, set(), {"r1"}):  # vLLM's field: a set of ids, or None
+            worker.model_runner._may_reorder_batch(SimpleNamespace(preempted_req_ids=preempted))
+        tally = batch_order.tally(worker)
+        assert tally is not None and (tally["steps"], tally["preemptions"]) == (4, 3)
+        assert batch.req_ids == (["b", "a1", "a2"] if sort else ["a2", "b", "a1"])
+        assert tally["swaps"] == len(batch.swaps) == (2 if sort else 0)
+
+
+class Engine:
+    """vLLM's LLMEngine as far as collective_rpc goes: each method runs on every worker."""
+
+    def __init__(self, workers: list[Any]) -> None:
+        self.workers = workers
+
+    def collective_rpc(self, method: str, args: tuple[Any, ...] = ()) -> list[Any]:
+        return [getattr(w, method)(*args) for w in self.workers]
+
+
+def test_step_counts_are_one_workers_since_every_worker_runs_the_same_steps() -> None:
+    class Worker(batch_order.BatchOrderExtension):
+        def __init__(self) -> None:
+            self.model_runner = runner(None, Batch({"a2": [7, 20], "a1": [7, 9]}), [])
+
+    engine = Engine([Worker(), Worker()])  # two tensor-parallel workers
+    assert batch_order.install_all(engine, sort=True)
+    for worker in engine.workers:
+        worker.model_runner._may_reorder_batch(SimpleNamespace(preempted_req_ids={"r1"}))
+    assert batch_order.step_counts(engine, sorting=True) == {"preemptions": 1, "batch_order_swaps": 1}
+    assert batch_order.step_counts(engine, sorting=False) == {"preemptions": 1}
+    refusing = Worker()
+    refusing.model_runner.reorder_batch_threshold = 1  # its attention backend orders the batch itself
+    assert not batch_order.install_all(Engine([Worker(), refusing]), sort=True)

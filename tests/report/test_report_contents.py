@@ -248,6 +248,45 @@ def test_finish_reasons_structured_checks_and_pass_through_fields_are_reported(
     assert "max_token 3 (did you mean max_tokens? copied, not read)" in text
 
 
+class PreemptingEngine(FakeEngine):
+    """Reports one preemption a step (vLLM's count, as bulkinfer's step hook
+    gives it) and 5 already when the run starts, as an engine reused from an
+    earlier run would."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.preempted = 5
+
+    def step(self, wait: float | None = None) -> list[Completion]:
+        self.preempted += 1
+        return super().step(wait)
+
+    def step_counts(self) -> dict[str, int]:
+        return {"preemptions": self.preempted, "batch_order_swaps": 3}
+
+
+def test_a_runs_own_preemptions_are_reported_and_named_on_the_terminal(
+    run_report: dict[str, Any], tmp_path: Path
+) -> None:
+    engine = PreemptingEngine()
+    paths = RunPaths.build(_rows(tmp_path / "in.jsonl", 8), tmp_path / "out.jsonl")
+    report = run(paths, load_settings(), RunContext(engine_factory=lambda m, s: engine)).report
+    assert engine.steps >= 4  # FakeEngine finishes 2 rows a step
+    assert (report["engine"]["preemptions"], report["engine"]["batch_order_swaps"]) == (engine.steps, 0)
+    out = io.StringIO()
+    print_summary(report, Console(file=out, width=300))
+    row = [cell.strip() for cell in next(x for x in out.getvalue().splitlines() if "KV cache" in x).split("│")]
+    assert row[1:3] == [
+        "preemptions",
+        f"{engine.steps}: the KV cache did not hold every running row, so vLLM "
+        "stopped requests and computed their tokens again (a larger --kv-cache-memory-bytes or a "
+        "smaller --max-num-seqs avoids it)",
+    ]
+    out = io.StringIO()
+    print_summary(run_report, Console(file=out, width=300))  # an engine without the count: no such line
+    assert "preemptions" not in run_report["engine"] and "preemptions" not in out.getvalue()
+
+
 def test_cpu_seconds_count_the_feeding_thread_apart_from_the_process() -> None:
     """A thread spinning beside the feeding thread (as an engine's step
     thread does) counts in ``process`` and not in ``feed_thread``, which
