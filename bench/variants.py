@@ -12,6 +12,8 @@ cache sized to the job), temperature 0, on one of these workloads:
   16; the model stops when it is done (no ``ignore_eos``).
 - ``sharegpt``: the first ``--rows`` ShareGPT prompts, ``max_tokens`` = the
   reference reply's length in tokens capped at ``max_tokens``, ``ignore_eos``.
+- ``sharegpt-eos``: the same rows without ``ignore_eos``: the model stops
+  where it ends its answer, as a user's job does.
 
 Per run: the report's ``seconds.load`` (interpreter excluded: tokenizer,
 engine choice, engine start) and ``seconds.generate``, completion tokens
@@ -38,7 +40,7 @@ from bench.measure import machine, run_measured, tail, versions
 ROOT = Path(__file__).resolve().parents[1]
 SHAREGPT = ROOT / "sample_data" / "sharegpt.jsonl"
 COPY_INSTRUCTION = "Repeat the text above exactly, word for word."
-WORKLOADS = ("extraction", "sharegpt")
+WORKLOADS = ("extraction", "sharegpt", "sharegpt-eos")
 
 # A variant: (flags, extra environment) of the round (1, 2, ...) at hand.
 Variant = Callable[[int], tuple[list[str], dict[str, str]]]
@@ -63,12 +65,12 @@ def write_workload(name: str, path: Path, rows: int, max_tokens: int) -> dict[st
             for r in chosen
         ]
         flags: list[str] = []
-    elif name == "sharegpt":
+    elif name in ("sharegpt", "sharegpt-eos"):
         out = [
             {"id": r["id"], "prompt": r["prompt"], "max_tokens": min(r["reference_tokens"], max_tokens)}
             for r in records[:rows]
         ]
-        flags = ["--ignore-eos"]
+        flags = ["--ignore-eos"] if name == "sharegpt" else []
     else:
         raise ValueError(f"unknown workload {name!r} (one of {', '.join(WORKLOADS)})")
     path.write_bytes(b"".join(orjson.dumps(r) + b"\n" for r in out))

@@ -82,6 +82,12 @@ def validate(settings: Settings, names: Mapping[str, str] | None = None) -> None
         ),
         ("engine.batch_order", e.batch_order, e.batch_order in BATCH_ORDERS, f"one of {', '.join(BATCH_ORDERS)}"),
         (
+            "engine.speculative_tail",
+            e.speculative_tail,
+            is_int(e.speculative_tail) and e.speculative_tail >= 0,
+            "an integer >= 0 (running rows; 0: off)",
+        ),
+        (
             "plan.buckets",
             p.buckets,
             isinstance(p.buckets, tuple)
@@ -133,6 +139,14 @@ def validate(settings: Settings, names: Mapping[str, str] | None = None) -> None
     for name, value, ok, expected in checks:
         if not ok:
             raise ConfigError(f"{(names or {}).get(name, name)} must be {expected}, got {shown(value)}")
+    speculating = e.speculative_tail or e.extra_args.get("speculative_config")
+    for name in ("min_p", "logit_bias"):
+        if speculating and getattr(s, name):
+            key = f"sampling.{name}"
+            raise ConfigError(
+                f"{(names or {}).get(key, key)} cannot be used with speculative decoding (engine.speculative_tail "
+                "or speculative_config): vLLM refuses both min_p and logit_bias with it"
+            )
     for field in FIELDS.values():
         if field.problem is None or not field.accepts(CONFIG) or getattr(s, field.name) is None:
             continue

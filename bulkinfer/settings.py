@@ -71,6 +71,11 @@ class EngineSettings:
     batch in KV-block order on CPU, so rows sharing a prompt prefix are
     decoded next to each other (:mod:`bulkinfer.engine.batch_order`);
     ``"vllm"`` leaves vLLM's own order.
+
+    ``speculative_tail`` (rows; bulkinfer's, 0: off) turns on vLLM's
+    speculative decoding by n-gram prompt lookup only in engine steps of at
+    most that many running rows, a job's tail (vLLM's
+    ``speculative_config``: :func:`bulkinfer.engine.args.tail_speculation`).
     """
 
     dtype: str = "auto"
@@ -86,6 +91,7 @@ class EngineSettings:
     trust_remote_code: bool = False
     top_p_sampler: str = "auto"
     batch_order: str = "auto"
+    speculative_tail: int = 0
     extra_args: Mapping[str, Any] = field(default_factory=dict)
 
 

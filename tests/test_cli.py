@@ -352,6 +352,7 @@ def test_every_override_option_reaches_its_setting() -> None:
         "trust_remote_code": True,
         "top_p_sampler": "vllm",
         "batch_order": "vllm",
+        "speculative_tail": 0,  # min_p and logit_bias above refuse speculative decoding
         "quantization": "fp8",
         "order": "ascending",
         "prefix_aware": False,
@@ -381,7 +382,7 @@ def test_every_override_option_reaches_its_setting() -> None:
     assert (s.engine.max_num_batched_tokens, s.engine.gpu_memory_utilization) == (2048, 0.5)
     assert (s.engine.kv_cache_memory_bytes, s.engine.enforce_eager, s.engine.seed) == (2**30, False, 3)
     assert (s.engine.trust_remote_code, s.engine.extra_args) == (True, {"quantization": "fp8"})
-    assert (s.engine.top_p_sampler, s.engine.batch_order) == ("vllm", "vllm")
+    assert (s.engine.top_p_sampler, s.engine.batch_order, s.engine.speculative_tail) == ("vllm", "vllm", 0)
     assert (s.plan.order, s.plan.buckets, s.plan.window_rows) == ("ascending", (64, 128), 100)
     assert (s.plan.max_in_flight, s.plan.padding_batch_size, s.plan.stall_timeout_s) == (16, 4, 30.0)
     assert s.plan.start_timeout_s == 900.0

@@ -601,6 +601,21 @@ BatchOrderOption = Annotated[
 ]
 
 
+SpeculativeTailOption = Annotated[
+    int | None,
+    typer.Option(
+        metavar="ROWS",
+        min=0,
+        help=described(
+            "Speculative decoding by n-gram prompt lookup (vLLM's, 4 draft tokens) only in engine steps of at "
+            "most ROWS running rows: a job's tail. Rows with min_p or logit_bias are then refused; 0: off.",
+            "0",
+        ),
+        rich_help_panel=ENGINE,
+    ),
+]
+
+
 EngineArgOption = Annotated[
     list[str] | None,
     typer.Option(

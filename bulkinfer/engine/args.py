@@ -40,6 +40,31 @@ def check_extra_args(extra: Mapping[str, Any], known: Collection[str]) -> None:
             raise ConfigError(f"unknown vLLM engine argument {name!r} (not a field of vllm.EngineArgs){hint}")
 
 
+# Tail speculation (EngineSettings.speculative_tail): vLLM's n-gram prompt lookup, NGRAM_DRAFT_TOKENS drafts a step
+# from the last 2..4 tokens' earlier occurrence in the row's prompt or output, as measured by bench.speculative.
+NGRAM_DRAFT_TOKENS = 4
+
+
+def tail_speculation(rows: int) -> dict[str, Any]:
+    """vLLM's ``speculative_config`` for speculative decoding by n-gram
+    prompt lookup (method ``ngram``, :data:`NGRAM_DRAFT_TOKENS` draft tokens
+    from a match of 2 to 4 tokens) in engine steps of at most ``rows``
+    scheduled requests, none in larger ones: vLLM's dynamic speculative
+    decoding, ``num_speculative_tokens_per_batch_size`` ranges ``(first, last,
+    drafts)`` of batch sizes, the last one carried on to ``max_num_seqs``
+    (vLLM 0.32 ``vllm/v1/spec_decode/dynamic/utils.py``). A step of a few rows
+    costs about its fixed part, so checking a few drafts a row in it is
+    nearly free, while a full batch's step is not (README, Engine settings)."""
+    k = NGRAM_DRAFT_TOKENS
+    return {
+        "method": "ngram",
+        "num_speculative_tokens": k,
+        "prompt_lookup_max": 4,
+        "prompt_lookup_min": 2,
+        "num_speculative_tokens_per_batch_size": [[1, rows, k], [rows + 1, rows + 1, 0]],
+    }
+
+
 def resolve_engine_args(
     model: str,
     settings: EngineSettings,
@@ -50,7 +75,8 @@ def resolve_engine_args(
     """vLLM ``EngineArgs`` keyword arguments for ``model`` on ``device``:
     the typed settings, then ``settings.extra_args`` (checked against
     ``known``, the fields of ``EngineArgs``, when given; see
-    :func:`check_extra_args`).
+    :func:`check_extra_args`); ``speculative_tail`` rows > 0 as vLLM's
+    ``speculative_config`` (:func:`tail_speculation`), on any device.
 
     Values the user set win. On ``device == "cpu"`` the unset ones are:
 
@@ -70,6 +96,10 @@ def resolve_engine_args(
       :mod:`bulkinfer.engine.nucleus`.
 
     On GPU vLLM's own defaults apply.
+
+    Raises:
+        ConfigError: a bad ``extra_args`` name (:func:`check_extra_args`), or
+            ``speculative_tail`` with a ``speculative_config`` of the user's.
     """
     args: dict[str, Any] = {
         "model": model,
@@ -95,6 +125,12 @@ def resolve_engine_args(
     if known is not None:
         check_extra_args(settings.extra_args, known)
     args.update(settings.extra_args)
+    if settings.speculative_tail:
+        if "speculative_config" in settings.extra_args:
+            raise ConfigError(
+                "engine.speculative_tail and speculative_config both set speculative decoding: give one of them"
+            )
+        args["speculative_config"] = tail_speculation(settings.speculative_tail)
     if device == "cpu":
         if settings.dtype == "auto":
             args["dtype"] = "float32"

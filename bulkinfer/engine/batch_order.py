@@ -39,6 +39,9 @@ tokens computed again when they resume), which vLLM names in the
 (vLLM's own counters, ``IterationStats.num_preempted_reqs``, need
 ``log_stats``, which bulkinfer's engine runs without). The hook is on every
 CPU engine that generates (:func:`hooked`), sorting or not (:func:`wanted`).
+With speculative decoding on, it also counts the **draft tokens** each step
+checks (``SchedulerOutput.scheduled_spec_decode_tokens``; vLLM's own count,
+``SpecDecodingStats.num_draft_tokens``, needs ``log_stats`` too).
 """
 
 from __future__ import annotations
@@ -98,20 +101,23 @@ def order_by_blocks(batch: Any) -> int:
 
 def install(worker: Any, sort: bool = True) -> bool:
     """Run by vLLM's ``collective_rpc`` on each worker: after vLLM's own
-    reordering in every step, count the step's preemptions and, with
-    ``sort``, :func:`order_by_blocks`. Returns False (nothing installed)
+    reordering in every step, count the step's preemptions and draft tokens
+    and, with ``sort``, :func:`order_by_blocks`. Returns False (nothing installed)
     where the model runner has no such hook or its attention backend
     reorders the batch itself."""
     runner: Any = getattr(worker, "model_runner", None)
     vllm_reorder = getattr(runner, "_may_reorder_batch", None)
     if vllm_reorder is None or getattr(runner, "reorder_batch_threshold", None) is not None:
         return False
-    tally = {"steps": 0, "swaps": 0, "seconds": 0.0, "preemptions": 0}
+    tally = {"steps": 0, "swaps": 0, "seconds": 0.0, "preemptions": 0, "draft_tokens": 0}
 
     def reorder(scheduler_output: Any) -> None:
         vllm_reorder(scheduler_output)
         tally["steps"] += 1
         tally["preemptions"] += len(getattr(scheduler_output, "preempted_req_ids", None) or ())
+        drafts = getattr(scheduler_output, "scheduled_spec_decode_tokens", None)
+        if drafts:
+            tally["draft_tokens"] += sum(map(len, drafts.values()))
         if sort:
             start = time.perf_counter()
             tally["swaps"] += order_by_blocks(runner.input_batch)
@@ -123,8 +129,8 @@ def install(worker: Any, sort: bool = True) -> bool:
 
 
 def tally(worker: Any) -> dict[str, float] | None:
-    """Run by ``collective_rpc``: the worker's steps, preemptions, swaps and
-    seconds spent sorting since :func:`install` (None where it is not
+    """Run by ``collective_rpc``: the worker's steps, preemptions, draft
+    tokens, swaps and seconds spent sorting since :func:`install` (None where it is not
     installed). Every worker of an engine runs the same steps, so any one's
     counts are the engine's."""
     found = getattr(getattr(worker, "model_runner", None), "bulkinfer_batch_order", None)
@@ -139,14 +145,17 @@ def install_all(engine: Any, sort: bool) -> bool:
     return bool(installed) and all(installed)
 
 
-def step_counts(engine: Any, sorting: bool) -> dict[str, int]:
+def step_counts(engine: Any, sorting: bool, speculating: bool = False) -> dict[str, int]:
     """Since :func:`install_all` on ``engine``: ``preemptions``, the requests
-    vLLM's scheduler preempted, and when ``sorting`` (the KV-block order is
-    on) ``batch_order_swaps``, the rows moved into it. The first worker's
-    counts: every worker of an engine runs the same steps."""
+    vLLM's scheduler preempted; when ``sorting`` (the KV-block order is on)
+    ``batch_order_swaps``, the rows moved into it; when ``speculating``
+    (speculative decoding is on) ``spec_decode_draft_tokens``, the draft
+    tokens its steps checked. The first worker's counts: every worker of an
+    engine runs the same steps."""
     counted = engine.collective_rpc("bulkinfer_batch_order_tally")[0]
     swaps = {"batch_order_swaps": int(counted["swaps"])} if sorting else {}
-    return {"preemptions": int(counted["preemptions"]), **swaps}
+    drafts = {"spec_decode_draft_tokens": int(counted.get("draft_tokens", 0))} if speculating else {}
+    return {"preemptions": int(counted["preemptions"]), **swaps, **drafts}
 
 
 class BatchOrderExtension:

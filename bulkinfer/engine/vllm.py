@@ -272,7 +272,8 @@ class VllmEngine:
         """The step hook's counts since the engine started (see
         :func:`bulkinfer.engine.batch_order.step_counts`), None without it. Call between steps."""
         sorting = self.settings["batch_order"] == "kv-blocks"
-        return batch_order.step_counts(self._engine, sorting) if self._hooked else None
+        speculating = bool(self.settings.get("speculative_config"))
+        return batch_order.step_counts(self._engine, sorting, speculating) if self._hooked else None
 
     @property
     def stepping(self) -> bool:

@@ -3,7 +3,7 @@ plan, the eval scores (rich tables on the console given)."""
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 from rich.console import Console
@@ -104,6 +104,8 @@ def print_summary(report: RunReport | dict[str, Any], console: Console) -> None:
             f"{preempted}: the KV cache did not hold every running row, so vLLM stopped requests and computed their "
             "tokens again (a larger --kv-cache-memory-bytes or a smaller --max-num-seqs avoids it)",
         )
+    if r.engine.get("speculative_config"):
+        summary.add_row("speculative decoding", _speculation(r.engine))
     rss = r.peak_rss_bytes
     if rss.bulkinfer is not None:
         engine = f", engine {format_bytes(rss.children)}" if rss.children else ""
@@ -245,3 +247,18 @@ def print_plan(plan: dict[str, Any], console: Any) -> None:
         console.print(line, markup=False, highlight=False)
     for example in plan["error_examples"][:5]:
         console.print(f"line {example['line']}: {example['type']}: {example['message']}", markup=False)
+
+
+def _speculation(engine: Mapping[str, Any]) -> str:
+    """The summary's line on vLLM's speculative decoding, from the report's
+    ``engine``: its method, draft tokens a step, the largest batch it
+    speculated in (``num_speculative_tokens_per_batch_size``) and the draft
+    tokens checked (``spec_decode_draft_tokens``, where counted)."""
+    config = engine["speculative_config"]
+    line = f"{config.get('method', 'unknown method')}, {config.get('num_speculative_tokens')} draft tokens a step"
+    schedule = config.get("num_speculative_tokens_per_batch_size") or ()
+    largest = max((int(end) for _, end, drafts in schedule if drafts), default=None)
+    if schedule:
+        line += f", in steps of at most {largest} rows" if largest else ", in no step (every range has 0 drafts)"
+    drafts = engine.get("spec_decode_draft_tokens")
+    return line + (f"; {drafts:,} draft tokens checked" if drafts is not None else "")

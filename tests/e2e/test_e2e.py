@@ -136,6 +136,47 @@ def test_a_kv_cache_short_of_the_running_rows_preempts_and_the_report_counts_it(
     assert sorted((r["id"], r["completion_tokens"]) for r in read_jsonl(out)) == [(r["id"], 150) for r in rows]
 
 
+# Sentences a row asks the model to repeat: the answer copies its prompt, so n-gram lookup finds drafts in it.
+COPIED = (
+    "The quick brown fox jumps over the lazy dog near the river bank at dawn.",
+    "Paris is the capital of France and Berlin is the capital of Germany.",
+    "Water boils at one hundred degrees Celsius at sea level.",
+    "A bulk job writes one output row for every input row it reads.",
+)
+
+
+@pytest.mark.device("cpu", reason="bulkinfer counts the draft tokens with its CPU step hook")
+def test_tail_speculation_checks_drafts_and_keeps_greedy_completions(tmp_path: Path) -> None:
+    """``--speculative-tail 8``: vLLM's n-gram speculative decoding in steps
+    of at most 8 running rows. Rows asking to repeat a sentence (drafts to
+    find) in float32 at temperature 0: every row answered, drafts checked
+    (the report's count, the summary's line), and the same completions as a
+    run without it (``--speculative-tail 0``, the default): checking drafts
+    must not change a greedy token in float32 (in bfloat16 the checking
+    step's other shapes round differently: README, Engine settings)."""
+    rows = [{"id": f"copy{i}", "prompt": f"Repeat exactly: {text}", "max_tokens": 40} for i, text in enumerate(COPIED)]
+    src = tmp_path / "in.jsonl"
+    write_jsonl(src, rows)
+    completions = {}
+    for tail in ("8", "0"):
+        out = tmp_path / f"tail{tail}.jsonl"
+        flags = ["--dtype", "float32", "--temperature", "0", "--speculative-tail", tail, "--plain-progress"]
+        proc = bulkinfer("run", str(src), "-o", str(out), *flags)
+        assert proc.returncode == 0, proc.stderr[-3000:]
+        completions[tail] = {r["id"]: r["completion"] for r in read_jsonl(out)}
+        engine = read_report(tmp_path / f"tail{tail}.report.json")["engine"]
+        if tail == "0":
+            assert "speculative_config" not in engine and "spec_decode_draft_tokens" not in engine
+            assert "speculative decoding" not in proc.stdout
+            continue
+        print("draft tokens checked:", engine["spec_decode_draft_tokens"])
+        assert engine["speculative_config"]["num_speculative_tokens_per_batch_size"] == [[1, 8, 4], [9, 9, 0]]
+        assert engine["spec_decode_draft_tokens"] > 0
+        assert "in steps of at most 8 rows" in proc.stdout and "draft tokens checked" in proc.stdout
+    assert sorted(completions["8"]) == [r["id"] for r in rows] and all(completions["8"].values())
+    assert completions["8"] == completions["0"]
+
+
 def test_capital_of_japan_is_tokyo(mixed: dict[str, Any]) -> None:
     outputs = {r["id"]: r for r in read_jsonl(mixed["out"])}
     answer = outputs["capital-japan"]["completion"]

@@ -151,6 +151,20 @@ def test_preemptions_are_counted_from_vllms_scheduler_output_sorting_or_not() ->
         assert tally["swaps"] == len(batch.swaps) == (2 if sort else 0)
 
 
+def test_draft_tokens_are_counted_from_vllms_scheduler_output() -> None:
+    """Speculative decoding: each step's drafts, as vLLM's scheduler names
+    them per request (``scheduled_spec_decode_tokens``, empty in a step
+    that checks none), add up; a step without the field adds none."""
+    worker = SimpleNamespace(model_runner=runner(None, Batch({"a": [1], "b": [2]}), []))
+    assert batch_order.install(worker, sort=False)
+    for drafts in ({"a": [5, 6, 7, 8], "b": [9]}, {}, None, {"a": [5, 6]}):
+        step = SimpleNamespace(preempted_req_ids=None, scheduled_spec_decode_tokens=drafts)
+        worker.model_runner._may_reorder_batch(step)
+    worker.model_runner._may_reorder_batch(SimpleNamespace())  # neither field
+    tally = batch_order.tally(worker)
+    assert tally is not None and (tally["steps"], tally["draft_tokens"]) == (5, 7)
+
+
 class Engine:
     """vLLM's LLMEngine as far as collective_rpc goes: each method runs on every worker."""
 
@@ -172,6 +186,10 @@ def test_step_counts_are_one_workers_since_every_worker_runs_the_same_steps() ->
         worker.model_runner._may_reorder_batch(SimpleNamespace(preempted_req_ids={"r1"}))
     assert batch_order.step_counts(engine, sorting=True) == {"preemptions": 1, "batch_order_swaps": 1}
     assert batch_order.step_counts(engine, sorting=False) == {"preemptions": 1}
+    assert batch_order.step_counts(engine, sorting=False, speculating=True) == {
+        "preemptions": 1,
+        "spec_decode_draft_tokens": 0,
+    }
     refusing = Worker()
     refusing.model_runner.reorder_batch_threshold = 1  # its attention backend orders the batch itself
     assert not batch_order.install_all(Engine([Worker(), refusing]), sort=True)
