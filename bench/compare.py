@@ -201,6 +201,12 @@ def build_parser() -> argparse.ArgumentParser:
         "in the caller's process, as bulkinfer runs one CPU engine; repeatable",
     )
     p.add_argument(
+        "--bulkinfer-args",
+        default="",
+        metavar="FLAGS",
+        help="added to bulkinfer's command line (a), split as a shell would, e.g. '--speculative-tail 16'",
+    )
+    p.add_argument(
         "--orders", type=parse_orders, default=[PlanSettings().order], help="bulkinfer --order values to run"
     )
     p.add_argument(
@@ -440,6 +446,7 @@ def bench_settings(args: argparse.Namespace, model: str, workdir: Path) -> syste
         defaults=args.engine == "defaults",
         bulkinfer_env=tuple(args.bulkinfer_env),
         vllm_env=tuple(args.vllm_env),
+        bulkinfer_args=tuple(shlex.split(args.bulkinfer_args)),
     )
 
 

@@ -79,6 +79,8 @@ class BenchSettings:
     # added to the environment of bulkinfer (a) and of the vLLM systems (b, c, e)
     bulkinfer_env: tuple[tuple[str, str], ...] = ()
     vllm_env: tuple[tuple[str, str], ...] = ()
+    # added to bulkinfer's command line (a) after its engine flags, e.g. ("--speculative-tail", "16")
+    bulkinfer_args: tuple[str, ...] = ()
 
     def engine_args(self) -> dict[str, Any]:
         """vLLM engine arguments of b and c (the rest are vLLM's defaults)."""
@@ -114,8 +116,9 @@ class BenchSettings:
         ]
 
     def bulkinfer_flags(self) -> list[str]:
-        """bulkinfer's engine flags: :meth:`engine_flags`, or with ``defaults`` only the seed."""
-        return ["--seed", str(self.seed)] if self.defaults else self.engine_flags()
+        """bulkinfer's engine flags: :meth:`engine_flags`, or with ``defaults``
+        only the seed; then ``bulkinfer_args``."""
+        return [*(["--seed", str(self.seed)] if self.defaults else self.engine_flags()), *self.bulkinfer_args]
 
     def env(self, extra: tuple[tuple[str, str], ...] = ()) -> dict[str, str]:
         return {

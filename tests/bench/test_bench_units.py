@@ -258,6 +258,13 @@ def test_fixed_engine_settings_can_be_bfloat16_and_compiled_for_every_vllm_syste
     assert settings.bulkinfer_flags()[:3] == ["--dtype", "bfloat16", "--no-enforce-eager"]
     default = bench_settings(build_parser().parse_args([]), "m", tmp_path)
     assert (default.dtype, default.enforce_eager) == ("float32", True)
+    argv = ["--engine", "defaults", "--bulkinfer-args", "--speculative-tail 16"]  # bulkinfer's own flags, last
+    assert bench_settings(build_parser().parse_args(argv), "m", tmp_path).bulkinfer_flags() == [
+        "--seed",
+        "0",
+        "--speculative-tail",
+        "16",
+    ]
     with pytest.raises(SystemExit, match="not with --engine defaults"):
         bench_settings(build_parser().parse_args(["--engine", "defaults", "--compiled"]), "m", tmp_path)
 
