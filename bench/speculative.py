@@ -3,11 +3,10 @@ method ``ngram``) against none, alternating (:mod:`bench.variants`): on
 ``extraction`` (answers that copy spans of their prompts) its speed-up, on
 ``sharegpt`` (answers that copy little, ``ignore_eos``) its cost.
 
-``--tail B`` adds a variant that speculates only in steps of at most ``B``
-running rows (vLLM's dynamic speculative decoding,
-``SpeculativeConfig.num_speculative_tokens_per_batch_size``: ``[[1, B, k],
-[B + 1, B + 1, 0]]``, the last range carried on to ``max_num_seqs``): a
-job's tail, where a few long rows run alone and each step costs about its
+``--tail B`` adds a variant ``tailB``, ``bulkinfer run --speculative-tail B``:
+speculation only in steps of at most ``B`` running rows (vLLM's dynamic
+speculative decoding, :func:`bulkinfer.engine.args.tail_speculation`, 4
+draft tokens whatever ``--k``): a job's tail, where a few long rows run alone and each step costs about its
 fixed part, checks ``k`` drafts a row almost for free, while full batches
 are left alone. Greedy decoding: the completions must be the same with and
 without it (in float32; bfloat16 rounds the checking step's other shapes
@@ -26,20 +25,15 @@ from pathlib import Path
 from bench.variants import ROOT, Variant, alternate, write
 
 
-def ngram_config(k: int, tail: int | None = None) -> str:
+def ngram_config(k: int) -> str:
     """The ``--engine-arg`` value: fields of vLLM's ``SpeculativeConfig``
-    (vLLM 0.32 ``vllm/config/speculative.py``), ``k`` draft tokens a step;
-    with ``tail``, only in steps of at most ``tail`` scheduled rows
-    (``num_speculative_tokens_per_batch_size``, vLLM's
-    ``vllm/v1/spec_decode/dynamic/utils.py``)."""
+    (vLLM 0.32 ``vllm/config/speculative.py``), ``k`` draft tokens a step."""
     fields = f'method = "ngram", num_speculative_tokens = {k}, prompt_lookup_max = 4, prompt_lookup_min = 2'
-    if tail is not None:
-        fields += f", num_speculative_tokens_per_batch_size = [[1, {tail}, {k}], [{tail + 1}, {tail + 1}, 0]]"
     return f"speculative_config={{{fields}}}"
 
 
-def _flags(spec: str) -> Variant:
-    return lambda _: (["--engine-arg", spec], {})
+def _flags(flags: list[str]) -> Variant:
+    return lambda _: (flags, {})
 
 
 def main() -> None:
@@ -47,24 +41,24 @@ def main() -> None:
     parser.add_argument("--rows", type=int, default=64)
     parser.add_argument("--max-tokens", type=int, default=256, help="sharegpt: cap on each row's max_tokens")
     parser.add_argument("--rounds", type=int, default=2)
-    parser.add_argument("--k", type=int, default=4, help="num_speculative_tokens")
+    parser.add_argument("--k", type=int, default=4, help="num_speculative_tokens of the ngram variant (tailB: 4)")
     parser.add_argument("--tail", default="", help="comma-separated B: a variant tailB speculating at <= B rows")
     parser.add_argument("--variants", default=None, help="which to run, in this order (default: all)")
     parser.add_argument("--workloads", default="extraction,sharegpt")
     parser.add_argument("--out", type=Path, default=ROOT / "bench" / "results" / "speculative.json")
     args = parser.parse_args()
 
-    specs = {"ngram": ngram_config(args.k)}
-    specs |= {f"tail{b}": ngram_config(args.k, int(b)) for b in args.tail.split(",") if b}
-    variants: dict[str, Variant] = {"none": lambda _: ([], {})} | {name: _flags(s) for name, s in specs.items()}
+    specs = {"ngram": ["--engine-arg", ngram_config(args.k)]}
+    specs |= {f"tail{b}": ["--speculative-tail", str(int(b))] for b in args.tail.split(",") if b}
+    variants: dict[str, Variant] = {"none": lambda _: ([], {})} | {name: _flags(f) for name, f in specs.items()}
     if args.variants:
         variants = {name: variants[name] for name in args.variants.split(",")}
     work = Path(tempfile.mkdtemp(prefix="bench-speculative-"))
     doc = alternate(
         "bench.speculative", args.workloads.split(","), variants, work, args.rows, args.max_tokens, args.rounds
     )
-    doc["speculative_args"] = {name: s for name, s in specs.items() if name in variants}
-    note = "; ".join(f"{name}: `--engine-arg '{s}'`" for name, s in doc["speculative_args"].items())
+    doc["speculative_args"] = {name: " ".join(f) for name, f in specs.items() if name in variants}
+    note = "; ".join(f"{name}: `{flags}`" for name, flags in doc["speculative_args"].items())
     write(doc, args.out, "n-gram speculative decoding", note + ".")
 
 
