@@ -14,6 +14,9 @@ cache sized to the job), temperature 0, on one of these workloads:
   reference reply's length in tokens capped at ``max_tokens``, ``ignore_eos``.
 - ``sharegpt-eos``: the same rows without ``ignore_eos``: the model stops
   where it ends its answer, as a user's job does.
+- ``fixed``: the same prompts, every row ``max_tokens`` = ``max_tokens``,
+  ``ignore_eos``: the rows run together and end within a few steps of one
+  another, so the job has (almost) no tail of a few rows running alone.
 
 Per run: the report's ``seconds.load`` (interpreter excluded: tokenizer,
 engine choice, engine start) and ``seconds.generate``, completion tokens
@@ -40,7 +43,7 @@ from bench.measure import machine, run_measured, tail, versions
 ROOT = Path(__file__).resolve().parents[1]
 SHAREGPT = ROOT / "sample_data" / "sharegpt.jsonl"
 COPY_INSTRUCTION = "Repeat the text above exactly, word for word."
-WORKLOADS = ("extraction", "sharegpt", "sharegpt-eos")
+WORKLOADS = ("extraction", "sharegpt", "sharegpt-eos", "fixed")
 
 # A variant: (flags, extra environment) of the round (1, 2, ...) at hand.
 Variant = Callable[[int], tuple[list[str], dict[str, str]]]
@@ -71,6 +74,9 @@ def write_workload(name: str, path: Path, rows: int, max_tokens: int) -> dict[st
             for r in records[:rows]
         ]
         flags = ["--ignore-eos"] if name == "sharegpt" else []
+    elif name == "fixed":
+        out = [{"id": r["id"], "prompt": r["prompt"], "max_tokens": max_tokens} for r in records[:rows]]
+        flags = ["--ignore-eos"]
     else:
         raise ValueError(f"unknown workload {name!r} (one of {', '.join(WORKLOADS)})")
     path.write_bytes(b"".join(orjson.dumps(r) + b"\n" for r in out))

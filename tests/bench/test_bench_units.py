@@ -387,3 +387,45 @@ def test_table_states_what_bulkinfers_own_thread_took_during_generation() -> Non
         "- `a-descending-1` CPU during generation: bulkinfer's feed thread 1.0 s (0.5% of a core), "
         "its whole process 390.0 s (1.95 cores).",
     ]
+
+
+def test_the_fixed_workload_gives_every_row_the_same_length_so_the_rows_end_together(tmp_path: Path) -> None:
+    from bench.variants import write_workload
+
+    described = write_workload("fixed", tmp_path / "fixed.jsonl", rows=5, max_tokens=32)
+    rows = [orjson.loads(line) for line in (tmp_path / "fixed.jsonl").read_bytes().splitlines()]
+    assert [r["max_tokens"] for r in rows] == [32] * 5 and described["flags"] == ["--ignore-eos"]
+    assert described["max_tokens_sum"] == 160 and len({r["prompt"] for r in rows}) == 5
+
+
+def test_speculative_baselines_and_common_flags_reach_every_variant(monkeypatch: pytest.MonkeyPatch) -> None:
+    """``again`` repeats the first variant's flags, ``arrival`` changes only
+    the feed order, and ``--flags`` go to every variant's run."""
+    import sys
+
+    import bench.speculative as speculative
+
+    seen: dict[str, list[str]] = {}
+
+    def alternate(_name: str, _workloads: Any, variants: Any, *_: Any) -> dict[str, Any]:
+        seen.update({name: variant(1)[0] for name, variant in variants.items()})
+        return {}
+
+    monkeypatch.setattr(speculative, "alternate", alternate)
+    monkeypatch.setattr(speculative, "write", lambda *_: None)
+    argv = [
+        "bench.speculative",
+        "--tail",
+        "16",
+        "--variants",
+        "none,again,arrival,tail16",
+        "--flags=--no-enforce-eager",
+    ]
+    monkeypatch.setattr(sys, "argv", argv)
+    speculative.main()
+    assert seen == {
+        "none": ["--no-enforce-eager"],
+        "again": ["--no-enforce-eager"],
+        "arrival": ["--no-enforce-eager", "--order", "arrival"],
+        "tail16": ["--no-enforce-eager", "--speculative-tail", "16"],
+    }
