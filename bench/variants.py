@@ -108,7 +108,15 @@ def one_run(src: Path, work: Path, key: str, flags: list[str], env: dict[str, st
         "gen_completion_tok_s": tokens / seconds["generate"] if seconds["generate"] else None,
         "engine": {
             k: report["engine"].get(k)
-            for k in ("dtype", "enforce_eager", "in_process", "speculative_config", "kv_cache_memory_bytes")
+            for k in (
+                "dtype",
+                "enforce_eager",
+                "in_process",
+                "speculative_config",
+                "kv_cache_memory_bytes",
+                "spec_decode_draft_tokens",
+                "spec_decode_accepted_tokens",
+            )
         },
         "engine_choice": report.get("engine_choice", {}),
         "completions": {r["id"]: r.get("completion") for r in map(orjson.loads, out.read_bytes().splitlines())},
@@ -180,18 +188,20 @@ def markdown(doc: dict[str, Any], title: str, note: str, sampling: str = "temper
         f"Command: `{doc['command']}`; `bulkinfer run` at its defaults, {sampling}, alternating. {note}",
         "",
         "| workload | run | dtype | eager | load s | generate s | completion tokens | gen. completion tok/s "
-        "| wall s | rows identical to the round's first |",
-        "| --- | --- | --- | --- | ---: | ---: | ---: | ---: | ---: | ---: |",
+        "| wall s | rows identical to the round's first | draft tokens checked / accepted |",
+        "| --- | --- | --- | --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: |",
     ]
     for r in doc["runs"]:
         if "failed" in r:
-            lines.append(f"| {r['workload']} | {r['key']} | failed (exit {r['failed']}) | | | | | | | |")
+            lines.append(f"| {r['workload']} | {r['key']} | failed (exit {r['failed']}) | | | | | | | | |")
             continue
         e = r["engine"]
+        drafts, accepted = e.get("spec_decode_draft_tokens"), e.get("spec_decode_accepted_tokens")
+        speculated = "—" if drafts is None else f"{drafts} / {'—' if accepted is None else accepted}"
         lines.append(
             f"| {r['workload']} | {r['key']} | {e['dtype']} | {e['enforce_eager']} | {r['load_s']:.1f} "
             f"| {r['generate_s']:.1f} | {r['completion_tokens']} | {r['gen_completion_tok_s']:.1f} | {r['wall_s']:.1f} "
-            f"| {r.get('identical', '—')} |"
+            f"| {r.get('identical', '—')} | {speculated} |"
         )
     lines += [
         "",

@@ -40,8 +40,14 @@ tokens computed again when they resume), which vLLM names in the
 ``log_stats``, which bulkinfer's engine runs without). The hook is on every
 CPU engine that generates (:func:`hooked`), sorting or not (:func:`wanted`).
 With speculative decoding on, it also counts the **draft tokens** each step
-checks (``SchedulerOutput.scheduled_spec_decode_tokens``; vLLM's own count,
-``SpecDecodingStats.num_draft_tokens``, needs ``log_stats`` too).
+checks (``SchedulerOutput.scheduled_spec_decode_tokens``) and the ones the
+model **accepted**: a request's tokens in a step's
+``ModelRunnerOutput.sampled_token_ids`` beyond its first (vLLM's own
+reading, ``num_accepted_tokens = len(generated_token_ids) - 1`` in
+``Scheduler.update_from_output``), from the model runner's
+``sample_tokens``, wrapped. vLLM's own counts
+(``SpecDecodingStats.num_draft_tokens``, ``num_accepted_tokens``) need
+``log_stats`` too.
 """
 
 from __future__ import annotations
@@ -109,7 +115,7 @@ def install(worker: Any, sort: bool = True) -> bool:
     vllm_reorder = getattr(runner, "_may_reorder_batch", None)
     if vllm_reorder is None or getattr(runner, "reorder_batch_threshold", None) is not None:
         return False
-    tally = {"steps": 0, "swaps": 0, "seconds": 0.0, "preemptions": 0, "draft_tokens": 0}
+    tally = {"steps": 0, "swaps": 0, "seconds": 0.0, "preemptions": 0, "draft_tokens": 0, "accepted_tokens": 0}
 
     def reorder(scheduler_output: Any) -> None:
         vllm_reorder(scheduler_output)
@@ -124,6 +130,17 @@ def install(worker: Any, sort: bool = True) -> bool:
             tally["seconds"] += time.perf_counter() - start
 
     runner._may_reorder_batch = reorder
+    vllm_sample = getattr(runner, "sample_tokens", None)
+    if getattr(runner, "speculative_config", None) is not None and vllm_sample is not None:
+
+        def sample_tokens(*args: Any, **kwargs: Any) -> Any:
+            out = vllm_sample(*args, **kwargs)
+            sampled = getattr(out, "sampled_token_ids", None)  # a request's tokens this step: 1 + drafts accepted
+            if isinstance(sampled, list):
+                tally["accepted_tokens"] += sum(len(tokens) - 1 for tokens in sampled if len(tokens) > 1)
+            return out
+
+        runner.sample_tokens = sample_tokens
     runner.bulkinfer_batch_order = tally
     return True
 
@@ -150,11 +167,19 @@ def step_counts(engine: Any, sorting: bool, speculating: bool = False) -> dict[s
     vLLM's scheduler preempted; when ``sorting`` (the KV-block order is on)
     ``batch_order_swaps``, the rows moved into it; when ``speculating``
     (speculative decoding is on) ``spec_decode_draft_tokens``, the draft
-    tokens its steps checked. The first worker's counts: every worker of an
-    engine runs the same steps."""
+    tokens its steps checked, and ``spec_decode_accepted_tokens``, those the
+    model accepted. The first worker's counts: every worker of an engine
+    runs the same steps."""
     counted = engine.collective_rpc("bulkinfer_batch_order_tally")[0]
     swaps = {"batch_order_swaps": int(counted["swaps"])} if sorting else {}
-    drafts = {"spec_decode_draft_tokens": int(counted.get("draft_tokens", 0))} if speculating else {}
+    drafts = (
+        {
+            "spec_decode_draft_tokens": int(counted.get("draft_tokens", 0)),
+            "spec_decode_accepted_tokens": int(counted.get("accepted_tokens", 0)),
+        }
+        if speculating
+        else {}
+    )
     return {"preemptions": int(counted["preemptions"]), **swaps, **drafts}
 
 

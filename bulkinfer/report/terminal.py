@@ -252,13 +252,19 @@ def print_plan(plan: dict[str, Any], console: Any) -> None:
 def _speculation(engine: Mapping[str, Any]) -> str:
     """The summary's line on vLLM's speculative decoding, from the report's
     ``engine``: its method, draft tokens a step, the largest batch it
-    speculated in (``num_speculative_tokens_per_batch_size``) and the draft
-    tokens checked (``spec_decode_draft_tokens``, where counted)."""
+    speculated in (``num_speculative_tokens_per_batch_size``), the draft
+    tokens checked and accepted (``spec_decode_draft_tokens``,
+    ``spec_decode_accepted_tokens``, where counted)."""
     config = engine["speculative_config"]
     line = f"{config.get('method', 'unknown method')}, {config.get('num_speculative_tokens')} draft tokens a step"
     schedule = config.get("num_speculative_tokens_per_batch_size") or ()
     largest = max((int(end) for _, end, drafts in schedule if drafts), default=None)
     if schedule:
         line += f", in steps of at most {largest} rows" if largest else ", in no step (every range has 0 drafts)"
-    drafts = engine.get("spec_decode_draft_tokens")
-    return line + (f"; {drafts:,} draft tokens checked" if drafts is not None else "")
+    drafts, accepted = engine.get("spec_decode_draft_tokens"), engine.get("spec_decode_accepted_tokens")
+    if drafts is None:
+        return line
+    line += f"; {drafts:,} draft tokens checked"
+    if accepted is None:  # reports before 2026-12-04
+        return line
+    return line + f", {accepted:,} accepted" + (f" ({accepted / drafts:.0%})" if drafts else "")

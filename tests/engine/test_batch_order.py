@@ -165,6 +165,33 @@ def test_draft_tokens_are_counted_from_vllms_scheduler_output() -> None:
     assert tally is not None and (tally["steps"], tally["draft_tokens"]) == (5, 7)
 
 
+def test_accepted_drafts_are_a_requests_tokens_beyond_its_first_in_vllms_output() -> None:
+    """A step's ``ModelRunnerOutput.sampled_token_ids`` (vLLM's own record,
+    built here as vLLM builds it) holds each request's tokens of the step:
+    1 plus the drafts the model accepted (none for a request the model
+    rejected every draft of, or that had none). Counted only on a runner
+    with a speculative config; the output goes back to vLLM as it came."""
+    from vllm.v1.outputs import ModelRunnerOutput
+
+    steps = [[[11, 12, 13], [21]], [[14]], [[], [22, 23]]]  # 2 + 0, 0, 0 (a request with no token) + 1
+    ids = ["a", "b"]
+    outputs = [
+        ModelRunnerOutput(
+            req_ids=ids[: len(t)], req_id_to_index={r: i for i, r in enumerate(ids[: len(t)])}, sampled_token_ids=t
+        )
+        for t in steps
+    ]
+    for speculating, accepted in ((True, 3), (False, 0)):
+        model_runner = runner(None, Batch({"a": [1], "b": [2]}), [])
+        model_runner.speculative_config = object() if speculating else None
+        model_runner.sample_tokens = iter(outputs).__next__  # vLLM's, one step's output a call
+        worker = SimpleNamespace(model_runner=model_runner)
+        assert batch_order.install(worker, sort=False)
+        assert [worker.model_runner.sample_tokens() for _ in steps] == outputs
+        tally = batch_order.tally(worker)
+        assert tally is not None and tally["accepted_tokens"] == accepted
+
+
 class Engine:
     """vLLM's LLMEngine as far as collective_rpc goes: each method runs on every worker."""
 
@@ -189,6 +216,7 @@ def test_step_counts_are_one_workers_since_every_worker_runs_the_same_steps() ->
     assert batch_order.step_counts(engine, sorting=False, speculating=True) == {
         "preemptions": 1,
         "spec_decode_draft_tokens": 0,
+        "spec_decode_accepted_tokens": 0,
     }
     refusing = Worker()
     refusing.model_runner.reorder_batch_threshold = 1  # its attention backend orders the batch itself

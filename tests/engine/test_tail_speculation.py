@@ -67,9 +67,12 @@ def test_settings_vllm_refuses_with_it_are_refused_before_the_run(overrides: dic
         load_settings(None, overrides)
 
 
-def test_the_summary_says_where_it_speculated_and_the_drafts_checked() -> None:
+def test_the_summary_says_where_it_speculated_and_the_drafts_checked_and_accepted() -> None:
     engine = {"speculative_config": tail_speculation(16), "spec_decode_draft_tokens": 12345}
     expected = "ngram, 4 draft tokens a step, in steps of at most 16 rows; 12,345 draft tokens checked"
-    assert _speculation(engine) == expected
+    assert _speculation(engine) == expected  # a report of before 2026-12-04: no acceptance count
+    assert _speculation({**engine, "spec_decode_accepted_tokens": 4115}) == expected + ", 4,115 accepted (33%)"
+    none = {**engine, "spec_decode_draft_tokens": 0, "spec_decode_accepted_tokens": 0}
+    assert _speculation(none).endswith("; 0 draft tokens checked, 0 accepted")
     plain = {"speculative_config": {"method": "ngram", "num_speculative_tokens": 3}}  # vLLM's, every step
     assert _speculation(plain) == "ngram, 3 draft tokens a step"
