@@ -46,7 +46,11 @@ def _flags(flags: list[str]) -> Variant:
 
 
 def _with(common: list[str], variant: Variant) -> Variant:
-    return lambda i: ([*common, *variant(i)[0]], variant(i)[1])
+    def flags(i: int) -> tuple[list[str], dict[str, str]]:
+        own, env = variant(i)
+        return [*common, *own], env
+
+    return flags
 
 
 def main() -> None:

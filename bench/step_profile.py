@@ -36,6 +36,7 @@ from pathlib import Path
 from typing import Any
 
 from bench.measure import machine, versions
+from bench.variants import SHAREGPT
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -72,7 +73,7 @@ def one(variant: str, rows: int, max_tokens: int) -> dict[str, Any]:
     llm = LLM(model=resolve_model(None), **kw)
     if variant == "bulkinfer":
         assert all(llm.collective_rpc("bulkinfer_batch_order_install", args=(True,)))
-    lines = (ROOT / "sample_data" / "sharegpt.jsonl").read_text().splitlines()
+    lines = SHAREGPT.read_text().splitlines()
     prompts = [json.loads(line)["prompt"][:2000] for line in lines if line.strip()][:rows]
     llm.generate(prompts[:4], SamplingParams(temperature=0, max_tokens=4), use_tqdm=False)  # warm
     profile = cProfile.Profile()
