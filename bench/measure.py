@@ -23,6 +23,7 @@ A peak shorter than ``interval`` can be missed.
 from __future__ import annotations
 
 import importlib.metadata
+import json
 import os
 import platform
 import shutil
@@ -185,6 +186,26 @@ def versions() -> dict[str, str | None]:
         "tokenizers": _version("tokenizers"),
         "bulkinfer": _version("bulkinfer"),
     }
+
+
+def runs_doc(benchmark: str, runs: list[dict[str, Any]]) -> dict[str, Any]:
+    """A results file of a bench module's runs: its name, the UTC time, the
+    command as typed (``python -m BENCHMARK ARGS``), machine and versions."""
+    return {
+        "benchmark": benchmark,
+        "created": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+        "command": " ".join(["python", "-m", benchmark, *sys.argv[1:]]),
+        "machine": machine(),
+        "versions": versions(),
+        "runs": runs,
+    }
+
+
+def write_doc(out: Path, doc: dict[str, Any], render: Callable[[dict[str, Any]], str]) -> None:
+    """``out`` (``doc`` as indented JSON) and ``out`` with ``.md`` (``render(doc)``), the page also to stdout."""
+    out.write_text(json.dumps(doc, indent=1) + "\n")
+    out.with_suffix(".md").write_text(render(doc))
+    print(render(doc))
 
 
 def write_page(stem: str, doc: dict[str, Any], render: Callable[[dict[str, Any]], str]) -> None:

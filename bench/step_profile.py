@@ -35,7 +35,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from bench.measure import machine, versions
+from bench.measure import runs_doc, write_doc
 from bench.variants import SHAREGPT
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -142,17 +142,7 @@ def main() -> None:
             result = next(line for line in done.stdout.splitlines() if line.startswith("RESULT "))
             runs.append({**json.loads(result[len("RESULT ") :]), "round": i + 1})
             print(runs[-1], file=sys.stderr, flush=True)
-    doc = {
-        "benchmark": "bench.step_profile",
-        "created": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
-        "command": " ".join(["python", "-m", "bench.step_profile", *sys.argv[1:]]),
-        "machine": machine(),
-        "versions": versions(),
-        "runs": runs,
-    }
-    args.out.write_text(json.dumps(doc, indent=1) + "\n")
-    args.out.with_suffix(".md").write_text(markdown(doc))
-    print(markdown(doc))
+    write_doc(args.out, runs_doc("bench.step_profile", runs), markdown)
 
 
 if __name__ == "__main__":

@@ -25,6 +25,7 @@ from bulkinfer.cli import serve_command  # noqa: F401
 # isort: on
 from bulkinfer.cli.options import NEGATIONS, OVERRIDES, settings_from_flags
 from bulkinfer.cli.signals import StopSignals, _stopped_by_signal
+from bulkinfer.engine.malloc import restart_tuned
 
 __all__ = ["NEGATIONS", "OVERRIDES", "StopSignals", "app", "main", "run", "settings_from_flags"]
 
@@ -54,7 +55,11 @@ def _exit_without_teardown() -> None:
 
 
 def main() -> None:
-    """The ``bulkinfer`` console script."""
+    """The ``bulkinfer`` console script. A command first restarts itself
+    under glibc malloc tunables that spare each engine step its page
+    faults (:mod:`bulkinfer.engine.malloc`; ``BULKINFER_MALLOC_TUNABLES=0``:
+    glibc's defaults)."""
+    restart_tuned()
     atexit.register(_exit_without_teardown)
     try:
         app()

@@ -17,7 +17,7 @@ from pathlib import Path
 from typing import Any
 
 from bulkinfer.config import EngineSettings
-from bulkinfer.engine import batch_order
+from bulkinfer.engine import batch_order, malloc
 from bulkinfer.engine.args import (
     IN_PROCESS,
     MULTIPROCESSING_ENV,
@@ -178,6 +178,7 @@ class VllmEngine:
             "in_process": in_process,
             "distributed_executor_backend": vllm_config.parallel_config.distributed_executor_backend,
             "vllm_version": vllm.__version__,
+            **malloc.reported(),
         }
         self.settings["batch_order"] = self._install_step_hook(hooked, batch_order.wanted(settings.batch_order, args))
         self._outputs = StreamedOutputs()

@@ -9,6 +9,7 @@ signals: test_e2e_faults.py.
 
 from __future__ import annotations
 
+import os
 import re
 import threading
 from pathlib import Path
@@ -23,6 +24,7 @@ from reference_types import check_openai_line
 import bulkinfer as api
 from bulkinfer.config import DEFAULT_BUCKETS
 from bulkinfer.engine.kv_cache import job_kv_tokens, kv_cache_bytes_per_token
+from bulkinfer.engine.malloc import tuned_environment
 from bulkinfer.errors import ConfigError
 from bulkinfer.models import resolve_model
 from bulkinfer.prep.planner import bucket_index, bucket_label
@@ -267,6 +269,8 @@ def test_report_agrees_with_output(mixed: dict[str, Any]) -> None:
     check_dtype_decision(report)  # what bulkinfer decided for this machine, and vLLM ran it
     assert report["engine"]["enable_prefix_caching"] is True  # vLLM's default, read back from its config
     assert report["engine"]["scheduling_policy"] == "priority"  # the row "urgent" has a priority
+    # `python -m bulkinfer` restarted itself under bulkinfer's glibc malloc tunables (bulkinfer.engine.malloc)
+    assert report["engine"]["glibc_tunables"] == (tuned_environment(os.environ) or os.environ).get("GLIBC_TUNABLES")
 
 
 def test_jsonl_and_parquet_give_identical_requests(mixed: dict[str, Any], shared_engine: Any) -> None:

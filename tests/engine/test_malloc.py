@@ -1,0 +1,89 @@
+"""The console script restarts itself once under glibc malloc tunables
+(bulkinfer.engine.malloc): every tunable added, the user's own kept, the same
+PID, and never for help or the version."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from bulkinfer.engine import malloc
+
+ALL = ":".join(f"{name}={value}" for name, value in malloc.TUNABLES)
+
+
+@pytest.fixture(autouse=True)
+def _on_glibc(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(malloc, "glibc", lambda: True)
+
+
+def test_every_tunable_is_added_to_an_environment_without_any() -> None:
+    env = malloc.tuned_environment({"PATH": "/bin"})
+    assert env == {"PATH": "/bin", "GLIBC_TUNABLES": ALL}
+    assert "glibc.malloc.mmap_threshold=33554432" in ALL  # 32 MiB, glibc's ceiling for the threshold
+    assert "glibc.malloc.hugetlb=1" in ALL
+
+
+def test_a_tunable_the_user_set_keeps_its_value_and_theirs_stay_first() -> None:
+    mine = "glibc.malloc.mmap_threshold=1048576:glibc.cpu.x86_rep_movsb_threshold=4096"
+    env = malloc.tuned_environment({"GLIBC_TUNABLES": mine})
+    assert env is not None
+    items = env["GLIBC_TUNABLES"].split(":")
+    assert items[:2] == mine.split(":")
+    assert [i for i in items if i.startswith("glibc.malloc.mmap_threshold=")] == ["glibc.malloc.mmap_threshold=1048576"]
+    assert {i.partition("=")[0] for i in items} >= {name for name, _ in malloc.TUNABLES}
+
+
+@pytest.mark.parametrize(
+    "environ",
+    [{"GLIBC_TUNABLES": ALL}, {"BULKINFER_MALLOC_TUNABLES": "0"}],
+    ids=["all-set", "switched-off"],
+)
+def test_nothing_to_add(environ: dict[str, str]) -> None:
+    assert malloc.tuned_environment(environ) is None
+
+
+def test_nothing_is_added_where_the_c_library_is_not_glibc(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(malloc, "glibc", lambda: False)
+    assert malloc.tuned_environment({}) is None
+
+
+PROBE = """
+import os, sys
+from bulkinfer.engine import malloc
+sys.stderr.write(f"PID={os.getpid()} TUNABLES={os.environ.get('GLIBC_TUNABLES')}\\n")
+sys.stderr.flush()
+malloc.restart_tuned(["bulkinfer", *sys.argv[1:]])
+sys.stderr.write("RAN\\n")
+"""
+
+
+def _probe(tmp_path: Path, *args: str, **env: str) -> list[str]:
+    base = {k: v for k, v in os.environ.items() if k not in ("GLIBC_TUNABLES", malloc.SWITCH)}
+    proc = subprocess.run(
+        [sys.executable, "-c", PROBE, *args], capture_output=True, text=True, env={**base, **env}, check=True
+    )
+    return proc.stderr.splitlines()
+
+
+@pytest.mark.skipif(not malloc.glibc(), reason="the restart happens on glibc only")
+def test_a_command_restarts_once_with_the_same_pid_and_every_tunable(tmp_path: Path) -> None:
+    first, second, ran = _probe(tmp_path, "run", "in.jsonl")
+    assert first.endswith("TUNABLES=None")
+    assert second == f"{first.split()[0]} TUNABLES={ALL}"  # the same process, exec'd once
+    assert ran == "RAN"
+
+
+@pytest.mark.parametrize("args", [(), ("--help",), ("run", "-h"), ("--version",)])
+def test_help_and_the_version_answer_without_a_restart(tmp_path: Path, args: tuple[str, ...]) -> None:
+    lines = _probe(tmp_path, *args)
+    assert lines[0].endswith("TUNABLES=None") and lines[1:] == ["RAN"]
+
+
+def test_the_switch_keeps_glibcs_defaults(tmp_path: Path) -> None:
+    lines = _probe(tmp_path, "run", "in.jsonl", BULKINFER_MALLOC_TUNABLES="0")
+    assert lines[0].endswith("TUNABLES=None") and lines[1:] == ["RAN"]
