@@ -9,9 +9,11 @@ itself up to 32 MiB) with a fresh ``mmap`` and hands a freed heap top over
 its trim threshold back to the kernel, so each step faults the same memory
 in again, page by zeroed page. Raw vLLM ``LLM.generate`` of 200 ShareGPT
 prompts x 256 tokens (bfloat16, eager, Intel Xeon family 6 model 167, 2
-cores) took 2.6-3.1 M minor page faults and 5.9-6.9 s of system time in
-44 s; with :data:`TUNABLES` 1.2 k faults and 0.9 s, and 1.14x the
-completion tokens/s (README, Engine settings, with the command).
+cores; ``python -m bench.malloc``, ``bench/results/malloc-xeon-m167.md``)
+took 2.9-3.3 M minor page faults and 6.2-6.9 s of system time in 43-44 s;
+with :data:`TUNABLES` about 0.1 M faults and 3.5-3.8 s, and 1.05x the
+completion tokens/s; ``bulkinfer run`` of ShareGPT-200 1.06x (README,
+Engine settings).
 
 The tunables (glibc manual, "Memory Allocation Tunables"; glibc >= 2.35 for
 ``hugetlb``, which older glibc ignores as it ignores any name it lacks):
