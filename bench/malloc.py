@@ -30,7 +30,7 @@ from pathlib import Path
 from typing import Any
 
 from bench.measure import runs_doc, write_doc
-from bench.variants import SHAREGPT
+from bench.variants import sharegpt_prompts
 from bulkinfer.engine.malloc import SWITCH, TUNABLES
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -53,8 +53,7 @@ def one(rows: int, max_tokens: int, compiled: bool) -> dict[str, Any]:
     llm = LLM(
         model=resolve_model(None), dtype="bfloat16", enforce_eager=not compiled, kv_cache_memory_bytes=6 << 30, seed=0
     )
-    lines = SHAREGPT.read_text().splitlines()
-    prompts = [json.loads(line)["prompt"][:2000] for line in lines if line.strip()][:rows]
+    prompts = sharegpt_prompts(rows)
     llm.generate(prompts[:4], SamplingParams(temperature=0, max_tokens=4), use_tqdm=False)  # warm
     before, started = resource.getrusage(resource.RUSAGE_SELF), time.monotonic()
     outputs = llm.generate(

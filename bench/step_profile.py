@@ -36,7 +36,7 @@ from pathlib import Path
 from typing import Any
 
 from bench.measure import runs_doc, write_doc
-from bench.variants import SHAREGPT
+from bench.variants import sharegpt_prompts
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -73,8 +73,7 @@ def one(variant: str, rows: int, max_tokens: int) -> dict[str, Any]:
     llm = LLM(model=resolve_model(None), **kw)
     if variant == "bulkinfer":
         assert all(llm.collective_rpc("bulkinfer_batch_order_install", args=(True,)))
-    lines = SHAREGPT.read_text().splitlines()
-    prompts = [json.loads(line)["prompt"][:2000] for line in lines if line.strip()][:rows]
+    prompts = sharegpt_prompts(rows)
     llm.generate(prompts[:4], SamplingParams(temperature=0, max_tokens=4), use_tqdm=False)  # warm
     profile = cProfile.Profile()
     started = time.monotonic()

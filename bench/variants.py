@@ -49,6 +49,14 @@ WORKLOADS = ("extraction", "sharegpt", "sharegpt-eos", "fixed")
 Variant = Callable[[int], tuple[list[str], dict[str, str]]]
 
 
+def sharegpt_prompts(rows: int) -> list[str]:
+    """The first ``rows`` prompts of :data:`SHAREGPT`, each cut at 2,000
+    characters: the rows the raw-vLLM benches (``bench.step_profile``,
+    ``bench.malloc``) generate from."""
+    lines = SHAREGPT.read_bytes().splitlines()
+    return [orjson.loads(line)["prompt"][:2000] for line in lines if line.strip()][:rows]
+
+
 def write_workload(name: str, path: Path, rows: int, max_tokens: int) -> dict[str, Any]:
     """Writes the workload's JSONL input to ``path``; returns its description
     and the flags every variant runs it with.
