@@ -333,6 +333,7 @@ def run_vllm_generate(
                 "process_wall_s": measured.wall_s,
                 "end_to_end_excludes_subset_s": subset_s,
                 "engine": res.get("engine"),
+                "cpu_threads": res["all"].get("cpu_threads"),
             },
         )
     ]

@@ -137,8 +137,14 @@ def _systems(summary: dict[str, Any] | None) -> list[str]:
     return lines
 
 
+# Threads named in a run's CPU line at most (the rest summed as "others").
+CPU_THREADS_SHOWN = 6
+
+
 def _cpu(results: list[dict[str, Any]]) -> list[str]:
-    """What bulkinfer's own thread took during generation (its report's ``cpu_seconds``)."""
+    """What bulkinfer's own thread took during generation (its report's
+    ``cpu_seconds``), and every system's CPU by thread where it was read
+    (bulkinfer's ``cpu_seconds.threads``, raw vLLM's ``cpu_threads``)."""
     lines = []
     for r in results:
         cpu, generate = r.get("bulkinfer_cpu_seconds"), r.get("seconds", {}).get("generate")
@@ -148,6 +154,17 @@ def _cpu(results: list[dict[str, Any]]) -> list[str]:
                 f"({cpu['feed_thread'] / generate:.1%} of a core), its whole process {cpu['process']:.1f} s "
                 f"({cpu['process'] / generate:.2f} cores)."
             )
+        by_thread = (cpu or {}).get("threads") or r.get("cpu_threads")
+        if by_thread and generate:
+            shown = [
+                f"{t['process']}/{t['thread']}"
+                + (f" x{t['threads']}" if t["threads"] > 1 else "")
+                + f" {t['seconds']:.2f} s ({t['seconds'] / generate:.2%})"
+                for t in by_thread[:CPU_THREADS_SHOWN]
+            ]
+            rest = sum(t["seconds"] for t in by_thread[CPU_THREADS_SHOWN:])
+            shown += [f"others {rest:.2f} s ({rest / generate:.2%})"] if rest else []
+            lines.append(f"- `{r['key']}` CPU by thread during generation (share of a core): {'; '.join(shown)}.")
     return ["", *lines] if lines else []
 
 

@@ -22,6 +22,7 @@ from typing import Any
 
 from bench.workload import Row, padding_efficiency, read_token_rows, static_batches
 from bulkinfer.engine.starts import engine_start
+from bulkinfer.report import threads
 
 
 def _write(path: Path, result: dict[str, Any]) -> None:
@@ -32,7 +33,8 @@ def _vllm_generate_once(llm: Any, rows: Sequence[Row], temperature: float, top_p
     """All ``rows`` in one ``LLM.generate`` call, in the given order, as
     ``vllm bench throughput`` does (vllm/benchmarks/throughput.py,
     ``_run_vllm_requests``): TokensPrompt inputs, ``ignore_eos``, each row's
-    ``max_tokens``; only ``generate`` is timed; tokens counted from the outputs."""
+    ``max_tokens``; only ``generate`` is timed; tokens counted from the outputs;
+    CPU seconds by thread during it (:mod:`bulkinfer.report.threads`)."""
     from vllm import SamplingParams
     from vllm.inputs import TokensPrompt
 
@@ -43,9 +45,11 @@ def _vllm_generate_once(llm: Any, rows: Sequence[Row], temperature: float, top_p
         )
         for r in rows
     ]
+    threads_before = threads.snapshot()
     start = time.perf_counter()
     outputs = llm.generate(prompts, params, use_tqdm=True)
     elapsed = time.perf_counter() - start
+    cpu_threads = threads.used(threads_before, threads.snapshot())
     prompt_tokens = sum(len(out.prompt_token_ids or ()) for out in outputs)
     completion = [sum(len(o.token_ids) for o in out.outputs) for out in outputs]
     return {
@@ -56,6 +60,8 @@ def _vllm_generate_once(llm: Any, rows: Sequence[Row], temperature: float, top_p
         # prompt tokens vLLM served from its prefix cache
         "cached_tokens": sum(out.num_cached_tokens or 0 for out in outputs),
         "rows_full_length": sum(c == r.max_tokens for c, r in zip(completion, rows, strict=True)),
+        # CPU seconds by thread during generate, as bulkinfer's report has them (cpu_seconds.threads)
+        "cpu_threads": cpu_threads,
     }
 
 

@@ -27,6 +27,7 @@ from bulkinfer.engine.args import (
     resolve_engine_args,
 )
 from bulkinfer.engine.kv_cache import available_memory_bytes
+from bulkinfer.engine.pollers import idle_engine_pollers
 from bulkinfer.engine.processes import (
     alive,
     engine_processes,
@@ -44,10 +45,9 @@ from bulkinfer.schema import Completion, Request
 CLOSE_TIMEOUT_S = 5.0
 
 # Tokens between a streamed request's outputs (vLLM's stream_interval): 1, every step. Every token cost 5-10% of the
-# completion tokens/s of 256-row bfloat16 compiled steps against every 16th
-# (bench/results/stream_overhead-zen4-bf16-compiled.md; AMD EPYC Zen 4, 2026-12-02), but the ETA's step model
-# (bulkinfer.report.eta, WorkEstimate.observe) and calibrate's step costs (bulkinfer.jobs.tune.step_seconds) read each
-# step's tokens from the counts moving every step.
+# completion tokens/s of 256-row bfloat16 compiled steps against every 16th (bench/results/stream_overhead-zen4-bf16-
+# compiled.md; AMD EPYC Zen 4, 2026-12-02), but the ETA's step model (bulkinfer.report.eta, WorkEstimate.observe) and
+# calibrate's step costs (bulkinfer.jobs.tune.step_seconds) read each step's tokens from the counts moving every step.
 STREAM_INTERVAL = 1
 
 
@@ -162,7 +162,6 @@ class VllmEngine:
         vllm_config = self._engine.vllm_config
         self.max_model_len: int = vllm_config.model_config.max_model_len
         self.max_num_seqs: int = vllm_config.scheduler_config.max_num_seqs
-        # not reported: what the report names otherwise, bulkinfer's own worker extension (batch_order)
         hidden = {"model", "tokenizer", "disable_log_stats", *(("worker_extension_cls",) if hooked else ())}
         self.settings = {
             **{k: v for k, v in args.items() if k not in hidden},
@@ -179,6 +178,7 @@ class VllmEngine:
             "distributed_executor_backend": vllm_config.parallel_config.distributed_executor_backend,
             "vllm_version": vllm.__version__,
             **malloc.reported(),
+            "sched_idle_threads": idle_engine_pollers(device, args, in_process, self._processes),
         }
         self.settings["batch_order"] = self._install_step_hook(hooked, batch_order.wanted(settings.batch_order, args))
         self._outputs = StreamedOutputs()

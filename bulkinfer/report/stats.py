@@ -23,6 +23,7 @@ import orjson
 from bulkinfer.engine.log import terminal
 from bulkinfer.errors import InputFileError
 from bulkinfer.prep.planner import bucket_index, bucket_label
+from bulkinfer.report import threads
 from bulkinfer.report.model import REPORT_VERSION, EvalReport, RankEvalReport, RunReport
 from bulkinfer.report.structured import StructuredStats
 from bulkinfer.schema import Completion, Done
@@ -172,9 +173,11 @@ class RunStats:
         self.structured = StructuredStats()
         self.series = TokenSeries()
         self._started = clock()
-        # CPU seconds during generation: the feeding thread's, the whole process's (time.thread_time, process_time)
-        self.cpu_seconds: dict[str, float] = {}
+        # CPU seconds during generation: the feeding thread's, the whole process's (time.thread_time,
+        # process_time), and by thread (bulkinfer.report.threads)
+        self.cpu_seconds: dict[str, Any] = {}
         self._cpu_started = (time.thread_time(), time.process_time())
+        self._threads_started: threads.Snapshot = {}
         # the clock when the engine first reported a completion token (None: not yet)
         self.first_token_at: float | None = None
 
@@ -182,16 +185,21 @@ class RunStats:
         """Generation starts: the first request is about to be handed over."""
         self._started = self.clock()
         self._cpu_started = (time.thread_time(), time.process_time())
+        self._threads_started = threads.snapshot()
 
     def generation_ended(self) -> None:
         """Generation ended (call from the thread that called :meth:`start`):
         ``seconds["generate"]`` and :attr:`cpu_seconds` (``feed_thread``: the
         CPU seconds of the thread that fed the engine and handled its results,
         bulkinfer's own work; ``process``: every thread of this process, an
-        engine in it included)."""
+        engine in it included; ``threads``: every thread of this process and
+        of the processes it started, by name, see :mod:`bulkinfer.report.threads`;
+        absent without ``/proc``)."""
         self.seconds["generate"] = self.clock() - self._started
         thread_s, process_s = self._cpu_started
         self.cpu_seconds = {"feed_thread": time.thread_time() - thread_s, "process": time.process_time() - process_s}
+        if self._threads_started:
+            self.cpu_seconds["threads"] = threads.used(self._threads_started, threads.snapshot())
 
     @contextmanager
     def timed(self, phase: str) -> Iterator[None]:

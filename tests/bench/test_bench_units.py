@@ -389,6 +389,21 @@ def test_table_states_what_bulkinfers_own_thread_took_during_generation() -> Non
     ]
 
 
+def test_table_states_every_systems_cpu_by_thread_the_most_first_the_rest_summed() -> None:
+    def thread(process: str, name: str, seconds: float, n: int = 1) -> dict[str, object]:
+        return {"process": process, "thread": name, "threads": n, "seconds": seconds}
+
+    raw = [thread("python", "python", 100.0), thread("python", "gloo_tcp_loop", 1.5, 13)]
+    raw += [thread("python", f"t{i}", 0.5) for i in range(6)]
+    results = [{"key": "b-1", "seconds": {"generate": 50.0}, "cpu_threads": raw}]
+    assert _cpu(results) == [
+        "",
+        "- `b-1` CPU by thread during generation (share of a core): python/python 100.00 s (200.00%); "
+        "python/gloo_tcp_loop x13 1.50 s (3.00%); python/t0 0.50 s (1.00%); python/t1 0.50 s (1.00%); "
+        "python/t2 0.50 s (1.00%); python/t3 0.50 s (1.00%); others 1.00 s (2.00%).",
+    ]
+
+
 def test_the_fixed_workload_gives_every_row_the_same_length_so_the_rows_end_together(tmp_path: Path) -> None:
     from bench.variants import write_workload
 

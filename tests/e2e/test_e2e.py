@@ -251,6 +251,12 @@ def test_report_agrees_with_output(mixed: dict[str, Any]) -> None:
     assert gen > 0
     cpu = report["cpu_seconds"]  # bulkinfer's own thread is part of its process
     assert 0 < cpu["feed_thread"] <= cpu["process"]
+    # by thread: the feeding thread is bulkinfer's main thread; the engine's compute threads took the most
+    threads = {(t["process"], t["thread"]): t["seconds"] for t in cpu["threads"]}
+    assert threads[("bulkinfer", "MainThread")] == pytest.approx(cpu["feed_thread"], abs=0.05)
+    assert max(threads.values()) > threads[("bulkinfer", "MainThread")]
+    # vLLM's CPU worker has gloo's polling transport threads: bulkinfer moved them out of the compute threads' way
+    assert report["engine"]["sched_idle_threads"] > 0
     tput = report["throughput"]
     assert tput["completion_tokens_per_s"] == pytest.approx(report["tokens"]["completion"] / gen)
     assert tput["requests_per_s"] == pytest.approx(len(outputs) / gen)

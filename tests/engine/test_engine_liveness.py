@@ -175,6 +175,38 @@ def test_the_watchdog_kills_engine_processes_when_bulkinfer_is_killed() -> None:
         psutil.wait_procs([psutil.Process(watchdog)], timeout=15)
 
 
+LEFT_THE_SESSION = r"""
+import subprocess, sys, time
+from bulkinfer.engine.watchdog import SCAN_MAX_S, Watchdog
+watchdog = Watchdog()
+time.sleep(4 * SCAN_MAX_S)  # a quiet tree: the watchdog scans it least often by now
+# a descendant in a session of its own: not an orphan of this group, found only by the scans
+child = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(300)"], start_new_session=True)
+time.sleep(SCAN_MAX_S + 0.5)
+print(child.pid, flush=True)
+time.sleep(300)
+"""
+
+
+def test_the_watchdog_finds_a_new_descendant_within_its_longest_scan_interval() -> None:
+    """Scans back off while no process appears (they cost the engine's cores):
+    a descendant started after a quiet spell is still known within SCAN_MAX_S."""
+    driver = subprocess.Popen(
+        [sys.executable, "-c", LEFT_THE_SESSION], stdout=subprocess.PIPE, text=True, start_new_session=True
+    )
+    assert driver.stdout is not None
+    child = psutil.Process(int(driver.stdout.readline()))
+    try:
+        assert os.getsid(child.pid) != os.getsid(driver.pid)
+        os.kill(driver.pid, signal.SIGKILL)
+        driver.wait()
+        _, alive = psutil.wait_procs([child], timeout=15)
+        assert not alive, "a descendant started after a quiet spell outlived bulkinfer"
+    finally:
+        if child.is_running():
+            child.kill()
+
+
 def test_the_watchdog_spares_processes_of_another_run_in_the_same_group() -> None:
     """Two runs started by one script share a process group: killing one
     must not touch the other's engine, started later but with a live parent."""

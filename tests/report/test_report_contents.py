@@ -6,6 +6,9 @@ throughput and bytes in GiB; reports of an older bulkinfer still render."""
 from __future__ import annotations
 
 import io
+import os
+import subprocess
+import sys
 import threading
 import time
 from pathlib import Path
@@ -23,7 +26,7 @@ from bulkinfer.io.output_files import RunPaths
 from bulkinfer.jobs.context import RunContext
 from bulkinfer.jobs.run import run
 from bulkinfer.report import html as report_html
-from bulkinfer.report import stats
+from bulkinfer.report import stats, threads
 from bulkinfer.report.stats import TokenSeries
 from bulkinfer.report.terminal import print_summary
 from bulkinfer.report.units import format_bytes
@@ -299,15 +302,45 @@ def test_cpu_seconds_count_the_feeding_thread_apart_from_the_process() -> None:
         while not stop.is_set():
             pass
 
-    spinner = threading.Thread(target=spin)
+    spinner = threading.Thread(target=spin, name="spinner")
     spinner.start()
     time.sleep(0.5)  # the feeding thread waits, as for an engine step
     busy_until = time.thread_time() + 0.05
     while time.thread_time() < busy_until:
         pass
+    run_stats.generation_ended()  # the spinner still running: a thread gone by then is not in /proc
     stop.set()
     spinner.join()
-    run_stats.generation_ended()
     cpu = run_stats.cpu_seconds
     assert 0.05 <= cpu["feed_thread"] < 0.4
     assert cpu["process"] >= cpu["feed_thread"] + 0.1
+    # by thread, from /proc (clock ticks of 0.01 s): the same two threads, named as Python names them
+    by_name = {(t["process"], t["thread"]): t for t in cpu["threads"]}
+    main, spinner = by_name[("bulkinfer", "MainThread")], by_name[("bulkinfer", "spinner")]
+    assert main["seconds"] == pytest.approx(cpu["feed_thread"], abs=0.03)
+    assert spinner["seconds"] >= 0.1 and spinner["threads"] == 1
+
+
+def test_thread_cpu_counts_children_and_threads_started_in_between() -> None:
+    """A child process's threads count under its kernel name; a thread that
+    did not exist at the first snapshot counts from zero; threads of one name
+    are summed; one that used (almost) nothing is left out."""
+    before = {(1, 1): ("bulkinfer", "MainThread", 5.0), (1, 2): ("bulkinfer", "gloo_tcp_loop", 1.0)}
+    after = {
+        (1, 1): ("bulkinfer", "MainThread", 5.004),
+        (1, 2): ("bulkinfer", "gloo_tcp_loop", 1.25),
+        (1, 3): ("bulkinfer", "gloo_tcp_loop", 0.5),
+        (7, 7): ("bulkinfer-watch", "bulkinfer-watch", 0.3),
+    }
+    assert threads.used(before, after) == [
+        {"process": "bulkinfer", "thread": "gloo_tcp_loop", "threads": 2, "seconds": 0.75},
+        {"process": "bulkinfer-watch", "thread": "bulkinfer-watch", "threads": 1, "seconds": 0.3},
+    ]
+    child = subprocess.Popen([sys.executable, "-c", "import time\nwhile True: pass"])
+    try:
+        time.sleep(0.5)
+        found = {pid: name for (pid, _), (name, _, _) in threads.snapshot().items()}
+        assert found[os.getpid()] == "bulkinfer" and child.pid in found
+    finally:
+        child.kill()
+        child.wait()
