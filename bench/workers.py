@@ -24,6 +24,9 @@ from bench.workload import Row, padding_efficiency, read_token_rows, static_batc
 from bulkinfer.engine.starts import engine_start
 from bulkinfer.report import threads
 
+# The name of a worker's own process in its CPU by thread (bulkinfer.report.threads.snapshot).
+RAW = "raw vLLM"
+
 
 def _write(path: Path, result: dict[str, Any]) -> None:
     path.write_text(json.dumps(result, indent=2))
@@ -45,11 +48,11 @@ def _vllm_generate_once(llm: Any, rows: Sequence[Row], temperature: float, top_p
         )
         for r in rows
     ]
-    threads_before = threads.snapshot()
+    threads_before = threads.snapshot(RAW)
     start = time.perf_counter()
     outputs = llm.generate(prompts, params, use_tqdm=True)
     elapsed = time.perf_counter() - start
-    cpu_threads = threads.used(threads_before, threads.snapshot())
+    cpu_threads = threads.used(threads_before, threads.snapshot(RAW))
     prompt_tokens = sum(len(out.prompt_token_ids or ()) for out in outputs)
     completion = [sum(len(o.token_ids) for o in out.outputs) for out in outputs]
     return {

@@ -26,6 +26,14 @@ def exit_description(code: int | None) -> str:
     return f"exited with code {code}"
 
 
+def tasks(pid: int) -> list[int]:
+    """The thread ids of process ``pid`` (Linux's ``/proc/PID/task``); [] when it is gone or there is no ``/proc``."""
+    try:
+        return [int(t) for t in os.listdir(f"/proc/{pid}/task")]
+    except (OSError, ValueError):
+        return []
+
+
 # One engine start at a time sets its environment, until its engine core process is spawned with it.
 _SPAWNING = threading.Lock()
 

@@ -15,8 +15,9 @@ processes two ways, so none escapes, whenever bulkinfer dies:
   so a reused pid is never hit) from the process table, every
   :data:`SCAN_MIN_S` seconds while new ones appear (the engine's start),
   less often while none do, down to every :data:`SCAN_MAX_S` (a scan reads
-  every process's ``/proc/PID/stat``: at 0.2 s it took 0.7% of a core for
-  the whole run, measured on a 2-core Zen 4, taken from the engine's cores);
+  every process's ``/proc/PID/stat``: at 0.2 s it took 0.7% of a core
+  during generation, taken from the engine's cores, 0.2% since, on a
+  2-core Zen 4: ``bench/results/thread-cpu-sharegpt-n200-zen4-20261204.md``);
 - **orphans**: once bulkinfer is dead, a process of bulkinfer's process group
   and session, started after the watchdog, whose parent is no longer in that
   group (it was re-parented to init or a subreaper), is one bulkinfer started

@@ -18,6 +18,8 @@ import os
 import threading
 from typing import Any
 
+from bulkinfer.engine.processes import tasks
+
 # Threads that used less than this many CPU seconds are left out of the report.
 MIN_SECONDS = 0.01
 
@@ -25,37 +27,33 @@ MIN_SECONDS = 0.01
 Snapshot = dict[tuple[int, int], tuple[str, str, float]]
 
 
-def snapshot() -> Snapshot:
+def snapshot(me: str = "bulkinfer") -> Snapshot:
     """The CPU seconds so far of every thread of this process and its
     descendants. This process's threads are named as Python names them
     (``MainThread``, ``bulkinfer-engine-step``; native threads by their
     kernel name, e.g. OpenMP's workers ``python``, gloo's ``gloo_tcp_loop``);
-    this process is ``bulkinfer``, the others go by their kernel name
+    this process is ``me``, the others go by their kernel name
     (``VLLM::EngineCor``, ``bulkinfer-watch``)."""
-    me = os.getpid()
+    own = os.getpid()
     names = {t.native_id: t.name for t in threading.enumerate() if t.native_id is not None}
     try:
         ticks = os.sysconf("SC_CLK_TCK")
     except (AttributeError, ValueError, OSError):
         return {}
     found: Snapshot = {}
-    todo = [me]
+    todo = [own]
     while todo:
         pid = todo.pop()
-        try:
-            tids = [int(t) for t in os.listdir(f"/proc/{pid}/task")]
-        except OSError:
-            continue
-        process = "bulkinfer" if pid == me else None
-        for tid in sorted(tids):
-            stat = _stat(pid, tid)
+        process = me if pid == own else None
+        for tid in sorted(tasks(pid)):
+            stat = thread_stat(pid, tid)
             if stat is None:
                 continue
             comm, seconds = stat[0], stat[1] / ticks
             process = process or comm  # the main thread (tid == pid) comes first
-            thread = names.get(tid, comm) if pid == me else comm
+            thread = names.get(tid, comm) if pid == own else comm
             found[(pid, tid)] = (process, thread, seconds)
-            todo += _children(pid, tid)
+            todo += children(pid, tid)
     return found
 
 
@@ -79,7 +77,7 @@ def used(before: Snapshot, after: Snapshot) -> list[dict[str, Any]]:
     return sorted(rows, key=lambda r: -r["seconds"])
 
 
-def _stat(pid: int, tid: int) -> tuple[str, int] | None:
+def thread_stat(pid: int, tid: int) -> tuple[str, int] | None:
     """(kernel name, utime + stime in clock ticks) of one thread; None when it is gone."""
     try:
         with open(f"/proc/{pid}/task/{tid}/stat", "rb") as f:
@@ -94,7 +92,8 @@ def _stat(pid: int, tid: int) -> tuple[str, int] | None:
         return None
 
 
-def _children(pid: int, tid: int) -> list[int]:
+def children(pid: int, tid: int) -> list[int]:
+    """The child processes thread ``tid`` of process ``pid`` started ([] when gone)."""
     try:
         with open(f"/proc/{pid}/task/{tid}/children", "rb") as f:
             return [int(c) for c in f.read().split()]

@@ -444,3 +444,20 @@ def test_speculative_baselines_and_common_flags_reach_every_variant(monkeypatch:
         "arrival": ["--no-enforce-eager", "--order", "arrival"],
         "tail16": ["--no-enforce-eager", "--speculative-tail", "16"],
     }
+
+
+def test_thread_watch_takes_the_generation_window_before_the_end_and_shows_busy_threads_alone() -> None:
+    from bench.thread_watch import window
+
+    def at(t: float, compute: float, gloo: float) -> dict[str, object]:
+        threads = {"1/1": ["python", 1.0 + t / 100], "1/2": ["python", compute]}
+        threads |= {f"1/{i}": ["gloo_tcp_loop", gloo] for i in (3, 4)}
+        return {"t": t, "threads": threads}
+
+    # generation from t=10 to t=110 (the process ended at 111: --tail-s 1), trimmed 4 s each end: 14..106
+    samples = [at(t, compute=max(t - 10, 0) * 0.98, gloo=t / 100) for t in range(0, 112, 2)]
+    seconds, used = window(samples, generate_s=100.0, tail_s=1.0, trim_s=4.0)
+    assert seconds == 92.0
+    assert used["python (pid 1, tid 2)"] == pytest.approx(92 * 0.98)
+    assert used["gloo_tcp_loop (pid 1) x2"] == pytest.approx(2 * 0.92)
+    assert used["Ppython (pid 1)"] == pytest.approx(0.92)

@@ -62,6 +62,12 @@ def test_only_a_cpu_engine_of_one_worker_has_them_moved(stand_in: SimpleNamespac
     assert idle_engine_pollers("cpu", {"tensor_parallel_size": 1}, False, procs) == 2
 
 
+def test_the_switch_leaves_them_as_they_are(stand_in: SimpleNamespace, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("BULKINFER_IDLE_POLLERS", "0")
+    assert idle_engine_pollers("cpu", {}, False, [SimpleNamespace(pid=stand_in.pid)]) == 0
+    assert all(os.sched_getscheduler(t) != os.SCHED_IDLE for t in stand_in.tids)
+
+
 def test_a_process_that_is_gone_moves_nothing() -> None:
     proc = subprocess.Popen([sys.executable, "-c", "pass"])
     proc.wait()
