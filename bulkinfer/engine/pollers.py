@@ -61,9 +61,9 @@ def idle_pollers(pids: Iterable[int]) -> int:
 def idle_engine_pollers(device: str, args: Mapping[str, Any], in_process: bool, processes: Iterable[Any]) -> int:
     """:func:`idle_pollers` for an engine on ``device`` with the engine
     arguments ``args``: its own ``processes`` (psutil's, each with a ``pid``),
-    or this process for an engine in it (``in_process``). 0 unless a CPU
-    engine of one worker (see the module docstring), and with
-    ``BULKINFER_IDLE_POLLERS=0`` (:data:`SWITCH`)."""
+    or this process for an engine in it (``in_process``). Moves nothing
+    (0) but for a CPU engine of one worker (see the module docstring), nor
+    with ``BULKINFER_IDLE_POLLERS=0`` (:data:`SWITCH`)."""
     sizes = ("tensor_parallel_size", "pipeline_parallel_size", "data_parallel_size")
     if device != "cpu" or any(int(args.get(name) or 1) != 1 for name in sizes) or os.environ.get(SWITCH) == "0":
         return 0
