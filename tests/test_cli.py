@@ -353,6 +353,7 @@ def test_every_override_option_reaches_its_setting() -> None:
         "top_p_sampler": "vllm",
         "batch_order": "vllm",
         "speculative_tail": 0,  # min_p and logit_bias above refuse speculative decoding
+        "huge_pages_at_start": False,
         "quantization": "fp8",
         "order": "ascending",
         "prefix_aware": False,
@@ -383,6 +384,7 @@ def test_every_override_option_reaches_its_setting() -> None:
     assert (s.engine.kv_cache_memory_bytes, s.engine.enforce_eager, s.engine.seed) == (2**30, False, 3)
     assert (s.engine.trust_remote_code, s.engine.extra_args) == (True, {"quantization": "fp8"})
     assert (s.engine.top_p_sampler, s.engine.batch_order, s.engine.speculative_tail) == ("vllm", "vllm", 0)
+    assert s.engine.huge_pages_at_start is False
     assert (s.plan.order, s.plan.buckets, s.plan.window_rows) == ("ascending", (64, 128), 100)
     assert (s.plan.max_in_flight, s.plan.padding_batch_size, s.plan.stall_timeout_s) == (16, 4, 30.0)
     assert s.plan.start_timeout_s == 900.0

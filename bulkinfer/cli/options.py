@@ -601,6 +601,30 @@ BatchOrderOption = Annotated[
 ]
 
 
+HugePagesAtStartOption = Annotated[
+    bool | None,
+    typer.Option(
+        "--huge-pages-at-start",
+        help=described(
+            "Start the engine with transparent huge pages: its KV cache in 2 MiB pages (faster steps; a slower "
+            "start where the host backs fresh memory lazily, as on a VM).",
+            "on CPU by the job: off when the start would cost more than the steps save",
+        ),
+        rich_help_panel=ENGINE,
+    ),
+]
+
+
+NoHugePagesAtStartOption = Annotated[
+    bool,
+    typer.Option(
+        "--no-huge-pages-at-start",
+        help=described("Start the engine with transparent huge pages paused (its KV cache in 4 KiB pages).", "off"),
+        rich_help_panel=ENGINE,
+    ),
+]
+
+
 SpeculativeTailOption = Annotated[
     int | None,
     typer.Option(
@@ -828,6 +852,7 @@ NEGATIONS = {
     "raw_prompts": "apply_chat_template",
     "no_passthrough": "passthrough",
     "no_enforce_eager": "enforce_eager",
+    "no_huge_pages_at_start": "huge_pages_at_start",
     "no_prefix_aware": "prefix_aware",
 }
 

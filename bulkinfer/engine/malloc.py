@@ -38,9 +38,14 @@ replicas) inherit the environment.
 
 from __future__ import annotations
 
+import contextlib
+import ctypes
+import mmap
 import os
 import sys
-from collections.abc import Mapping, Sequence
+import time
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from pathlib import Path
 
 TUNABLES: tuple[tuple[str, str], ...] = (
     ("glibc.malloc.hugetlb", "1"),
@@ -49,6 +54,10 @@ TUNABLES: tuple[tuple[str, str], ...] = (
     ("glibc.malloc.top_pad", str(64 << 20)),
 )
 SWITCH = "BULKINFER_MALLOC_TUNABLES"  # "0": leave glibc's defaults
+# <linux/prctl.h>: PR_SET_THP_DISABLE (Linux >= 3.15), arg2 1: no transparent huge page for this process's new faults.
+PR_SET_THP_DISABLE = 41
+# huge_page_fault_s_per_gib: MiB faulted each way.
+PROBE_MIB = 64
 # Arguments that only print (help, version): answered without a restart.
 PRINT_ONLY = frozenset({"-h", "--help", "--version"})
 
@@ -98,6 +107,75 @@ def restart_tuned(argv: Sequence[str] | None = None) -> None:
     os.execve(sys.executable, [sys.executable, *original[1:]], environ)
 
 
-def reported() -> dict[str, str | None]:
-    """The report's ``engine.glibc_tunables``: ``GLIBC_TUNABLES`` in this process (None: unset)."""
-    return {"glibc_tunables": os.environ.get("GLIBC_TUNABLES")}
+@contextlib.contextmanager
+def huge_pages_paused(engine_in_process: bool, wanted: bool | None) -> Iterator[bool]:
+    """No transparent huge page for this process's memory faulted in
+    inside the block (``prctl(PR_SET_THP_DISABLE)``, process-wide; the
+    kernel's own setting again after it) when ``wanted`` is False (the
+    engine setting ``huge_pages_at_start``); yields whether it paused them:
+    only for an engine in this process (a child engine would inherit the
+    flag for its life), on Linux.
+
+    Why: the engine's start faults its KV cache in, one fresh block of up
+    to gigabytes. Under ``glibc.malloc.hugetlb`` (or THP ``always``) that
+    is 2 MiB page by 2 MiB page, and on a VM whose free memory goes back to
+    the host (Firecracker's ``page_reporting``) each such page costs the
+    host hundreds of 4 KiB faults: ``torch.zeros`` of 1.76 GiB took 4.9-7.0
+    s there against 0.4 s in 4 KiB pages (AMD EPYC Zen 4, 2026-12-05,
+    ``bench/results/malloc-first-touch-zen4.md``). The steps run faster
+    over a KV cache in huge pages, so a run pauses them only for a job too
+    short to win the start back (README, Engine settings).
+    """
+    active = engine_in_process and wanted is False and sys.platform == "linux"
+    prctl = _prctl() if active else None
+    paused = prctl is not None and prctl(PR_SET_THP_DISABLE, 1, 0, 0, 0) == 0
+    try:
+        yield paused
+    finally:
+        if paused and prctl is not None:
+            prctl(PR_SET_THP_DISABLE, 0, 0, 0, 0)
+
+
+def huge_page_fault_s_per_gib(mib: int = PROBE_MIB) -> float | None:
+    """Seconds per GiB that faulting fresh memory in transparent huge pages
+    costs over 4 KiB pages on this machine now: ``mib`` MiB of anonymous
+    memory advised each way (``madvise``), every 4 KiB page written once,
+    the difference scaled to a GiB (at least 0). None where huge pages are
+    not offered (not Linux, THP ``never``, no ``MADV_HUGEPAGE``). About
+    0.15 s on a VM with page reporting, a few ms elsewhere."""
+    thp = Path("/sys/kernel/mm/transparent_hugepage/enabled")
+    huge, small = getattr(mmap, "MADV_HUGEPAGE", None), getattr(mmap, "MADV_NOHUGEPAGE", None)
+    try:
+        offered = "[never]" not in thp.read_text()
+    except OSError:
+        return None
+    if not offered or huge is None or small is None:
+        return None
+    seconds = []
+    for how in (huge, small):
+        block = mmap.mmap(-1, mib << 20, flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS)
+        try:
+            block.madvise(how)
+            started = time.perf_counter()
+            for offset in range(0, mib << 20, mmap.PAGESIZE):
+                block[offset] = 1
+            seconds.append(time.perf_counter() - started)
+        finally:
+            block.close()
+    return max(seconds[0] - seconds[1], 0.0) * 1024 / mib
+
+
+def _prctl() -> Callable[..., int] | None:
+    """libc's ``prctl``, or None where this interpreter cannot load it."""
+    try:
+        prctl: Callable[..., int] = ctypes.CDLL(None, use_errno=True).prctl
+        return prctl
+    except (OSError, AttributeError):
+        return None
+
+
+def reported(huge_pages_paused: bool = False) -> dict[str, str | bool | None]:
+    """The report's ``engine.glibc_tunables``: ``GLIBC_TUNABLES`` in this
+    process (None: unset); ``engine.huge_pages_paused_at_start``: the
+    engine's start ran under :func:`huge_pages_paused`."""
+    return {"glibc_tunables": os.environ.get("GLIBC_TUNABLES"), "huge_pages_paused_at_start": huge_pages_paused}

@@ -71,8 +71,7 @@ class VllmEngine:
         environment: variables set while the engine starts, so its processes
             inherit them (a replica's ``VLLM_CPU_OMP_THREADS_BIND`` or
             ``CUDA_VISIBLE_DEVICES``); this process's own are restored after.
-        step_done: set each time an engine step returns (replicas wait on one
-            event for any of them).
+        step_done: set each time an engine step returns (replicas wait on one event for any of them).
 
     Raises:
         EngineError: vLLM is not installed or the engine fails to start.
@@ -128,13 +127,14 @@ class VllmEngine:
         watchdog: Watchdog | None = None
         try:
             start = engine_start(str(model), args.get("runner") or "generate")
+            pages = malloc.huge_pages_paused(in_process, settings.huge_pages_at_start)
 
             def build() -> Any:
                 return LLMEngine.from_engine_args(
                     EngineArgs(**args), usage_context=UsageContext.LLM_CLASS, enable_multiprocessing=not in_process
                 )
 
-            with environment_until_spawned(variables), start:
+            with environment_until_spawned(variables), start, pages as paused:
                 watchdog = self._watchdog = Watchdog()  # first, and under the lock (environment_until_spawned)
                 self._engine = self._stepper.call(build) if in_process else build()
         except BaseException as exc:
@@ -177,7 +177,7 @@ class VllmEngine:
             "in_process": in_process,
             "distributed_executor_backend": vllm_config.parallel_config.distributed_executor_backend,
             "vllm_version": vllm.__version__,
-            **malloc.reported(),
+            **malloc.reported(paused),
             "sched_idle_threads": idle_engine_pollers(device, args, in_process, self._processes),
         }
         self.settings["batch_order"] = self._install_step_hook(hooked, batch_order.wanted(settings.batch_order, args))

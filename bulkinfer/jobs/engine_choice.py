@@ -9,6 +9,8 @@ From what the user gave and what was measured on this machine:
 - eager or compiled, on CPU (:mod:`bulkinfer.jobs.compile_choice`: by the
   costs ``calibrate --compile`` measured and the job's work; unmeasured, at
   bfloat16, by a prior and the dtype probe's eager rate);
+- transparent huge pages paused or kept while the engine starts, on CPU
+  (:func:`choose_huge_pages`: by the job's expected generation time);
 - vLLM's priority scheduling when rows may set a ``priority``.
 
 The engine itself is then built by the run's engine factory (by default
@@ -31,6 +33,7 @@ from bulkinfer.config import Settings, with_engine
 from bulkinfer.engine.args import detect_device
 from bulkinfer.engine.factory import vllm_engine
 from bulkinfer.engine.kv_cache import kv_cache_left_to_bulkinfer, sized_kv_cache
+from bulkinfer.engine.malloc import huge_page_fault_s_per_gib
 from bulkinfer.io.inputs import InputScan
 from bulkinfer.io.readers import RawRow
 from bulkinfer.jobs.compile_choice import choose_compile
@@ -49,6 +52,12 @@ SAMPLE_ROWS = 1024
 
 # The rows not sampled may hold more tokens per byte than the sampled ones: their prompts' estimate, times this.
 SAMPLE_MARGIN = 1.25
+
+
+# The share of a job's generation time its engine saves with its KV cache in transparent huge pages: 2.8%
+# (ShareGPT-200, bfloat16 compiled, 6 GiB: 494.2-497.4 completion tok/s kept against 472.1-491.6 with none or
+# paused at the start; AMD EPYC Zen 4, bench/results/huge-pages-ab-sharegpt-n200-zen4.md).
+HUGE_PAGE_GAIN = 0.028
 
 
 def choose_engine_settings(
@@ -95,7 +104,62 @@ def choose_engine_settings(
             work = expected_decode_work(settings, scan, rows()) if decides else None
             probe_rate = _probe_rate(choice.get("dtype"), settings.engine.dtype)
             settings, choice["compile"] = choose_compile(model, settings, expected, work, probe_rate)
+            generation = _generation_s(choice["compile"], expected, probe_rate) if decides else None
+            settings, choice["huge_pages"] = choose_huge_pages(settings, generation)
     return with_priority_scheduling(settings, scan.mentions_priority), choice
+
+
+def choose_huge_pages(
+    settings: Settings,
+    generation_s: float | None,
+    fault_s_per_gib: Callable[[], float | None] = huge_page_fault_s_per_gib,
+) -> tuple[Settings, dict[str, Any]]:
+    """``settings`` with ``huge_pages_at_start`` decided for a CPU job whose
+    generation is expected to take ``generation_s`` seconds (None: unknown),
+    and the report's ``engine_choice.huge_pages`` (``at_start``, ``why``;
+    when decided by the costs ``fault_s_per_gib``, ``kv_cache_gib``,
+    ``start_cost_s``, ``steps_gain_s``).
+
+    An engine that starts with its KV cache in transparent huge pages steps
+    :data:`HUGE_PAGE_GAIN` faster; faulting them in costs what
+    ``fault_s_per_gib()`` measures now (seconds per GiB over 4 KiB pages:
+    :func:`bulkinfer.engine.malloc.huge_page_fault_s_per_gib`) times the
+    cache's size. Paused when that start costs more than the steps would
+    save; kept when the user set it, the sizes are unknown, or there is
+    more than one worker (the pause is for an engine in bulkinfer's process).
+    """
+    engine = settings.engine
+    if engine.huge_pages_at_start is not None:
+        return settings, {"at_start": engine.huge_pages_at_start, "why": "set by the user"}
+    kv = engine.kv_cache_memory_bytes
+    one_worker = engine.data_parallel_size == engine.tensor_parallel_size == 1
+    if not one_worker or kv is None or generation_s is None:
+        why = "kept: " + ("more than one worker" if not one_worker else "the job's generation time or KV cache unknown")
+        return settings, {"at_start": True, "why": why}
+    measured = fault_s_per_gib()
+    if measured is None:
+        return settings, {"at_start": True, "why": "kept: this machine offers no transparent huge pages to pause"}
+    gib = kv / (1 << 30)
+    cost, gain = measured * gib, HUGE_PAGE_GAIN * generation_s
+    keep = cost <= gain
+    why = (
+        f"{'kept' if keep else 'paused'}: faulting the {gib:.2f} GiB KV cache in huge pages is expected to cost "
+        f"{cost:.1f} s of the start ({measured:.2f} s/GiB over 4 KiB pages, measured now) against {gain:.1f} s "
+        f"saved over {generation_s:.0f} s of generation ({HUGE_PAGE_GAIN:.1%} faster steps)"
+    )
+    decided = {"at_start": keep, "why": why, "fault_s_per_gib": round(measured, 3), "kv_cache_gib": round(gib, 3)}
+    decided.update(start_cost_s=round(cost, 1), steps_gain_s=round(gain, 1))
+    return with_engine(settings, huge_pages_at_start=keep), decided
+
+
+def _generation_s(compile_choice: dict[str, Any], tokens: int | None, eager_rate: float | None) -> float | None:
+    """The job's expected generation seconds: the compile choice's decode
+    cost of the engine it chose, else ``tokens`` at the dtype probe's eager
+    rate (completion tokens/s); None when neither is known."""
+    seconds = compile_choice.get("expected_generation_s")
+    if seconds:
+        return float(seconds["eager" if compile_choice["enforce_eager"] else "compiled"])
+    return tokens / eager_rate if tokens and eager_rate else None
 
 
 def _probe_rate(dtype_choice: dict[str, Any] | None, dtype: str) -> float | None:

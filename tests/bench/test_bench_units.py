@@ -237,7 +237,8 @@ def test_the_driver_ceiling_runs_every_row_through_the_instant_engine(tmp_path: 
     result = measure(rows=50, max_tokens=8)
     assert (result["rows"], result["completion_tokens"]) == (50, 400)
     assert result["completion_tokens_per_s"] > 0
-    assert result["replicas_kept_busy"]["1000"] == round(result["completion_tokens_per_s"] / 1000, 1)
+    # both figures rounded to 0.1 from the same unrounded rate: within one rounding step of each other
+    assert result["replicas_kept_busy"]["1000"] == pytest.approx(result["completion_tokens_per_s"] / 1000, abs=0.051)
 
 
 def test_repeats_alternate_the_systems_and_compare_each_round_with_its_own_b(tmp_path: Path) -> None:

@@ -1,9 +1,12 @@
 """The console script restarts itself once under glibc malloc tunables
 (bulkinfer.engine.malloc): every tunable added, the user's own kept, the same
-PID, and never for help or the version."""
+PID, and never for help or the version; an engine in bulkinfer's process
+starts without transparent huge pages and its steps get them again."""
 
 from __future__ import annotations
 
+import ctypes
+import mmap
 import os
 import subprocess
 import sys
@@ -87,3 +90,70 @@ def test_help_and_the_version_answer_without_a_restart(tmp_path: Path, args: tup
 def test_the_switch_keeps_glibcs_defaults(tmp_path: Path) -> None:
     lines = _probe(tmp_path, "run", "in.jsonl", BULKINFER_MALLOC_TUNABLES="0")
     assert lines[0].endswith("TUNABLES=None") and lines[1:] == ["RAN"]
+
+
+def _thp_enabled() -> str | None:
+    """``THP_enabled`` of /proc/self/status ("1" or "0"), None where the kernel has no such line."""
+    for line in Path("/proc/self/status").read_text().splitlines() if sys.platform == "linux" else ():
+        if line.startswith("THP_enabled:"):
+            return line.split()[1]
+    return None
+
+
+def _huge_kib(buffer: mmap.mmap) -> int:
+    """``AnonHugePages`` (KiB) of the mapping that holds ``buffer`` (/proc/self/smaps)."""
+    start = ctypes.addressof(ctypes.c_char.from_buffer(buffer))
+    found = False
+    for line in Path("/proc/self/smaps").read_text().splitlines():
+        head = line.split()[0]
+        if "-" in head and not head.endswith(":"):
+            low, high = (int(x, 16) for x in head.split("-"))
+            found = low <= start < high
+        elif found and head == "AnonHugePages:":
+            return int(line.split()[1])
+    raise AssertionError("mapping not found")
+
+
+def _touched_madvised(size: int = 16 << 20) -> mmap.mmap:
+    buffer = mmap.mmap(-1, size, flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS)
+    buffer.madvise(mmap.MADV_HUGEPAGE)
+    for offset in range(0, size, 4096):
+        buffer[offset] = 1
+    return buffer
+
+
+@pytest.mark.skipif(_thp_enabled() is None, reason="a kernel that reports THP_enabled (Linux)")
+def test_an_engine_in_this_process_starts_without_huge_pages_and_the_steps_get_them_again() -> None:
+    before = _thp_enabled()
+    thp = Path("/sys/kernel/mm/transparent_hugepage/enabled")
+    offered = thp.exists() and "[never]" not in thp.read_text()
+    with malloc.huge_pages_paused(True, False) as paused:
+        assert paused and _thp_enabled() == "0"
+        during = _touched_madvised()
+        assert _huge_kib(during) == 0  # 4 KiB pages though malloc (here: we) asked for huge ones
+    assert _thp_enabled() == before == "1"
+    if offered:  # the kernel's own setting again: madvise or always gives this mapping huge pages
+        after = _touched_madvised()
+        assert _huge_kib(after) > 0
+        after.close()
+    during.close()
+
+
+@pytest.mark.parametrize(("in_process", "wanted"), [(False, False), (True, True), (True, None)])
+def test_huge_pages_stay_for_an_engine_in_another_process_or_unless_the_setting_pauses_them(
+    in_process: bool, wanted: bool | None
+) -> None:
+    before = _thp_enabled()
+    with malloc.huge_pages_paused(in_process, wanted) as paused:
+        assert not paused and _thp_enabled() == before
+    assert malloc.reported(paused)["huge_pages_paused_at_start"] is False
+
+
+@pytest.mark.skipif(_thp_enabled() is None, reason="a kernel that reports THP_enabled (Linux)")
+def test_the_fault_probe_measures_seconds_per_gib_or_says_huge_pages_are_not_offered() -> None:
+    thp = Path("/sys/kernel/mm/transparent_hugepage/enabled")
+    measured = malloc.huge_page_fault_s_per_gib(mib=8)
+    if "[never]" in thp.read_text():
+        assert measured is None
+    else:
+        assert measured is not None and 0.0 <= measured < 1000.0
