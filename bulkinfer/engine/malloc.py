@@ -40,10 +40,8 @@ from __future__ import annotations
 
 import contextlib
 import ctypes
-import mmap
 import os
 import sys
-import time
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from pathlib import Path
 
@@ -56,8 +54,13 @@ TUNABLES: tuple[tuple[str, str], ...] = (
 SWITCH = "BULKINFER_MALLOC_TUNABLES"  # "0": leave glibc's defaults
 # <linux/prctl.h>: PR_SET_THP_DISABLE (Linux >= 3.15), arg2 1: no transparent huge page for this process's new faults.
 PR_SET_THP_DISABLE = 41
-# huge_page_fault_s_per_gib: MiB faulted each way.
-PROBE_MIB = 64
+# <linux/virtio_balloon.h>: VIRTIO_BALLOON_F_REPORTING, the bit of sysfs's virtio "features" string (bit 0 first).
+BALLOON_F_REPORTING = 5
+# What a KV cache's start costs in huge pages over 4 KiB pages under free page reporting (s/GiB): an engine with a
+# 6 GiB cache started 13.0 s later (bfloat16 compiled, means of 4 runs each: 1.0-2.2 s/GiB against paused or none),
+# a 300-row job's 1.76 GiB 6.7-9.4 s later (4.6 s/GiB); AMD EPYC Zen 4, 2 cores, Firecracker, 2026-12-05
+# (bench/results/huge-pages-ab-sharegpt-n200-zen4.md, startup-huge-pages-300rows-zen4.md).
+REPORTING_FAULT_S_PER_GIB = 2.0
 # Arguments that only print (help, version): answered without a restart.
 PRINT_ONLY = frozenset({"-h", "--help", "--version"})
 
@@ -136,33 +139,32 @@ def huge_pages_paused(engine_in_process: bool, wanted: bool | None) -> Iterator[
             prctl(PR_SET_THP_DISABLE, 0, 0, 0, 0)
 
 
-def huge_page_fault_s_per_gib(mib: int = PROBE_MIB) -> float | None:
+def huge_page_fault_s_per_gib(sysfs: Path = Path("/sys")) -> float | None:
     """Seconds per GiB that faulting fresh memory in transparent huge pages
-    costs over 4 KiB pages on this machine now: ``mib`` MiB of anonymous
-    memory advised each way (``madvise``), every 4 KiB page written once,
-    the difference scaled to a GiB (at least 0). None where huge pages are
-    not offered (not Linux, THP ``never``, no ``MADV_HUGEPAGE``). About
-    0.15 s on a VM with page reporting, a few ms elsewhere."""
-    thp = Path("/sys/kernel/mm/transparent_hugepage/enabled")
-    huge, small = getattr(mmap, "MADV_HUGEPAGE", None), getattr(mmap, "MADV_NOHUGEPAGE", None)
+    costs this machine over 4 KiB pages: :data:`REPORTING_FAULT_S_PER_GIB`
+    in a VM whose balloon reports free pages to its host (virtio's
+    ``VIRTIO_BALLOON_F_REPORTING``, feature bit 5, in sysfs: the host takes
+    free memory back and backs it again lazily, 4 KiB at a time), else 0;
+    None where huge pages are not offered (not Linux, THP ``never``).
+    ``sysfs``: where sysfs is mounted.
+
+    Not timed per run: a small probe reads the memory the last process
+    freed, still backed for a few seconds, and a gigabyte cache does not
+    (``bench.malloc --first-touch``: 1.76 GiB in 2.3-6.9 s, a probe of 64
+    MiB 0.0-5.5 s/GiB back to back; AMD EPYC Zen 4, 2026-12-05)."""
     try:
-        offered = "[never]" not in thp.read_text()
+        if "[never]" in (sysfs / "kernel/mm/transparent_hugepage/enabled").read_text():
+            return None
     except OSError:
         return None
-    if not offered or huge is None or small is None:
-        return None
-    seconds = []
-    for how in (huge, small):
-        block = mmap.mmap(-1, mib << 20, flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS)
+    for features in (sysfs / "bus/virtio/drivers/virtio_balloon").glob("virtio*/features"):
         try:
-            block.madvise(how)
-            started = time.perf_counter()
-            for offset in range(0, mib << 20, mmap.PAGESIZE):
-                block[offset] = 1
-            seconds.append(time.perf_counter() - started)
-        finally:
-            block.close()
-    return max(seconds[0] - seconds[1], 0.0) * 1024 / mib
+            bits = features.read_text().strip()
+        except OSError:
+            continue
+        if len(bits) > BALLOON_F_REPORTING and bits[BALLOON_F_REPORTING] == "1":
+            return REPORTING_FAULT_S_PER_GIB
+    return 0.0
 
 
 def _prctl() -> Callable[..., int] | None:

@@ -122,9 +122,9 @@ def choose_huge_pages(
 
     An engine that starts with its KV cache in transparent huge pages steps
     :data:`HUGE_PAGE_GAIN` faster; faulting them in costs what
-    ``fault_s_per_gib()`` measures now (seconds per GiB over 4 KiB pages:
-    :func:`bulkinfer.engine.malloc.huge_page_fault_s_per_gib`) times the
-    cache's size. Paused when that start costs more than the steps would
+    ``fault_s_per_gib()`` gives for this machine (seconds per GiB over 4
+    KiB pages: :func:`bulkinfer.engine.malloc.huge_page_fault_s_per_gib`)
+    times the cache's size. Paused when that start costs more than the steps would
     save; kept when the user set it, the sizes are unknown, or there is
     more than one worker (the pause is for an engine in bulkinfer's process).
     """
@@ -142,9 +142,10 @@ def choose_huge_pages(
     gib = kv / (1 << 30)
     cost, gain = measured * gib, HUGE_PAGE_GAIN * generation_s
     keep = cost <= gain
+    where = "a VM whose host takes free memory back" if measured else "fresh memory is backed at once here"
     why = (
         f"{'kept' if keep else 'paused'}: faulting the {gib:.2f} GiB KV cache in huge pages is expected to cost "
-        f"{cost:.1f} s of the start ({measured:.2f} s/GiB over 4 KiB pages, measured now) against {gain:.1f} s "
+        f"{cost:.1f} s of the start ({measured:.1f} s/GiB over 4 KiB pages: {where}) against {gain:.1f} s "
         f"saved over {generation_s:.0f} s of generation ({HUGE_PAGE_GAIN:.1%} faster steps)"
     )
     decided = {"at_start": keep, "why": why, "fault_s_per_gib": round(measured, 3), "kv_cache_gib": round(gib, 3)}

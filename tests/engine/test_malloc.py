@@ -149,11 +149,26 @@ def test_huge_pages_stay_for_an_engine_in_another_process_or_unless_the_setting_
     assert malloc.reported(paused)["huge_pages_paused_at_start"] is False
 
 
-@pytest.mark.skipif(_thp_enabled() is None, reason="a kernel that reports THP_enabled (Linux)")
-def test_the_fault_probe_measures_seconds_per_gib_or_says_huge_pages_are_not_offered() -> None:
-    thp = Path("/sys/kernel/mm/transparent_hugepage/enabled")
-    measured = malloc.huge_page_fault_s_per_gib(mib=8)
-    if "[never]" in thp.read_text():
-        assert measured is None
-    else:
-        assert measured is not None and 0.0 <= measured < 1000.0
+def _sysfs(tmp_path: Path, thp: str, features: str | None) -> Path:
+    (tmp_path / "kernel/mm/transparent_hugepage").mkdir(parents=True)
+    (tmp_path / "kernel/mm/transparent_hugepage/enabled").write_text(thp)
+    if features is not None:
+        (tmp_path / "bus/virtio/drivers/virtio_balloon/virtio0").mkdir(parents=True)
+        (tmp_path / "bus/virtio/drivers/virtio_balloon/virtio0/features").write_text(features + "\n")
+    return tmp_path
+
+
+@pytest.mark.parametrize(
+    ("thp", "features", "expected"),
+    [
+        # a Firecracker guest's balloon (this machine's sysfs, 2026-12-05): stats, deflate on OOM, free page reporting
+        ("always [madvise] never", "0110010100000000000000000000000010000000", malloc.REPORTING_FAULT_S_PER_GIB),
+        ("always [madvise] never", "0110000100000000000000000000000010000000", 0.0),  # a balloon that does not report
+        ("[always] madvise never", None, 0.0),  # no balloon: fresh memory is the machine's own
+        ("always madvise [never]", "0110010100000000000000000000000010000000", None),  # no huge pages to pause
+    ],
+)
+def test_huge_pages_cost_the_start_where_a_balloon_reports_free_pages_to_the_host(
+    tmp_path: Path, thp: str, features: str | None, expected: float | None
+) -> None:
+    assert malloc.huge_page_fault_s_per_gib(_sysfs(tmp_path, thp, features)) == expected
