@@ -58,7 +58,7 @@ PR_SET_THP_DISABLE = 41
 BALLOON_F_REPORTING = 5
 # What a KV cache's start costs in huge pages over 4 KiB pages under free page reporting (s/GiB): an engine with a
 # 6 GiB cache started 13.0 s later (bfloat16 compiled, means of 4 runs each: 1.0-2.2 s/GiB against paused or none),
-# a 300-row job's 1.76 GiB 6.7-9.4 s later (4.6 s/GiB); AMD EPYC Zen 4, 2 cores, Firecracker, 2026-12-05
+# a 300-row job's 1.76 GiB 6.9-8.8 s later (4.5 s/GiB); AMD EPYC Zen 4, 2 cores, Firecracker, 2026-12-05
 # (bench/results/huge-pages-ab-sharegpt-n200-zen4.md, startup-huge-pages-300rows-zen4.md).
 REPORTING_FAULT_S_PER_GIB = 2.0
 # Arguments that only print (help, version): answered without a restart.

@@ -60,6 +60,11 @@ SAMPLE_MARGIN = 1.25
 HUGE_PAGE_GAIN = 0.028
 
 
+# Huge pages are paused only when their start costs this many times what they save: both figures are rough (the
+# start's cost per GiB measured 1.0-4.5 s/GiB on one CPU, the gain 2.8-3.1%), so only a clear case leaves the default.
+PAUSE_MARGIN = 2.0
+
+
 def choose_engine_settings(
     model: str,
     settings: Settings,
@@ -124,8 +129,8 @@ def choose_huge_pages(
     :data:`HUGE_PAGE_GAIN` faster; faulting them in costs what
     ``fault_s_per_gib()`` gives for this machine (seconds per GiB over 4
     KiB pages: :func:`bulkinfer.engine.malloc.huge_page_fault_s_per_gib`)
-    times the cache's size. Paused when that start costs more than the steps would
-    save; kept when the user set it, the sizes are unknown, or there is
+    times the cache's size. Paused when that start costs more than
+    :data:`PAUSE_MARGIN` times what the steps would save; kept when the user set it, the sizes are unknown, or there is
     more than one worker (the pause is for an engine in bulkinfer's process).
     """
     engine = settings.engine
@@ -141,12 +146,13 @@ def choose_huge_pages(
         return settings, {"at_start": True, "why": "kept: this machine offers no transparent huge pages to pause"}
     gib = kv / (1 << 30)
     cost, gain = measured * gib, HUGE_PAGE_GAIN * generation_s
-    keep = cost <= gain
+    keep = cost <= PAUSE_MARGIN * gain
     where = "a VM whose host takes free memory back" if measured else "fresh memory is backed at once here"
     why = (
         f"{'kept' if keep else 'paused'}: faulting the {gib:.2f} GiB KV cache in huge pages is expected to cost "
         f"{cost:.1f} s of the start ({measured:.1f} s/GiB over 4 KiB pages: {where}) against {gain:.1f} s "
-        f"saved over {generation_s:.0f} s of generation ({HUGE_PAGE_GAIN:.1%} faster steps)"
+        f"saved over {generation_s:.0f} s of generation ({HUGE_PAGE_GAIN:.1%} faster steps; paused over "
+        f"{PAUSE_MARGIN:g}x)"
     )
     decided = {"at_start": keep, "why": why, "fault_s_per_gib": round(measured, 3), "kv_cache_gib": round(gib, 3)}
     decided.update(start_cost_s=round(cost, 1), steps_gain_s=round(gain, 1))

@@ -281,7 +281,7 @@ def test_report_agrees_with_output(mixed: dict[str, Any]) -> None:
     # an engine in bulkinfer's process starts with huge pages paused (its KV cache in 4 KiB pages) where the
     # run chose so: a small job's start costs more than the faster steps save on a VM that reports free pages
     huge = report["engine_choice"]["huge_pages"]
-    assert huge["at_start"] is (huge.get("start_cost_s", 0.0) <= huge.get("steps_gain_s", 1.0)), huge["why"]
+    assert huge["at_start"] is (huge.get("start_cost_s", 0.0) <= 2 * huge.get("steps_gain_s", 1.0)), huge["why"]
     paused = huge["at_start"] is False and report["engine"]["in_process"] and sys.platform == "linux"
     assert report["engine"]["huge_pages_paused_at_start"] is paused
 
