@@ -151,8 +151,8 @@ def choose_huge_pages(
     why = (
         f"{'kept' if keep else 'paused'}: faulting the {gib:.2f} GiB KV cache in huge pages is expected to cost "
         f"{cost:.1f} s of the start ({measured:.1f} s/GiB over 4 KiB pages: {where}) against {gain:.1f} s "
-        f"saved over {generation_s:.0f} s of generation ({HUGE_PAGE_GAIN:.1%} faster steps; paused over "
-        f"{PAUSE_MARGIN:g}x)"
+        f"saved over {generation_s:.0f} s of generation ({HUGE_PAGE_GAIN:.1%} faster steps; paused only when the "
+        f"start costs over {PAUSE_MARGIN:g}x that)"
     )
     decided = {"at_start": keep, "why": why, "fault_s_per_gib": round(measured, 3), "kv_cache_gib": round(gib, 3)}
     decided.update(start_cost_s=round(cost, 1), steps_gain_s=round(gain, 1))
