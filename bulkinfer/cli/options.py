@@ -608,7 +608,7 @@ HugePagesAtStartOption = Annotated[
         help=described(
             "Start the engine with transparent huge pages: its KV cache in 2 MiB pages (faster steps; a slower "
             "start where the host backs fresh memory lazily, as on a VM).",
-            "on CPU by the job: off when the start would cost more than the steps save",
+            "on CPU by the job: off when the start would cost over twice what the steps save",
         ),
         rich_help_panel=ENGINE,
     ),

@@ -123,8 +123,8 @@ def huge_pages_paused(engine_in_process: bool, wanted: bool | None) -> Iterator[
     to gigabytes. Under ``glibc.malloc.hugetlb`` (or THP ``always``) that
     is 2 MiB page by 2 MiB page, and on a VM whose free memory goes back to
     the host (Firecracker's ``page_reporting``) each such page costs the
-    host hundreds of 4 KiB faults: ``torch.zeros`` of 1.76 GiB took 4.9-7.0
-    s there against 0.4 s in 4 KiB pages (AMD EPYC Zen 4, 2026-12-05,
+    host hundreds of 4 KiB faults: ``torch.zeros`` of 1.76 GiB took 2.3-6.9
+    s there against 0.4-0.6 s paused (AMD EPYC Zen 4, 2026-12-05,
     ``bench/results/malloc-first-touch-zen4.md``). The steps run faster
     over a KV cache in huge pages, so a run pauses them only for a job too
     short to win the start back (README, Engine settings).

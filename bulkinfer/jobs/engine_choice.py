@@ -55,8 +55,9 @@ SAMPLE_MARGIN = 1.25
 
 
 # The share of a job's generation time its engine saves with its KV cache in transparent huge pages: 2.8%
-# (ShareGPT-200, bfloat16 compiled, 6 GiB: 494.2-497.4 completion tok/s kept against 472.1-491.6 with none or
-# paused at the start; AMD EPYC Zen 4, bench/results/huge-pages-ab-sharegpt-n200-zen4.md).
+# (ShareGPT-200, bfloat16 compiled, 6 GiB: 494.2-496.8 completion tok/s kept against 472.1-491.6 without huge pages,
+# means 495.3 and 481.7; 3.1% against paused at the start an hour later; AMD EPYC Zen 4,
+# bench/results/huge-pages-ab-sharegpt-n200-zen4.md).
 HUGE_PAGE_GAIN = 0.028
 
 
@@ -130,8 +131,9 @@ def choose_huge_pages(
     ``fault_s_per_gib()`` gives for this machine (seconds per GiB over 4
     KiB pages: :func:`bulkinfer.engine.malloc.huge_page_fault_s_per_gib`)
     times the cache's size. Paused when that start costs more than
-    :data:`PAUSE_MARGIN` times what the steps would save; kept when the user set it, the sizes are unknown, or there is
-    more than one worker (the pause is for an engine in bulkinfer's process).
+    :data:`PAUSE_MARGIN` times what the steps would save; kept when the
+    user set it, the sizes are unknown, or there is more than one worker
+    (the pause is for an engine in bulkinfer's process).
     """
     engine = settings.engine
     if engine.huge_pages_at_start is not None:
