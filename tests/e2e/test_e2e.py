@@ -27,6 +27,7 @@ from bulkinfer.config import DEFAULT_BUCKETS
 from bulkinfer.engine.kv_cache import job_kv_tokens, kv_cache_bytes_per_token
 from bulkinfer.engine.malloc import tuned_environment
 from bulkinfer.errors import ConfigError
+from bulkinfer.jobs.engine_choice import PAUSE_MARGIN
 from bulkinfer.models import resolve_model
 from bulkinfer.prep.planner import bucket_index, bucket_label
 
@@ -281,7 +282,9 @@ def test_report_agrees_with_output(mixed: dict[str, Any]) -> None:
     # an engine in bulkinfer's process starts with huge pages paused (its KV cache in 4 KiB pages) where the
     # run chose so: a small job's start costs more than the faster steps save on a VM that reports free pages
     huge = report["engine_choice"]["huge_pages"]
-    assert huge["at_start"] is (huge.get("start_cost_s", 0.0) <= 2 * huge.get("steps_gain_s", 1.0)), huge["why"]
+    cost, saved = huge.get("start_cost_s", 0.0), PAUSE_MARGIN * huge.get("steps_gain_s", 1.0)
+    if abs(cost - saved) > 0.15:  # the report's figures are rounded to 0.1 s
+        assert huge["at_start"] is (cost <= saved), huge["why"]
     paused = huge["at_start"] is False and report["engine"]["in_process"] and sys.platform == "linux"
     assert report["engine"]["huge_pages_paused_at_start"] is paused
 
