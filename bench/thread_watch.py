@@ -28,8 +28,7 @@ from collections import Counter
 from pathlib import Path
 from typing import Any
 
-from bulkinfer.engine.processes import tasks
-from bulkinfer.report.threads import children, thread_stat
+from bulkinfer.report.threads import snapshot
 
 INTERVAL_S = 2.0
 
@@ -39,25 +38,9 @@ INTERVAL_S = 2.0
 BUSY_S = 5.0
 
 
-def _tree(root: int) -> list[int]:
-    found, todo = [], [root]
-    while todo:
-        pid = todo.pop()
-        found.append(pid)
-        todo += [c for tid in tasks(pid) for c in children(pid, tid)]
-    return found
-
-
 def sample(root: int) -> dict[str, tuple[str, float]]:
     """``"PID/TID"`` -> (kernel name, CPU seconds so far) for every thread of ``root``'s tree."""
-    ticks = os.sysconf("SC_CLK_TCK")
-    out: dict[str, tuple[str, float]] = {}
-    for pid in _tree(root):
-        for tid in tasks(pid):
-            stat = thread_stat(pid, tid)
-            if stat is not None:
-                out[f"{pid}/{tid}"] = (stat[0], stat[1] / ticks)
-    return out
+    return {f"{pid}/{tid}": (thread, seconds) for (pid, tid), (_, thread, seconds) in snapshot(root=root).items()}
 
 
 def watch(pid: int, out: Path) -> None:

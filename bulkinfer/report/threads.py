@@ -27,13 +27,13 @@ MIN_SECONDS = 0.01
 Snapshot = dict[tuple[int, int], tuple[str, str, float]]
 
 
-def snapshot(me: str = "bulkinfer") -> Snapshot:
-    """The CPU seconds so far of every thread of this process and its
-    descendants. This process's threads are named as Python names them
-    (``MainThread``, ``bulkinfer-engine-step``; native threads by their
-    kernel name, e.g. OpenMP's workers ``python``, gloo's ``gloo_tcp_loop``);
-    this process is ``me``, the others go by their kernel name
-    (``VLLM::EngineCor``, ``bulkinfer-watch``)."""
+def snapshot(me: str = "bulkinfer", root: int | None = None) -> Snapshot:
+    """The CPU seconds so far of every thread of process ``root`` (default:
+    this one) and its descendants. This process's threads are named as
+    Python names them (``MainThread``, ``bulkinfer-engine-step``; native
+    threads by their kernel name, e.g. OpenMP's workers ``python``, gloo's
+    ``gloo_tcp_loop``); this process is ``me``, the others go by their
+    kernel name (``VLLM::EngineCor``, ``bulkinfer-watch``)."""
     own = os.getpid()
     names = {t.native_id: t.name for t in threading.enumerate() if t.native_id is not None}
     try:
@@ -41,7 +41,7 @@ def snapshot(me: str = "bulkinfer") -> Snapshot:
     except (AttributeError, ValueError, OSError):
         return {}
     found: Snapshot = {}
-    todo = [own]
+    todo = [own if root is None else root]
     while todo:
         pid = todo.pop()
         process = me if pid == own else None
