@@ -50,6 +50,10 @@ several tags, comma-separated: one page, ``eta-range-S.{json,md}`` for
 run again took for each fifth of its completion tokens over its first run's
 (greedy jobs: the same tokens; the machine's own wander between two runs
 minutes apart), to ``eta-range-pace.{json,md}``.
+``--split T1,T2,...`` runs nothing: for each first run of each tag,
+replayed, where its point errs from a quarter of its time on: the
+completion tokens left against the seconds per token (:func:`split`), to
+``eta-range-split.{json,md}``.
 ``--store-fits`` replays the first runs of tag T timed by the step models
 stored on this machine, pooled by the rule before ``CALM_SPREAD`` (the
 newest five fits) and by today's, and writes ``eta-range-T-calm.{json,md}``.
@@ -58,8 +62,10 @@ newest five fits) and by today's, and writes ``eta-range-T-calm.{json,md}``.
 from __future__ import annotations
 
 import argparse
+import math
 import subprocess
 import sys
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -140,30 +146,97 @@ def known_at(events: list[list[Any]], fraction: float) -> dict[str, float]:
 
 def replayed(workloads: list[str], tag: str) -> list[dict[str, Any]]:
     """Each recording of ``tag`` replayed through today's estimator (see the module docstring)."""
-    from bench.eta_trace import _replayed, fitted_step_cost
-    from bulkinfer.report.step_cost import StepCost
-
     runs = []
     for k, workload in enumerate(workloads):
         for first_run in (True, False):
-            name = f"eta-range-{tag}-{workload}-{'first' if first_run else 'again'}.json"
-            recording = orjson.loads((RESULTS / name).read_bytes())
-            trace = recording["report"]["eta_trace"]
-            step_cost = StepCost.from_json(trace["step_cost"]) if trace["step_cost_stored"] else None
-            # the lengths the run had: its own first run's (again), the previous job's first run's, or none
-            first = RESULTS / name.replace("-again", "-first")
-            previous = RESULTS / f"eta-range-{tag}-{workloads[k - 1]}-first.json" if k else None
-            prior = previous if first_run else first
-            # a run again: its first run's fit, the job's own step model
-            own = None if first_run else fitted_step_cost(orjson.loads(first.read_bytes()))
+            name, recording, estimates = _replay(tag, workloads, k, first_run)
             progress = None
-            for _, seen in _replayed(recording, prior, not first_run, own or step_cost, own is not None):
+            for _, seen in estimates:
                 progress = seen
             assert progress is not None
             events = recording["events"]
             score = score_trace(progress.eta_trace, events[-1][1] - events[0][1], first_run)
             runs.append({"workload": workload, "recording": name, **scored(recording, first_run), **score})
     return runs
+
+
+def _replay(tag: str, workloads: list[str], k: int, first_run: bool) -> tuple[str, dict[str, Any], Iterator[Any]]:
+    """The recording of ``tag``'s job ``workloads[k]`` (its first run or its
+    run again): its name, its content, and (time, progress) as replayed
+    through today's estimator with what the run had (see the module docstring)."""
+    from bench.eta_trace import _replayed, fitted_step_cost
+    from bulkinfer.report.step_cost import StepCost
+
+    name = f"eta-range-{tag}-{workloads[k]}-{'first' if first_run else 'again'}.json"
+    recording = orjson.loads((RESULTS / name).read_bytes())
+    trace = recording["report"]["eta_trace"]
+    step_cost = StepCost.from_json(trace["step_cost"]) if trace["step_cost_stored"] else None
+    # the lengths the run had: its own first run's (again), the previous job's first run's, or none
+    first = RESULTS / name.replace("-again", "-first")
+    previous = RESULTS / f"eta-range-{tag}-{workloads[k - 1]}-first.json" if k else None
+    prior = previous if first_run else first
+    # a run again: its first run's fit, the job's own step model
+    own = None if first_run else fitted_step_cost(orjson.loads(first.read_bytes()))
+    return name, recording, _replayed(recording, prior, not first_run, own or step_cost, own is not None)
+
+
+def split(tags: list[str], workloads: list[str], every_s: float = 10.0) -> dict[str, Any]:
+    """Where each first run's point errs, from 25% of its time on (not the
+    last :data:`~bench.eta_trace.LAST_LINE_S` seconds), replayed every
+    ``every_s`` seconds: its completion tokens left (the futures' mean) over
+    the true ones, less 1 (``tokens``), and its seconds per token left (point
+    / tokens left) over the true ones (real time left / true tokens left),
+    less 1 (``rate``): the lengths not known against the step model; each as
+    [lowest, highest] over the run, and each estimate's in ``points``
+    ([share of the run's time, tokens, rate, point / real time left - 1]:
+    (1 + tokens) x (1 + rate) = 1 + the point's error)."""
+    from bench.eta_trace import LAST_LINE_S
+
+    runs = []
+    for tag in tags:
+        for k, workload in enumerate(workloads):
+            name, recording, estimates = _replay(tag, workloads, k, True)
+            events = recording["events"]
+            start, end = events[0][1], events[-1][1]
+            total = max(e[2] for e in events if e[0] == "t")
+            points, last = [], -math.inf
+            for now, progress in estimates:
+                if now - last < every_s or now - start < 0.25 * (end - start) or end - now < LAST_LINE_S:
+                    continue
+                last, work = now, progress.work
+                outlook = work.outlook(progress.total, progress._failed_unplanned)
+                left = max(total - work.generated_tokens, 1)
+                tokens = outlook.completion_tokens / left - 1
+                rate = outlook.point / max(outlook.completion_tokens, 1) / ((end - now) / left) - 1
+                points.append([(now - start) / (end - start), tokens, rate, outlook.point / (end - now) - 1])
+            runs.append(
+                {
+                    "tag": tag,
+                    "workload": workload,
+                    "recording": name,
+                    "estimates": len(points),
+                    "tokens": [min(p[1] for p in points), max(p[1] for p in points)],
+                    "rate": [min(p[2] for p in points), max(p[2] for p in points)],
+                    "points": points,  # [share of the run's time, tokens, rate, the point's error] each
+                }
+            )
+    return {"runs": runs}
+
+
+def render_split(doc: dict[str, Any]) -> str:
+    lines = [
+        "# Where a first run's point errs: the tokens left against the seconds per token\n",
+        f"Command: `{doc['command']}` (the committed recordings, replayed through the estimator as it is). "
+        "From 25% of each first run's time on, every 10 s: its completion tokens left (the futures' mean) "
+        "over the true ones, and its seconds per token left (point / tokens left) over the true ones; "
+        "the lowest and highest of each, less 1.\n",
+        "| round | job | estimates | tokens left | seconds per token |",
+        "| --- | --- | --: | --: | --: |",
+    ]
+    for r in doc["runs"]:
+        tokens, rate = (f"{low:+.0%} to {high:+.0%}" for low, high in (r["tokens"], r["rate"]))
+        lines.append(f"| {r['tag']} | {r['workload']} | {r['estimates']} | {tokens} | {rate} |")
+    return "\n".join(lines) + "\n"
 
 
 def store_fits_replayed(workloads: list[str], tag: str) -> dict[str, Any]:
@@ -300,6 +373,7 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument(
         "--set", action="append", default=[], metavar="NAME=VALUE", help="--replay with an estimator constant changed"
     )
+    parser.add_argument("--split", default="", help="tags: where each first run's point errs, tokens left or rate")
     parser.add_argument("--pace", default="", help="tags: each job's run again over its first run, fifth by fifth")
     parser.add_argument(
         "--store-fits",
@@ -311,6 +385,12 @@ def main(argv: list[str] | None = None) -> None:
     )
     args = parser.parse_args(argv)
     command = " ".join(["python -m bench.eta_range", *(argv if argv is not None else sys.argv[1:])])
+    if args.split:
+        doc: dict[str, Any] = {"command": command, **split(args.split.split(","), args.workloads.split(","))}
+        (RESULTS / "eta-range-split.json").write_bytes(orjson.dumps(doc, option=orjson.OPT_INDENT_2))
+        (RESULTS / "eta-range-split.md").write_text(render_split(doc))
+        print(render_split(doc))
+        return
     if args.pace:
         paced = {"command": command, **pace(args.pace.split(","), args.workloads.split(","))}
         (RESULTS / "eta-range-pace.json").write_bytes(orjson.dumps(paced, option=orjson.OPT_INDENT_2))
@@ -318,7 +398,7 @@ def main(argv: list[str] | None = None) -> None:
         print(render_pace(paced))
         return
     if args.store_fits:
-        doc: dict[str, Any] = {"command": command, "machine": machine(), "versions": versions()}
+        doc = {"command": command, "machine": machine(), "versions": versions()}
         doc.update(store_fits_replayed(args.workloads.split(","), args.tag))
         (RESULTS / f"eta-range-{args.tag}-calm.json").write_bytes(orjson.dumps(doc, option=orjson.OPT_INDENT_2))
         (RESULTS / f"eta-range-{args.tag}-calm.md").write_text(render(doc))

@@ -108,15 +108,17 @@ def test_table_lists_orders_and_marks_an_incomplete_run() -> None:
 def test_scale_growth_is_relative_to_the_smallest_size_of_at_least_10k_rows() -> None:
     from bench.scale import add_growth
 
-    def res(rows: int, rss: int, generate_s: float) -> dict[str, Any]:
+    def res(rows: int, rss: int, generate_s: float, kv: int = 0) -> dict[str, Any]:
         return {
             "rows": rows,
             "peak_rss_bytes_bulkinfer": rss,
+            "kv_cache_bytes": kv,
+            "engine_in_process": True,
             "generate_ms_per_row": 1000 * generate_s / rows,
             "seconds": {"total": generate_s + 30},
         }
 
-    results = [res(1_000, 500, 2.0), res(10_000, 700, 100.0), res(100_000, 770, 1200.0)]
+    results = [res(1_000, 500, 2.0, 100), res(10_000, 700, 100.0, 300), res(100_000, 770, 1200.0, 320)]
     assert add_growth(results) == {"baseline_rows": 10_000}
     small, base, big = (r["growth"] for r in results)
     assert base["rss_ratio"] == 1.0 and base["seconds_per_row_ratio"] == 1.0
@@ -125,6 +127,8 @@ def test_scale_growth_is_relative_to_the_smallest_size_of_at_least_10k_rows() ->
     assert big["seconds_per_row_ratio"] == pytest.approx(1.2)  # 12 ms/row over 10 ms/row: worse than linear
     assert big["total_seconds_ratio"] == pytest.approx(1230 / 130)
     assert small["rss_ratio"] == pytest.approx(500 / 700)
+    # the KV cache is sized to the job (up to a cap): what is left is what could grow with the file
+    assert big["rss_less_kv_cache_ratio"] == pytest.approx(450 / 400) and small["rss_less_kv_cache_ratio"] == 1.0
     assert add_growth([res(1_000, 500, 2.0)]) is None
 
 
@@ -143,8 +147,18 @@ def test_readme_takes_the_scale_page_between_its_markers(tmp_path: Path) -> None
                 "seconds": {"total": 130.0, "load": 25.0, "plan": 1.0, "generate": 100.0},
                 "generate_ms_per_row": 10.0,
                 "peak_rss_bytes_bulkinfer": 700e6,
+                "kv_cache_bytes": 300e6,
+                "engine_in_process": True,
                 "peak_rss_tree_bytes": 2e9,
-                "growth": {"rss_ratio": 1.0, "seconds_per_row_ratio": 1.0},
+                "growth": {"rss_ratio": 1.0, "rss_less_kv_cache_ratio": 1.0, "seconds_per_row_ratio": 1.0},
+            },
+            {  # a results file from before the KV cache was recorded
+                "rows": 1_000,
+                "seconds": {"total": 40.0, "load": 25.0, "plan": 0.0, "generate": 12.0},
+                "generate_ms_per_row": 12.0,
+                "peak_rss_bytes_bulkinfer": 650e6,
+                "peak_rss_tree_bytes": 2e9,
+                "growth": {"rss_ratio": 0.93, "seconds_per_row_ratio": 1.2},
             },
         ],
         "growth": {"baseline_rows": 10_000},
@@ -156,7 +170,8 @@ def test_readme_takes_the_scale_page_between_its_markers(tmp_path: Path) -> None
     readme.main([str(results), "--readme", str(page)])
     text = page.read_text()
     assert text.startswith("intro\n<!-- bench.scale:start -->\n#### bench.scale (2026-11-22T00:00:00Z)")
-    assert "| 10,000 | 130.0 | 25.0 | 1.0 | 100.0 | 10.00 | 700 | 2000 | 1.00x | 1.00x |" in text
+    assert "| 10,000 | 130.0 | 25.0 | 1.0 | 100.0 | 10.00 | 700 | 300 | 400 | 2000 | 1.00x | 1.00x | 1.00x |" in text
+    assert "| 1,000 | 40.0 | 25.0 | 0.0 | 12.0 | 12.00 | 650 | — | — | 2000 | 0.93x | — | 1.20x |" in text
     assert "OLD CONTENT" not in text and text.endswith("<!-- bench.scale:end -->\nafter\n")
     with pytest.raises(SystemExit, match="no <!-- bench.orders:start --> marker"):
         readme.main([str(results), "--readme", str(page), "--marker", "bench.orders"])
@@ -359,6 +374,20 @@ def test_eta_range_knows_the_rows_ended_and_tokens_generated_at_a_quarter_of_the
     events += [["t", 20.0, 30, 40, [10, 10, 10], 0], ["u", 24.0, 1, 0, 10, True], ["u", 50.0, 1, 1, 50, True]]
     events += [["t", 100.0, 200, 40, [], 0]]
     assert known_at(events, 0.25) == {"rows_ended": 0.25, "tokens_generated": 0.15}
+
+
+def test_eta_range_split_parts_a_first_runs_point_error_into_tokens_left_and_rate() -> None:
+    """On a committed recording (the Zen 4's ShareGPT first run, 89 s):
+    estimates every 10 s from a quarter of the run to its last 10 s, each
+    point's error the product of its two parts."""
+    from bench.eta_range import split
+
+    (run,) = split(["zen4"], ["sharegpt"])["runs"]
+    shares = [share for share, *_ in run["points"]]
+    assert run["estimates"] == len(shares) == 6 and shares[0] >= 0.25 and shares[-1] <= 1 - 10 / 89
+    for _, tokens, rate, point in run["points"]:
+        assert (1 + tokens) * (1 + rate) == pytest.approx(1 + point, rel=1e-9)
+    assert run["tokens"] == [min(p[1] for p in run["points"]), max(p[1] for p in run["points"])]
 
 
 def test_eta_range_replays_with_an_estimator_constant_changed(monkeypatch: pytest.MonkeyPatch) -> None:
