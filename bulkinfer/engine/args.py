@@ -240,18 +240,36 @@ def configure_environment() -> None:
     engine starts) writes torch's own default (``/tmp/torchinductor_$USER``)
     into the environment, so a default set after it never took effect and
     compiled kernels stayed in ``/tmp`` (seen on an Intel Xeon, 2026-11-28).
-    A value of the user's other than torch's default wins. Its keys: :mod:`~bulkinfer.engine.compile_key`."""
+    A value of the user's other than torch's default wins. Its keys: :mod:`~bulkinfer.engine.compile_key`.
+
+    On CPU oneDNN keeps no primitive cache of its own
+    (``ONEDNN_PRIMITIVE_CACHE_CAPACITY=0``; oneDNN's default keeps 1,024):
+    vLLM's CPU linears (``ops.onednn_mm``) build a oneDNN matmul for each
+    new step size (tokens in the step) and keep the last 32 of each weight
+    shape themselves (``create_onednn_mm(weight, 32)``); oneDNN's cache kept
+    the rest alive and served none: a 40,000-row ``--max-tokens 1`` run
+    built 298 matmuls, found none in it, and built the same 298 without it
+    (``ONEDNN_VERBOSE=profile_create``).
+    What it held was what grew most in that run (memray, 60 to 240 s after
+    the engine's start: +304 MB of JIT kernels, 256 KiB reserved each, and
+    their descriptors), most of it reserved, not resident: peak RSS 8.05 GB
+    against 8.00 with no cache, generation 256.4 s against 257.6 (AMD EPYC
+    Zen 4, 2 cores, bfloat16, 2026-12-05;
+    ``bench/results/heap-step-sizes-zen4.md``)."""
     os.environ.setdefault("VLLM_CPU_NUM_OF_RESERVED_CPU", "0")
     os.environ.setdefault("VLLM_LOGGING_LEVEL", "INFO")
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
     if detect_device() == "cpu":
         os.environ.setdefault("VLLM_USE_AOT_COMPILE", "0")
+        os.environ.setdefault(ONEDNN_CACHE_ENV, "0")
         os.environ[INDUCTOR_CACHE_ENV] = str(compile_cache_dir())
         compile_key.stable_memory_format_pickle(child_processes=True)
 
 
 # torch inductor's cache directory (torch._inductor's default: /tmp/torchinductor_$USER).
 INDUCTOR_CACHE_ENV = "TORCHINDUCTOR_CACHE_DIR"
+# oneDNN's process-wide primitive cache, in primitives (read at its first primitive; oneDNN's default 1,024).
+ONEDNN_CACHE_ENV = "ONEDNN_PRIMITIVE_CACHE_CAPACITY"
 
 
 def vllm_cache_root() -> Path:

