@@ -18,6 +18,8 @@
 #   thppause     --no-huge-pages-at-start: paused while it starts (bulkinfer/engine/malloc.py, huge_pages_paused)
 #   pollers      BULKINFER_IDLE_POLLERS=0: gloo's polling threads left at the default scheduling policy
 #                (bulkinfer/engine/pollers.py moves them to SCHED_IDLE)
+#   dnnlcache    ONEDNN_PRIMITIVE_CACHE_CAPACITY=1024: oneDNN's own primitive cache at its default size (bulkinfer
+#                turns it off on CPU, bulkinfer/engine/args.py configure_environment)
 # Every run bfloat16, eager (COMPILED=1: compiled), a 6 GiB KV cache, `ignore_eos`, greedy, so only the environment
 # differs; prints each run's wall time, engine start, generation seconds and completion tokens/s, and the report's
 # engine.sched_idle_threads. Run it alone on the machine.
@@ -35,7 +37,8 @@ tcmalloc=${TCMALLOC:-/usr/lib/x86_64-linux-gnu/libtcmalloc_minimal.so.4}
 declare -A preload=([tcmalloc]="$tcmalloc" [jemalloc]="$site/ray/core/libjemalloc.so" [iomp]="$venv/lib/libiomp5.so")
 declare -A wait_policy=([omp-active]=ACTIVE [omp-passive]=PASSIVE)
 declare -A malloc_env=([glibc]="BULKINFER_MALLOC_TUNABLES=0" [arena1]="GLIBC_TUNABLES=glibc.malloc.arena_max=1"
-  [pollers]="BULKINFER_IDLE_POLLERS=0" [nohuge]="GLIBC_TUNABLES=glibc.malloc.hugetlb=0")
+  [pollers]="BULKINFER_IDLE_POLLERS=0" [nohuge]="GLIBC_TUNABLES=glibc.malloc.hugetlb=0"
+  [dnnlcache]="ONEDNN_PRIMITIVE_CACHE_CAPACITY=1024")
 declare -A flags=([thpkeep]=--huge-pages-at-start [thppause]=--no-huge-pages-at-start)
 eager=--enforce-eager; [ "${COMPILED:-0}" = 1 ] && eager=--no-enforce-eager
 mkdir -p "$work"
@@ -52,6 +55,7 @@ for side in "${order[@]}"; do
   out="$work/$i-$side.out.jsonl"
   start=$(date +%s.%N)
   env -u LD_PRELOAD -u OMP_WAIT_POLICY -u GLIBC_TUNABLES -u BULKINFER_MALLOC_TUNABLES -u BULKINFER_IDLE_POLLERS \
+    -u ONEDNN_PRIMITIVE_CACHE_CAPACITY \
     ${lib:+LD_PRELOAD=$lib} ${policy:+OMP_WAIT_POLICY=$policy} ${malloc:+$malloc} \
     VLLM_CPU_NUM_OF_RESERVED_CPU=0 TOKENIZERS_PARALLELISM=false \
     "$venv/bin/bulkinfer" run "$input" -o "$out" --overwrite --plain-progress --raw-prompts --ignore-eos \

@@ -10,7 +10,9 @@ time: two cores):
 - ``short``: 1,000 short questions (:func:`bench.eta.short_prompts`), the
   defaults (max_tokens 256);
 - ``multiturn``: the 452 turns of ``sample_data/sharegpt_multiturn.jsonl``
-  (each turn repeats the conversation so far: shared prefixes), demo.toml.
+  (each turn repeats the conversation so far: shared prefixes), demo.toml;
+- ``steady`` (not in the issue's three; ``--workloads steady``): 5,000 rows
+  of a few random words, 8-token answers: a job whose steps stay alike.
 
 Before the first job every completion length stored is removed from the
 calibration store, and the step models stored by earlier runs of these jobs
@@ -81,6 +83,7 @@ DESCRIBED = {
     "sharegpt": "300 ShareGPT first turns, configs/demo.toml (max_tokens 128)",
     "short": "1,000 short questions, defaults (max_tokens 256)",
     "multiturn": "452 turns of ShareGPT conversations (shared prefixes), configs/demo.toml",
+    "steady": "5,000 rows of 4-16 random words, defaults but max_tokens 8 (not in the issue's three)",
 }
 
 
@@ -420,7 +423,7 @@ def main(argv: list[str] | None = None) -> None:
     jobs.mkdir(parents=True, exist_ok=True)
     runs = []
     if not args.again_only:
-        forget_lengths([jobs / f"{workload}.out.jsonl" for workload in WORKLOADS])
+        forget_lengths([jobs / f"{workload}.out.jsonl" for workload in {*WORKLOADS, *args.workloads.split(",")}])
     for workload in args.workloads.split(","):
         output = jobs / f"{workload}.out.jsonl"
         for first_run in (False,) if args.again_only else (True, False):

@@ -5,7 +5,10 @@ Record (``python -m bench.eta_trace record short``): runs ``bulkinfer.run``
 in this process on a workload of :mod:`bench.eta` (``short``: 1,000 short
 questions, default settings; ``sharegpt``: ``sample_data/sharegpt.jsonl``
 with ``configs/demo.toml``; ``multiturn``: the 452 turns of
-``sample_data/sharegpt_multiturn.jsonl``, shared prefixes, likewise) with :class:`bulkinfer.report.progress.Progress`
+``sample_data/sharegpt_multiturn.jsonl``, shared prefixes, likewise;
+``steady``: :data:`STEADY_ROWS` rows of 4-16 random words
+(:func:`bench.scale.write_rows`), the defaults but ``max_tokens`` 8: every
+step alike, as a labelling job's) with :class:`bulkinfer.report.progress.Progress`
 wrapped, and writes every call the estimator gets, with its
 ``time.monotonic()`` second: ``["p", t, prompt_tokens, max_tokens]`` (a row
 planned), ``["u", t, done, failed, completion_tokens, planned]`` (rows
@@ -58,6 +61,8 @@ ROOT = Path(__file__).resolve().parents[1]
 FRACTIONS = (0.10, 0.25, 0.50, 0.75)
 LAST_LINE_S = 10.0
 RATE_WINDOWS_S = (30.0, 60.0)
+STEADY_ROWS = 5000  # the steady workload's rows (bench.scale.write_rows, seed 0)
+RECORDABLE = ("short", "sharegpt", "multiturn", "steady")  # the jobs record() runs
 
 
 def record(workload: str, out: Path, job_output: Path | None = None) -> None:
@@ -93,6 +98,12 @@ def record(workload: str, out: Path, job_output: Path | None = None) -> None:
             src = Path(tmp) / "short.jsonl"
             src.write_bytes(b"".join(orjson.dumps(row) + b"\n" for row in short_prompts(1000)))
             settings = load_settings()
+        elif workload == "steady":  # steps alike: 8-token answers to rows of a few words, as a labelling job
+            from bench.scale import write_rows
+
+            src = Path(tmp) / "steady.jsonl"
+            write_rows(src, STEADY_ROWS)
+            settings = load_settings(overrides={"sampling.max_tokens": 8})
         elif workload == "multiturn":  # 452 turns of real ShareGPT conversations: each turn repeats the earlier ones
             src = ROOT / "sample_data" / "sharegpt_multiturn.jsonl"
             settings = load_settings(ROOT / "configs" / "demo.toml")
@@ -330,7 +341,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     sub = parser.add_subparsers(dest="action", required=True)
     rec = sub.add_parser("record")
-    rec.add_argument("workload", choices=["short", "sharegpt", "multiturn"])
+    rec.add_argument("workload", choices=RECORDABLE)
     rec.add_argument("--out", type=Path, help="the recording (default bench/results/eta-trace-WORKLOAD.json)")
     rec.add_argument("--job-output", type=Path, help="the run's output file (the same one when the job runs again)")
     rep = sub.add_parser("replay")

@@ -255,7 +255,11 @@ def configure_environment() -> None:
     their descriptors), most of it reserved, not resident: peak RSS 8.05 GB
     against 8.00 with no cache, generation 256.4 s against 257.6 (AMD EPYC
     Zen 4, 2 cores, bfloat16, 2026-12-05;
-    ``bench/results/heap-step-sizes-zen4.md``)."""
+    ``bench/results/heap-step-sizes-zen4.md``). Over 200,000 rows the RSS
+    levelled without it (+15 MiB in the second half) and rose with it
+    (+534 MiB; ``heap-200k-onednn-cache-zen4.md``); a decoding job
+    (ShareGPT-200) found 4 of 860 matmuls in it, at a level speed
+    (``onednn-cache-ab-sharegpt-n200-zen4.md``)."""
     os.environ.setdefault("VLLM_CPU_NUM_OF_RESERVED_CPU", "0")
     os.environ.setdefault("VLLM_LOGGING_LEVEL", "INFO")
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")

@@ -334,6 +334,14 @@ def test_eta_trace_rates_against_the_final_figure(tmp_path: Path) -> None:
     assert dict(out["last 30 s"])[90.0] == pytest.approx(1.0)  # the decode phase: twice the average
 
 
+def test_every_job_bench_eta_trace_records_is_described_by_bench_eta_range() -> None:
+    from bench.eta_range import DESCRIBED, WORKLOADS
+    from bench.eta_trace import RECORDABLE
+
+    assert sorted(DESCRIBED) == sorted(RECORDABLE)
+    assert set(WORKLOADS) < set(RECORDABLE)  # the issue's three by default; steady on request
+
+
 def test_eta_trace_reconstructs_the_running_prompts_of_an_older_recording() -> None:
     """Rows start in plan order, one a step here: a running row with ``g``
     tokens started ``g`` steps ago (steps: the events whose counts moved, not
