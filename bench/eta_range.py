@@ -54,8 +54,9 @@ run again took for each fifth of its completion tokens over its first run's
 minutes apart), to ``eta-range-pace.{json,md}``.
 ``--split T1,T2,...`` runs nothing: for each first run of each tag,
 replayed, where its point errs from a quarter of its time on: the
-completion tokens left against the seconds per token (:func:`split`), to
-``eta-range-split.{json,md}``.
+completion tokens left against the seconds per token
+(:func:`bench.eta_split.split`), to ``eta-range-split.{json,md}``
+(``--name N``: ``eta-range-N.{json,md}``, as for ``--pace``).
 ``--store-fits`` replays the first runs of tag T timed by the step models
 stored on this machine, pooled by the rule before ``CALM_SPREAD`` (the
 newest five fits) and by today's, and writes ``eta-range-T-calm.{json,md}``.
@@ -64,7 +65,6 @@ newest five fits) and by today's, and writes ``eta-range-T-calm.{json,md}``.
 from __future__ import annotations
 
 import argparse
-import math
 import subprocess
 import sys
 from collections.abc import Iterator
@@ -181,65 +181,6 @@ def _replay(tag: str, workloads: list[str], k: int, first_run: bool) -> tuple[st
     # a run again: its first run's fit, the job's own step model
     own = None if first_run else fitted_step_cost(orjson.loads(first.read_bytes()))
     return name, recording, _replayed(recording, prior, not first_run, own or step_cost, own is not None)
-
-
-def split(tags: list[str], workloads: list[str], every_s: float = 10.0) -> dict[str, Any]:
-    """Where each first run's point errs, from 25% of its time on (not the
-    last :data:`~bench.eta_trace.LAST_LINE_S` seconds), replayed every
-    ``every_s`` seconds: its completion tokens left (the futures' mean) over
-    the true ones, less 1 (``tokens``), and its seconds per token left (point
-    / tokens left) over the true ones (real time left / true tokens left),
-    less 1 (``rate``): the lengths not known against the step model; each as
-    [lowest, highest] over the run, and each estimate's in ``points``
-    ([share of the run's time, tokens, rate, point / real time left - 1]:
-    (1 + tokens) x (1 + rate) = 1 + the point's error)."""
-    from bench.eta_trace import LAST_LINE_S
-
-    runs = []
-    for tag in tags:
-        for k, workload in enumerate(workloads):
-            name, recording, estimates = _replay(tag, workloads, k, True)
-            events = recording["events"]
-            start, end = events[0][1], events[-1][1]
-            total = max(e[2] for e in events if e[0] == "t")
-            points, last = [], -math.inf
-            for now, progress in estimates:
-                if now - last < every_s or now - start < 0.25 * (end - start) or end - now < LAST_LINE_S:
-                    continue
-                last, work = now, progress.work
-                outlook = work.outlook(progress.total, progress._failed_unplanned)
-                left = max(total - work.generated_tokens, 1)
-                tokens = outlook.completion_tokens / left - 1
-                rate = outlook.point / max(outlook.completion_tokens, 1) / ((end - now) / left) - 1
-                points.append([(now - start) / (end - start), tokens, rate, outlook.point / (end - now) - 1])
-            runs.append(
-                {
-                    "tag": tag,
-                    "workload": workload,
-                    "recording": name,
-                    "estimates": len(points),
-                    "tokens": [min(p[1] for p in points), max(p[1] for p in points)],
-                    "rate": [min(p[2] for p in points), max(p[2] for p in points)],
-                    "points": points,  # [share of the run's time, tokens, rate, the point's error] each
-                }
-            )
-    return {"runs": runs}
-
-
-def render_split(doc: dict[str, Any]) -> str:
-    lines = [
-        "# Where a first run's point errs: the tokens left against the seconds per token\n",
-        f"Command: `{doc['command']}` (the committed recordings, replayed through the estimator as it is). "
-        "From 25% of each first run's time on, every 10 s: its completion tokens left (the futures' mean) "
-        "over the true ones, and its seconds per token left (point / tokens left) over the true ones; "
-        "the lowest and highest of each, less 1.\n",
-        "| round | job | estimates | tokens left | seconds per token |",
-        "| --- | --- | --: | --: | --: |",
-    ]
-    for r in doc["runs"]:
-        tokens, rate = (f"{low:+.0%} to {high:+.0%}" for low, high in (r["tokens"], r["rate"]))
-        lines.append(f"| {r['tag']} | {r['workload']} | {r['estimates']} | {tokens} | {rate} |")
-    return "\n".join(lines) + "\n"
 
 
 def store_fits_replayed(workloads: list[str], tag: str) -> dict[str, Any]:
@@ -378,6 +319,7 @@ def main(argv: list[str] | None = None) -> None:
     )
     parser.add_argument("--split", default="", help="tags: where each first run's point errs, tokens left or rate")
     parser.add_argument("--pace", default="", help="tags: each job's run again over its first run, fifth by fifth")
+    parser.add_argument("--name", default="", help="--split/--pace write eta-range-NAME.{json,md} (split, pace)")
     parser.add_argument(
         "--store-fits",
         action="store_true",
@@ -389,15 +331,17 @@ def main(argv: list[str] | None = None) -> None:
     args = parser.parse_args(argv)
     command = " ".join(["python -m bench.eta_range", *(argv if argv is not None else sys.argv[1:])])
     if args.split:
+        from bench.eta_split import render_split, split
+
         doc: dict[str, Any] = {"command": command, **split(args.split.split(","), args.workloads.split(","))}
-        (RESULTS / "eta-range-split.json").write_bytes(orjson.dumps(doc, option=orjson.OPT_INDENT_2))
-        (RESULTS / "eta-range-split.md").write_text(render_split(doc))
+        (RESULTS / f"eta-range-{args.name or 'split'}.json").write_bytes(orjson.dumps(doc, option=orjson.OPT_INDENT_2))
+        (RESULTS / f"eta-range-{args.name or 'split'}.md").write_text(render_split(doc))
         print(render_split(doc))
         return
     if args.pace:
         paced = {"command": command, **pace(args.pace.split(","), args.workloads.split(","))}
-        (RESULTS / "eta-range-pace.json").write_bytes(orjson.dumps(paced, option=orjson.OPT_INDENT_2))
-        (RESULTS / "eta-range-pace.md").write_text(render_pace(paced))
+        (RESULTS / f"eta-range-{args.name or 'pace'}.json").write_bytes(orjson.dumps(paced, option=orjson.OPT_INDENT_2))
+        (RESULTS / f"eta-range-{args.name or 'pace'}.md").write_text(render_pace(paced))
         print(render_pace(paced))
         return
     if args.store_fits:

@@ -388,14 +388,29 @@ def test_eta_range_split_parts_a_first_runs_point_error_into_tokens_left_and_rat
     """On a committed recording (the Zen 4's ShareGPT first run, 89 s):
     estimates every 10 s from a quarter of the run to its last 10 s, each
     point's error the product of its two parts."""
-    from bench.eta_range import split
+    from bench.eta_split import split
 
     (run,) = split(["zen4"], ["sharegpt"])["runs"]
     shares = [share for share, *_ in run["points"]]
     assert run["estimates"] == len(shares) == 6 and shares[0] >= 0.25 and shares[-1] <= 1 - 10 / 89
-    for _, tokens, rate, point in run["points"]:
+    for _, tokens, rate, point, _ in run["points"]:
         assert (1 + tokens) * (1 + rate) == pytest.approx(1 + point, rel=1e-9)
     assert run["tokens"] == [min(p[1] for p in run["points"]), max(p[1] for p in run["points"])]
+    assert run["mix"] == [min(p[4] for p in run["points"]), max(p[4] for p in run["points"])]
+
+
+def test_eta_split_mix_is_the_median_rate_over_the_summed_rate() -> None:
+    """Five decode steps at 1 ms per unit of work, two prefill steps at 0.5
+    ms, each 4x the work: the median takes 1 ms, the summed 0.9 s over
+    1,300 units."""
+    from bench.eta_split import _mix
+    from bulkinfer.report.eta import WorkEstimate
+    from bulkinfer.report.step_cost import Step, StepCost
+
+    model = StepCost(context_weight=0.0, prefill_weight=1.0, overhead_tokens=0.0)
+    work = WorkEstimate(step_cost=model)
+    work.steps.extend([Step(0.1, 100, 0, 0.0)] * 5 + [Step(0.2, 0, 400, 0.0)] * 2)
+    assert _mix(work) == pytest.approx(1e-3 / (0.9 / 1300) - 1)  # +44%
 
 
 def test_eta_range_replays_with_an_estimator_constant_changed(monkeypatch: pytest.MonkeyPatch) -> None:
