@@ -11,6 +11,7 @@ import contextlib
 import os
 import signal
 import threading
+import time
 from collections.abc import Iterator, Mapping
 from typing import Any
 
@@ -24,6 +25,19 @@ def exit_description(code: int | None) -> str:
         hint = " (the out-of-memory killer sends this: see `dmesg`)" if -code == signal.SIGKILL else ""
         return f"was killed by {name}{hint}"
     return f"exited with code {code}"
+
+
+def core_exit_code(proc: Any) -> int | None:
+    """The exit code of ``proc``, an engine core process vLLM started (its
+    ``multiprocessing`` handle; negative: a signal), waiting up to a second
+    for it to be known; None for None (another process) or still unknown."""
+    deadline = time.monotonic() + 1.0
+    while proc is not None:
+        code = proc.exitcode  # multiprocessing reaps the process here
+        if isinstance(code, int) or time.monotonic() >= deadline:
+            return code if isinstance(code, int) else None
+        time.sleep(0.05)
+    return None
 
 
 def tasks(pid: int) -> list[int]:

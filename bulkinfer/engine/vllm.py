@@ -30,6 +30,7 @@ from bulkinfer.engine.kv_cache import available_memory_bytes
 from bulkinfer.engine.pollers import idle_engine_pollers
 from bulkinfer.engine.processes import (
     alive,
+    core_exit_code,
     engine_processes,
     environment_until_spawned,
     exit_description,
@@ -149,14 +150,13 @@ class VllmEngine:
         resources = getattr(getattr(self._engine, "engine_core", None), "resources", None)
         manager_processes = getattr(getattr(resources, "engine_manager", None), "processes", None) or ()
         self._core_processes = {proc.pid: proc for proc in manager_processes if getattr(proc, "pid", None)}
-        # The engine's processes: its engine cores and their workers (not
-        # another replica's, which may start meanwhile, nor multiprocessing's
-        # resource tracker, which stays until this process exits and cleans up
-        # after the others).
+        # The engine's processes: its engine cores and their workers (not another replica's, which may start
+        # meanwhile, nor multiprocessing's resource tracker, which stays until this process exits and cleans up).
         self._processes = engine_processes(self._core_processes, earlier | {self._watchdog.pid})
         self._names = {p.pid: process_name(p) for p in self._processes}
         self._stepper.step = self._engine.step
         self._buffered: list[Completion] = []
+        self._unreported = False  # a step's results waited for by add or abort, not yet returned by step
         self._unfinished: set[str] = set()  # request ids added and not yet returned finished
         self._closed = False
         vllm_config = self._engine.vllm_config
@@ -199,8 +199,7 @@ class VllmEngine:
         Raises:
             EngineError: the engine died.
         """
-        if self._stepper.running_since is not None:  # never send while a step is in flight
-            self._buffered.extend(self._wait_step(None))
+        self._finish_step_in_flight()  # never send while a step is in flight
         if request.input_token_ids is not None:
             return self._add_embedding(request_id, request)
         assert request.prompt_token_ids is not None
@@ -301,7 +300,11 @@ class VllmEngine:
         return list(self._outputs.token_counts.values())
 
     def step(self, wait: float | None = None) -> list[Completion]:
-        """Run one engine step; return the requests that finished in it.
+        """Run one engine step; return the requests that finished in it. A
+        step :meth:`add` or :meth:`abort` waited for is returned first, and
+        alone: each step reaches the caller once, its token counts apart from
+        the next step's (a step that finished no row was told with the next:
+        18 of 161 steps of a labelling job, ``bench/results/engine-steps-*.md``).
 
         With ``wait`` (seconds), return ``[]`` after that time if the step is
         still running; its results come with the next call.
@@ -310,11 +313,19 @@ class VllmEngine:
             EngineError: an engine process died, vLLM raised, or no step
                 returned for ``stall_timeout_s`` seconds.
         """
-        if self._buffered:
-            done, self._buffered = self._buffered, []
+        if self._unreported:
+            done, self._buffered, self._unreported = self._buffered, [], False
             return done
         self._stepper.start()
         return self._wait_step(wait, next_step=True)
+
+    def _finish_step_in_flight(self) -> None:
+        """Wait for the step in flight, if any; the next :meth:`step` returns
+        its results (none finished, maybe) without running another, so the
+        caller sees each step's token counts apart (see :meth:`step`)."""
+        if self._stepper.running_since is not None:
+            self._buffered.extend(self._wait_step(None))
+            self._unreported = True
 
     def _wait_step(self, wait: float | None, next_step: bool = False) -> list[Completion]:
         """The running step's finished requests (``[]`` after ``wait`` s). With
@@ -364,24 +375,12 @@ class VllmEngine:
             if not dead:
                 raise EngineError("the vLLM engine core died; finished rows are kept: continue with --resume")
         if dead:
-            codes = {proc.pid: self._exit_code(proc.pid) for proc in dead}
+            codes = {proc.pid: core_exit_code(self._core_processes.get(proc.pid)) for proc in dead}
             proc = next((p for p in dead if codes[p.pid] is not None), dead[0])
             raise EngineError(
                 f"the vLLM engine process {self._names.get(proc.pid, '')} (pid {proc.pid}) "
                 f"{exit_description(codes[proc.pid])}; finished rows are kept: continue with --resume"
             )
-
-    def _exit_code(self, pid: int) -> int | None:
-        """The exit code of an engine core process vLLM started (negative: a
-        signal), waiting up to a second for it to be known; None for another process."""
-        proc = self._core_processes.get(pid)
-        deadline = time.monotonic() + 1.0
-        while proc is not None:
-            code = proc.exitcode  # multiprocessing reaps the process here
-            if isinstance(code, int) or time.monotonic() >= deadline:
-                return code if isinstance(code, int) else None
-            time.sleep(0.05)
-        return None
 
     def has_unfinished(self) -> bool:
         """A request added has not been returned by :meth:`step` yet: it runs,
@@ -417,8 +416,7 @@ class VllmEngine:
         """
         if self._closed:
             return
-        if self._stepper.running_since is not None:
-            self._buffered.extend(self._wait_step(None))
+        self._finish_step_in_flight()
         dropped = set(request_ids)
         self._buffered = [c for c in self._buffered if c.request_id not in dropped]
         aborted = sorted(dropped & self._unfinished)

@@ -514,3 +514,13 @@ def test_thread_watch_takes_the_generation_window_before_the_end_and_shows_busy_
     assert used["python (pid 1, tid 2)"] == pytest.approx(92 * 0.98)
     assert used["gloo_tcp_loop (pid 1) x2"] == pytest.approx(2 * 0.92)
     assert used["Ppython (pid 1)"] == pytest.approx(0.92)
+
+
+def test_engine_steps_counts_the_steps_between_ticks_whose_counts_moved() -> None:
+    """Two steps before the first moving tick; a tick that did not move
+    counts nothing; a step that ran no model does not count."""
+    from bench.engine_steps import steps_per_tick
+
+    events = [["e", 0.1, True], ["e", 0.2, True], ["t", 0.3, 10, 5], ["t", 0.8, 10, 5]]
+    events += [["e", 0.9, True], ["e", 1.0, False], ["t", 1.1, 20, 5], ["e", 1.2, True], ["t", 1.3, 30, 9]]
+    assert steps_per_tick(events) == {2: 1, 1: 2}

@@ -45,6 +45,7 @@ def stand_in_engine(
     engine._core_processes = {}
     engine._stall_timeout_s = stall_timeout_s
     engine._buffered = []
+    engine._unreported = False
     engine._unfinished = set()
     engine._outputs = StreamedOutputs()
     return engine
@@ -122,6 +123,30 @@ def test_the_next_step_starts_before_the_last_ones_outputs_are_handed_over(
     release.set()
     engine._wait_step(5)  # what add does before it sends a request
     assert not engine.stepping and len(started) == 2  # waiting for a step in flight does not start another
+
+
+def test_a_step_add_waited_for_comes_back_alone_even_when_it_finished_nothing(
+    engine_process: subprocess.Popen[bytes],
+) -> None:
+    """Step 2 runs on its own while the caller handles step 1; ``add`` waits
+    for it (it finishes no row). The next ``step`` returns step 2 without
+    running step 3, so the caller's progress sees step 2's token counts apart
+    from step 3's; the call after runs step 3."""
+    started: list[int] = []
+    generated = [0]
+
+    def step() -> list[Any]:
+        started.append(len(started) + 1)
+        generated[0] += 10  # each step decodes 10 tokens and finishes no row
+        return []
+
+    engine = stand_in_engine(step, engine_process, unfinished=True)
+    assert engine.step(wait=5) == [] and engine.stepping  # step 2 started on its own
+    engine._finish_step_in_flight()  # what add does before it sends a request
+    assert started == [1, 2] and generated == [20] and not engine.stepping
+    assert engine.step(wait=5) == [] and started == [1, 2]  # step 2, told alone
+    engine._engine.has_unfinished_requests = lambda: False
+    assert engine.step(wait=5) == [] and started == [1, 2, 3] and generated == [30]
 
 
 def test_an_exception_in_the_step_is_an_engine_error(engine_process: subprocess.Popen[bytes]) -> None:
