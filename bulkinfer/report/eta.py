@@ -48,13 +48,14 @@ narrows as rows finish.
 - **Steps**: :mod:`bulkinfer.report.step_cost` (the fixed cost of a step,
   the tokens it decodes, attends over and prefills, not those from the
   prefix cache); its scale is the median over the :data:`RECENT_STEPS`
-  latest steps. The context attended over is the running rows' own prompts
-  and completions so far (the engine's ``running_prompt_tokens``); in the
-  futures the running rows keep their mean prompt, and the rows still to
-  start have the mean prompt of the prompt tokens not yet processed (rows
-  are fed longest prompt first). A run timed by its own job's fits also times its steps to
-  come by their batches (full or not) at the rates its earlier runs saw
-  (``batch_rates``): the futures give each step's rows (the slots' ends).
+  latest steps (a run timed by its own job's fits: its earlier runs' rate
+  for those not seen yet). The context attended over is the running rows'
+  own prompts and completions so far (the engine's ``running_prompt_tokens``);
+  in the futures the running rows keep their mean prompt, and the rows still
+  to start have the mean prompt of the prompt tokens not yet processed (rows
+  are fed longest prompt first). A run timed by its own job's fits also
+  times its steps to come by their batches (full or not) at the rates its
+  earlier runs saw (``batch_rates``): the futures give each step's rows.
   A first run does so at its own batch rates once it has seen both kinds
   of batch (its drain has begun); other jobs' are not its own.
 """
@@ -70,7 +71,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, replace
 
 from bulkinfer.report.futures import SAMPLES, Futures, spread_factors
-from bulkinfer.report.step_cost import Step, StepCost, batch_rates
+from bulkinfer.report.step_cost import Step, StepCost, batch_rates, fit_step_cost
 
 # Steps whose rate the median is taken over.
 RECENT_STEPS = 64
@@ -395,14 +396,14 @@ class WorkEstimate:
         return EtaRange(low, statistics.median(seconds), high, statistics.fmean(tokens))
 
     def _rate(self, model: StepCost) -> float:
-        """Seconds per unit of a step's work under ``model``: the median over
-        the recent steps (a decode-only step's work at its batch's rate,
-        :meth:`~bulkinfer.report.step_cost.StepCost.batch_factor`)."""
-        most = self._most_rows()
-        return statistics.median(
-            s.seconds / (model.work(s) * (1.0 if s.prefilled else model.batch_factor(s.decoded, most)))
-            for s in self.steps
-        )
+        """Seconds per unit of a step's work under ``model``, the median over the recent steps
+        (:meth:`StepCost.step_rates`), where a run timed by its own job's fit counts that fit's run's ``rate`` for
+        each of the :data:`RECENT_STEPS` not seen yet: ShareGPT's run again's first steps ran at 1.83x its later
+        rate, its first run at 1.00x (2-core Zen 4; ``bench/results/eta-range-replayed-20261205-prior-rate.md``)."""
+        rates = model.step_rates(self.steps, self._most_rows())
+        if self.step_cost_same_job and model.rate > 0:
+            rates += [model.rate] * (RECENT_STEPS - len(rates))
+        return statistics.median(rates)
 
     def _most_rows(self) -> int:
         """The most rows the engine decodes at once (its ``max_num_seqs``, else the most seen)."""
@@ -410,13 +411,12 @@ class WorkEstimate:
 
     def fitted_step_cost(self) -> StepCost | None:
         """The step model fitted to this run's steps, with its batch rates
-        (None for too few): the next run's ``step_cost``."""
-        from bulkinfer.report.step_cost import fit_step_cost
-
+        (None for too few) and its rate: the next run's ``step_cost``."""
         fit = fit_step_cost(self.sampled_steps)
-        return (
-            None if fit is None else replace(fit, batch_rates=batch_rates(self.sampled_steps, fit, self._most_rows()))
-        )
+        if fit is None:
+            return None
+        fit = replace(fit, batch_rates=batch_rates(self.sampled_steps, fit, self._most_rows()))
+        return replace(fit, rate=statistics.median(fit.step_rates(self.sampled_steps, self._most_rows())))
 
     def mean_prompt(self) -> float:
         """The planned rows' mean prompt length (tokens; 0 before any)."""

@@ -100,14 +100,17 @@ class Step:
 @dataclass(frozen=True, slots=True)
 class StepCost:
     """The weights of the step model (see the module docstring), the rate's
-    ``spread`` and the fitted run's ``batch_rates`` (:func:`batch_rates`;
-    empty: none)."""
+    ``spread``, the fitted run's ``batch_rates`` (:func:`batch_rates`;
+    empty: none) and its ``rate``: the median of its steps' seconds per unit
+    of work (seconds; 0: not known), which a run again of the same job takes
+    until it has seen steps of its own (``WorkEstimate._rate``)."""
 
     context_weight: float = 0.003
     prefill_weight: float = 0.6
     spread: float = 0.1
     overhead_tokens: float = OVERHEAD_TOKENS
     batch_rates: tuple[float, ...] = ()
+    rate: float = 0.0
 
     def work(self, step: Step) -> float:
         """A step's work in decoded-token equivalents."""
@@ -117,6 +120,13 @@ class StepCost:
             + self.context_weight * step.context
             + self.prefill_weight * step.prefilled
         )
+
+    def step_rates(self, steps: Sequence[Step], most: float) -> list[float]:
+        """Each step's seconds per unit of work (a decode-only step's work at
+        its batch's rate, :meth:`batch_factor`; ``most``: the most rows at once)."""
+        return [
+            s.seconds / (self.work(s) * (1.0 if s.prefilled else self.batch_factor(s.decoded, most))) for s in steps
+        ]
 
     def neighbours(self) -> list[StepCost]:
         """The models around this one that a run's steps cannot tell apart
@@ -167,14 +177,14 @@ class StepCost:
             return None
         try:
             values = [float(data[name]) for name in ("context_weight", "prefill_weight", "spread")]
-            values.append(float(data.get("overhead_tokens", OVERHEAD_TOKENS)))
+            values += [float(data.get("overhead_tokens", OVERHEAD_TOKENS)), float(data.get("rate", 0.0))]
             bins = tuple(float(v) for v in data.get("batch_rates") or ())
         except (KeyError, TypeError, ValueError):
             return None
         if not all(math.isfinite(v) and v >= 0 for v in values) or not all(math.isfinite(v) for v in bins):
             return None
-        context, prefill, spread, overhead = values
-        return cls(context, prefill, spread, overhead, bins if len(bins) == BATCH_BINS else ())
+        context, prefill, spread, overhead, rate = values
+        return cls(context, prefill, spread, overhead, bins if len(bins) == BATCH_BINS else (), rate)
 
 
 def fit_step_cost(steps: Sequence[Step]) -> StepCost | None:
@@ -224,14 +234,15 @@ def pooled(fits: Sequence[StepCost]) -> StepCost | None:
 
 
 def median_model(fits: Sequence[StepCost]) -> StepCost | None:
-    """Each weight, the spread and each batch rate (over the fits that have
-    them) the median over ``fits``; None for none."""
+    """Each weight, the spread, each batch rate and the rate (over the fits
+    that have them) the median over ``fits``; None for none."""
     if not fits:
         return None
     rates = [f.batch_rates for f in fits if len(f.batch_rates) == BATCH_BINS]
     bins = tuple(statistics.median(b) for b in zip(*rates, strict=True)) if rates else ()
     context, prefill, spread, overhead = (statistics.median(getattr(f, name) for f in fits) for name in _FIELDS)
-    return StepCost(context, prefill, spread, overhead, bins)
+    rate = statistics.median([f.rate for f in fits if f.rate > 0] or [0.0])
+    return StepCost(context, prefill, spread, overhead, bins, rate)
 
 
 _FIELDS = ("context_weight", "prefill_weight", "spread", "overhead_tokens")

@@ -472,6 +472,24 @@ def test_a_run_again_times_its_draining_steps_at_their_own_batch_rate() -> None:
     assert eta(spread, slow_full) < 0.8 * eta(spread, ())
 
 
+def test_a_run_again_takes_its_earlier_runs_rate_for_the_steps_it_has_not_seen() -> None:
+    """The earlier run of the job ran at 1 ms per unit of work; this run's
+    first 10 steps at 3 ms (warm-up). Its rate: the earlier one while those
+    10 are fewer than half of RECENT_STEPS, its own once they are most; a
+    first run (another job's model) takes its own steps alone."""
+
+    def rate(steps: int, same_job: bool) -> float:
+        cost = StepCost(0.0, 0.5, 0.05, 16.0, rate=0.001)
+        work = WorkEstimate(0.0, max_running=16, step_cost=cost, step_cost_same_job=same_job)
+        for k in range(1, steps + 1):
+            work.observe(k * 0.003 * (16 + 16), 16 * k, 0, [k] * 16)
+        return work._rate(cost)
+
+    assert rate(10, same_job=True) == pytest.approx(0.001)
+    assert rate(40, same_job=True) == pytest.approx(0.003)
+    assert rate(10, same_job=False) == pytest.approx(0.003)
+
+
 def test_a_first_run_learns_its_own_batch_rates_once_it_has_seen_both(monkeypatch: pytest.MonkeyPatch) -> None:
     """Timed by another job's model: its full batches ran at 2 ms per unit
     of work, the first steps of its drain at 1 ms. Having seen both, it

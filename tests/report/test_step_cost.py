@@ -68,6 +68,9 @@ def test_the_fit_keeps_how_much_slower_its_full_batches_ran() -> None:
     # pooled: each bin's median over the fits that have batch rates
     pooled_ = median_model([replace(truth, batch_rates=(0.0, 0.2)), replace(truth, batch_rates=(0.0, 0.4)), truth])
     assert pooled_ is not None and pooled_.batch_rates == pytest.approx((0.0, 0.3))
+    # and the rate: the median over the fits that know one
+    rated = median_model([replace(truth, rate=1e-3), replace(truth, rate=3e-3), truth])
+    assert rated is not None and rated.rate == pytest.approx(2e-3)
 
 
 def test_too_few_steps_fit_nothing() -> None:
@@ -77,6 +80,8 @@ def test_too_few_steps_fit_nothing() -> None:
 def test_a_stored_model_reads_back_and_a_broken_one_reads_as_none() -> None:
     model = StepCost(0.004, 0.75, 0.08, 24.0)
     assert StepCost.from_json(model.to_json()) == model
+    assert StepCost.from_json(replace(model, rate=0.0012).to_json()) == replace(model, rate=0.0012)
+    assert StepCost.from_json({**model.to_json(), "rate": -1.0}) is None
     assert StepCost.from_json({"context_weight": 0.001, "prefill_weight": 0.5, "spread": 0.1}) == StepCost(
         0.001, 0.5, 0.1
     )
