@@ -67,10 +67,10 @@ _PARTS = ((1, "tokens"), (2, "rate"), (4, "mix"))
 def _mix(work: Any) -> float:
     """The estimator's rate over its recent steps' summed seconds over their
     summed work (each step's work as the rate counts it), less 1."""
-    model, most = work.step_cost, work._most_rows()
     steps = list(work.steps)
-    units = [model.work(s) * (1.0 if s.prefilled else model.batch_factor(s.decoded, most)) for s in steps]
-    return work._rate(model) / (sum(s.seconds for s in steps) / sum(units)) - 1
+    rates = work.step_cost.step_rates(steps, work._most_rows())
+    summed = sum(s.seconds for s in steps) / sum(s.seconds / r for s, r in zip(steps, rates, strict=True))
+    return work._rate(work.step_cost) / summed - 1
 
 
 def render_split(doc: dict[str, Any]) -> str:

@@ -415,8 +415,8 @@ class WorkEstimate:
         fit = fit_step_cost(self.sampled_steps)
         if fit is None:
             return None
-        fit = replace(fit, batch_rates=batch_rates(self.sampled_steps, fit, self._most_rows()))
-        return replace(fit, rate=statistics.median(fit.step_rates(self.sampled_steps, self._most_rows())))
+        fit = replace(fit, batch_rates=batch_rates(self.sampled_steps, fit, most := self._most_rows()))
+        return replace(fit, rate=statistics.median(fit.step_rates(self.sampled_steps, most)))
 
     def mean_prompt(self) -> float:
         """The planned rows' mean prompt length (tokens; 0 before any)."""
