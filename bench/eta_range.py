@@ -33,12 +33,17 @@ results for replay (``python -m bench.eta_trace score``).
 ``python -m bench.eta_range [--workloads sharegpt,short,multiturn] [--tag T]``
 writes ``bench/results/eta-range-T.{json,md}`` and ``eta-range-T-WORKLOAD-{first,again}.json``.
 
+``--again-set KEY=JSON`` (repeatable) runs each job again with a setting
+changed (``engine.enforce_eager=false``: a first run eager, its run again
+compiled).
 ``--again-only`` runs each job again only (a run again spoilt, e.g. by
 another process on the cores: its first run's lengths are still stored).
 ``--replay`` runs nothing: it feeds the recordings of tag T through the
 estimator as it is now (the lengths the run had: none, the previous job's
 first run, or its own first run; a first run's step model as it was
-stored, a run again's its first run's fit, as the store gives it today),
+stored, a run again's its first run's fit, as the store gives it today,
+its rate rescaled where the run again's engine settings differ, by the
+speeds stored on this machine: ``calibration.at_settings``),
 and writes
 ``eta-range-T-replayed.{json,md}`` (``--replayed-as S``: ``eta-range-T-S``,
 keeping an earlier replay): to compare a change on the same runs.
@@ -67,7 +72,7 @@ from __future__ import annotations
 import argparse
 import subprocess
 import sys
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -108,10 +113,11 @@ def forget_lengths(outputs: list[Path]) -> None:
     atomic_write(path, orjson.dumps(store, option=orjson.OPT_INDENT_2))
 
 
-def run_job(workload: str, recording: Path, job_output: Path) -> dict[str, Any]:
-    """One recorded run of ``workload`` (its own process) writing ``job_output``; its recording."""
+def run_job(workload: str, recording: Path, job_output: Path, overrides: Sequence[str] = ()) -> dict[str, Any]:
+    """One recorded run of ``workload`` (its own process) writing ``job_output``
+    with the settings ``overrides`` (``KEY=JSON``); its recording."""
     cmd = [sys.executable, "-m", "bench.eta_trace", "record", workload, "--out", str(recording)]
-    cmd += ["--job-output", str(job_output)]
+    cmd += ["--job-output", str(job_output), *(f"--set={item}" for item in overrides)]
     proc = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True)
     if proc.returncode != 0:
         raise SystemExit(f"{' '.join(cmd)} exited {proc.returncode}:\n{proc.stderr[-3000:]}")
@@ -168,6 +174,7 @@ def _replay(tag: str, workloads: list[str], k: int, first_run: bool) -> tuple[st
     run again): its name, its content, and (time, progress) as replayed
     through today's estimator with what the run had (see the module docstring)."""
     from bench.eta_trace import _replayed, fitted_step_cost
+    from bulkinfer.report.calibration import at_settings
     from bulkinfer.report.step_cost import StepCost
 
     name = f"eta-range-{tag}-{workloads[k]}-{'first' if first_run else 'again'}.json"
@@ -175,11 +182,16 @@ def _replay(tag: str, workloads: list[str], k: int, first_run: bool) -> tuple[st
     trace = recording["report"]["eta_trace"]
     step_cost = StepCost.from_json(trace["step_cost"]) if trace["step_cost_stored"] else None
     # the lengths the run had: its own first run's (again), the previous job's first run's, or none
-    first = RESULTS / name.replace("-again", "-first")
+    first = RESULTS / f"eta-range-{tag}-{workloads[k]}-first.json"
     previous = RESULTS / f"eta-range-{tag}-{workloads[k - 1]}-first.json" if k else None
     prior = previous if first_run else first
-    # a run again: its first run's fit, the job's own step model
-    own = None if first_run else fitted_step_cost(orjson.loads(first.read_bytes()))
+    # a run again: its first run's fit, the job's own step model (its rate where the engine settings match)
+    own = None
+    if not first_run:
+        earlier = orjson.loads(first.read_bytes())
+        engines = earlier["report"]["engine"], recording["report"]["engine"]
+        # a rate of other settings: rescaled by the speeds stored on the machine that recorded them (this one)
+        own = at_settings(fitted_step_cost(earlier), *engines, recording["report"]["model_path"], recording["machine"])
     return name, recording, _replayed(recording, prior, not first_run, own or step_cost, own is not None)
 
 
@@ -328,6 +340,13 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument(
         "--again-only", action="store_true", help="run the jobs again only (their first runs' lengths stay stored)"
     )
+    parser.add_argument(
+        "--again-set",
+        action="append",
+        default=[],
+        metavar="KEY=JSON",
+        help="run each job again with this setting changed (engine.enforce_eager=false: compiled)",
+    )
     args = parser.parse_args(argv)
     command = " ".join(["python -m bench.eta_range", *(argv if argv is not None else sys.argv[1:])])
     if args.split:
@@ -373,7 +392,7 @@ def main(argv: list[str] | None = None) -> None:
         for first_run in (False,) if args.again_only else (True, False):
             name = f"eta-range-{args.tag}-{workload}-{'first' if first_run else 'again'}.json"
             print(f"bench.eta_range: {workload}, {'first run' if first_run else 'again'}", file=sys.stderr, flush=True)
-            recording = run_job(workload, RESULTS / name, output)
+            recording = run_job(workload, RESULTS / name, output, () if first_run else args.again_set)
             runs.append({"workload": workload, "recording": name, **scored(recording, first_run)})
             print(f"  {runs[-1]}", file=sys.stderr, flush=True)
     doc = {"command": command, "machine": machine(), "versions": versions(), "runs": runs}

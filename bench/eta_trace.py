@@ -65,13 +65,16 @@ STEADY_ROWS = 5000  # the steady workload's rows (bench.scale.write_rows, seed 0
 RECORDABLE = ("short", "sharegpt", "multiturn", "steady")  # the jobs record() runs
 
 
-def record(workload: str, out: Path, job_output: Path | None = None) -> None:
+def record(workload: str, out: Path, job_output: Path | None = None, overrides: dict[str, str] | None = None) -> None:
     """One real run of ``workload`` with the estimator's inputs recorded to
     ``out``; ``job_output``: the run's output file (the same one for a job
-    run again: its stored lengths are found by it), else a temporary one."""
+    run again: its stored lengths are found by it), else a temporary one;
+    ``overrides``: settings changed for this run, dotted keys with JSON
+    values (``{"engine.enforce_eager": "false"}``: a compiled engine)."""
     import bulkinfer.report.progress as progress
     from bench.eta import short_prompts
     from bulkinfer import load_settings, run
+    from bulkinfer.config import with_overrides
     from bulkinfer.engine.args import cpu_model
 
     events: list[list[Any]] = []
@@ -110,10 +113,14 @@ def record(workload: str, out: Path, job_output: Path | None = None) -> None:
         else:
             src, settings = ROOT / "sample_data" / "sharegpt.jsonl", load_settings(ROOT / "configs" / "demo.toml")
         output = job_output or Path(tmp) / "out.jsonl"
+        if overrides:
+            settings = with_overrides(settings, {key: orjson.loads(value) for key, value in overrides.items()})
         result = run(src, output, settings=settings, overwrite=True, progress_plain=True)
     data = {
         "machine": {"cpu": cpu_model(), "cores": os.cpu_count()},
-        "command": f"python -m bench.eta_trace record {workload}",
+        "command": " ".join(
+            ["python -m bench.eta_trace record", workload, *(f"--set {k}={v}" for k, v in (overrides or {}).items())]
+        ),
         "events": events,
         "report": result.report,
     }
@@ -344,6 +351,13 @@ def main() -> None:
     rec.add_argument("workload", choices=RECORDABLE)
     rec.add_argument("--out", type=Path, help="the recording (default bench/results/eta-trace-WORKLOAD.json)")
     rec.add_argument("--job-output", type=Path, help="the run's output file (the same one when the job runs again)")
+    rec.add_argument(
+        "--set",
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        help="a setting for this run, a JSON value (engine.enforce_eager=false)",
+    )
     rep = sub.add_parser("replay")
     rep.add_argument("path", type=Path)
     rat = sub.add_parser("rates")
@@ -369,7 +383,7 @@ def main() -> None:
             print(f"{name}: worst {worst:.0%} | {shown}")
     elif args.action == "record":
         out = args.out or ROOT / "bench" / "results" / f"eta-trace-{args.workload}.json"
-        record(args.workload, out, args.job_output)
+        record(args.workload, out, args.job_output, dict(item.split("=", 1) for item in args.set))
     else:
         errors = replay(args.path, args.prior_from, same_job=not args.other_job)
         print(

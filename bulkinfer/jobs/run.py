@@ -307,7 +307,7 @@ def _run_locked(attempt: Attempt, job: Job, settings: Settings, context: RunCont
     load_s = time.monotonic() - attempt.started
     try:
         planner = job.planner(tokenizer, settings, engine, model)
-        prior = length_prior(model, str(paths.output), this_machine())
+        prior = length_prior(model, str(paths.output), this_machine(), engine.settings)
         generation = Generation(attempt, settings, engine, planner, context, scan.rows, prior, job.parse)
         generation.run(itertools.chain([first], attempt.rows) if first is not None else ())
     finally:

@@ -17,7 +17,8 @@ into a range of seconds, never a single figure: see its docstring.
 from __future__ import annotations
 
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
+from dataclasses import replace
 from pathlib import Path
 from typing import Any, NamedTuple
 
@@ -85,6 +86,13 @@ def adequate(entry: dict[str, Any]) -> bool:
 STEP_CONTEXT = "running prompts"
 
 
+# The engine settings a stored fit's ``rate`` (seconds per unit of work) holds for: on a 2-core Zen 5
+# bfloat16 ran 2.47x float32 (the dtype probe), on a Zen 4 1.71x and compiled 1.29x eager (564.9 / 439.5
+# completion tok/s, calibrate --compile's trial). The weights are ratios of one step's parts and are kept
+# across them (ShareGPT on the Zen 4: prefill 0.5 at float32 and bfloat16, bench/results/eta-range-zen4-then-float32*).
+RATE_SETTINGS = ("dtype", "enforce_eager")
+
+
 def record_calibration(
     report: dict[str, Any],
     machine: dict[str, Any],
@@ -119,6 +127,7 @@ def record_calibration(
         "load_seconds": report["seconds"]["load"],
         "device": report.get("engine", {}).get("device"),
         "dtype": report.get("engine", {}).get("dtype"),
+        "enforce_eager": report.get("engine", {}).get("enforce_eager"),
         "output": report.get("output") if source == "run" else None,
         "completion_lengths": completion_lengths or [],
         "step_cost": step_cost.to_json() if step_cost is not None else None,
@@ -219,7 +228,9 @@ class LengthPrior(NamedTuple):
     step_cost_same_job: bool = False
 
 
-def length_prior(model_path: str, output: str, machine: dict[str, Any] | None = None) -> LengthPrior:
+def length_prior(
+    model_path: str, output: str, machine: dict[str, Any] | None = None, engine: Mapping[str, Any] | None = None
+) -> LengthPrior:
     """The completion lengths stored with the newest run that wrote
     ``output`` (``same_job``), else with the newest run of ``model_path`` on
     any machine; empty lengths when there is none. The step model: the
@@ -240,7 +251,9 @@ def length_prior(model_path: str, output: str, machine: dict[str, Any] | None = 
     100% (replayed, ``bench/results/eta-range-xeon-nucleus-replayed-own-fits.md``).
     Fits stored before a step's context was its running rows' own prompts
     (:data:`STEP_CONTEXT`) are not used: their context weight is of another
-    quantity."""
+    quantity. ``engine``: the run's engine settings (the report's
+    ``engine``); a fit's ``rate`` measured under other :data:`RATE_SETTINGS`
+    counts as :func:`at_settings` rescales it."""
     entries = load_calibrations()
     runs = [e for e in entries if e.get("completion_lengths")]
     same_job = [e for e in runs if e.get("output") == output]
@@ -254,11 +267,75 @@ def length_prior(model_path: str, output: str, machine: dict[str, Any] | None = 
         and _matches(e, model_path, machine)
     ]
     read = ((e, StepCost.from_json(e["step_cost"])) for e in fitted)
-    fits = [(e, f) for e, f in read if f is not None]
+    fits = [(e, at_settings(f, e, engine or {}, model_path, machine)) for e, f in read if f is not None]
     own = [f for e, f in fits if e.get("output") == output]
     step_cost = pooled(own) or median_model(own[-POOLED_FITS:]) or pooled([f for _, f in fits])
     lengths = [int(n) for n in same[-1]["completion_lengths"]] if same else []
     return LengthPrior(lengths, bool(same_job), step_cost, bool(own))
+
+
+def at_settings(
+    fit: StepCost,
+    measured: Mapping[str, Any],
+    engine: Mapping[str, Any],
+    model_path: str = "",
+    machine: Mapping[str, Any] | None = None,
+) -> StepCost:
+    """``fit`` (measured by a run with the engine settings ``measured``, a
+    calibration entry or a report's ``engine``) as a run with ``engine``
+    may use it: its ``rate`` (seconds per unit of work) times
+    :func:`speed_ratio` where a setting of :data:`RATE_SETTINGS` differs,
+    dropped (0: not known) where that ratio was not measured. The weights
+    are kept."""
+    ratio = speed_ratio(measured, engine, model_path, machine or {}) if fit.rate else 1.0
+    return fit if ratio == 1.0 else replace(fit, rate=fit.rate * ratio if ratio else 0.0)
+
+
+def speed_ratio(
+    measured: Mapping[str, Any], engine: Mapping[str, Any], model_path: str, machine: Mapping[str, Any]
+) -> float | None:
+    """How many times faster an engine with the settings ``measured``
+    (``dtype``, ``enforce_eager``) generated than one with ``engine`` on
+    ``machine`` (:func:`bulkinfer.engine.args.this_machine`): 1.0 for the same
+    settings; across dtypes the ratio of the dtype probe's completion tokens/s
+    (eager engines), across compilation that of ``calibrate --compile``'s trial
+    at ``engine``'s dtype, both as stored for ``model_path`` on a machine of
+    the same CPU and cores. None where a setting is not known or a ratio
+    needed was not measured."""
+    (dtype, eager), (run_dtype, run_eager) = ([s.get(n) for n in RATE_SETTINGS] for s in (measured, engine))
+    if None in (dtype, eager, run_dtype, run_eager):
+        return None
+    ratio = 1.0
+    if dtype != run_dtype:
+        probe = _stored_here("dtype", model_path, machine) or {}
+        speeds = {t.get("dtype"): t.get("completion_tokens_per_s") for t in probe.get("trials") or ()}
+        if not (speeds.get(dtype) and speeds.get(run_dtype)):
+            return None
+        ratio *= speeds[dtype] / speeds[run_dtype]
+    if eager != run_eager:
+        trial = _stored_here("compile", model_path, {**machine, "dtype": run_dtype}) or {}
+        speeds = {True: (trial.get("eager") or {}), False: (trial.get("compiled") or {})}
+        rates = [speeds[bool(e)].get("completion_tokens_per_s") for e in (eager, run_eager)]
+        if not all(rates):
+            return None
+        ratio *= rates[0] / rates[1]
+    return ratio
+
+
+def _stored_here(kind: str, model_path: str, machine: Mapping[str, Any]) -> dict[str, Any] | None:
+    """The newest choice of ``kind`` stored for ``model_path`` on a machine
+    that agrees with every key of ``machine`` (its other keys, such as the
+    vLLM version, not compared); None for none or an empty ``machine``."""
+    found = [
+        c
+        for c in _load().get("choices", [])
+        if isinstance(c, dict)
+        and machine
+        and c.get("kind") == kind
+        and c.get("model_path") == model_path
+        and all((c.get("machine") or {}).get(k) == v for k, v in machine.items())
+    ]
+    return found[-1] if found else None
 
 
 def load_calibrations() -> list[dict[str, Any]]:

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import dataclasses
 import random
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -19,7 +20,14 @@ from bulkinfer.engine.args import this_machine
 from bulkinfer.errors import EXIT_WRITE, EngineError, OutputWriteError
 from bulkinfer.jobs.plan import plan_file
 from bulkinfer.models import load_tokenizer, resolve_model
-from bulkinfer.report.calibration import calibration_path, length_prior, load_calibrations, record_calibration
+from bulkinfer.report.calibration import (
+    calibration_path,
+    length_prior,
+    load_calibrations,
+    record_calibration,
+    record_choice,
+    speed_ratio,
+)
 from bulkinfer.report.step_cost import StepCost
 from bulkinfer.schema import Completion
 
@@ -175,12 +183,12 @@ def test_plan_without_an_adequate_calibration_says_so_instead_of_a_number(
     assert f"no estimate: no calibration of {model} on this machine" in " ".join(result.output.split())
 
 
-def _report(output: str, completed: int, tokens_per_s: float, generate_s: float) -> dict[str, Any]:
+def _report(output: str, completed: int, tokens_per_s: float, generate_s: float, **engine: Any) -> dict[str, Any]:
     return {
         "model": "tiny", "model_path": "/models/tiny", "output": output,
         "request_counts": {"completed": completed}, "resumed": {"completed": 0},
         "throughput": {"completion_tokens_per_s": tokens_per_s, "prompt_tokens_per_s": 1.0, "requests_per_s": 1.0},
-        "seconds": {"load": 5.0, "generate": generate_s}, "engine": {"device": "cpu", "dtype": "float32"},
+        "seconds": {"load": 5.0, "generate": generate_s}, "engine": {"device": "cpu", "dtype": "float32", **engine},
     }  # fmt: skip
 
 
@@ -261,6 +269,44 @@ def test_the_eta_prior_is_the_same_jobs_lengths_else_the_same_models(
         orjson.dumps({"entries": [{**e, "step_context": None} for e in load_calibrations()]})
     )
     assert length_prior("/models/tiny", "d.jsonl", machine)[2:] == (None, False)
+
+
+def test_a_stored_rate_times_a_run_again_of_other_settings_at_the_speeds_measured_between_them(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("BULKINFER_HOME", str(tmp_path))
+    machine = {"cpu": "Test CPU", "cpu_id": "family 25 model 17", "cores": 2}
+    eager = {"dtype": "bfloat16", "enforce_eager": True}
+    fit = StepCost(0.002, 0.5, 0.07, 16.0, rate=0.0012)
+    entry = record_calibration(_report("a.jsonl", 300, 100.0, 50.0, **eager), machine, "run", [5] * 101, fit)
+    assert entry is not None and (entry["dtype"], entry["enforce_eager"]) == ("bfloat16", True)
+    assert length_prior("/models/tiny", "a.jsonl", machine, eager).step_cost == fit  # the same engine: its rate
+    compiled, float32 = {**eager, "enforce_eager": False}, {**eager, "dtype": "float32"}
+    # nothing measured between the settings: the weights (ratios of a step's parts) stay, the rate is not known
+    for other in (compiled, float32, {}):
+        assert length_prior("/models/tiny", "a.jsonl", machine, other)[2:] == (replace(fit, rate=0.0), True)
+    # the dtype probe's and calibrate --compile's trials (stored with more keys of the machine) rescale it
+    trials = [
+        {"dtype": "float32", "completion_tokens_per_s": 200.0},
+        {"dtype": "bfloat16", "completion_tokens_per_s": 300.0},
+    ]
+    record_choice(
+        "dtype", "/models/tiny", {**machine, "bfloat16": "avx512_bf16"}, {"dtype": "bfloat16", "trials": trials}
+    )
+    speeds = {"eager": {"completion_tokens_per_s": 400.0}, "compiled": {"completion_tokens_per_s": 500.0}}
+    record_choice("compile", "/models/tiny", {**machine, "vllm": "0.32.0", "dtype": "bfloat16"}, speeds)
+    assert length_prior("/models/tiny", "a.jsonl", machine, float32).step_cost == replace(fit, rate=0.0012 * 1.5)
+    assert length_prior("/models/tiny", "a.jsonl", machine, compiled).step_cost == replace(fit, rate=0.0012 * 0.8)
+    # compiled at float32: no compile trial at that dtype
+    assert length_prior("/models/tiny", "a.jsonl", machine, {**float32, **compiled, "dtype": "float32"}).step_cost == (
+        replace(fit, rate=0.0)
+    )
+    # another CPU's trials say nothing of this one's
+    assert speed_ratio(eager, float32, "/models/tiny", {**machine, "cpu_id": "family 26 model 2"}) is None
+    assert speed_ratio(eager, float32, "/models/tiny", {}) is None
+    # an entry stored before the compilation was recorded: its rate's settings are not known
+    calibration_path().write_bytes(orjson.dumps({"entries": [{**entry, "enforce_eager": None}]}))
+    assert length_prior("/models/tiny", "a.jsonl", machine, eager).step_cost == replace(fit, rate=0.0)
 
 
 def test_an_old_calibration_store_is_not_used(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
