@@ -67,9 +67,9 @@ def expand(cited: str) -> list[str]:
 
 
 def test_every_bench_results_path_the_readmes_cite_exists() -> None:
-    """``bench/results/...`` anywhere in README.md or bench/README.md; ``*`` must match a file."""
+    """``bench/results/...`` anywhere in README.md, bench/README.md or docs/*.md; ``*`` must match a file."""
     missing = []
-    for page in (ROOT / "README.md", ROOT / "bench" / "README.md"):
+    for page in (ROOT / "README.md", ROOT / "bench" / "README.md", *sorted((ROOT / "docs").glob("*.md"))):
         for cited in re.findall(r"bench/results/[\w.{},*/-]+", page.read_text(encoding="utf-8")):
             for path in expand(cited.rstrip(".,")):
                 if path.endswith("-"):  # a name pattern in prose: `compare-<workload>-n<N>-...`
