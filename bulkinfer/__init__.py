@@ -365,7 +365,8 @@ def plan(
     as :func:`score` would, with ``truncate``), without an engine:
     ``bulkinfer plan``. Returns the plan (row counts, errors by type,
     prompt-token percentiles, buckets, padding efficiency, a time estimate
-    as a range of seconds from this model's calibrations on this machine,
+    as a range of seconds from this model's calibrations on this machine
+    at the dtype the run would take,
     or None with the reason in ``estimate_source``; see
     :func:`bulkinfer.jobs.plan.plan_file`).
 

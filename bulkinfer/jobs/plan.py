@@ -7,7 +7,7 @@ The time estimate is a range of seconds built from the calibrations of the
 same model on this machine (``bulkinfer calibrate``, and runs of 64 rows or
 more, stored under ``$BULKINFER_HOME/calibration.json``); with none, the plan
 says so instead of giving a number (see
-:func:`bulkinfer.report.calibration.estimate`).
+:func:`bulkinfer.report.plan_estimate.estimate`).
 """
 
 from __future__ import annotations
@@ -24,11 +24,13 @@ from bulkinfer.default_model import DEFAULT_MODEL
 from bulkinfer.engine.args import detect_device, this_machine
 from bulkinfer.errors import ConfigError
 from bulkinfer.io.readers import open_reader
+from bulkinfer.jobs.tune import known_dtype
 from bulkinfer.models import load_tokenizer, resolve_model
 from bulkinfer.prep.planner import Planner, efficiency, static_batch_tokens
 from bulkinfer.prep.prefix import CPU_BLOCK_TOKENS, GPU_BLOCK_TOKENS
 from bulkinfer.prep.rows import CONSUMED_FIELDS, iter_windows, to_request
-from bulkinfer.report.calibration import estimate, load_calibrations
+from bulkinfer.report.calibration import load_calibrations
+from bulkinfer.report.plan_estimate import estimate
 from bulkinfer.schema import RowError
 
 DEFAULT_CONTEXT = 2048
@@ -172,10 +174,27 @@ def plan_file(input_path: Path, settings: Settings, job: str = "run", truncate: 
         plan["estimate_source"] = "none for a score job: calibrations are of generation"
     else:
         plan["estimate"], plan["estimate_source"] = estimate(
-            load_calibrations(), model, settings.model or DEFAULT_MODEL, this_machine(), max_completion
+            load_calibrations(),
+            model,
+            settings.model or DEFAULT_MODEL,
+            this_machine(),
+            max_completion,
+            _run_engine(model, settings),
         )
     plan["seconds"] = time.monotonic() - started
     return plan
+
+
+def _run_engine(model: str, settings: Settings) -> dict[str, Any]:
+    """The engine settings a run would generate with, as far as they are
+    known before it (``dtype``, ``enforce_eager``; None where not): the
+    user's; on CPU the dtype probe's stored choice (:func:`known_dtype`);
+    compilation is chosen per job by the run unless set."""
+    dtype: str | None = settings.engine.dtype
+    if dtype == "auto":
+        choice = known_dtype(model) if detect_device() == "cpu" else None
+        dtype = choice["dtype"] if choice else None
+    return {"dtype": dtype, "enforce_eager": settings.engine.enforce_eager}
 
 
 def _score_parts(settings: Settings, truncate: bool) -> tuple[Settings, str, Planner, Any, frozenset[str]]:

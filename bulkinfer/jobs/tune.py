@@ -236,15 +236,12 @@ def measured_settings(
     if device != "cpu":
         return settings, choice
     if settings.engine.dtype == "auto":
-        machine = dtype_machine()
-        stored = stored_choice("dtype", model, machine)
-        if stored is None and machine["bfloat16"] is None:
-            stored = {"dtype": "float32", "why": "this CPU has no native bfloat16 instructions (amx_bf16, avx512_bf16)"}
-        elif stored is None:
+        stored = known_dtype(model)
+        if stored is None:
             if say:
                 say("measuring which dtype is right and fastest for this model on this CPU (once; stored)")
             probe = probe_dtype(model, settings, engine_factory, say=say)
-            stored = record_choice("dtype", model, machine, probe, warn)  # a run goes on unstored
+            stored = record_choice("dtype", model, dtype_machine(), probe, warn)  # a run goes on unstored
         settings = with_engine(settings, dtype=stored["dtype"])
         choice["dtype"] = {k: stored[k] for k in ("dtype", "why", "trials", "measured_at") if k in stored}
     else:
@@ -255,6 +252,18 @@ def measured_settings(
         settings = with_engine(settings, **unset)
         choice["scheduler"] = {"settings": unset, "measured_at": tuned["measured_at"], "trials": tuned["trials"]}
     return settings, choice
+
+
+def known_dtype(model: str) -> dict[str, Any] | None:
+    """The dtype choice for ``model`` on this CPU as far as it is known
+    without running the probe (``{"dtype", "why", ...}``): the probe's stored
+    choice; float32 on a CPU without native bfloat16 instructions; None where
+    the probe has yet to run."""
+    machine = dtype_machine()
+    stored = stored_choice("dtype", model, machine)
+    if stored is None and machine["bfloat16"] is None:
+        return {"dtype": "float32", "why": "this CPU has no native bfloat16 instructions (amx_bf16, avx512_bf16)"}
+    return stored
 
 
 def tune(

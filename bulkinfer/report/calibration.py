@@ -1,4 +1,4 @@
-"""The calibration store and the time estimate ``plan`` builds from it.
+"""The calibration store: what was measured on this machine.
 
 ``$BULKINFER_HOME/calibration.json`` holds measured throughputs, each with
 where it came from: ``bulkinfer calibrate`` or a finished ``run`` (its
@@ -10,8 +10,8 @@ are stored or used: at least :data:`MIN_ROWS` rows and
 smaller run keeps too few requests in flight to fill the engine, and its rate
 says little about a large run's.
 
-:func:`estimate` turns the adequate measurements of one model on one machine
-into a range of seconds, never a single figure: see its docstring.
+``plan``'s time estimate is built from it by
+:func:`bulkinfer.report.plan_estimate.estimate`.
 """
 
 from __future__ import annotations
@@ -37,23 +37,8 @@ MIN_ROWS = 64
 MIN_COMPLETION_TOKENS = 4096
 
 
-# Measurements kept per model and machine (the newest), and how many of
-# them an estimate uses.
+# Measurements kept per model and machine (the newest).
 KEEP_PER_MODEL_AND_MACHINE = 10
-
-
-USE_NEWEST = 5
-
-
-# The range widens the measured rates by this share both ways: repeated
-# runs of one workload on one 2-core machine took 164 to 204 s (issue 17,
-# sharegpt 300 rows) and measured 109 to 174 completion tokens/s
-# (bench/results/eta.md against bench/results/sharegpt300-demo.report.json)
-# when other processes shared the cores.
-RATE_MARGIN = 0.25
-
-
-ASSUMES = "every row generates its max_tokens; rows that stop early take less"
 
 
 def calibration_path() -> Path:
@@ -137,7 +122,7 @@ def record_calibration(
         return None
     output = report.get("output")
     kept = [e for e in load_calibrations() if output is None or e.get("output") != output]
-    same = [e for e in kept if _matches(e, entry["model_path"], machine)]
+    same = [e for e in kept if measured_here(e, entry["model_path"], machine)]
     drop = {id(e) for e in same[: max(0, len(same) + 1 - KEEP_PER_MODEL_AND_MACHINE)]}
     _save(entries=[*(e for e in kept if id(e) not in drop), entry], warn=warn)
     return entry
@@ -264,7 +249,7 @@ def length_prior(
         if machine is not None
         and e.get("step_cost")
         and e.get("step_context") == STEP_CONTEXT
-        and _matches(e, model_path, machine)
+        and measured_here(e, model_path, machine)
     ]
     read = ((e, StepCost.from_json(e["step_cost"])) for e in fitted)
     fits = [(e, at_settings(f, e, engine or {}, model_path, machine)) for e, f in read if f is not None]
@@ -300,10 +285,10 @@ def speed_ratio(
     settings; across dtypes the ratio of the dtype probe's completion tokens/s
     (eager engines), across compilation that of ``calibrate --compile``'s trial
     at ``engine``'s dtype, both as stored for ``model_path`` on a machine of
-    the same CPU and cores. None where a setting is not known or a ratio
-    needed was not measured."""
+    the same CPU and cores. None where a setting that differs is not known on
+    both sides or a ratio needed was not measured."""
     (dtype, eager), (run_dtype, run_eager) = ([s.get(n) for n in RATE_SETTINGS] for s in (measured, engine))
-    if None in (dtype, eager, run_dtype, run_eager):
+    if any(a != b and None in (a, b) for a, b in ((dtype, run_dtype), (eager, run_eager))):
         return None
     ratio = 1.0
     if dtype != run_dtype:
@@ -346,7 +331,9 @@ def load_calibrations() -> list[dict[str, Any]]:
     return [e for e in entries if isinstance(e, dict)] if isinstance(entries, list) else []
 
 
-def _matches(entry: dict[str, Any], model_path: str, machine: dict[str, Any]) -> bool:
+def measured_here(entry: dict[str, Any], model_path: str, machine: dict[str, Any]) -> bool:
+    """Whether ``entry`` measured ``model_path`` on a machine like ``machine``
+    (the same CPU model name, family and model, and core count)."""
     theirs = entry.get("machine") or {}
     return bool(
         entry.get("model_path") == model_path
@@ -354,69 +341,3 @@ def _matches(entry: dict[str, Any], model_path: str, machine: dict[str, Any]) ->
         and theirs.get("cpu_id") == machine.get("cpu_id")
         and theirs.get("cores") == machine.get("cores")
     )
-
-
-def describe(entry: dict[str, Any]) -> str:
-    """One measurement in a line: what, when, how big, how fast."""
-    what = "bulkinfer calibrate" if entry.get("source") == "calibrate" else f"run of {entry.get('output')}"
-    return (
-        f"{what}, {entry.get('measured_at')}: {entry.get('rows')} rows, "
-        f"{entry.get('completion_tokens')} completion tokens, {entry.get('completion_tokens_per_s', 0):.1f} tok/s"
-    )
-
-
-def estimate(
-    entries: list[dict[str, Any]], model_path: str, model: str, machine: dict[str, Any], completion_tokens: int
-) -> tuple[dict[str, Any] | None, str]:
-    """The time a run of ``completion_tokens`` (the sum of its rows'
-    ``max_tokens``) would take with model ``model_path`` on ``machine``.
-
-    Only ``entries`` of this model on this machine (same CPU model name and
-    core count) and of adequate size count; the newest :data:`USE_NEWEST` of
-    them are used. Generation, in seconds, is ``completion_tokens / rate``
-    with the rate taken from the spread of those measurements widened by
-    :data:`RATE_MARGIN`: low = tokens / (fastest x (1 + margin)), high =
-    tokens / (slowest x (1 - margin)). Load is the range of their measured
-    load seconds. Neither end is a bound: a busier machine is slower, and
-    rows that stop before ``max_tokens`` finish sooner.
-
-    Returns ``(estimate, why)``: the estimate (``generate_seconds`` and
-    ``load_seconds`` as ``{"low", "high"}``, ``completion_tokens``,
-    ``assumes``, ``derivation``, ``machine``, ``calibrations`` used,
-    ``ignored`` measurements of this model and machine that were too small)
-    and a sentence saying where it comes from; or ``(None, why)`` with why
-    there is none.
-    """
-    here = [e for e in entries if _matches(e, model_path, machine)]
-    small = [e for e in here if not adequate(e)]
-    used = [e for e in here if adequate(e) and e.get("completion_tokens_per_s", 0) > 0][-USE_NEWEST:]
-    cpu = ", ".join(str(part) for part in (machine.get("cpu"), machine.get("cpu_id")) if part)
-    where = f"{model} on this machine ({cpu}, {machine.get('cores')} cores)"
-    if not used:
-        why = f"no estimate: no calibration of {where}"
-        if small:
-            why += f" of at least {MIN_ROWS} rows and {MIN_COMPLETION_TOKENS} completion tokens (smaller runs ignored)"
-        return None, why + "; run `bulkinfer calibrate` to measure it"
-    rates = [e["completion_tokens_per_s"] for e in used]
-    loads = [e.get("load_seconds", 0.0) for e in used]
-    result = {
-        "generate_seconds": {
-            "low": completion_tokens / (max(rates) * (1 + RATE_MARGIN)),
-            "high": completion_tokens / (min(rates) * (1 - RATE_MARGIN)),
-        },
-        "load_seconds": {"low": min(loads), "high": max(loads)},
-        "completion_tokens": completion_tokens,
-        "assumes": ASSUMES,
-        "derivation": (
-            f"{completion_tokens} completion tokens at {min(rates):.1f}-{max(rates):.1f} tok/s "
-            f"(the measured rates) widened by {RATE_MARGIN:.0%} either way"
-        ),
-        "machine": machine,
-        "calibrations": used,
-        "ignored": small,
-    }
-    plural = "s" if len(used) > 1 else ""
-    why = f"from {len(used)} calibration{plural} of {where}"
-    if small:
-        why += f"; {len(small)} smaller run{'s' if len(small) > 1 else ''} ignored"
-    return result, why

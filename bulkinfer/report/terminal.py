@@ -10,8 +10,8 @@ from rich.console import Console
 from rich.table import Table
 from rich.text import Text
 
-from bulkinfer.report.calibration import describe
 from bulkinfer.report.model import RunReport, as_run_report
+from bulkinfer.report.plan_estimate import describe
 from bulkinfer.report.units import format_bytes
 
 

@@ -15,10 +15,11 @@ from fakes import FakeEngine
 from typer.testing import CliRunner
 
 from bulkinfer.cli import app
-from bulkinfer.config import load_settings
+from bulkinfer.config import Settings, load_settings
 from bulkinfer.engine.args import this_machine
 from bulkinfer.errors import EXIT_WRITE, EngineError, OutputWriteError
 from bulkinfer.jobs.plan import plan_file
+from bulkinfer.jobs.tune import dtype_machine
 from bulkinfer.models import load_tokenizer, resolve_model
 from bulkinfer.report.calibration import (
     calibration_path,
@@ -161,6 +162,38 @@ def test_plan_estimate_is_a_range_from_adequate_calibrations_of_this_model_and_m
     assert "bulkinfer calibrate, 2026-11-23T10:00:00: 64 rows, 4096 completion tokens, 100.0 tok/s" in out
     assert "run of res/a.jsonl, 2026-11-24T09:00:00: 300 rows, 30000 completion tokens, 150.0 tok/s" in out
     assert "generation at most" not in out and "400.0 tok/s" not in out
+
+
+def test_plan_estimates_at_the_dtype_the_run_will_take_rescaling_other_dtypes_by_the_probe(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    model = resolve_model(None)
+    monkeypatch.setenv("BULKINFER_HOME", str(tmp_path))
+    here = this_machine()
+    trials = [
+        {"dtype": "float32", "completion_tokens_per_s": 200.0},
+        {"dtype": "bfloat16", "completion_tokens_per_s": 500.0},
+    ]
+    float32 = _entry(model, here, completion_tokens_per_s=100.0, enforce_eager=True)
+    bfloat16 = _entry(model, here, completion_tokens_per_s=300.0, dtype="bfloat16", enforce_eager=False)
+    unknown = _entry(model, here, completion_tokens_per_s=900.0, dtype=None)  # stored without its dtype
+    _store([float32, bfloat16, unknown])
+    record_choice("dtype", model, dtype_machine(), {"dtype": "bfloat16", "why": "test", "trials": trials})
+    src = _ten_rows(tmp_path)
+
+    plan = plan_file(src, load_settings(None, {"model": model}))  # the run will take the probe's bfloat16
+    estimate = plan["estimate"]
+    assert estimate["engine"] == {"dtype": "bfloat16", "enforce_eager": None}  # compilation: chosen by the run
+    assert estimate["calibrations"] == [float32, bfloat16] and estimate["other_settings"] == [unknown]
+    assert estimate["rates"] == pytest.approx([100.0 * 500 / 200, 300.0])  # float32's rate x the probe's 2.5x
+    assert estimate["generate_seconds"]["low"] == pytest.approx(500 / (300.0 * 1.25))
+    assert estimate["generate_seconds"]["high"] == pytest.approx(500 / (250.0 * 0.75))
+    assert "at 250.0-300.0 tok/s (the measured rates, 1 rescaled to dtype bfloat16)" in estimate["derivation"]
+    assert plan["estimate_source"].startswith(f"from 2 calibrations of {model} on this machine")
+    assert "at dtype bfloat16; 1 of other engine settings not comparable" in plan["estimate_source"]
+
+    plan = plan_file(src, load_settings(None, {"model": model, "engine.dtype": "float32"}))  # the user's dtype
+    assert plan["estimate"]["rates"] == pytest.approx([100.0, 300.0 * 200 / 500])
 
 
 def test_plan_without_an_adequate_calibration_says_so_instead_of_a_number(
@@ -316,7 +349,12 @@ def test_an_old_calibration_store_is_not_used(tmp_path: Path, monkeypatch: pytes
 
 
 class FullLengthEngine(FakeEngine):
-    """Every row generates its max_tokens, as calibrate's ignore_eos asks."""
+    """Every row generates its max_tokens, as calibrate's ignore_eos asks; it
+    reports the dtype and compilation it was built with, as vLLM's engine does."""
+
+    def __init__(self, settings: Settings) -> None:
+        super().__init__()
+        self.settings = {"fake": True, **{k: getattr(settings.engine, k) for k in ("dtype", "enforce_eager")}}
 
     def step(self, wait: float | None = None) -> list[Completion]:
         requests = {rid: req for rid, req in self.queue}
@@ -329,7 +367,7 @@ def test_calibrate_records_what_plan_estimates_from(tmp_path: Path, monkeypatch:
 
     model = resolve_model(None)
     monkeypatch.setenv("BULKINFER_HOME", str(tmp_path))
-    result = calibrate(load_settings(None, {"model": model}), engine_factory=lambda m, s: FullLengthEngine())
+    result = calibrate(load_settings(None, {"model": model}), engine_factory=lambda m, s: FullLengthEngine(s))
     entry = result["calibration"]
     assert load_calibrations() == [entry]  # the entry its own run stored is replaced
     # the dtype probe ran (on the fake engine: equal perplexities) and was stored; no tuning was asked for
