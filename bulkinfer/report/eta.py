@@ -434,9 +434,9 @@ class WorkEstimate:
 
     def cached_share(self) -> float:
         """The share of the prompt tokens processed so far that came from the
-        prefix cache (0 before any): the prompt tokens left are priced as
-        computed in this share less (the share may grow along the feed, as the
-        turns of a conversation lengthen: then the prefill left is over-priced)."""
+        prefix cache (0 before any): the prompt tokens left are priced as computed in this share less (the
+        multi-turn job's fell along the feed, at half-way 0.52 so far and 0.30 of the rest: under-priced; the
+        share of the latest quarter or half instead changed the 66 recorded runs' worst point errors by 2% at most)."""
         return min(self.cached_tokens / self.prefilled_tokens, 1.0) if self.prefilled_tokens else 0.0
 
     def _prompt_left(self, total_rows: int | None, failed_rows: int) -> float:
