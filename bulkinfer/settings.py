@@ -110,12 +110,12 @@ class PlanSettings:
     - ``buckets``: inclusive upper bounds in prompt tokens, ascending.
     - ``order``: the order buckets are fed in; ``descending`` (longest first)
       by default: the three orders measured level on ShareGPT-200 on CPU
-      (README, Performance: Feed order), and longest-first shortens the tail
+      (docs/performance.md, Feed order), and longest-first shortens the tail
       when the queue is deeper than the engine's running batch.
     - ``prefix_aware``: within a window, rows whose prompts share at least
       one KV-cache block of tokens are fed together, the longest first, so
       the others hit vLLM's prefix cache (:mod:`bulkinfer.prep.prefix`);
-      groups are ordered by ``order``. Measured in README, Performance.
+      groups are ordered by ``order``. Measured in docs/performance.md, Prefix-aware feeding.
     - ``window_rows``: rows read, tokenized and sorted together; memory is
       bounded by about two windows whatever the file size.
     - ``max_in_flight``: requests handed to the engine and not yet finished;

