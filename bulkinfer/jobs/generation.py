@@ -130,6 +130,8 @@ class Generation:
                 stop=stop,
             )
         except FeedStopped:
+            if self.files.nothing_done():  # no row finished in any attempt: the spools are discarded
+                raise stop.interrupted("no row had finished, so nothing is kept; run it again") from None
             raise stop.interrupted(
                 f"{self.spool.count} finished rows and {self.errors.count} errors kept in "
                 f"{self.spool.path} and {self.errors.path}; continue with --resume"

@@ -32,6 +32,7 @@ from bulkinfer.io.output_files import OutputFiles, RunPaths
 from bulkinfer.io.spool import spool_records
 from bulkinfer.jobs.context import RunContext
 from bulkinfer.jobs.run import run
+from bulkinfer.schema import Completion
 from bulkinfer.stop import StopToken
 
 
@@ -126,6 +127,24 @@ def test_sigterm_stops_feeding_flushes_and_exits_143(tmp_path: Path) -> None:
     assert len(kept) == 6  # three steps of two finished rows; nothing fed after the signal
     assert engine.steps == 3
     assert signal.getsignal(signal.SIGTERM) == handler_before  # handlers restored
+
+
+class SignalBeforeAnyRowEnds(FakeEngine):
+    """SIGTERM in its first step, which finishes no row."""
+
+    def step(self, wait: float | None = None) -> list[Completion]:
+        self.steps += 1
+        os.kill(os.getpid(), signal.SIGTERM)
+        return []
+
+
+def test_sigterm_before_any_row_ended_says_nothing_was_kept(tmp_path: Path) -> None:
+    paths = RunPaths.build(make_input(tmp_path), tmp_path / "out.jsonl")
+    with pytest.raises(Interrupted) as info:
+        run_with_signals(paths, settings(max_in_flight=2), engine_factory=lambda m, s: SignalBeforeAnyRowEnds())
+    assert info.value.exit_code == 143
+    assert str(info.value) == "stopped by SIGTERM: no row had finished, so nothing is kept; run it again"
+    assert sorted(p.name for p in tmp_path.iterdir()) == [".out.lock", "in.jsonl", "out.log"]  # no partial output
 
 
 def test_a_stop_token_stops_a_run_in_another_thread_without_signal_handlers(tmp_path: Path) -> None:

@@ -221,3 +221,17 @@ def test_a_resumed_output_that_is_not_records_is_refused_naming_its_line(tmp_pat
     out.write_bytes(b'{"id":"r0"}\nvLLM log line\n')
     with pytest.raises(ConfigError, match=r"out.jsonl, line 2: not a JSON record"):
         stream(io.BytesIO(b""), StreamPaths.build(out), settings(), RunContext(resume=True))
+
+
+def test_the_closing_line_counts_windows_in_the_singular_and_plural() -> None:
+    from bulkinfer.jobs.stream import _summary
+
+    def report(windows: int) -> dict[str, Any]:
+        return {
+            "request_counts": {"completed": 6, "failed": 1}, "seconds": {"generate": 1.2, "load": 18.4},
+            "tokens": {"completion": 36}, "throughput": {"completion_tokens_per_s": 30.4},
+            "windows": {"count": windows, "max_wait_s": 0.5}, "log": "x.log",
+        }  # fmt: skip
+
+    assert "(30.4 tok/s), 1 window (max wait 0.5 s); load 18.4 s; log x.log" in _summary(report(1))
+    assert "(30.4 tok/s), 3 windows (max wait 0.5 s)" in _summary(report(3))
