@@ -54,8 +54,8 @@ def estimate(
     None or absent: not known before the run, as the compile choice made
     per job).
 
-    Only ``entries`` of this model on this machine (same CPU model name and
-    core count) and of adequate size count; each one's completion tokens/s
+    Only ``entries`` of this model on this machine (same CPU model name,
+    family and model, and core count) and of adequate size count; each one's completion tokens/s
     is taken at ``engine``'s known settings (divided by :func:`speed_ratio`
     where its own differ: on a Zen 5 bfloat16 generated 2.47x float32) and
     left out where that ratio was not measured here; the newest
@@ -89,7 +89,7 @@ def estimate(
     where = f"{model} on this machine ({cpu}, {machine.get('cores')} cores)"
     assumed = ", ".join(f"{k} {v}" for k, v in engine.items() if v is not None)
     at = f" at {assumed}" if assumed else ""
-    unplaced = f"{len(other)} of other engine settings not comparable (no speed ratio measured here)"
+    unplaced = f"{len(other)} at other engine settings left out (no speed ratio between them measured here)"
     if not used:
         why = f"no estimate: no calibration of {where}{at}"
         if small:

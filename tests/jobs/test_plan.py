@@ -190,7 +190,7 @@ def test_plan_estimates_at_the_dtype_the_run_will_take_rescaling_other_dtypes_by
     assert estimate["generate_seconds"]["high"] == pytest.approx(500 / (250.0 * 0.75))
     assert "at 250.0-300.0 tok/s (the measured rates, 1 rescaled to dtype bfloat16)" in estimate["derivation"]
     assert plan["estimate_source"].startswith(f"from 2 calibrations of {model} on this machine")
-    assert "at dtype bfloat16; 1 of other engine settings not comparable" in plan["estimate_source"]
+    assert "at dtype bfloat16; 1 at other engine settings left out (no speed ratio" in plan["estimate_source"]
 
     plan = plan_file(src, load_settings(None, {"model": model, "engine.dtype": "float32"}))  # the user's dtype
     assert plan["estimate"]["rates"] == pytest.approx([100.0, 300.0 * 200 / 500])
