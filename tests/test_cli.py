@@ -573,7 +573,7 @@ def test_a_refused_resume_names_the_changed_flag(tmp_path: Path, monkeypatch: py
     import orjson
 
     from bulkinfer.config import load_settings
-    from bulkinfer.io.output_files import input_identity, results_settings, settings_fingerprint
+    from bulkinfer.io.journal import input_identity, results_settings, settings_fingerprint
 
     settings = load_settings(None, {"sampling.max_tokens": 8})
     files.journal.write_bytes(

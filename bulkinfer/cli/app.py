@@ -14,7 +14,7 @@ from typer.core import TyperCommand, TyperGroup
 # would wrap a longer one without indent).
 EXIT_CODES = (
     ("0", "every row completed"),
-    ("2", "usage or config error: a bad flag, config key or value"),
+    ("2", "a bad flag, config key or value; --resume of other input or settings"),
     ("3", "finished, but some rows failed: see OUT.errors.jsonl"),
     ("4", "a file to read is missing or unreadable (input, config, report)"),
     ("5", "model or engine failure (finished rows kept: continue with --resume)"),

@@ -169,7 +169,12 @@ OverwriteOption = Annotated[
 ResumeOption = Annotated[
     bool,
     typer.Option(
-        "--resume", help=described("Continue an interrupted run: finished rows are kept, the rest run.", "off")
+        "--resume",
+        help=described(
+            "Continue an interrupted run: finished rows are kept, the rest run. On a complete output: nothing "
+            "to do (exit 0) for the input and settings that wrote it, refused (exit 2) for another.",
+            "off",
+        ),
     ),
 ]
 

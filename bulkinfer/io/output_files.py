@@ -30,7 +30,6 @@ or leaves them in completion order (``plan.output_order``).
 from __future__ import annotations
 
 import fcntl
-import hashlib
 import os
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -40,106 +39,14 @@ from typing import Any
 
 import orjson
 
-from bulkinfer.config import OutputOrder, Settings, option_keys
+from bulkinfer.config import OutputOrder
 from bulkinfer.errors import ConfigError, LockHeldError, OutputExistsError, write_error
 from bulkinfer.io import formats
 from bulkinfer.io.files import atomic_write, failpoint, publish_path
+from bulkinfer.io.journal import check_same_results, results_record
 from bulkinfer.io.records import parse_output, read_records
 from bulkinfer.io.spool import Spool, ordered_path, publish_spool, read_spool, run_paths, spool_records
 from bulkinfer.schema import Done
-
-
-def input_identity(path: Path) -> dict[str, Any]:
-    """The input's absolute path, size (bytes) and mtime (ns)."""
-    st = path.stat()
-    return {"path": str(path.resolve()), "size": st.st_size, "mtime_ns": st.st_mtime_ns}
-
-
-def results_settings(settings: Settings) -> dict[str, Any]:
-    """The settings that shape results (model, sampling, engine, pass-through,
-    chat template) as JSON data; plan settings (order, windows) and where
-    the replicas run (``ray``) may change between attempts."""
-    data = settings.to_dict()
-    data.pop("plan")
-    data.pop("ray")
-    loaded: dict[str, Any] = orjson.loads(orjson.dumps(data))  # tuples as lists, as a journal holds them
-    return loaded
-
-
-def settings_fingerprint(settings: Settings) -> str:
-    """SHA-256 over :func:`results_settings`."""
-    return _sha256(results_settings(settings))
-
-
-def _sha256(data: dict[str, Any]) -> str:
-    return hashlib.sha256(orjson.dumps(data, option=orjson.OPT_SORT_KEYS)).hexdigest()
-
-
-def _flat(data: dict[str, Any], prefix: str = "") -> dict[str, Any]:
-    """``{"sampling": {"seed": 1}}`` -> ``{"sampling.seed": 1}``; the keys of
-    ``engine.extra_args`` become ``engine.KEY``."""
-    flat: dict[str, Any] = {}
-    for key, value in data.items():
-        dotted = f"{prefix}{key}" if key != "extra_args" else prefix.rstrip(".")
-        if isinstance(value, dict):
-            flat.update(_flat(value, f"{dotted}."))
-        else:
-            flat[dotted] = value
-    return flat
-
-
-def settings_changes(old: dict[str, Any], new: dict[str, Any]) -> list[str]:
-    """Each setting that differs between two :func:`results_settings`, as
-    ``--max-tokens (sampling.max_tokens): 8 -> 16``: the flag that sets it
-    (``--engine-arg NAME`` for another vLLM argument), its config key, the
-    old and the new value (``not set`` when absent). A setting the old
-    record lacks (written by a bulkinfer before the setting existed) is no
-    change while it keeps its default."""
-    flags = {key: "--" + name.replace("_", "-") for name, key in option_keys().items()}
-    old_flat, new_flat = _flat(old), _flat(new)
-    defaults = _flat(results_settings(Settings()))
-    changes = []
-    for key in sorted(set(old_flat) | set(new_flat)):
-        before, after = old_flat.get(key, _UNSET), new_flat.get(key, _UNSET)
-        if before == after or (before is _UNSET and key in defaults and after == defaults[key]):
-            continue
-        flag = flags.get(key) or (f"--engine-arg {key.removeprefix('engine.')}" if key.startswith("engine.") else "")
-        name = f"{flag} ({key})" if flag else key
-        changes.append(f"{name}: {_value(before)} -> {_value(after)}")
-    return changes
-
-
-_UNSET = object()
-
-
-def _value(value: Any) -> str:
-    return "not set" if value is _UNSET else orjson.dumps(value).decode()
-
-
-def input_changes(old: dict[str, Any], new: dict[str, Any]) -> list[str]:
-    """What differs between two :func:`input_identity` values, in words:
-    ``size 120 -> 140 bytes``, ``modified 2025-01-02 10:00:00 -> ...`` (local
-    time), or the other path."""
-    if old.get("path") != new.get("path"):
-        return [f"it was started from {old.get('path')}, not {new.get('path')}"]
-    changes = []
-    if old.get("size") != new.get("size"):
-        changes.append(f"size {old.get('size')} -> {new.get('size')} bytes")
-    if old.get("mtime_ns") != new.get("mtime_ns"):
-        changes.append(f"modified {_when(old.get('mtime_ns'), new.get('mtime_ns'))}")
-    return changes or ["its identity record differs"]
-
-
-def _when(old_ns: Any, new_ns: Any) -> str:
-    """Two modification times as local timestamps, to the second, or to the
-    microsecond when they fall within the same second."""
-    from datetime import datetime
-
-    if not isinstance(old_ns, int) or not isinstance(new_ns, int):
-        return f"{old_ns} -> {new_ns}"
-    spec = "seconds" if old_ns // 10**9 != new_ns // 10**9 else "microseconds"
-    old, new = (datetime.fromtimestamp(ns / 1e9).isoformat(" ", spec) for ns in (old_ns, new_ns))
-    return f"{old} -> {new}"
 
 
 def cut_torn_tail(path: Path) -> None:
@@ -279,25 +186,11 @@ class OutputFiles:
                 f"an interrupted run left partial output for {self.out}; "
                 "use --resume to continue it or --overwrite to start over"
             )
-        fingerprint = _sha256(settings)
         if resume and self.journal.exists() and not overwrite:
-            journal = orjson.loads(self.journal.read_bytes())
-            if journal.get("input") != identity:
-                changed = "; ".join(input_changes(journal.get("input") or {}, identity))
-                raise ConfigError(
-                    f"cannot resume {self.out}: the input {identity['path']} changed since the interrupted run "
-                    f"({changed}); use the same input, or --overwrite to start over"
-                )
-            changes = settings_changes(journal["settings"], settings) if "settings" in journal else []
-            if journal.get("settings_sha256") != fingerprint and (changes or "settings" not in journal):
-                which = f": {'; '.join(changes)}" if changes else " (its journal does not record which)"
-                raise ConfigError(
-                    f"cannot resume {self.out}: settings differ from the interrupted run's{which}; "
-                    "use the same settings, or --overwrite to start over"
-                )
+            check_same_results(self.out, orjson.loads(self.journal.read_bytes()), identity, settings, complete=False)
             return self._read_progress()
         self.discard_partial()
-        self._write_journal({"input": identity, "settings_sha256": fingerprint, "settings": settings})
+        self._write_journal(results_record(identity, settings))
         return Done()
 
     def _write_journal(self, data: dict[str, Any]) -> None:

@@ -40,6 +40,8 @@ class Attempt:
     """One attempt at a job, with its output's lock held and its journal
     written: ``done`` holds what an interrupted attempt finished; ``rows``
     the input's rows (as the job checks them) read by ``reader``;
+    ``results_of``: the journal's record of the input and settings
+    (:func:`bulkinfer.io.journal.results_record`), kept in the report;
     ``started``: :func:`time.monotonic` when the run began (seconds)."""
 
     paths: RunPaths
@@ -47,6 +49,7 @@ class Attempt:
     done: Done
     reader: Reader
     rows: Iterator[RawRow]
+    results_of: dict[str, Any]
     started: float = dataclasses.field(default_factory=time.monotonic)
 
 

@@ -41,7 +41,8 @@ from bulkinfer.errors import (
 )
 from bulkinfer.io.formats import JSONL, SUFFIXES, format_suffix
 from bulkinfer.io.inputs import scan_input
-from bulkinfer.io.output_files import OutputFiles, RunPaths, input_identity, results_settings, same_file
+from bulkinfer.io.journal import check_same_results, input_identity, results_record, results_settings
+from bulkinfer.io.output_files import OutputFiles, RunPaths, same_file
 from bulkinfer.io.readers import PROMPT_COLUMNS, RawRow, open_reader
 from bulkinfer.jobs.compile_choice import record_compiled_start
 from bulkinfer.jobs.context import RunContext
@@ -190,12 +191,14 @@ def run(
     make_output_dir(paths.output)
     with files.locked():
         try:
+            identity, results = input_identity(paths.input), {**results_settings(settings), **job.journal}
             if resume and files.is_complete():  # resume excludes overwrite (RunContext)
-                files.discard_partial()
                 report = orjson.loads(paths.report.read_bytes()) if paths.report.exists() else {}
+                if report.get("results_of"):  # reports before 2026-12-05 did not record it
+                    check_same_results(paths.output, report["results_of"], identity, results, complete=True)
+                files.discard_partial()
                 return RunReport({**report, "already_complete": True}, EXIT_OK, paths.output)
-            results = {**results_settings(settings), **job.journal}
-            done = files.start(input_identity(paths.input), results, resume, overwrite)
+            done = files.start(identity, results, resume, overwrite)
             context.observer.started(done.completed, done.failed)
             resumed = bool(done.completed or done.failed)
             quiet = context.verbose or context.engine_outlives_run
@@ -203,7 +206,7 @@ def run(
                 with EngineLog(files.log, quiet, append=resumed) as log:
                     try:
                         rows = map(check_row, reader) if check_row is not None else iter(reader)
-                        attempt = Attempt(paths, files, done, reader, rows, started)
+                        attempt = Attempt(paths, files, done, reader, rows, results_record(identity, results), started)
                         report = _run_locked(attempt, job, settings, context)
                     except (EngineError, ModelError) as exc:
                         raise log.explain(exc) from exc
@@ -321,6 +324,7 @@ def _run_locked(attempt: Attempt, job: Job, settings: Settings, context: RunCont
     report["job"] = job.kind
     report["engine_choice"] = engine_choice
     report["peak_rss_bytes"] = peak_rss_bytes()
+    report["results_of"] = attempt.results_of
     if job.describe is not None:
         report.update(job.describe(planner))
     write_report(report, paths.report)

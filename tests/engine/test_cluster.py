@@ -10,7 +10,7 @@ import pytest
 from bulkinfer.config import load_settings
 from bulkinfer.engine.cluster import _cpus_per_replica, cpu_environment, ray_engine
 from bulkinfer.errors import ConfigError
-from bulkinfer.io.output_files import results_settings, settings_changes
+from bulkinfer.io.journal import results_settings, settings_changes
 
 
 def node(cpus: float, alive: bool = True) -> dict[str, object]:

@@ -345,7 +345,7 @@ def test_a_journal_of_an_older_bulkinfer_resumes_while_new_settings_keep_their_d
     """A journal written before a setting existed lacks its key: no change
     while it has its default, a change once it is set."""
     from bulkinfer.config import load_settings
-    from bulkinfer.io.output_files import results_settings, settings_changes
+    from bulkinfer.io.journal import results_settings, settings_changes
 
     old = results_settings(load_settings())
     for key in ("n", "logprobs", "structured_outputs", "priority"):

@@ -28,6 +28,7 @@ from bulkinfer.errors import (
     LockHeldError,
     OutputExistsError,
 )
+from bulkinfer.io.journal import input_identity, results_record, results_settings
 from bulkinfer.io.output_files import OutputFiles, RunPaths
 from bulkinfer.io.spool import spool_records
 from bulkinfer.jobs.context import RunContext
@@ -267,6 +268,36 @@ def test_resume_on_complete_output_does_nothing(tmp_path: Path) -> None:
     assert result.exit_code == EXIT_OK and result.report["already_complete"]
     assert engine.steps == 0
     assert paths.output.read_bytes() == before
+
+
+def test_resume_on_a_complete_output_of_another_input_or_settings_is_refused(tmp_path: Path) -> None:
+    """The cron line ``run prompts.jsonl -o out.jsonl --resume`` over a new day's prompts.jsonl must not
+    report yesterday's output as today's: the report records what the output is the result of."""
+    paths = RunPaths.build(make_input(tmp_path), tmp_path / "out.jsonl")
+    run(paths, settings(), RunContext(engine_factory=lambda m, s: FakeEngine()))
+    saved = orjson.loads(paths.report.read_bytes())["results_of"]
+    assert saved == results_record(input_identity(paths.input), results_settings(settings()))
+    before = paths.output.read_bytes()
+    resume = RunContext(resume=True, engine_factory=lambda m, s: FakeEngine())
+    # how rows are fed does not shape results: still complete
+    assert run(paths, settings(order="ascending"), resume).report["already_complete"]
+    with pytest.raises(ConfigError) as info:
+        run(paths, load_settings(None, {"sampling.max_tokens": 8}), resume)
+    assert str(info.value).startswith(
+        f"cannot resume {paths.output}: it is complete, but settings differ from those of the run that wrote it: "
+        "--max-tokens (sampling.max_tokens): "
+    )
+    make_input(tmp_path, 21)  # the next day's input, at the same path
+    with pytest.raises(ConfigError) as info:
+        run(paths, settings(), RunContext(resume=True, engine_factory=lambda m, s: FakeEngine()))
+    assert info.value.exit_code == 2
+    assert f"it is complete, but the input {paths.input.resolve()} changed since the run that wrote it (size" in str(
+        info.value
+    )
+    assert str(info.value).endswith("use the same input, or --overwrite to run it again")
+    assert paths.output.read_bytes() == before  # nothing started over
+    result = run(paths, settings(), RunContext(overwrite=True, engine_factory=lambda m, s: FakeEngine()))
+    assert result.report["request_counts"]["total"] == 21
 
 
 def test_overwrite_replaces_a_complete_output(tmp_path: Path) -> None:
