@@ -86,9 +86,9 @@ def _value(value: Any) -> str:
 def input_changes(old: dict[str, Any], new: dict[str, Any]) -> list[str]:
     """What differs between two :func:`input_identity` values, in words:
     ``size 120 -> 140 bytes``, ``modified 2025-01-02 10:00:00 -> ...`` (local
-    time), or the other path."""
+    time), or ``it read OLD, not NEW`` (another path)."""
     if old.get("path") != new.get("path"):
-        return [f"it was started from {old.get('path')}, not {new.get('path')}"]
+        return [f"it read {old.get('path')}, not {new.get('path')}"]
     changes = []
     if old.get("size") != new.get("size"):
         changes.append(f"size {old.get('size')} -> {new.get('size')} bytes")

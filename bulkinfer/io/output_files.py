@@ -14,7 +14,9 @@ output's directory so renames are atomic (:meth:`OutputFiles.paths` lists them):
   :mod:`bulkinfer.io.spool`), appended as rows finish;
 - ``.r.jsonl.journal.json``: the input's identity (path, size, mtime) and a
   fingerprint of the settings that shape results, so that ``--resume``
-  refuses to continue with another input or other settings;
+  refuses to continue with another input or other settings (the record and
+  its check: :mod:`bulkinfer.io.journal`; a finished run keeps it in its
+  report, ``results_of``);
 - temporaries ``.NAME.tmp`` / ``.NAME.PID.tmp`` / ``.NAME.ordered.tmp``
   that become a final file by ``os.replace``, and the sorted runs of the
   merge that restores input order (``.NAME.partial.jsonl.run-K.tmp``), all

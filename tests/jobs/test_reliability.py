@@ -353,3 +353,13 @@ def test_a_journal_of_an_older_bulkinfer_resumes_while_new_settings_keep_their_d
     assert settings_changes(old, results_settings(load_settings())) == []
     changed = settings_changes(old, results_settings(load_settings(None, {"sampling.n": 2})))
     assert changed == ["--n (sampling.n): not set -> 2"]
+
+
+def test_input_changes_say_which_path_size_or_time_differs() -> None:
+    from bulkinfer.io.journal import input_changes
+
+    old = {"path": "/a/in.jsonl", "size": 120, "mtime_ns": 10**18}
+    assert input_changes(old, {**old, "path": "/b/in.jsonl"}) == ["it read /a/in.jsonl, not /b/in.jsonl"]
+    assert input_changes(old, {**old, "size": 140}) == ["size 120 -> 140 bytes"]
+    [modified] = input_changes(old, {**old, "mtime_ns": 10**18 + 5 * 10**9})
+    assert modified.startswith("modified ") and " -> " in modified
