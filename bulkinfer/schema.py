@@ -173,6 +173,8 @@ class Done:
 
     done_ids: set[str] = field(default_factory=set)
     done_lines: set[int] = field(default_factory=set)
+    # The ids of the error records (a row's id claims it whether it ran or failed).
+    failed_ids: set[str] = field(default_factory=set)
     completed: int = 0
     failed: int = 0
     prompt_tokens: int = 0

@@ -47,7 +47,7 @@ from bulkinfer.io import formats
 from bulkinfer.io.files import atomic_write, failpoint, publish_path
 from bulkinfer.io.journal import check_same_results, results_record
 from bulkinfer.io.records import parse_output, read_records
-from bulkinfer.io.spool import Spool, ordered_path, publish_spool, read_spool, run_paths, spool_records
+from bulkinfer.io.spool import Spool, ordered_path, publish_spool, run_paths, spool_records
 from bulkinfer.schema import Done
 
 
@@ -217,9 +217,12 @@ class OutputFiles:
                 progress.prompt_tokens += row.prompt_tokens
                 progress.completion_tokens += row.completion_tokens
         if self.errors_spool.exists():
-            for line, _ in read_spool(self.errors_spool):
+            for line, record in spool_records(self.errors_spool):
                 progress.failed += 1
                 progress.done_lines.add(line)
+                row_id = record.get("custom_id", record.get("id"))
+                if row_id is not None and not record.get("id_recovered"):
+                    progress.failed_ids.add(str(row_id))
         return progress
 
     def _take_back_errors(self) -> None:

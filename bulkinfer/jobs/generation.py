@@ -24,7 +24,8 @@ from bulkinfer.io.readers import RawRow, Reader
 from bulkinfer.io.spool import Spool
 from bulkinfer.jobs.context import RunContext
 from bulkinfer.prep.planner import Planner
-from bulkinfer.prep.rows import RowParser, iter_windows, to_request
+from bulkinfer.prep.rows import RowParser, to_request
+from bulkinfer.prep.windows import iter_windows
 from bulkinfer.report.calibration import LengthPrior
 from bulkinfer.report.progress import Progress
 from bulkinfer.report.stats import RunStats

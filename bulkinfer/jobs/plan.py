@@ -28,7 +28,8 @@ from bulkinfer.jobs.tune import known_dtype
 from bulkinfer.models import load_tokenizer, resolve_model
 from bulkinfer.prep.planner import Planner, efficiency, static_batch_tokens
 from bulkinfer.prep.prefix import CPU_BLOCK_TOKENS, GPU_BLOCK_TOKENS
-from bulkinfer.prep.rows import CONSUMED_FIELDS, iter_windows, to_request
+from bulkinfer.prep.rows import CONSUMED_FIELDS, to_request
+from bulkinfer.prep.windows import iter_windows
 from bulkinfer.report.calibration import load_calibrations
 from bulkinfer.report.plan_estimate import estimate
 from bulkinfer.schema import RowError

@@ -115,7 +115,7 @@ def encoder_request(
 
 def to_embed_request(data: Any, seq: int, line: int, settings: Settings) -> Request:
     """:func:`parse_embed_row` with the row parser signature of
-    :func:`bulkinfer.prep.rows.iter_windows` (``settings`` is not read:
+    :func:`bulkinfer.prep.windows.iter_windows` (``settings`` is not read:
     the encoder's settings are the planner's).
 
     Raises:

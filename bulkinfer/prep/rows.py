@@ -23,15 +23,14 @@ vLLM's ``SamplingParams``) and where they go in vLLM are one table,
 ``invalid_field`` error naming the field. ``max_completion_tokens`` (OpenAI's
 newer name) is read as ``max_tokens``; given both, they must agree.
 
-:func:`iter_windows` cuts a file's rows into windows of ``plan.window_rows``
-valid requests (ids checked, resume skips applied): the planner sorts and
-buckets one window at a time, so memory stays bounded on any input size.
+:func:`bulkinfer.prep.windows.iter_windows` cuts a file's rows into windows
+of valid requests, parsed here.
 """
 
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Callable, Iterable, Iterator, Mapping
+from collections.abc import Callable, Mapping
 from typing import Any
 
 from bulkinfer.config import SamplingDefaults, Settings
@@ -49,8 +48,7 @@ from bulkinfer.fields import (
     schema_problem,
     shown,
 )
-from bulkinfer.io.readers import RawRow
-from bulkinfer.schema import CHAT_URL, COMPLETIONS_URL, EMBEDDINGS_URL, Done, Request, RowError, RowInvalid
+from bulkinfer.schema import CHAT_URL, COMPLETIONS_URL, EMBEDDINGS_URL, Request, RowInvalid
 
 ROLES = frozenset({"system", "developer", "user", "assistant", "tool"})
 # The fields of a bulkinfer row that shape its completion (bulkinfer.fields.FIELDS).
@@ -394,57 +392,3 @@ def to_request(data: Any, seq: int, line: int, settings: Settings) -> Request:
 
 # A row parser: (decoded row, seq, line, settings) -> Request, raising RowInvalid.
 RowParser = Callable[[Any, int, int, Settings], Request]
-
-
-def iter_windows(
-    reader: Iterable[RawRow],
-    settings: Settings,
-    on_error: Callable[[RowError], None],
-    done: Done | None = None,
-    parse: RowParser = to_request,
-) -> Iterator[list[Request]]:
-    """Valid requests from ``reader`` (raw rows in file order) in windows of ``plan.window_rows``; every
-    invalid row (undecodable, bad fields, duplicate id) goes to ``on_error``.
-    The first occurrence of an id runs; later ones are ``duplicate_id`` errors.
-    Rows an earlier attempt finished (``done``: error lines, completed ids)
-    are skipped. ``parse`` builds each request (``run``'s :func:`to_request`,
-    or ``embed``'s); with ``passthrough = false`` its pass-through fields are
-    dropped (an OpenAI line's are its output's, such as ``model``)."""
-    done = done or Done()
-    seen: set[str] = set(done.done_ids)
-    window_ids_skipped: set[str] = set()
-    window: list[Request] = []
-    for seq, raw in enumerate(reader):
-        if raw.line in done.done_lines:
-            continue
-        if raw.error is not None:
-            on_error(raw.error.to_error(raw.line))
-            continue
-        try:
-            request = parse(raw.data, seq, raw.line, settings)
-        except RowInvalid as exc:
-            on_error(exc.to_error(raw.line))
-            continue
-        if not settings.passthrough and request.openai_url is None:
-            request.passthrough = {}  # ``passthrough = false``: the row's other fields are not copied to its output
-        if request.id in done.done_ids and request.id not in window_ids_skipped:
-            window_ids_skipped.add(request.id)
-            continue
-        if request.id in seen:
-            on_error(
-                RowError(
-                    raw.line,
-                    request.id,
-                    "duplicate_id",
-                    f"id '{request.id}' already appeared earlier in the file",
-                    request.openai_url is not None,
-                )
-            )
-            continue
-        seen.add(request.id)
-        window.append(request)
-        if len(window) >= settings.plan.window_rows:
-            yield window
-            window = []
-    if window:
-        yield window

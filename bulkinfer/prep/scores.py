@@ -225,7 +225,7 @@ def _side(body: dict[str, Any], name: str, custom_id: str) -> tuple[list[str], l
 
 def to_score_request(data: Any, seq: int, line: int, settings: Settings) -> Request:
     """:func:`parse_score_row` with the row parser signature of
-    :func:`bulkinfer.prep.rows.iter_windows` (``settings`` is not read).
+    :func:`bulkinfer.prep.windows.iter_windows` (``settings`` is not read).
 
     Raises:
         RowInvalid: as parse_score_row.

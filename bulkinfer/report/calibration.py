@@ -92,7 +92,10 @@ def record_calibration(
     ``"run"`` or ``"calibrate"``; ``completion_lengths``: the run's
     completion lengths as quantiles (tokens), the ETA's prior for a later
     run (:func:`length_prior`); ``step_cost``: the step model fitted to
-    the run (the ETA's time model for later runs on ``machine``). A run below the minimum size is not stored
+    the run (the ETA's time model for later runs on ``machine``). The
+    entry's ``load_seconds`` (what ``plan`` estimates a start from) leave out
+    the run's engine choice, whose trials (the dtype probe) run once per
+    model and machine: a later run does not pay them. A run below the minimum size is not stored
     (returns None). An entry measured on the same output file is replaced
     (``calibrate`` replaces the entry its own run stored); only the
     newest :data:`KEEP_PER_MODEL_AND_MACHINE` per model and machine are kept.
@@ -109,7 +112,7 @@ def record_calibration(
         "completion_tokens_per_s": report["throughput"]["completion_tokens_per_s"],
         "prompt_tokens_per_s": report["throughput"]["prompt_tokens_per_s"],
         "requests_per_s": report["throughput"]["requests_per_s"],
-        "load_seconds": report["seconds"]["load"],
+        "load_seconds": report["seconds"]["load"] - report["seconds"].get("start", {}).get("engine_choice", 0.0),
         "device": report.get("engine", {}).get("device"),
         "dtype": report.get("engine", {}).get("dtype"),
         "enforce_eager": report.get("engine", {}).get("enforce_eager"),

@@ -179,6 +179,31 @@ def test_an_undecodable_line_keeps_its_readable_id(tmp_path: Path) -> None:
     assert (by_line[5]["id"], by_line[5]["id_recovered"]) == ("x", True)  # truncated JSON: the id is still there
 
 
+def test_an_id_names_one_record_across_the_output_and_errors_files(tmp_path: Path) -> None:
+    """A row with bad fields keeps its id, so a later row of that id is a
+    duplicate (one record per id for a join of both files), a line number
+    taken as a default id included; an id guessed from a line that is not
+    JSON claims nothing."""
+    lines = [
+        good(0),
+        b'{"id": "c", "prompt": "hi", "max_tokens": 0}',
+        b'{"id": "c", "prompt": "fixed"}',
+        b'{"prompt": ""}',  # default id "4"
+        b'{"id": 4, "prompt": "a number"}',
+        CASES["invalid_utf8"][0],  # id "x", recovered
+        b'{"id": "x", "prompt": "hi"}',
+    ]
+    _, code, outputs, errors = run_file(tmp_path, b"\n".join(lines) + b"\n")
+    assert code == EXIT_PARTIAL and sorted(o["id"] for o in outputs) == ["g0", "x"]
+    assert sorted((e["line"], e["id"], e["error"]["type"]) for e in errors) == [
+        (2, "c", "invalid_field"),
+        (3, "c", "duplicate_id"),
+        (4, "4", "invalid_field"),
+        (5, "4", "duplicate_id"),
+        (6, "x", "invalid_json"),
+    ]
+
+
 def test_a_recovered_openai_error_record_is_a_valid_vllm_batch_output() -> None:
     """Checked against vLLM's own pydantic record, not our reading of the format."""
     from bulkinfer.io.records import error_record

@@ -244,6 +244,18 @@ def test_record_calibration_stores_adequate_runs_with_their_source(
     assert [e["output"] for e in kept] == [f"b{i}.jsonl" for i in range(2, 12)]  # the newest 10
 
 
+def test_a_calibrations_load_leaves_out_the_dtype_probe_a_later_run_skips(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A machine's first run spends most of its load on the dtype probe
+    (make demo on a Zen 4: 47 of 79 s); the next run's start pays none of it."""
+    monkeypatch.setenv("BULKINFER_HOME", str(tmp_path))
+    report = _report("a.jsonl", 300, 100.0, 50.0)
+    report["seconds"] = {"load": 79.0, "generate": 50.0, "start": {"tokenizer": 26.5, "engine_choice": 47.25}}
+    entry = record_calibration(report, {"cpu": "Test CPU", "cores": 2})
+    assert entry is not None and entry["load_seconds"] == 31.75
+
+
 def test_a_store_that_cannot_be_written_fails_calibrate_and_only_warns_a_run(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:

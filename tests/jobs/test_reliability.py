@@ -127,6 +127,24 @@ def test_engine_death_keeps_finished_rows_and_resume_completes(tmp_path: Path) -
     assert sorted(ids(paths.output)) == sorted(f"r{i}" for i in range(12))
 
 
+def test_a_resumed_run_still_counts_the_ids_of_rows_that_failed(tmp_path: Path) -> None:
+    """A row that failed before the engine died keeps its id on resume: a later
+    row of that id, not yet read then, is a duplicate as in one attempt."""
+    src = write_rows(tmp_path / "in.jsonl", 12)
+    lines = src.read_bytes().splitlines()
+    lines[0] = b'{"id": "c", "prompt": "hi", "max_tokens": 0}'
+    src.write_bytes(b"\n".join([*lines, b'{"id": "c", "prompt": "late"}']) + b"\n")
+    paths = RunPaths.build(src, tmp_path / "out.jsonl")
+    with pytest.raises(EngineError):
+        run(paths, settings(window_rows=2), RunContext(engine_factory=lambda m, s: FakeEngine(crash_at=2)))
+    assert [line for line, _ in spool_records(tmp_path / ".out.errors.jsonl.partial.jsonl")] == [1]
+    result = run(paths, settings(), RunContext(resume=True, engine_factory=lambda m, s: FakeEngine()))
+    errors = {line: record for line, record in spool_records(paths.errors)}
+    assert result.exit_code == 3 and sorted(errors) == [1, 13]
+    assert (errors[13]["id"], errors[13]["error"]["type"]) == ("c", "duplicate_id")
+    assert sorted(ids(paths.output)) == sorted(f"r{i}" for i in range(1, 12))
+
+
 def fault_driver(src: Path, out: Path, *args: str) -> subprocess.Popen[bytes]:
     return subprocess.Popen(
         [sys.executable, str(HERE / "fault_driver.py"), str(src), str(out), *args],
