@@ -542,7 +542,10 @@ EnforceEagerOption = Annotated[
     bool | None,
     typer.Option(
         "--enforce-eager",
-        help=described("Eager PyTorch: no torch.compile, no CUDA graphs.", "on for CPU"),
+        help=described(
+            "Eager PyTorch: no torch.compile, no CUDA graphs.",
+            "CPU: chosen per job, eager unless compiling saves more than it costs (README, Engine settings); GPU: off",
+        ),
         rich_help_panel=ENGINE,
     ),
 ]
@@ -552,7 +555,7 @@ NoEnforceEagerOption = Annotated[
     bool,
     typer.Option(
         "--no-enforce-eager",
-        help=described("Allow torch.compile and CUDA graphs.", "on for GPU"),
+        help=described("Allow torch.compile and CUDA graphs.", "GPU: on; CPU: chosen per job"),
         rich_help_panel=ENGINE,
     ),
 ]

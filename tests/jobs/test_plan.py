@@ -196,6 +196,22 @@ def test_plan_estimates_at_the_dtype_the_run_will_take_rescaling_other_dtypes_by
     assert plan["estimate"]["rates"] == pytest.approx([100.0, 300.0 * 200 / 500])
 
 
+def test_plan_takes_the_flags_of_run_that_change_its_estimate(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """-n multiplies the completion tokens; --dtype and --no-enforce-eager
+    pick the calibrations measured at those settings."""
+    model = resolve_model(None)
+    monkeypatch.setenv("BULKINFER_HOME", str(tmp_path))
+    compiled = _entry(model, this_machine(), completion_tokens_per_s=200.0, enforce_eager=False)
+    _store([compiled, _entry(model, this_machine(), dtype="bfloat16", enforce_eager=True)])
+    json_path = tmp_path / "plan.json"
+    args = ["plan", str(_ten_rows(tmp_path)), "--model", model, "-n", "2", "--dtype", "float32"]
+    result = runner.invoke(app, [*args, "--no-enforce-eager", "--json", str(json_path)], env={"COLUMNS": "250"})
+    assert result.exit_code == 0, result.output
+    estimate = orjson.loads(json_path.read_bytes())["estimate"]
+    assert estimate["engine"] == {"dtype": "float32", "enforce_eager": False}
+    assert (estimate["completion_tokens"], estimate["calibrations"]) == (10 * 50 * 2, [compiled])
+
+
 def test_plan_without_an_adequate_calibration_says_so_instead_of_a_number(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
