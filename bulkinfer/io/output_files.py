@@ -175,6 +175,12 @@ class OutputFiles:
                 setting with its old and new value).
         """
         others = self.siblings()
+        if others and same_file(others[0], Path(identity["path"])):
+            raise OutputExistsError(
+                f"the input {others[0]} has the stem of the output {self.out}, whose errors and report "
+                f"({self.errors.name}, {self.report.name}) would then be named as if {others[0].name} were an "
+                f"output; choose another output name (e.g. {formats.sibling(self.out, '.out' + self.out.suffix)})"
+            )
         if others:
             raise OutputExistsError(
                 f"{others[0]} shares {self.errors.name} and {self.report.name} with {self.out}; "

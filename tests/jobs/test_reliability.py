@@ -111,6 +111,16 @@ def test_an_output_of_the_same_stem_in_another_format_is_not_clobbered(tmp_path:
     assert not (tmp_path / "r.parquet").exists()
 
 
+def test_an_output_of_the_inputs_stem_in_another_format_says_the_input_is_no_output(tmp_path: Path) -> None:
+    """`run data.jsonl -o data.parquet`: the refusal must not tell the user to remove the input."""
+    src = write_rows(tmp_path / "data.jsonl", 4)
+    with pytest.raises(OutputExistsError) as info:
+        run(RunPaths.build(src, tmp_path / "data.parquet"), settings(), RunContext(engine_factory=no_engine))
+    assert str(info.value).startswith(f"the input {src} has the stem of the output {tmp_path / 'data.parquet'}")
+    assert "remove" not in str(info.value) and f"e.g. {tmp_path / 'data.out.parquet'}" in str(info.value)
+    assert sorted(p.name for p in tmp_path.iterdir()) == [".data.lock", "data.jsonl"]
+
+
 # -- engine death and a stuck engine ------------------------------------------------------------
 
 
