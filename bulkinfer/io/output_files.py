@@ -108,6 +108,16 @@ class OutputFiles:
             self.errors_ordered,
         ]
 
+    def _stem_files_are_ours(self) -> bool:
+        """True when the errors and report files of this stem are absent or
+        this output's (its report names it)."""
+        if self.report.exists():
+            try:
+                return Path(str(orjson.loads(self.report.read_bytes()).get("output"))).name == self.out.name
+            except (OSError, ValueError, AttributeError):
+                return False
+        return not self.errors.exists()
+
     def siblings(self) -> list[Path]:
         """Outputs of the same stem in another format, with their spools and
         journals: they share this output's errors and report files."""
@@ -175,12 +185,15 @@ class OutputFiles:
                 setting with its old and new value).
         """
         others = self.siblings()
-        if others and same_file(others[0], Path(identity["path"])):
-            raise OutputExistsError(
-                f"the input {others[0]} has the stem of the output {self.out}, whose errors and report "
-                f"({self.errors.name}, {self.report.name}) would then be named as if {others[0].name} were an "
-                f"output; choose another output name (e.g. {formats.sibling(self.out, '.out' + self.out.suffix)})"
-            )
+        if len(others) == 1 and same_file(others[0], Path(identity["path"])):
+            if not self._stem_files_are_ours():
+                raise OutputExistsError(
+                    f"the input {others[0]} has the stem of the output {self.out}, and {self.errors.name} or "
+                    f"{self.report.name} beside it are not {self.out.name}'s (an earlier run's, with "
+                    f"{others[0].name} as its output?); choose another output name "
+                    f"(e.g. {formats.sibling(self.out, '.out' + self.out.suffix)})"
+                )
+            others = []  # `run data.jsonl -o data.parquet`: the input is no output whose files this one takes
         if others:
             raise OutputExistsError(
                 f"{others[0]} shares {self.errors.name} and {self.report.name} with {self.out}; "

@@ -111,14 +111,29 @@ def test_an_output_of_the_same_stem_in_another_format_is_not_clobbered(tmp_path:
     assert not (tmp_path / "r.parquet").exists()
 
 
-def test_an_output_of_the_inputs_stem_in_another_format_says_the_input_is_no_output(tmp_path: Path) -> None:
-    """`run data.jsonl -o data.parquet`: the refusal must not tell the user to remove the input."""
+def test_an_output_of_the_inputs_stem_in_another_format_runs_unless_the_stem_has_another_outputs_files(
+    tmp_path: Path,
+) -> None:
+    """`run data.jsonl -o data.parquet` runs (and runs again with --overwrite);
+    where data.jsonl was itself an earlier run's output, its errors and
+    report are not overwritten, and the message does not say to remove the
+    input."""
     src = write_rows(tmp_path / "data.jsonl", 4)
+    out = tmp_path / "data.parquet"
+    for overwrite in (False, True):
+        result = run(
+            RunPaths.build(src, out),
+            settings(),
+            RunContext(overwrite=overwrite, engine_factory=lambda m, s: FakeEngine()),
+        )
+        assert result.exit_code == EXIT_OK and pq.read_table(out).num_rows == 4
+    (tmp_path / "data.report.json").write_bytes(orjson.dumps({"output": "data.jsonl"}))  # data.jsonl's own report
+    out.unlink()
     with pytest.raises(OutputExistsError) as info:
-        run(RunPaths.build(src, tmp_path / "data.parquet"), settings(), RunContext(engine_factory=no_engine))
-    assert str(info.value).startswith(f"the input {src} has the stem of the output {tmp_path / 'data.parquet'}")
+        run(RunPaths.build(src, out), settings(), RunContext(engine_factory=lambda m, s: FakeEngine()))
+    assert str(info.value).startswith(f"the input {src} has the stem of the output {out}, and data.errors.jsonl")
     assert "remove" not in str(info.value) and f"e.g. {tmp_path / 'data.out.parquet'}" in str(info.value)
-    assert sorted(p.name for p in tmp_path.iterdir()) == [".data.lock", "data.jsonl"]
+    assert orjson.loads((tmp_path / "data.report.json").read_bytes()) == {"output": "data.jsonl"}
 
 
 # -- engine death and a stuck engine ------------------------------------------------------------
