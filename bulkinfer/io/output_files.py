@@ -110,7 +110,10 @@ class OutputFiles:
 
     def _stem_files_are_ours(self) -> bool:
         """True when the errors and report files of this stem are absent or
-        this output's (its report names it)."""
+        this output's: its report names it, or a run of it is under way (a
+        crash between publishing the errors and the output leaves both)."""
+        if self.has_partial():
+            return True
         if self.report.exists():
             try:
                 return Path(str(orjson.loads(self.report.read_bytes()).get("output"))).name == self.out.name

@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import Any
 
 import orjson
+import pyarrow.parquet as pq
 import pytest
 from fakes import FakeEngine
 
@@ -208,18 +209,20 @@ def test_resume_cuts_a_torn_last_line(tmp_path: Path) -> None:
     assert sorted(ids) == sorted(f"r{i}" for i in range(20))
 
 
-def test_resume_after_crash_between_the_final_renames(tmp_path: Path) -> None:
+@pytest.mark.parametrize("out", ["out.jsonl", "in.parquet"])  # in.parquet: the input's stem
+def test_resume_after_crash_between_the_final_renames(tmp_path: Path, out: str) -> None:
     src = make_input(tmp_path, 10)
     with open(src, "ab") as f:
         f.write(b"not json\n")
-    paths = RunPaths.build(src, tmp_path / "out.jsonl")
+    paths = RunPaths.build(src, tmp_path / out)
     with pytest.raises(Interrupted):
         run_with_signals(paths, settings(max_in_flight=2), engine_factory=lambda m, s: FakeEngine(signal_at=2))
     # the errors file was published, then the process died before the output's rename
-    os.replace(tmp_path / ".out.errors.jsonl.partial.jsonl", paths.errors)
+    os.replace(tmp_path / f".{paths.errors.name}.partial.jsonl", paths.errors)
     result = run(paths, settings(), RunContext(resume=True, engine_factory=lambda m, s: FakeEngine()))
     assert result.exit_code == EXIT_PARTIAL
-    assert sorted(output_ids(paths)) == sorted(f"r{i}" for i in range(10))
+    ids = pq.read_table(paths.output)["id"].to_pylist() if out.endswith(".parquet") else output_ids(paths)
+    assert sorted(ids) == sorted(f"r{i}" for i in range(10))
     errors = [orjson.loads(line) for line in paths.errors.read_bytes().splitlines()]
     assert [e["line"] for e in errors] == [11]
 
