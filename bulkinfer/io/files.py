@@ -105,6 +105,23 @@ def publish_path(src: Path, dst: Path) -> None:
     fsync_path(dst.parent)
 
 
+def keep_newest(directory: Path, pattern: str, keep: int) -> None:
+    """Remove all but the newest ``keep`` files of ``directory`` matching the
+    glob ``pattern`` (by modification time); a file that vanished or cannot
+    be removed is left to the next call."""
+    files = []
+    for path in directory.glob(pattern):
+        try:
+            files.append((path.stat().st_mtime_ns, path))
+        except OSError:
+            continue
+    for _, path in sorted(files, reverse=True)[keep:]:
+        try:
+            path.unlink()
+        except OSError:
+            pass
+
+
 def _dumps(record: dict[str, Any]) -> bytes:
     return orjson.dumps(record, default=str, option=orjson.OPT_APPEND_NEWLINE)
 

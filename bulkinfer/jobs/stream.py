@@ -17,11 +17,10 @@ planned and publishes at the end; a stream never ends on its own schedule
 - every finished row is one JSONL line on the output (``-o -``, standard
   output, the default; or a ``.jsonl`` file), flushed after each engine
   step; a failed row is an error record on the same stream (or on
-  ``paths.errors`` when given). Completion order by default (``[plan]
-  output_order`` unset); ``input`` holds finished records in a bounded
-  reorder buffer (:class:`~bulkinfer.io.stream_out.StreamWriter`, at most
-  ``window_rows`` records plus a window's rows) until every earlier row has
-  its record.
+  ``paths.errors`` when given). Completion order by default; ``input``
+  holds finished records until every earlier row has its record
+  (:class:`~bulkinfer.io.stream_out.StreamWriter`: at most ``window_rows``
+  records plus a window's rows).
 
 The end of the input finishes the run as usual; a stop signal (SIGTERM,
 SIGINT) stops it with every row finished so far written (rows still in the
@@ -34,10 +33,9 @@ id has a record there (output or errors file) are skipped
 to resume from.
 
 vLLM logs to standard output: while the engine runs, file descriptors 1 and
-2 go to a log file (:class:`~bulkinfer.engine.log.EngineLog`; with
-``--verbose``, file descriptor 1 goes to standard error instead) and the
-output is written to a copy of the original standard output, so no log
-line enters the data.
+2 go to a log file (:class:`~bulkinfer.engine.log.EngineLog`; ``--verbose``:
+fd 1 goes to standard error) and the output is written to a copy of the
+original standard output, so no log line enters the data.
 """
 
 from __future__ import annotations
@@ -58,6 +56,7 @@ from bulkinfer.engine.heap import set_heap
 from bulkinfer.engine.log import EngineLog, terminal
 from bulkinfer.errors import EXIT_OK, EXIT_PARTIAL, ConfigError, EngineError, ModelError, OutputExistsError
 from bulkinfer.io import records
+from bulkinfer.io.files import keep_newest
 from bulkinfer.io.inputs import InputScan
 from bulkinfer.io.readers import RawRow, StreamReader
 from bulkinfer.io.stream_out import StreamWriter, done_ids
@@ -70,8 +69,8 @@ from bulkinfer.prep.rows import to_request
 from bulkinfer.report.progress import Progress
 from bulkinfer.schema import Completion, Request, RowError, RowInvalid
 
-# Rows read ahead of the planner at most, in windows (the reading thread waits beyond).
-QUEUE_WINDOWS = 2
+QUEUE_WINDOWS = 2  # rows read ahead of the planner at most, in windows (the reading thread waits beyond)
+KEEP_LOGS = 100  # logs of streams to standard output kept in $BULKINFER_HOME/logs
 STDOUT = Path("-")
 
 
@@ -87,7 +86,8 @@ class StreamPaths:
     @classmethod
     def build(cls, output: Path | None, errors: Path | None = None) -> StreamPaths:
         """``output`` None or ``-`` is standard output, logging to
-        ``$BULKINFER_HOME/logs/stream-<time>-<pid>.log``; a file logs beside it (``OUT.log``).
+        ``$BULKINFER_HOME/logs/stream-<time>-<pid>.log`` (the newest :data:`KEEP_LOGS` kept: a
+        cron line's streams would fill the disk); a file logs beside it (``OUT.log``).
 
         Raises:
             ConfigError: an output or errors file that is not JSONL (Parquet cannot be appended to).
@@ -99,6 +99,7 @@ class StreamPaths:
         if output == STDOUT:
             logs = bulkinfer_home() / "logs"
             logs.mkdir(parents=True, exist_ok=True)
+            keep_newest(logs, "stream-*.log", KEEP_LOGS - 1)
             log = logs / f"stream-{time.strftime('%Y%m%d-%H%M%S')}-{os.getpid()}.log"
         else:
             log = output.with_name(output.stem + ".log")

@@ -26,6 +26,7 @@ from bulkinfer.errors import ConfigError, OutputExistsError
 from bulkinfer.io.readers import RawRow
 from bulkinfer.io.stream_out import StreamWriter, done_ids
 from bulkinfer.jobs.context import RunContext
+from bulkinfer.jobs.stream import KEEP_LOGS as STREAM_KEEP_LOGS
 from bulkinfer.jobs.stream import StreamPaths, stream, stream_requests
 from bulkinfer.schema import Request, RowError
 
@@ -235,3 +236,20 @@ def test_the_closing_line_counts_windows_in_the_singular_and_plural() -> None:
 
     assert "(30.4 tok/s), 1 window (max wait 0.5 s); load 18.4 s; log x.log" in _summary(report(1))
     assert "(30.4 tok/s), 3 windows (max wait 0.5 s)" in _summary(report(3))
+
+
+def test_streams_to_standard_output_keep_the_newest_logs_only(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A cron line streaming to standard output every minute would otherwise
+    leave 1,440 engine logs a day in $BULKINFER_HOME/logs."""
+    monkeypatch.setenv("BULKINFER_HOME", str(tmp_path))
+    logs = tmp_path / "logs"
+    logs.mkdir()
+    for i in range(STREAM_KEEP_LOGS + 5):
+        old = logs / f"stream-{i:04d}.log"
+        old.write_bytes(b"")
+        os.utime(old, ns=(i * 10**9, i * 10**9))
+    (logs / "other.log").write_bytes(b"")  # not a stream's: kept
+    paths = StreamPaths.build(None)
+    kept = sorted(p.name for p in logs.iterdir())
+    assert len(kept) == STREAM_KEEP_LOGS and "other.log" in kept  # the new log is written when the engine starts
+    assert kept[0] == "other.log" and kept[1] == "stream-0006.log" and paths.log.parent == logs
