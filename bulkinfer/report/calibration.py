@@ -16,8 +16,11 @@ says little about a large run's.
 
 from __future__ import annotations
 
+import fcntl
+import os
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterator, Mapping
+from contextlib import contextmanager
 from dataclasses import replace
 from pathlib import Path
 from typing import Any, NamedTuple
@@ -124,10 +127,11 @@ def record_calibration(
     if not adequate(entry):
         return None
     output = report.get("output")
-    kept = [e for e in load_calibrations() if output is None or e.get("output") != output]
-    same = [e for e in kept if measured_here(e, entry["model_path"], machine)]
-    drop = {id(e) for e in same[: max(0, len(same) + 1 - KEEP_PER_MODEL_AND_MACHINE)]}
-    _save(entries=[*(e for e in kept if id(e) not in drop), entry], warn=warn)
+    with _locked():
+        kept = [e for e in load_calibrations() if output is None or e.get("output") != output]
+        same = [e for e in kept if measured_here(e, entry["model_path"], machine)]
+        drop = {id(e) for e in same[: max(0, len(same) + 1 - KEEP_PER_MODEL_AND_MACHINE)]}
+        _save(entries=[*(e for e in kept if id(e) not in drop), entry], warn=warn)
     return entry
 
 
@@ -142,8 +146,9 @@ def record_choice(
     (``result`` plus those keys and ``measured_at``). The write is atomic;
     where it fails, see :func:`_save` (``warn``)."""
     entry = {"kind": kind, "model_path": model_path, "machine": machine, "measured_at": _now(), **result}
-    others = [c for c in _load().get("choices", []) if not _same_choice(c, kind, model_path, machine)]
-    _save(choices=[*others, entry], warn=warn)
+    with _locked():
+        others = [c for c in _load().get("choices", []) if not _same_choice(c, kind, model_path, machine)]
+        _save(choices=[*others, entry], warn=warn)
     return entry
 
 
@@ -165,6 +170,27 @@ def _same_choice(entry: Any, kind: str, model_path: str, machine: dict[str, Any]
 
 def _now() -> str:
     return time.strftime("%Y-%m-%dT%H:%M:%S")
+
+
+@contextmanager
+def _locked() -> Iterator[None]:
+    """Hold an exclusive ``flock`` of ``calibration.json.lock`` beside the
+    store for a read-modify-write: two runs finishing at once would each
+    write back what they read and one's entry would be lost. Where the lock
+    file cannot be created (a read-only home) the write goes on unlocked
+    and fails there, saying so."""
+    path = calibration_path().with_name("calibration.json.lock")
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
+    except OSError:
+        yield
+        return
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX)
+        yield
+    finally:
+        os.close(fd)
 
 
 def _load() -> dict[str, Any]:

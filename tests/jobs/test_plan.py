@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import dataclasses
 import random
+import threading
+import time
 from dataclasses import replace
 from pathlib import Path
 from typing import Any
@@ -21,6 +23,7 @@ from bulkinfer.errors import EXIT_WRITE, EngineError, OutputWriteError
 from bulkinfer.jobs.plan import plan_file
 from bulkinfer.jobs.tune import dtype_machine
 from bulkinfer.models import load_tokenizer, resolve_model
+from bulkinfer.report import calibration
 from bulkinfer.report.calibration import (
     calibration_path,
     length_prior,
@@ -28,6 +31,7 @@ from bulkinfer.report.calibration import (
     record_calibration,
     record_choice,
     speed_ratio,
+    stored_choice,
 )
 from bulkinfer.report.step_cost import StepCost
 from bulkinfer.schema import Completion
@@ -258,6 +262,32 @@ def test_record_calibration_stores_adequate_runs_with_their_source(
         record_calibration(_report(f"b{i}.jsonl", 300, 100.0 + i, 50.0), machine)
     kept = load_calibrations()
     assert [e["output"] for e in kept] == [f"b{i}.jsonl" for i in range(2, 12)]  # the newest 10
+
+
+def test_runs_finishing_at_once_each_keep_their_entry_and_choice(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Each store write reads, changes and writes the whole file; four runs
+    and a dtype choice written at once (each write slowed to widen the
+    window) must all be there after."""
+    monkeypatch.setenv("BULKINFER_HOME", str(tmp_path))
+    write = calibration.atomic_write
+
+    def slow_write(path: Path, data: bytes) -> None:
+        time.sleep(0.05)
+        write(path, data)
+
+    monkeypatch.setattr(calibration, "atomic_write", slow_write)
+    machine = {"cpu": "Test CPU", "cores": 2}
+    jobs = [lambda i=i: record_calibration(_report(f"o{i}.jsonl", 300, 100.0, 50.0), machine) for i in range(4)]
+    jobs.append(lambda: record_choice("dtype", "/models/tiny", machine, {"dtype": "bfloat16", "why": "test"}))
+    threads = [threading.Thread(target=job) for job in jobs]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    assert sorted(e["output"] for e in load_calibrations()) == [f"o{i}.jsonl" for i in range(4)]
+    assert stored_choice("dtype", "/models/tiny", machine) is not None
 
 
 def test_a_calibrations_load_leaves_out_the_dtype_probe_a_later_run_skips(
