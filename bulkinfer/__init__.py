@@ -189,7 +189,8 @@ def run(
 
     Returns:
         The :class:`RunReport`: the report and the exit code the CLI would end
-        with (0, or 3 when some rows failed).
+        with (0, or 3 when some rows failed or rows added to the input after
+        it was read past have no record: the report's ``input_changed``).
 
     Raises:
         ConfigError, InputFileError, ModelError, EngineError,
@@ -242,7 +243,7 @@ def embed(
             ``bulkinfer embed``'s options by name).
 
     Returns:
-        The :class:`RunReport` (exit code 0, or 3 when some rows failed).
+        The :class:`RunReport` (exit code 0, or 3 as :func:`run`'s).
 
     Raises:
         As :func:`run`.
@@ -281,7 +282,7 @@ def score(
         Others: as :func:`embed`.
 
     Returns:
-        The :class:`RunReport` (exit code 0, or 3 when some rows failed).
+        The :class:`RunReport` (exit code 0, or 3 as :func:`run`'s).
 
     Raises:
         As :func:`run`; ConfigError for a cross-encoder with more than one label.

@@ -15,7 +15,7 @@ from typer.core import TyperCommand, TyperGroup
 EXIT_CODES = (
     ("0", "every row completed"),
     ("2", "a bad flag, config key or value; --resume of other input or settings"),
-    ("3", "finished, but some rows failed: see OUT.errors.jsonl"),
+    ("3", "finished, but rows failed (OUT.errors.jsonl) or input grew as read"),
     ("4", "a file to read is missing or unreadable (input, config, report)"),
     ("5", "model or engine failure (finished rows kept: continue with --resume)"),
     ("6", "the output or a partial one exists: use --resume or --overwrite"),

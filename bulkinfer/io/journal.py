@@ -22,6 +22,51 @@ def input_identity(path: Path) -> dict[str, Any]:
     return {"path": str(path.resolve()), "size": st.st_size, "mtime_ns": st.st_mtime_ns}
 
 
+def file_key(path: Path) -> tuple[int, int]:
+    """Which file ``path`` names: its device and inode numbers."""
+    st = path.stat()
+    return st.st_dev, st.st_ino
+
+
+def changed_while_read(
+    path: Path, identity: dict[str, Any], key: tuple[int, int], read_to: int | None = None
+) -> dict[str, Any] | None:
+    """How the input at ``path`` changed since ``identity`` and ``key``
+    (:func:`input_identity`, :func:`file_key`) were taken, before the run read
+    it; None where it did not. ``read_to``: the bytes the reader had read
+    when its rows ended (an uncompressed file; None: not known).
+
+    Returns ``{"replaced", "read_whole", "changes", "message"}``.
+    ``replaced``: ``path`` now names another file or none (a writer that
+    moves a complete file over it); the run read the file it had open.
+    Otherwise the file was written while it was read (a writer still
+    appending, as a cron line started before it finished finds it), and
+    ``read_whole`` says whether the run read it to its present end
+    (``read_to`` is its size: every row has its record) or rows written
+    after the reader passed them have none. GNU tar reports the same case
+    ("file changed as we read it") with exit 1."""
+    try:
+        now, now_key = input_identity(path), file_key(path)
+    except OSError:
+        now, now_key = {}, None
+    if now == identity and now_key == key:
+        return None
+    replaced = now_key != key
+    read_whole = replaced or read_to == now.get("size")
+    changes = input_changes(identity, now) if now else ["removed"]
+    said = f"the input {path} {'was replaced after the run opened it' if replaced else 'changed while the run read it'}"
+    if replaced:
+        message = f"{said} ({'; '.join(changes)}): the output is of the file it read"
+    elif read_whole:
+        message = f"{said} ({'; '.join(changes)}), and the run read it to its end: every row has its record"
+    else:
+        message = (
+            f"{said} ({'; '.join(changes)}): rows written to it after the run read past them have no record; "
+            "write an input elsewhere and move it into place when complete"
+        )
+    return {"replaced": replaced, "read_whole": read_whole, "changes": changes, "message": message}
+
+
 def results_settings(settings: Settings) -> dict[str, Any]:
     """The settings that shape results (model, sampling, engine, pass-through,
     chat template) as JSON data; plan settings (order, windows) and where

@@ -103,6 +103,7 @@ class JsonlReader:
     def __init__(self, path: Path):
         self.path = path
         self.blank_lines = 0
+        self.bytes_read: int | None = None  # an uncompressed file's, once its rows ended
         self.compression = inspect_input(path)
         if self.compression is not None:
             try:
@@ -120,6 +121,8 @@ class JsonlReader:
             raise InputFileError(f"{self.path}: cannot read the input file: {exc.strerror or exc}") from None
         with f:
             yield from _rows(f, self, self._read_failed)
+            if self.compression is None:
+                self.bytes_read = f.tell()
 
     def _read_failed(self, lines: int, exc: Exception) -> RawRow:
         """The row that ends a compressed stream broken after ``lines`` lines.

@@ -43,7 +43,9 @@ class Attempt:
     the input's rows (as the job checks them) read by ``reader``;
     ``results_of``: the journal's record of the input and settings
     (:func:`bulkinfer.io.journal.results_record`), kept in the report;
-    ``started``: :func:`time.monotonic` when the run began (seconds)."""
+    ``started``: :func:`time.monotonic` when the run began (seconds);
+    ``input_key``: the input's :func:`~bulkinfer.io.journal.file_key` then
+    (None: not checked for a change while it was read)."""
 
     paths: RunPaths
     files: OutputFiles
@@ -52,6 +54,7 @@ class Attempt:
     rows: Iterator[RawRow]
     results_of: dict[str, Any]
     started: float = dataclasses.field(default_factory=time.monotonic)
+    input_key: tuple[int, int] | None = None
 
 
 class Generation:

@@ -41,7 +41,14 @@ from bulkinfer.errors import (
 )
 from bulkinfer.io.formats import JSONL, SUFFIXES, format_suffix
 from bulkinfer.io.inputs import scan_input
-from bulkinfer.io.journal import check_same_results, input_identity, results_record, results_settings
+from bulkinfer.io.journal import (
+    changed_while_read,
+    check_same_results,
+    file_key,
+    input_identity,
+    results_record,
+    results_settings,
+)
 from bulkinfer.io.output_files import OutputFiles, RunPaths, same_file
 from bulkinfer.io.readers import PROMPT_COLUMNS, RawRow, open_reader
 from bulkinfer.jobs.compile_choice import record_compiled_start
@@ -192,6 +199,7 @@ def run(
     with files.locked():
         try:
             identity, results = input_identity(paths.input), {**results_settings(settings), **job.journal}
+            key = file_key(paths.input)
             if resume and files.is_complete():  # resume excludes overwrite (RunContext)
                 report = orjson.loads(paths.report.read_bytes()) if paths.report.exists() else {}
                 if report.get("results_of"):  # reports before 2026-12-05 did not record it
@@ -206,7 +214,8 @@ def run(
                 with EngineLog(files.log, quiet, append=resumed) as log:
                     try:
                         rows = map(check_row, reader) if check_row is not None else iter(reader)
-                        attempt = Attempt(paths, files, done, reader, rows, results_record(identity, results), started)
+                        record = results_record(identity, results)
+                        attempt = Attempt(paths, files, done, reader, rows, record, started, key)
                         report = _run_locked(attempt, job, settings, context)
                     except (EngineError, ModelError) as exc:
                         raise log.explain(exc) from exc
@@ -216,7 +225,8 @@ def run(
         except OSError as exc:
             raise _os_error(exc, paths) from exc
     context.observer.finished(report)
-    code = EXIT_PARTIAL if report["request_counts"]["failed"] else EXIT_OK
+    changed = report.get("input_changed")
+    code = EXIT_PARTIAL if report["request_counts"]["failed"] or (changed and not changed["read_whole"]) else EXIT_OK
     return RunReport(report, code, paths.output)
 
 
@@ -325,6 +335,13 @@ def _run_locked(attempt: Attempt, job: Job, settings: Settings, context: RunCont
     report["engine_choice"] = engine_choice
     report["peak_rss_bytes"] = peak_rss_bytes()
     report["results_of"] = attempt.results_of
+    read_to = getattr(attempt.reader, "bytes_read", None)
+    changed = attempt.input_key and changed_while_read(
+        paths.input, attempt.results_of["input"], attempt.input_key, read_to
+    )
+    if changed:
+        report["input_changed"] = changed
+        warn(changed["message"])
     if job.describe is not None:
         report.update(job.describe(planner))
     write_report(report, paths.report)

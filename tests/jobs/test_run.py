@@ -13,6 +13,7 @@ import threading
 from pathlib import Path
 from typing import Any
 
+import jsonschema
 import orjson
 import pyarrow.parquet as pq
 import pytest
@@ -36,6 +37,8 @@ from bulkinfer.jobs.context import RunContext
 from bulkinfer.jobs.run import run
 from bulkinfer.schema import Completion
 from bulkinfer.stop import StopToken
+
+SCHEMA = Path(__file__).parents[2] / "bulkinfer" / "report" / "report.schema.json"
 
 
 def make_input(tmp_path: Path, n: int = 20) -> Path:
@@ -481,3 +484,57 @@ def test_a_run_without_rows_starts_nothing(tmp_path: Path) -> None:
     paths = RunPaths.build(src, tmp_path / "out.jsonl")
     seconds = run(paths, settings(), RunContext(engine_factory=lambda m, s: FakeEngine())).report["seconds"]
     assert seconds["start"] == {"first_token": None}
+
+
+class WritesTheInput(FakeEngine):
+    """At its first step, appends a row to the input (a writer still at work
+    when a cron line started the run) or moves a new file over it."""
+
+    def __init__(self, src: Path, replace: bool):
+        super().__init__()
+        self.src, self.replace = src, replace
+
+    def step(self, wait: float | None = None) -> list[Completion]:
+        if self.steps == 0:
+            if self.replace:
+                (self.src.parent / "next.jsonl").write_bytes(b'{"id": "new", "prompt": "tomorrow"}\n')
+                os.replace(self.src.parent / "next.jsonl", self.src)
+            else:
+                with open(self.src, "ab") as f:
+                    f.write(b'{"id": "late", "prompt": "written while the run read the file"}\n')
+        return super().step(wait)
+
+
+@pytest.mark.parametrize(
+    ("case", "window_rows", "code", "late_row_ran"),
+    [("appended after it was read", 8192, EXIT_PARTIAL, False), ("appended before its end", 2, EXIT_OK, True)]
+    + [("replaced", 8192, EXIT_OK, False)],
+)
+def test_an_input_written_while_it_was_read_is_reported_and_exits_3_where_rows_were_missed(
+    tmp_path: Path, case: str, window_rows: int, code: int, late_row_ran: bool, capfd: pytest.CaptureFixture[str]
+) -> None:
+    """Appended to after the reader passed its end (all 12 rows read at the
+    start): the late row has no record, so the run says so and exits 3 (the
+    report's input_changed); appended while the reader (2-row windows, 2
+    rows in flight) was still short of its end: the late row ran, said, exit 0; moved over after
+    it was opened: the run read the old file, said, exit 0."""
+    src = make_input(tmp_path, 12)
+    paths = RunPaths.build(src, tmp_path / "out.jsonl")
+    engine = WritesTheInput(src, case == "replaced")
+    plan = settings(window_rows=window_rows, max_in_flight=2)
+    result = run(paths, plan, RunContext(engine_factory=lambda m, s: engine))
+    expected = [f"r{i}" for i in range(12)] + (["late"] if late_row_ran else [])
+    assert (result.exit_code, sorted(output_ids(paths))) == (code, sorted(expected))
+    changed = result.report["input_changed"]
+    assert (changed["replaced"], changed["read_whole"]) == (case == "replaced", code == EXIT_OK)
+    assert any(change.startswith("size ") for change in changed["changes"])
+    assert changed["message"] in capfd.readouterr().err
+    saved = orjson.loads(paths.report.read_bytes())
+    jsonschema.Draft202012Validator(orjson.loads(SCHEMA.read_bytes())).validate(saved)
+    assert saved["input_changed"] == changed
+
+
+def test_an_input_left_alone_has_no_input_changed(tmp_path: Path) -> None:
+    paths = RunPaths.build(make_input(tmp_path, 4), tmp_path / "out.jsonl")
+    result = run(paths, settings(), RunContext(engine_factory=lambda m, s: FakeEngine()))
+    assert result.exit_code == EXIT_OK and "input_changed" not in result.report
