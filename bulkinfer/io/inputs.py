@@ -73,7 +73,8 @@ def inspect_input(path: Path) -> str | None:
         kind = next((name for test, name in _NOT_REGULAR if test(mode)), "a special file")
         raise InputFileError(
             f"{path} is {kind}, not a regular file: bulkinfer reads its input more than once "
-            "(row count, --resume); write the rows to a file first"
+            "(row count, --resume); write the rows to a file first, or stream JSONL rows into "
+            "`bulkinfer run -` (standard input: read once, results written as they finish)"
         )
     try:
         with open(path, "rb") as f:

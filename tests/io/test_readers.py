@@ -518,6 +518,7 @@ def test_fifo_input_is_refused_without_opening_it(tmp_path: Path) -> None:
             attempt(fifo)
         assert str(info.value).startswith(f"{fifo} is a named pipe (FIFO), not a regular file: ")
         assert "more than once (row count, --resume)" in str(info.value)
+        assert "or stream JSONL rows into `bulkinfer run -`" in str(info.value)
     assert count_rows(fifo) is None
 
 
