@@ -22,9 +22,7 @@ from typing import Any
 from bulkinfer.errors import InputFileError
 from bulkinfer.report.typed_json import Where, from_json
 
-# The report_version written today. 1: no such key (bulkinfer up to c64a83e);
-# 2: the same keys, plus report_version.
-REPORT_VERSION = 2
+REPORT_VERSION = 2  # written today; 1: no such key (bulkinfer up to c64a83e); 2: the same keys, plus this one
 
 
 @dataclass(frozen=True, slots=True)
@@ -263,8 +261,8 @@ class RunReport:
     """``OUT.report.json`` of ``bulkinfer run`` (``job`` "run") or ``bulkinfer
     embed`` (``job`` "embed", with ``embedding`` and no sampling, finish
     reasons or structured outputs) or ``bulkinfer score`` (``job`` "score",
-    with ``scoring``, no generation figures either). Paths are as the run was given them.
-    Keys an older bulkinfer did not write take the defaults below."""
+    with ``scoring``, no generation figures either). Paths are as the run was
+    given them; keys an older bulkinfer did not write take the defaults below."""
 
     input: str
     output: str
@@ -296,6 +294,7 @@ class RunReport:
     engine_choice: EngineChoice = field(default_factory=EngineChoice)
     peak_rss_bytes: PeakRss = field(default_factory=PeakRss)
     eta_trace: dict[str, Any] | None = None  # {"points": [[s, low, point, high]], "end_s"}: see report.schema.json
+    input_changed: dict[str, Any] | None = None  # {"replaced", "read_whole", "changes", "message"}: the same
     embedding: Embedding | None = None
     scoring: Scoring | None = None
 

@@ -122,6 +122,8 @@ def print_summary(report: RunReport | dict[str, Any], console: Console) -> None:
     summary.add_row("output", r.output)
     if counts.failed:
         summary.add_row("errors", str(r.errors))
+    if r.input_changed:
+        summary.add_row("input changed", str(r.input_changed.get("message")))
     console.print(summary)
     buckets = Table(title="buckets (prompt tokens)")
     for name in ("range", "rows", "real tokens", "padded tokens", "padding efficiency"):

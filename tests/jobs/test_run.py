@@ -18,8 +18,9 @@ import orjson
 import pyarrow.parquet as pq
 import pytest
 from fakes import FakeEngine
+from typer.testing import CliRunner
 
-from bulkinfer.cli import StopSignals
+from bulkinfer.cli import StopSignals, app
 from bulkinfer.config import Settings, load_settings
 from bulkinfer.errors import (
     EXIT_OK,
@@ -532,6 +533,8 @@ def test_an_input_written_while_it_was_read_is_reported_and_exits_3_where_rows_w
     saved = orjson.loads(paths.report.read_bytes())
     jsonschema.Draft202012Validator(orjson.loads(SCHEMA.read_bytes())).validate(saved)
     assert saved["input_changed"] == changed
+    shown = CliRunner().invoke(app, ["report", str(paths.report)], env={"COLUMNS": "400"})
+    assert f"input changed {changed['message']}" in " ".join(shown.output.replace("│", " ").split())
 
 
 def test_an_input_left_alone_has_no_input_changed(tmp_path: Path) -> None:
