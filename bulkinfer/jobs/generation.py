@@ -6,9 +6,7 @@ the output or errors spool; progress and the run's counters observe it all.
 
 from __future__ import annotations
 
-import dataclasses
 import logging
-import time
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 from typing import Any
@@ -44,8 +42,7 @@ class Attempt:
     ``results_of``: the journal's record of the input and settings
     (:func:`bulkinfer.io.journal.results_record`), kept in the report;
     ``started``: :func:`time.monotonic` when the run began (seconds);
-    ``input_key``: the input's :func:`~bulkinfer.io.journal.file_key` then
-    (None: not checked for a change while it was read)."""
+    ``input_key``: the input's :func:`~bulkinfer.io.journal.file_key` then."""
 
     paths: RunPaths
     files: OutputFiles
@@ -53,8 +50,8 @@ class Attempt:
     reader: Reader
     rows: Iterator[RawRow]
     results_of: dict[str, Any]
-    started: float = dataclasses.field(default_factory=time.monotonic)
-    input_key: tuple[int, int] | None = None
+    started: float
+    input_key: tuple[int, int]
 
 
 class Generation:

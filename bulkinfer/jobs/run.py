@@ -336,9 +336,7 @@ def _run_locked(attempt: Attempt, job: Job, settings: Settings, context: RunCont
     report["peak_rss_bytes"] = peak_rss_bytes()
     report["results_of"] = attempt.results_of
     read_to = getattr(attempt.reader, "bytes_read", None)
-    changed = attempt.input_key and changed_while_read(
-        paths.input, attempt.results_of["input"], attempt.input_key, read_to
-    )
+    changed = changed_while_read(paths.input, attempt.results_of["input"], attempt.input_key, read_to)
     if changed:
         report["input_changed"] = changed
         warn(changed["message"])
