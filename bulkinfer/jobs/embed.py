@@ -27,7 +27,7 @@ from bulkinfer.io.output_files import RunPaths
 from bulkinfer.jobs.context import RunContext
 from bulkinfer.jobs.run import Job, RunReport, run
 from bulkinfer.models import encoder_config
-from bulkinfer.prep.embeddings import TEXT_FIELDS, EmbedPlanner, to_embed_request
+from bulkinfer.prep.embeddings import EMBED_FIELDS_READ, TEXT_FIELDS, EmbedPlanner, to_embed_request
 from bulkinfer.prep.planner import Planner
 
 # Where ``bulkinfer embed`` writes without -o: Parquet beside the input.
@@ -66,7 +66,7 @@ def embed_job(truncate: bool, kind: type[EmbedPlanner] = EmbedPlanner) -> Job:
         kind="embed",
         describe=functools.partial(_describe, truncate),
         text_columns=TEXT_FIELDS,
-        consumed=frozenset({"id", *TEXT_FIELDS}),
+        consumed=EMBED_FIELDS_READ,
     )
 
 

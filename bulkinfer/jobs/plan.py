@@ -28,7 +28,7 @@ from bulkinfer.jobs.tune import known_dtype
 from bulkinfer.models import load_tokenizer, resolve_model
 from bulkinfer.prep.planner import Planner, efficiency, static_batch_tokens
 from bulkinfer.prep.prefix import CPU_BLOCK_TOKENS, GPU_BLOCK_TOKENS
-from bulkinfer.prep.rows import CONSUMED_FIELDS, to_request
+from bulkinfer.prep.rows import ROW_FIELDS_READ, to_request
 from bulkinfer.prep.windows import iter_windows
 from bulkinfer.report.calibration import load_calibrations
 from bulkinfer.report.plan_estimate import estimate
@@ -103,7 +103,7 @@ def plan_file(input_path: Path, settings: Settings, job: str = "run", truncate: 
     if job == "score":
         settings, model, planner, parse, consumed = _score_parts(settings, truncate)
     elif job == "run":
-        consumed = CONSUMED_FIELDS
+        consumed = ROW_FIELDS_READ
         model = resolve_model(settings.model)
         tokenizer = load_tokenizer(model, settings.engine.trust_remote_code)
         settings = settings.resolve_chat_template(tokenizer)
@@ -210,11 +210,11 @@ def _score_parts(settings: Settings, truncate: bool) -> tuple[Settings, str, Pla
     """
     from bulkinfer.jobs.embed import embedding_settings, sized_encoder_planner
     from bulkinfer.jobs.score import planner_kind, scoring_method
-    from bulkinfer.prep.scores import SCORE_FIELDS, to_score_request
+    from bulkinfer.prep.scores import SCORE_FIELDS_READ, to_score_request
 
     settings = embedding_settings(settings)
     model = resolve_model(settings.model)
     kind = planner_kind(scoring_method(model))
     tokenizer = load_tokenizer(model, settings.engine.trust_remote_code)
     planner = sized_encoder_planner(kind, truncate, tokenizer, settings, context_length(model, settings), model)
-    return settings, model, planner, to_score_request, frozenset({"id", *SCORE_FIELDS})
+    return settings, model, planner, to_score_request, SCORE_FIELDS_READ

@@ -58,7 +58,7 @@ from bulkinfer.jobs.generation import Attempt, Generation
 from bulkinfer.models import resolve_model
 from bulkinfer.prep.planner import Planner
 from bulkinfer.prep.prefix import prefix_block_tokens
-from bulkinfer.prep.rows import CONSUMED_FIELDS, RowParser, to_request
+from bulkinfer.prep.rows import ROW_FIELDS_READ, RowParser, to_request
 from bulkinfer.report.calibration import length_prior, record_calibration
 from bulkinfer.report.html import write_run_html
 from bulkinfer.report.stats import peak_rss_bytes, write_report
@@ -88,7 +88,7 @@ class Job:
       reasons, structured outputs, completion lengths);
     - ``describe(planner)``: the job's own figures for the report (keys -> values);
     - ``text_columns``: the Parquet input columns that hold a row's text;
-    - ``consumed``: the row fields ``parse`` reads (with ``passthrough = false``
+    - ``consumed``: the row fields ``parse`` reads, to use or refuse (with ``passthrough = false``
       a Parquet input's other columns are not read);
     - ``sized_kv_cache``: with ``calibrate``, on CPU, a KV cache sized to the
       input (:func:`~bulkinfer.jobs.engine_choice.job_tokens`); off where the engine outlives the job (a
@@ -103,7 +103,7 @@ class Job:
     kind: str = "run"
     describe: Callable[[Planner], dict[str, Any]] | None = None
     text_columns: tuple[str, ...] = PROMPT_COLUMNS
-    consumed: frozenset[str] = CONSUMED_FIELDS
+    consumed: frozenset[str] = ROW_FIELDS_READ
     sized_kv_cache: bool = True
 
 

@@ -36,7 +36,7 @@ from bulkinfer.models import resolve_model
 from bulkinfer.prep.planner import Planner
 from bulkinfer.prep.scores import (
     CROSS_ENCODER,
-    SCORE_FIELDS,
+    SCORE_FIELDS_READ,
     SCORE_TEXT_COLUMNS,
     CrossScorePlanner,
     ScorePlanner,
@@ -95,7 +95,7 @@ def score(
         kind="score",
         describe=functools.partial(_describe, truncate),
         text_columns=SCORE_TEXT_COLUMNS,
-        consumed=frozenset({"id", *SCORE_FIELDS}),
+        consumed=SCORE_FIELDS_READ,
     )
     return run(paths, settings, context, job=job, check_row=check_row)
 

@@ -7,14 +7,16 @@ Two row shapes are accepted (both may appear in one file):
   rendered with the model's chat template), and optionally every field that
   shapes a completion (:data:`SAMPLING_FIELDS`); every other field passes
   through to the output untouched (and is counted:
-  :meth:`bulkinfer.prep.planner.Planner.passthrough_fields`).
+  :meth:`bulkinfer.prep.planner.Planner.passthrough_fields`), except a
+  request parameter of OpenAI's or vLLM's that bulkinfer does not apply
+  (:data:`bulkinfer.prep.unapplied.GENERATION`): an ``unsupported_field`` error.
 - OpenAI Batch API request lines (https://platform.openai.com/docs/api-reference/batch/request-input):
   ``custom_id``, ``method``, ``url`` (``/v1/chat/completions`` or
   ``/v1/completions``; a ``/v1/embeddings`` line is an error record that
   says to run it with ``bulkinfer embed``) and ``body`` with ``messages`` or ``prompt`` and the
   same fields (but ``top_logprobs`` and ``max_completion_tokens`` on
   ``/v1/completions``; completions take ``logprobs: k``). A body field outside these and the
-  harmless metadata (:data:`HARMLESS_BODY_FIELDS`) is an
+  harmless metadata (:data:`bulkinfer.prep.unapplied.HARMLESS`) is an
   ``unsupported_field`` error: never ignored.
 
 Which fields each shape reads, their ranges (OpenAI's API reference and
@@ -48,21 +50,21 @@ from bulkinfer.fields import (
     schema_problem,
     shown,
 )
+from bulkinfer.prep.unapplied import GENERATION, HARMLESS, check_unapplied
 from bulkinfer.schema import CHAT_URL, COMPLETIONS_URL, EMBEDDINGS_URL, Request, RowInvalid
 
 ROLES = frozenset({"system", "developer", "user", "assistant", "tool"})
 # The fields of a bulkinfer row that shape its completion (bulkinfer.fields.FIELDS).
 SAMPLING_FIELDS = fields_of(ROW)
 CONSUMED_FIELDS = frozenset({"id", "prompt", "messages"} | SAMPLING_FIELDS)
-# OpenAI body fields read, by endpoint (bulkinfer.fields.FIELDS); and fields
-# that do not change the output, accepted and not used (``stream`` only when false).
+# The fields of a bulkinfer row that parse_row reads: those it uses and those it refuses.
+ROW_FIELDS_READ = CONSUMED_FIELDS | {"stream", *GENERATION}
+# OpenAI body fields read, by endpoint (bulkinfer.fields.FIELDS); the others
+# but the harmless ones (bulkinfer.prep.unapplied.HARMLESS) are refused.
 BODY_FIELDS = {
     CHAT_URL: frozenset({"messages"} | fields_of(CHAT)),
     COMPLETIONS_URL: frozenset({"prompt"} | fields_of(COMPLETIONS)),
 }
-HARMLESS_BODY_FIELDS = frozenset(
-    {"model", "user", "metadata", "store", "service_tier", "safety_identifier", "prompt_cache_key", "stream"}
-)
 # The fields that are Request attributes of their own; the other SamplingParams
 # arguments go to Request.options.
 _REQUEST_ATTRIBUTES = frozenset(f.name for f in dataclasses.fields(Request)) & set(FIELDS)
@@ -264,8 +266,10 @@ def parse_row(data: Any, seq: int, line: int, defaults: SamplingDefaults) -> Req
         defaults: sampling values for fields the row does not set.
 
     Raises:
-        RowInvalid: the row is not an object, lacks ``prompt``/``messages``, or
-            a field has the wrong type or range; the message names the field.
+        RowInvalid: the row is not an object, lacks ``prompt``/``messages``,
+            a field has the wrong type or range, or a bulkinfer row names a
+            request parameter bulkinfer does not apply
+            (:data:`~bulkinfer.prep.unapplied.GENERATION`); the message names the field.
     """
     if not isinstance(data, dict):
         raise RowInvalid("invalid_row", f"expected a JSON object, got {type(data).__name__}")
@@ -276,6 +280,7 @@ def parse_row(data: Any, seq: int, line: int, defaults: SamplingDefaults) -> Req
         passthrough = {"model": body["model"]} if isinstance(body.get("model"), str) else {}
     else:
         row_id, url, source, path = row_id_of(data, line), None, data, ROW
+        check_unapplied(data, GENERATION, row_id)
         prompt, messages = _row_content(data, row_id)
         passthrough = {k: v for k, v in data.items() if k not in CONSUMED_FIELDS}
     return Request(
@@ -341,9 +346,7 @@ def openai_line(
     if not isinstance(body, dict):
         raise field_error("body", "an object", body, custom_id, True)
     for name in body:
-        if name in endpoints[url] or (
-            name in HARMLESS_BODY_FIELDS and (name != "stream" or body[name] in (None, False))
-        ):
+        if name in endpoints[url] or (name in HARMLESS and (name != "stream" or body[name] in (None, False))):
             continue
         why = (
             "streaming is not supported: each line gets one whole response"

@@ -45,12 +45,15 @@ from bulkinfer.fields import is_int
 from bulkinfer.prep.embeddings import EmbedPlanner, encoder_request
 from bulkinfer.prep.planner import order_for_feed
 from bulkinfer.prep.rows import field_error, openai_line, row_id_of
+from bulkinfer.prep.unapplied import SCORING, check_unapplied
 from bulkinfer.schema import CHAT_URL, COMPLETIONS_URL, EMBEDDINGS_URL, Request, RowError, RowInvalid
 
 PAIR_FIELDS = ("text_1", "text_2")
 RERANK_FIELDS = ("query", "documents", "top_n", "return_documents")
-# The row fields read by score; the rest pass through.
+# The row fields read by score; the rest pass through, but for the request
+# parameters it refuses (SCORING).
 SCORE_FIELDS = (*PAIR_FIELDS, *RERANK_FIELDS)
+SCORE_FIELDS_READ = frozenset({"id", *SCORE_FIELDS, "stream", *SCORING})
 # A Parquet input needs one of these columns.
 SCORE_TEXT_COLUMNS = ("text_1", "query")
 SCORE_URLS, RERANK_URLS = ("/v1/score", "/score"), ("/v1/rerank", "/rerank")
@@ -77,14 +80,17 @@ def parse_score_row(data: Any, seq: int, line: int) -> Request:
             for a text/input row); a text missing, not a string or empty;
             ``documents`` not a non-empty list, or an item
             (``documents[K]``) not a non-empty string; ``top_n`` not an
-            integer >= 1; ``return_documents`` not a boolean; an OpenAI
-            line as :func:`_parse_openai` says.
+            integer >= 1; ``return_documents`` not a boolean; a request
+            parameter score does not apply
+            (:data:`~bulkinfer.prep.unapplied.SCORING`); an OpenAI line as
+            :func:`_parse_openai` says.
     """
     if not isinstance(data, dict):
         raise RowInvalid("invalid_row", f"expected a JSON object, got {type(data).__name__}")
     if "custom_id" in data and "body" in data:
         return _parse_openai(data, seq, line)
     row_id = row_id_of(data, line)
+    check_unapplied(data, SCORING, row_id)
     pair = [name for name in PAIR_FIELDS if data.get(name) is not None]
     rerank = [name for name in RERANK_FIELDS if data.get(name) is not None]
     if pair and rerank:

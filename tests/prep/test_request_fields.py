@@ -217,7 +217,7 @@ def test_response_format_and_structured_outputs_together_are_refused() -> None:
 
 @pytest.mark.parametrize(
     "field",
-    ["tools", "tool_choice", "functions", "function_call", "audio", "modalities", "prediction", "parallel_tool_calls"],
+    ["tools", "tool_choice", "functions", "function_call", "audio", "modalities", "parallel_tool_calls"],
 )
 def test_an_unimplemented_body_field_is_an_unsupported_field_error(field: str) -> None:
     err = invalid(chat(**{field: [{"type": "function"}]}))
