@@ -35,6 +35,7 @@ table { border-collapse: collapse; margin: .5em 0; } td, th { border: 1px solid 
 td.n { text-align: right; font-variant-numeric: tabular-nums; }
 .charts, .tables { display: flex; flex-wrap: wrap; gap: 1em 2em; } img { border: 1px solid #eee; }
 p.note { max-width: 60em; color: #444; }
+p.warning { max-width: 60em; color: #8a1c00; }
 """
 # Sets data-images on <body> to the decoded sizes of the charts, so a headless
 # browser can tell that every image decoded (tests/test_html_report.py).
@@ -183,6 +184,9 @@ def _summary(r: RunReport) -> list[str]:
     if r.peak_rss_bytes.children:
         rows.append(["peak memory of the largest engine process (RSS)", format_bytes(r.peak_rss_bytes.children)])
     parts = ['<div class="tables"><div><h2>Summary</h2>', _table(rows), "</div>"]
+    if r.input_changed:  # rows written after the reader passed them have no record: said first
+        changed = html.escape(str(r.input_changed.get("message")))
+        parts.insert(0, f'<p class="warning"><strong>Input changed while read:</strong> {changed}</p>')
     if r.encoder:
         settings = _table([[k, _setting(k, v)] for k, v in dataclasses.asdict(r.encoder).items()])
         parts.append(f"<div><h2>{'Scoring' if r.scoring else 'Embedding'}</h2>{settings}</div>")

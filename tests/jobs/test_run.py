@@ -7,6 +7,7 @@ proven by tests/e2e/test_e2e.py with the real engine.
 
 from __future__ import annotations
 
+import html
 import os
 import signal
 import threading
@@ -535,6 +536,7 @@ def test_an_input_written_while_it_was_read_is_reported_and_exits_3_where_rows_w
     assert saved["input_changed"] == changed
     shown = CliRunner().invoke(app, ["report", str(paths.report)], env={"COLUMNS": "400"})
     assert f"input changed {changed['message']}" in " ".join(shown.output.replace("│", " ").split())
+    assert html.escape(changed["message"]) in paths.html.read_text()
 
 
 def test_an_input_left_alone_has_no_input_changed(tmp_path: Path) -> None:
