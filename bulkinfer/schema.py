@@ -49,6 +49,9 @@ class Request:
     # vLLM's request priority: lower runs first (priority scheduling).
     priority: int = 0
     passthrough: dict[str, Any] = field(default_factory=dict)
+    # The request fields (bulkinfer.fields.FIELDS) the row (or OpenAI body) set
+    # itself, as it names them; the rest are the [sampling] defaults.
+    row_sampling: tuple[str, ...] = ()
     openai_url: str | None = None
     prompt_token_ids: list[int] | None = None
     # Set for a scoring request (perplexity): the position in prompt_token_ids

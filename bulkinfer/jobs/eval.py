@@ -164,8 +164,8 @@ def read_predictions(path: Path) -> list[dict[str, Any]]:
 def generation_of(predictions: Path) -> dict[str, Any]:
     """What produced an existing predictions file, from the run report beside
     it (``PRED.report.json``, as ``run`` writes it): ``{"source": that
-    report's path, "model", "model_path", "sampling", "engine",
-    "chat_template_applied"}``. Without a readable report every value is
+    report's path, "model", "model_path", "sampling", "sampling_set_by_rows",
+    "engine", "chat_template_applied"}``. Without a readable report every value is
     ``"unknown"`` and ``source`` is None."""
     path = formats.sibling(predictions, ".report.json")
     try:
@@ -177,7 +177,7 @@ def generation_of(predictions: Path) -> dict[str, Any]:
     return {"source": str(path), **{key: report.get(key, UNKNOWN) for key in GENERATION_KEYS}}
 
 
-GENERATION_KEYS = ("model", "model_path", "sampling", "engine", "chat_template_applied")
+GENERATION_KEYS = ("model", "model_path", "sampling", "sampling_set_by_rows", "engine", "chat_template_applied")
 
 
 def row_set(ids: list[str]) -> dict[str, Any]:

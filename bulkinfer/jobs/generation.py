@@ -246,6 +246,7 @@ class Generation:
         }
         if generated:  # the figures of generated text (an embedding job has none)
             report["sampling"] = self.settings.to_dict()["sampling"]
+            report["sampling_set_by_rows"] = self.planner.sampling_set_by_rows()
             report["chat_template_applied"] = self.settings.apply_chat_template
             report["structured_outputs"] = self.stats.structured_report(engine.get("structured_outputs_backend"))
         report["passthrough_fields"] = self.planner.passthrough_fields()

@@ -148,6 +148,7 @@ def plan_file(input_path: Path, settings: Settings, job: str = "run", truncate: 
         "errors": dict(errors),
         "error_examples": examples,
         "passthrough_fields": planner.passthrough_fields(),
+        "sampling_set_by_rows": planner.sampling_set_by_rows(),
         "prompt_tokens": {
             "min": ordered[0] if ordered else 0,
             "median": percentile(ordered, 50),

@@ -157,6 +157,14 @@ class Planner:
         self.prefix = PrefixStats(block_tokens) if block_tokens else None
         # pass-through field name -> bulkinfer rows planned that carry it
         self.passthrough: Counter[str] = Counter()
+        # request field name -> rows planned that set it themselves
+        self.row_sampling: Counter[str] = Counter()
+
+    def sampling_set_by_rows(self) -> dict[str, int]:
+        """The request fields the rows planned set themselves (winning over
+        the ``[sampling]`` defaults the report's ``sampling`` holds), as the
+        rows name them -> how many rows, most common first."""
+        return dict(sorted(self.row_sampling.items(), key=lambda item: (-item[1], item[0])))
 
     def passthrough_fields(self) -> list[dict[str, Any]]:
         """The pass-through fields of the bulkinfer rows planned, most common
@@ -214,6 +222,7 @@ class Planner:
         for request in requests:
             if request.openai_url is None:
                 self.passthrough.update(request.passthrough.keys())
+            self.row_sampling.update(request.row_sampling)
             try:
                 text = self.render(request)
             except Exception as exc:  # template errors are the row's fault

@@ -291,6 +291,7 @@ def parse_row(data: Any, seq: int, line: int, defaults: SamplingDefaults) -> Req
         messages=messages,
         openai_url=url,
         passthrough=passthrough,
+        row_sampling=tuple(name for name in FIELDS if source.get(name) is not None),
         **_sampling(source, defaults, row_id, path),
     )
 

@@ -43,6 +43,9 @@ def describe_generation(generation: dict[str, Any]) -> str:
         if isinstance(sampling, dict)
         else f"sampling {UNKNOWN}"
     )
+    own = generation.get("sampling_set_by_rows")
+    if isinstance(own, dict) and own:
+        shown += "; rows set their own " + ", ".join(f"{name} ({rows} rows)" for name, rows in own.items())
     return f"{generation.get('model')}, {shown} (from {generation['source']})"
 
 

@@ -192,7 +192,9 @@ def _summary(r: RunReport) -> list[str]:
         parts.append(f"<div><h2>{'Scoring' if r.scoring else 'Embedding'}</h2>{settings}</div>")
     if r.sampling:
         settings = _table([[k, _setting(k, v)] for k, v in r.sampling.items()])
-        parts.append(f"<div><h2>Sampling settings</h2>{settings}</div>")
+        own = ", ".join(f"{name} ({rows})" for name, rows in r.sampling_set_by_rows.items())
+        own = f'<p class="note">Rows that set their own (rows): {html.escape(own)}.</p>' if own else ""
+        parts.append(f"<div><h2>Sampling settings</h2>{settings}{own}</div>")
     parts.append("</div>")
 
     tput, e2e = r.throughput, r.throughput_end_to_end

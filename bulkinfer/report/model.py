@@ -285,6 +285,7 @@ class RunReport:
     replicas: list[Replica] = field(default_factory=list, metadata={"key": "engine.replicas"})
     replica_balance: float | None = field(default=None, metadata={"key": "engine.replica_balance"})
     sampling: dict[str, Any] | None = None
+    sampling_set_by_rows: dict[str, int] = field(default_factory=dict)  # field -> rows that set their own
     chat_template_applied: bool | str | None = None  # None: the report does not say
     finish_reasons: dict[str, int] = field(default_factory=dict)
     structured_outputs: StructuredOutputs | None = None

@@ -91,6 +91,7 @@ def print_summary(report: RunReport | dict[str, Any], console: Console) -> None:
                 f"{c.invalid} invalid" + (f", {c.unchecked} not checked" if c.unchecked else ""),
             )
     _passthrough_row(summary, [(f.name, f.rows, f.did_you_mean) for f in r.passthrough_fields])
+    _sampling_rows_row(summary, r.sampling_set_by_rows)
     _replicas_row(summary, r)
     if r.engine_choice.dtype:
         summary.add_row("dtype", f"{r.engine_choice.dtype.dtype}: {r.engine_choice.dtype.why}")
@@ -162,6 +163,13 @@ def _passthrough_row(summary: Any, fields: Sequence[tuple[str, int, str | None]]
     summary.add_row("pass-through fields (rows)", Text(", ".join(shown) + more))
 
 
+def _sampling_rows_row(summary: Any, counts: dict[str, int]) -> None:
+    """The request fields rows set themselves (field -> rows), over the defaults."""
+    if counts:
+        shown = ", ".join(f"{name} {rows}" for name, rows in counts.items())
+        summary.add_row("sampling set by rows (rows)", f"{shown}; the others as configured")
+
+
 def print_plan(plan: dict[str, Any], console: Any) -> None:
     """The plan as rich tables."""
     from rich.table import Table
@@ -177,6 +185,7 @@ def print_plan(plan: dict[str, Any], console: Any) -> None:
         summary.add_row(f"  {error_type}", str(count))
     fields = plan.get("passthrough_fields") or []
     _passthrough_row(summary, [(f["name"], f["rows"], f["did_you_mean"]) for f in fields])
+    _sampling_rows_row(summary, plan.get("sampling_set_by_rows") or {})
     summary.add_row(
         "prompt tokens",
         f"min {tokens['min']}, median {tokens['median']}, p90 {tokens['p90']}, "

@@ -478,6 +478,26 @@ def test_plan_lists_pass_through_fields_and_flags_near_misses(tmp_path: Path) ->
     assert "lang 5, max_token 1 (did you mean max_tokens? copied, not read)" in result.output
 
 
+SET_BY_ROWS = [
+    {"id": "a", "prompt": "hi", "temperature": 0},
+    {"id": "b", "prompt": "hi", "temperature": 0.5, "max_tokens": 3, "seed": None},  # null: not set
+    {"id": "c", "prompt": "hi"},
+    {"custom_id": "o", "body": {"messages": [{"role": "user", "content": "hi"}], "max_completion_tokens": 5}},
+    {"id": "bad", "prompt": "hi", "temperature": "hot"},  # failed: not counted
+]
+SET_BY_ROWS_COUNTS = {"temperature": 2, "max_completion_tokens": 1, "max_tokens": 1}
+
+
+def test_plan_counts_the_sampling_fields_rows_set_themselves(tmp_path: Path) -> None:
+    src = tmp_path / "in.jsonl"
+    src.write_bytes(b"".join(orjson.dumps(r) + b"\n" for r in SET_BY_ROWS))
+    assert plan_file(src, load_settings())["sampling_set_by_rows"] == SET_BY_ROWS_COUNTS
+    result = runner.invoke(app, ["plan", str(src)], env={"COLUMNS": "250"})
+    assert "sampling set by rows (rows) temperature 2, max_completion_tokens 1, max_tokens 1" in " ".join(
+        result.output.replace("│", " ").split()
+    )
+
+
 def test_plan_counts_n_choices_in_the_completion_tokens(tmp_path: Path) -> None:
     src = tmp_path / "in.jsonl"
     src.write_bytes(b'{"prompt": "hi", "max_tokens": 10, "n": 3}\n{"prompt": "hi", "max_tokens": 5}\n')

@@ -539,6 +539,26 @@ def test_an_input_written_while_it_was_read_is_reported_and_exits_3_where_rows_w
     assert html.escape(changed["message"]) in paths.html.read_text()
 
 
+def test_the_report_says_which_sampling_fields_rows_set_themselves(tmp_path: Path) -> None:
+    """The report's sampling holds the defaults; rows that set their own are
+    counted beside it (the JSON, the terminal summary, the HTML)."""
+    from test_plan import SET_BY_ROWS, SET_BY_ROWS_COUNTS
+
+    src = tmp_path / "in.jsonl"
+    src.write_bytes(b"".join(orjson.dumps(r) + b"\n" for r in SET_BY_ROWS))
+    paths = RunPaths.build(src, tmp_path / "out.jsonl")
+    result = run(paths, settings(), RunContext(engine_factory=lambda m, s: FakeEngine()))
+    assert result.report["sampling_set_by_rows"] == SET_BY_ROWS_COUNTS
+    assert result.report["sampling"]["temperature"] == 1.0  # the default, which three rows kept
+    jsonschema.Draft202012Validator(orjson.loads(SCHEMA.read_bytes())).validate(result.report)
+    shown = CliRunner().invoke(app, ["report", str(paths.report)], env={"COLUMNS": "400"})
+    said = " ".join(shown.output.replace("│", " ").split())
+    assert "sampling set by rows (rows) temperature 2, max_completion_tokens 1, max_tokens 1" in said
+    assert "Rows that set their own (rows): temperature (2), max_completion_tokens (1), max_tokens (1)." in (
+        paths.html.read_text()
+    )
+
+
 def test_an_input_left_alone_has_no_input_changed(tmp_path: Path) -> None:
     paths = RunPaths.build(make_input(tmp_path, 4), tmp_path / "out.jsonl")
     result = run(paths, settings(), RunContext(engine_factory=lambda m, s: FakeEngine()))
