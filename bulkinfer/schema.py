@@ -52,6 +52,9 @@ class Request:
     # The request fields (bulkinfer.fields.FIELDS) the row (or OpenAI body) set
     # itself, as it names them; the rest are the [sampling] defaults.
     row_sampling: tuple[str, ...] = ()
+    # Keyword arguments for the chat template (bulkinfer.prep.chat_template):
+    # add_generation_prompt, continue_final_message, documents, variables.
+    template_kwargs: dict[str, Any] = field(default_factory=dict)
     openai_url: str | None = None
     prompt_token_ids: list[int] | None = None
     # Set for a scoring request (perplexity): the position in prompt_token_ids

@@ -20,6 +20,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from bulkinfer.config import PlanSettings
+from bulkinfer.prep.chat_template import developer_as_system
 from bulkinfer.prep.prefix import PrefixStats, prefix_groups
 from bulkinfer.prep.rows import CONSUMED_FIELDS
 from bulkinfer.schema import Request, RowError
@@ -185,11 +186,16 @@ class Planner:
     def render(self, request: Request) -> str:
         """The text sent to the model: the prompt as is, or the chat rendered
         with the model's chat template (transformers renders it in a sandboxed
-        Jinja environment) with the generation prompt appended."""
+        Jinja environment) with the generation prompt appended, or as the
+        row's chat template fields say (:mod:`bulkinfer.prep.chat_template`);
+        developer messages as vLLM gives them to a template without that role
+        (:func:`~bulkinfer.prep.chat_template.developer_as_system`)."""
         if request.messages is None:
             assert request.prompt is not None
             return request.prompt
-        return str(self.tokenizer.apply_chat_template(request.messages, tokenize=False, add_generation_prompt=True))
+        kwargs = {"add_generation_prompt": True, **request.template_kwargs}
+        messages = developer_as_system(request.messages, getattr(self.tokenizer, "chat_template", None))
+        return str(self.tokenizer.apply_chat_template(messages, tokenize=False, **kwargs))
 
     def encode(self, request: Request) -> list[int]:
         """Token ids of one request's rendered prompt (special tokens as in

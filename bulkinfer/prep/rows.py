@@ -50,19 +50,20 @@ from bulkinfer.fields import (
     schema_problem,
     shown,
 )
+from bulkinfer.prep.chat_template import TEMPLATE_FIELDS, needs_template, template_kwargs
 from bulkinfer.prep.unapplied import GENERATION, HARMLESS, check_unapplied
 from bulkinfer.schema import CHAT_URL, COMPLETIONS_URL, EMBEDDINGS_URL, Request, RowInvalid
 
 ROLES = frozenset({"system", "developer", "user", "assistant", "tool"})
 # The fields of a bulkinfer row that shape its completion (bulkinfer.fields.FIELDS).
 SAMPLING_FIELDS = fields_of(ROW)
-CONSUMED_FIELDS = frozenset({"id", "prompt", "messages"} | SAMPLING_FIELDS)
+CONSUMED_FIELDS = frozenset({"id", "prompt", "messages", *TEMPLATE_FIELDS} | SAMPLING_FIELDS)
 # The fields of a bulkinfer row that parse_row reads: those it uses and those it refuses.
 ROW_FIELDS_READ = CONSUMED_FIELDS | {"stream", *GENERATION}
 # OpenAI body fields read, by endpoint (bulkinfer.fields.FIELDS); the others
 # but the harmless ones (bulkinfer.prep.unapplied.HARMLESS) are refused.
 BODY_FIELDS = {
-    CHAT_URL: frozenset({"messages"} | fields_of(CHAT)),
+    CHAT_URL: frozenset({"messages", *TEMPLATE_FIELDS} | fields_of(CHAT)),
     COMPLETIONS_URL: frozenset({"prompt"} | fields_of(COMPLETIONS)),
 }
 # The fields that are Request attributes of their own; the other SamplingParams
@@ -292,6 +293,7 @@ def parse_row(data: Any, seq: int, line: int, defaults: SamplingDefaults) -> Req
         openai_url=url,
         passthrough=passthrough,
         row_sampling=tuple(name for name in FIELDS if source.get(name) is not None),
+        template_kwargs=template_kwargs(source, row_id, path != ROW),
         **_sampling(source, defaults, row_id, path),
     )
 
@@ -384,13 +386,16 @@ def to_request(data: Any, seq: int, line: int, settings: Settings) -> Request:
     (except on OpenAI ``/v1/completions`` lines).
 
     Raises:
-        RowInvalid: as parse_row.
+        RowInvalid: as parse_row; or a prompt sent raw with a chat template
+            field (:func:`~bulkinfer.prep.chat_template.needs_template`).
     """
     if not isinstance(settings.apply_chat_template, bool):
         raise ValueError('apply_chat_template "auto" must be resolved first (Settings.resolve_chat_template)')
     request = parse_row(data, seq, line, settings.sampling)
     if settings.apply_chat_template and request.prompt is not None and request.openai_url != COMPLETIONS_URL:
         request.messages, request.prompt = [{"role": "user", "content": request.prompt}], None
+    if request.messages is None:
+        needs_template(request.template_kwargs, request.id, request.openai_url is not None)
     return request
 
 

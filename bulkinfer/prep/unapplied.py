@@ -107,17 +107,7 @@ GENERATION: dict[str, str] = {
         "not among the sampling fields bulkinfer applies (README, Input)",
     ),
     **dict.fromkeys(("truncate_prompt_tokens", "truncation_side"), "a prompt too long is an error record, never cut"),
-    **dict.fromkeys(
-        (
-            "add_generation_prompt",
-            "continue_final_message",
-            "add_special_tokens",
-            "chat_template",
-            "chat_template_kwargs",
-            "documents",
-        ),
-        _TEMPLATE,
-    ),
+    **dict.fromkeys(("add_special_tokens", "chat_template"), _TEMPLATE),
     **dict.fromkeys(("mm_processor_kwargs", "media_io_kwargs", "mm_payload", "prompt_embeds"), "text input only"),
     **dict.fromkeys(
         (

@@ -40,6 +40,7 @@ from bulkinfer.fields import CHAT, COMPLETIONS, CONFIG, FIELDS, FLAG, ROW, Input
 from bulkinfer.io.output_files import RunPaths
 from bulkinfer.jobs.context import RunContext
 from bulkinfer.jobs.engine_choice import with_priority_scheduling
+from bulkinfer.prep.chat_template import TEMPLATE_FIELDS
 from bulkinfer.prep.rows import BODY_FIELDS, CONSUMED_FIELDS, SAMPLING_FIELDS, parse_row
 from bulkinfer.schema import CHAT_URL, COMPLETIONS_URL, Request
 
@@ -275,7 +276,7 @@ def test_an_openai_body_refuses_a_field_it_does_not_take(body_runs: dict[str, An
 
 
 def test_the_body_fields_are_the_tables() -> None:
-    assert BODY_FIELDS[CHAT_URL] == {"messages"} | fields_of(CHAT)
+    assert BODY_FIELDS[CHAT_URL] == {"messages", *TEMPLATE_FIELDS} | fields_of(CHAT)  # and the chat template's
     assert BODY_FIELDS[COMPLETIONS_URL] == {"prompt"} | fields_of(COMPLETIONS)
     assert refusals(COMPLETIONS) == ["max_completion_tokens", "top_logprobs"]  # OpenAI's completions have neither
 
