@@ -156,7 +156,8 @@ def check_unapplied(data: Mapping[str, Any], unapplied: Mapping[str, str], row_i
     """Refuse a bulkinfer row that names a request parameter of
     ``unapplied`` (:data:`GENERATION`, :data:`EMBEDDING`, :data:`SCORING`),
     or ``stream`` other than false; a field that is None (JSON null, a
-    Parquet null) is not given.
+    Parquet null) is not given, and ``encoding_format`` "float" asks for
+    what embed does anyway.
 
     Raises:
         RowInvalid: ``unsupported_field``, naming the first such field, why
@@ -165,6 +166,8 @@ def check_unapplied(data: Mapping[str, Any], unapplied: Mapping[str, str], row_i
     """
     for name, value in data.items():
         if value is None:  # JSON null, a Parquet row's null: not given (OpenAI reads null so)
+            continue
+        if name == "encoding_format" and value == "float":  # what embed writes anyway
             continue
         if name in unapplied:
             why = unapplied[name]

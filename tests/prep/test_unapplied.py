@@ -107,6 +107,9 @@ def test_embed_and_score_rows_refuse_the_parameters_of_their_jobs() -> None:
         parse_embed_row({"id": "e", "text": "hello", "dimensions": 8}, 0, 1)
     assert info.value.type == "unsupported_field" and "'dimensions'" in info.value.message and info.value.row_id == "e"
     assert parse_embed_row({"text": "hello", "source": "web"}, 0, 1).passthrough == {"source": "web"}
+    assert parse_embed_row({"text": "hello", "encoding_format": "float"}, 0, 1).inputs == ["hello"]  # as embed does
+    with pytest.raises(RowInvalid, match="'encoding_format'"):
+        parse_embed_row({"text": "hello", "encoding_format": "base64"}, 0, 1)
     with pytest.raises(RowInvalid) as info:
         parse_score_row({"id": "s", "text_1": "a", "text_2": "b", "queries": ["q"]}, 0, 1)
     assert info.value.type == "unsupported_field" and "text_1 and text_2" in info.value.message
