@@ -158,11 +158,11 @@ class Planner:
         self.prefix = PrefixStats(block_tokens) if block_tokens else None
         # pass-through field name -> bulkinfer rows planned that carry it
         self.passthrough: Counter[str] = Counter()
-        # request field name -> rows planned that set it themselves
+        # request field name -> rows planned for the engine that set it themselves
         self.row_sampling: Counter[str] = Counter()
 
     def sampling_set_by_rows(self) -> dict[str, int]:
-        """The request fields the rows planned set themselves (winning over
+        """The request fields the rows planned for the engine set themselves (winning over
         the ``[sampling]`` defaults the report's ``sampling`` holds), as the
         rows name them -> how many rows, most common first."""
         return dict(sorted(self.row_sampling.items(), key=lambda item: (-item[1], item[0])))
@@ -228,7 +228,6 @@ class Planner:
         for request in requests:
             if request.openai_url is None:
                 self.passthrough.update(request.passthrough.keys())
-            self.row_sampling.update(request.row_sampling)
             try:
                 text = self.render(request)
             except Exception as exc:  # template errors are the row's fault
@@ -269,6 +268,8 @@ class Planner:
                 planned.append(request)
         planned.sort(key=lambda r: r.seq)
         self.padding.add_window([r.prompt_length for r in planned])
+        for request in planned:
+            self.row_sampling.update(request.row_sampling)
         return self.order(planned), errors
 
     def order(self, planned: Sequence[Request]) -> list[Request]:

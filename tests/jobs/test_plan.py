@@ -484,6 +484,7 @@ SET_BY_ROWS = [
     {"id": "c", "prompt": "hi"},
     {"custom_id": "o", "body": {"messages": [{"role": "user", "content": "hi"}], "max_completion_tokens": 5}},
     {"id": "bad", "prompt": "hi", "temperature": "hot"},  # failed: not counted
+    {"id": "long", "prompt": "hi", "max_tokens": 10**6},  # failed in planning (past the context): not counted
 ]
 SET_BY_ROWS_COUNTS = {"temperature": 2, "max_completion_tokens": 1, "max_tokens": 1}
 
