@@ -10,7 +10,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from bulkinfer.errors import ConfigError
-from bulkinfer.fields import CONFIG, FIELDS, int_ge_1, int_in, is_int, is_number, shown
+from bulkinfer.fields import CONFIG, FIELDS, RESERVED_KWARGS, int_ge_1, int_in, is_int, is_number, shown
 from bulkinfer.settings import SamplingDefaults, Settings
 
 # engine.seed: vLLM's workers call ``set_random_seed(model_config.seed)``
@@ -40,6 +40,13 @@ def validate(settings: Settings, names: Mapping[str, str] | None = None) -> None
             settings.apply_chat_template,
             isinstance(settings.apply_chat_template, bool) or settings.apply_chat_template == "auto",
             'true, false or "auto"',
+        ),
+        (
+            "chat_template_kwargs",
+            settings.chat_template_kwargs,
+            isinstance(settings.chat_template_kwargs, dict)
+            and all(isinstance(k, str) and k not in RESERVED_KWARGS for k in settings.chat_template_kwargs),
+            "a table of template variables (not " + ", ".join(sorted(RESERVED_KWARGS)) + ")",
         ),
         *_sampling_checks(s),
         ("engine.dtype", e.dtype, isinstance(e.dtype, str) and bool(e.dtype), "a non-empty string"),

@@ -59,6 +59,7 @@ def option_keys() -> dict[str, str]:
     return {
         "model": "model",
         "apply_chat_template": "apply_chat_template",
+        "chat_template_kwargs": "chat_template_kwargs",
         "passthrough": "passthrough",
         **{f.name: f"sampling.{f.name}" for f in dataclasses.fields(SamplingDefaults) if f.name != "seed"},
         **{f.name: f"engine.{f.name}" for f in dataclasses.fields(EngineSettings) if f.name != "extra_args"},
@@ -113,7 +114,7 @@ _SECTIONS: dict[str, type] = {
     "plan": PlanSettings,
     "ray": RaySettings,
 }
-_TOP_LEVEL = {"model", "passthrough", "apply_chat_template"}
+_TOP_LEVEL = {"model", "passthrough", "apply_chat_template", "chat_template_kwargs"}
 
 
 def _check_keys(where: str, cls: type, values: Mapping[str, Any]) -> None:

@@ -34,6 +34,26 @@ FLAG: InputPath = "flag"
 Target = Literal["sampling", "structured", "priority"]
 
 
+# transformers' apply_chat_template's own parameters (checked against its
+# signature in tests/prep/test_chat_template_fields.py), but those the
+# template reads (tools, documents, add_generation_prompt, continue_final_message):
+# a chat_template_kwargs key may not be one (bulkinfer.prep.chat_template).
+RESERVED_KWARGS = frozenset(
+    {
+        "conversation",
+        "chat_template",
+        "tokenize",
+        "padding",
+        "truncation",
+        "max_length",
+        "return_tensors",
+        "return_dict",
+        "return_assistant_tokens_mask",
+        "tokenizer_kwargs",
+    }
+)
+
+
 def is_int(value: Any) -> bool:
     """An integer and not a bool (TOML and JSON ``true`` are ints to Python)."""
     return isinstance(value, int) and not isinstance(value, bool)

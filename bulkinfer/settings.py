@@ -206,6 +206,10 @@ class Settings:
     # rows and OpenAI /v1/chat/completions lines always are; /v1/completions
     # lines never.
     apply_chat_template: bool | Literal["auto"] = "auto"
+    # Variables for the chat template of every chat row (vLLM serve's
+    # --default-chat-template-kwargs), under a row's own chat_template_kwargs
+    # and fields (bulkinfer.prep.chat_template): e.g. {"enable_thinking": False}.
+    chat_template_kwargs: dict[str, Any] = field(default_factory=dict)
 
     def resolve_chat_template(self, tokenizer: Any) -> Settings:
         """These settings with ``apply_chat_template`` decided: ``"auto"``

@@ -322,6 +322,7 @@ def test_every_override_option_reaches_its_setting() -> None:
     values = {
         "model": "/m",
         "apply_chat_template": True,
+        "chat_template_kwargs": '{"enable_thinking": false}',
         "passthrough": False,
         "max_tokens": 7,
         "temperature": 0.5,
@@ -373,6 +374,7 @@ def test_every_override_option_reaches_its_setting() -> None:
     assert set(values) - {"not_a_setting"} == set(OVERRIDES)
     s = settings_from_flags(None, values)
     assert (s.model, s.apply_chat_template, s.passthrough) == ("/m", True, False)
+    assert s.chat_template_kwargs == {"enable_thinking": False}
     assert (s.sampling.max_tokens, s.sampling.temperature, s.sampling.top_p) == (7, 0.5, 0.9)
     assert (s.sampling.stop, s.sampling.ignore_eos) == (("END", "###"), True)
     assert (s.sampling.n, s.sampling.logprobs, s.sampling.top_k, s.sampling.min_p) == (2, 3, 40, 0.1)

@@ -11,6 +11,7 @@ vLLM's short forms (``-tp``, ``-dp``, ``-q``)."""
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 from typing import Annotated, Any, Literal
 
@@ -137,6 +138,19 @@ RawPromptsOption = Annotated[
     bool,
     typer.Option(
         "--raw-prompts", help=described("Send each prompt as it is, without a chat template.", "auto, as above")
+    ),
+]
+
+
+ChatTemplateKwargsOption = Annotated[
+    str | None,
+    typer.Option(
+        metavar="JSON",
+        help=described(
+            "Variables for every chat row's template, a JSON object (e.g. '{\"enable_thinking\": false}'); "
+            "a row's own chat_template_kwargs win.",
+            "none",
+        ),
     ),
 ]
 
@@ -907,6 +921,23 @@ def _logit_bias(items: list[str] | None) -> dict[str, Any] | None:
     return bias
 
 
+def _json_object(flag: str, text: str | None) -> dict[str, Any] | None:
+    """``flag``'s JSON ``text`` as an object (checked with the settings); None when not given.
+
+    Raises:
+        typer.BadParameter: not JSON, or not an object (exit 2).
+    """
+    if text is None:
+        return None
+    try:
+        value = json.loads(text)
+    except ValueError as exc:
+        raise typer.BadParameter(f"{flag} takes a JSON object, e.g. '{{\"enable_thinking\": false}}': {exc}") from None
+    if not isinstance(value, dict):
+        raise typer.BadParameter(f"{flag} takes a JSON object, got {text!r}")
+    return value
+
+
 def _structured(options: dict[str, Any]) -> dict[str, Any] | None:
     """``sampling.structured_outputs`` from ``--json-schema FILE``, ``--choice
     A,B`` or ``--regex PATTERN`` (at most one); None when none is given.
@@ -995,6 +1026,7 @@ def _flag_options(options: dict[str, Any]) -> tuple[dict[str, Any], dict[str, st
     for name in ("stop", "stop_token_ids"):
         flat[name] = flat.get(name) or None  # an empty list: not given
     flat["logit_bias"] = _logit_bias(flat.get("logit_bias"))
+    flat["chat_template_kwargs"] = _json_object("--chat-template-kwargs", flat.get("chat_template_kwargs"))
     flat["buckets"] = _buckets(flat.get("buckets"))
     structured = _structured(options)
     if structured is not None:

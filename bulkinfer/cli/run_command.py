@@ -10,6 +10,7 @@ from bulkinfer.cli.app import Command, app, epilog
 from bulkinfer.cli.options import (
     BatchOrderOption,
     BucketsOption,
+    ChatTemplateKwargsOption,
     ChatTemplateOption,
     ChoiceOption,
     ConfigOption,
@@ -100,6 +101,7 @@ def run(
     model: ModelOption = None,
     apply_chat_template: ChatTemplateOption = None,
     raw_prompts: RawPromptsOption = False,
+    chat_template_kwargs: ChatTemplateKwargsOption = None,
     passthrough: PassthroughOption = None,
     no_passthrough: NoPassthroughOption = False,
     overwrite: OverwriteOption = False,

@@ -30,27 +30,10 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-from bulkinfer.fields import shown
+from bulkinfer.fields import RESERVED_KWARGS, shown
 from bulkinfer.schema import RowInvalid
 
 TEMPLATE_FIELDS = ("add_generation_prompt", "continue_final_message", "documents", "chat_template_kwargs")
-# transformers' apply_chat_template's own parameters (checked against its
-# signature in tests/prep/test_chat_template_fields.py), but those the
-# template reads (tools, documents and the two flags above).
-RESERVED_KWARGS = frozenset(
-    {
-        "conversation",
-        "chat_template",
-        "tokenize",
-        "padding",
-        "truncation",
-        "max_length",
-        "return_tensors",
-        "return_dict",
-        "return_assistant_tokens_mask",
-        "tokenizer_kwargs",
-    }
-)
 
 
 def _invalid(name: str, expected: str, value: Any, row_id: str | None, openai: bool) -> RowInvalid:

@@ -383,7 +383,8 @@ def _openai_content(url: str, body: dict[str, Any], custom_id: str) -> tuple[str
 def to_request(data: Any, seq: int, line: int, settings: Settings) -> Request:
     """:func:`~bulkinfer.prep.rows.parse_row` with the run's settings applied: with
     ``apply_chat_template`` a ``prompt`` becomes a one-message user chat
-    (except on OpenAI ``/v1/completions`` lines).
+    (except on OpenAI ``/v1/completions`` lines); a chat gets the settings'
+    ``chat_template_kwargs`` under its own.
 
     Raises:
         RowInvalid: as parse_row; or a prompt sent raw with a chat template
@@ -396,6 +397,8 @@ def to_request(data: Any, seq: int, line: int, settings: Settings) -> Request:
         request.messages, request.prompt = [{"role": "user", "content": request.prompt}], None
     if request.messages is None:
         needs_template(request.template_kwargs, request.id, request.openai_url is not None)
+    elif settings.chat_template_kwargs:
+        request.template_kwargs = {**settings.chat_template_kwargs, **request.template_kwargs}
     return request
 
 

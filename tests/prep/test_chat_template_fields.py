@@ -9,14 +9,17 @@ tests/e2e/test_e2e.py)."""
 from __future__ import annotations
 
 import copy
+import dataclasses
 import inspect
+from pathlib import Path
 from typing import Any
 
 import pytest
 from transformers import PreTrainedTokenizerBase
 from vllm.entrypoints.openai.chat_completion.protocol import ChatCompletionRequest
 
-from bulkinfer.config import PlanSettings, SamplingDefaults, Settings
+from bulkinfer.config import PlanSettings, SamplingDefaults, Settings, load_settings
+from bulkinfer.errors import ConfigError
 from bulkinfer.models import load_tokenizer, resolve_model
 from bulkinfer.prep.chat_template import RESERVED_KWARGS, TEMPLATE_FIELDS, developer_as_system
 from bulkinfer.prep.planner import Planner
@@ -159,3 +162,37 @@ def test_developer_messages_reach_a_template_without_that_role_as_vllm_hands_the
     assert developer_as_system(messages, "{% if m.role == 'developer' %}{% endif %}") == messages
     rendered = planner_with(CHATML).render(row(messages=messages))
     assert ("developer" in rendered) is False
+
+
+def test_the_configs_template_variables_sit_under_a_rows_own() -> None:
+    settings = load_settings(None, {"chat_template_kwargs": {"enable_thinking": False, "style": "terse"}})
+    settings = dataclasses.replace(settings, apply_chat_template=True)
+    own = {"id": "r", "messages": QUESTION, "chat_template_kwargs": {"style": "long"}, "add_generation_prompt": False}
+    assert to_request(own, 0, 1, settings).template_kwargs == {
+        "enable_thinking": False,
+        "style": "long",
+        "add_generation_prompt": False,
+    }
+    planner = planner_with(
+        "{% if enable_thinking is defined and not enable_thinking %}/no_think {% endif %}{{ style }}"
+    )
+    assert planner.render(to_request({"messages": QUESTION}, 0, 1, settings)) == "/no_think terse"
+    raw = dataclasses.replace(settings, apply_chat_template=False)
+    assert to_request({"prompt": "Once"}, 0, 1, raw).template_kwargs == {}  # a default, not the row's: no error
+
+
+@pytest.mark.parametrize("value", [{"tokenize": True}, ["enable_thinking"]])
+def test_a_bad_configured_chat_template_kwargs_is_a_config_error(value: Any) -> None:
+    with pytest.raises(ConfigError, match="chat_template_kwargs"):
+        load_settings(None, {"chat_template_kwargs": value})
+
+
+@pytest.mark.parametrize(("text", "says"), [("{nope", "takes a JSON object"), ("[1]", "takes a JSON object, got")])
+def test_the_flag_takes_a_json_object(tmp_path: Path, text: str, says: str) -> None:
+    from typer.testing import CliRunner
+
+    from bulkinfer.cli import app
+
+    (tmp_path / "in.jsonl").write_text('{"prompt": "hi"}\n')
+    result = CliRunner().invoke(app, ["run", str(tmp_path / "in.jsonl"), "--chat-template-kwargs", text])
+    assert result.exit_code == 2 and says in " ".join(result.output.split()), result.output
