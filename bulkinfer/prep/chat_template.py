@@ -92,8 +92,8 @@ def needs_template(kwargs: Mapping[str, Any], row_id: str | None, openai: bool) 
     Raises:
         RowInvalid: ``invalid_field`` naming the first such field.
     """
-    named = [name for name in ("continue_final_message", "add_generation_prompt", "documents") if name in kwargs]
-    if named or kwargs:
+    if kwargs:
+        named = [name for name in ("continue_final_message", "add_generation_prompt", "documents") if name in kwargs]
         name = named[0] if named else "chat_template_kwargs"
         raise RowInvalid(
             "invalid_field",

@@ -29,7 +29,7 @@ from bulkinfer.schema import CHAT_URL, COMPLETIONS_URL, EMBEDDINGS_URL, Request,
 # bulkinfer row fields read by embed (the text under either name); the rest
 # pass through, but for the request parameters it refuses (EMBEDDING).
 TEXT_FIELDS = ("text", "input")
-EMBED_FIELDS_READ = frozenset({"id", *TEXT_FIELDS, "stream", *EMBEDDING})
+EMBED_FIELDS_READ = frozenset({"id", *TEXT_FIELDS, *EMBEDDING})
 EMBED_BODY_FIELDS = {EMBEDDINGS_URL: frozenset({"input", "encoding_format", "dimensions"})}
 ENCODING_FORMATS = ("float", "base64")
 _RUN_URLS = {CHAT_URL: "bulkinfer run", COMPLETIONS_URL: "bulkinfer run"}

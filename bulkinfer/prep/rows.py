@@ -59,7 +59,7 @@ ROLES = frozenset({"system", "developer", "user", "assistant", "tool"})
 SAMPLING_FIELDS = fields_of(ROW)
 CONSUMED_FIELDS = frozenset({"id", "prompt", "messages", *TEMPLATE_FIELDS} | SAMPLING_FIELDS)
 # The fields of a bulkinfer row that parse_row reads: those it uses and those it refuses.
-ROW_FIELDS_READ = CONSUMED_FIELDS | {"stream", *GENERATION}
+ROW_FIELDS_READ = CONSUMED_FIELDS | set(GENERATION)
 # OpenAI body fields read, by endpoint (bulkinfer.fields.FIELDS); the others
 # but the harmless ones (bulkinfer.prep.unapplied.HARMLESS) are refused.
 BODY_FIELDS = {

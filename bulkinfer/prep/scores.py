@@ -53,7 +53,7 @@ RERANK_FIELDS = ("query", "documents", "top_n", "return_documents")
 # The row fields read by score; the rest pass through, but for the request
 # parameters it refuses (SCORING).
 SCORE_FIELDS = (*PAIR_FIELDS, *RERANK_FIELDS)
-SCORE_FIELDS_READ = frozenset({"id", *SCORE_FIELDS, "stream", *SCORING})
+SCORE_FIELDS_READ = frozenset({"id", *SCORE_FIELDS, *SCORING})
 # A Parquet input needs one of these columns.
 SCORE_TEXT_COLUMNS = ("text_1", "query")
 SCORE_URLS, RERANK_URLS = ("/v1/score", "/score"), ("/v1/rerank", "/rerank")

@@ -50,12 +50,18 @@ HARMLESS = frozenset(
     }
 )
 
+# Values that ask for what bulkinfer does anyway: accepted wherever the name is refused.
+ANYWAY: dict[str, Any] = {"stream": False, "encoding_format": "float"}
+# Refused in every job's rows (but as ANYWAY).
+_EVERY_JOB = {"stream": "each row gets one whole response"}
+
 _STRUCTURED = "use response_format or structured_outputs (vLLM's names since 0.11)"
 _TEMPLATE = "the model's own chat template is applied as it is"
 _SHAPE = "bulkinfer's output records have one shape"
 
 # Generation (``bulkinfer run``, ``eval``): name -> why it is not applied, or the field to use.
 GENERATION: dict[str, str] = {
+    **_EVERY_JOB,
     **dict.fromkeys(("tools", "tool_choice", "parallel_tool_calls", "functions", "function_call"), "no tool calling"),
     **dict.fromkeys(("audio", "modalities"), "text output only"),
     **dict.fromkeys(
@@ -129,6 +135,7 @@ GENERATION: dict[str, str] = {
 
 # Embedding (``bulkinfer embed``).
 EMBEDDING: dict[str, str] = {
+    **_EVERY_JOB,
     "dimensions": "vectors keep the model's size",
     **dict.fromkeys(("encoding_format", "embed_dtype", "endianness"), "vectors are written as float32 lists"),
     **dict.fromkeys(("truncate_prompt_tokens", "truncation_side"), "a text too long is an error record, never cut"),
@@ -142,6 +149,7 @@ EMBEDDING: dict[str, str] = {
 
 # Scoring and reranking (``bulkinfer score``).
 SCORING: dict[str, str] = {
+    **_EVERY_JOB,
     **dict.fromkeys(("queries", "items", "data_1", "data_2"), "rows give text_1 and text_2, or query and documents"),
     **dict.fromkeys(
         ("truncate_prompt_tokens", "truncation_side", "max_tokens_per_doc", "max_tokens_per_query"),
@@ -154,10 +162,10 @@ SCORING: dict[str, str] = {
 
 def check_unapplied(data: Mapping[str, Any], unapplied: Mapping[str, str], row_id: str) -> None:
     """Refuse a bulkinfer row that names a request parameter of
-    ``unapplied`` (:data:`GENERATION`, :data:`EMBEDDING`, :data:`SCORING`),
-    or ``stream`` other than false; a field that is None (JSON null, a
-    Parquet null) is not given, and ``encoding_format`` "float" asks for
-    what embed does anyway.
+    ``unapplied`` (:data:`GENERATION`, :data:`EMBEDDING`, :data:`SCORING`);
+    a field that is None (JSON null, a Parquet null) is not given, and one
+    whose value asks for what bulkinfer does anyway (:data:`ANYWAY`:
+    ``stream`` false, ``encoding_format`` "float") is accepted.
 
     Raises:
         RowInvalid: ``unsupported_field``, naming the first such field, why
@@ -165,19 +173,13 @@ def check_unapplied(data: Mapping[str, Any], unapplied: Mapping[str, str], row_i
             must be renamed.
     """
     for name, value in data.items():
-        if value is None:  # JSON null, a Parquet row's null: not given (OpenAI reads null so)
+        if name not in unapplied or value is None:  # null: not given (OpenAI reads null so)
             continue
-        if name == "encoding_format" and value == "float":  # what embed writes anyway
-            continue
-        if name in unapplied:
-            why = unapplied[name]
-        elif name == "stream" and value is not False:
-            why = "each row gets one whole response"
-        else:
+        if name in ANYWAY and type(value) is type(ANYWAY[name]) and value == ANYWAY[name]:
             continue
         raise RowInvalid(
             "unsupported_field",
-            f"field '{name}' is a request parameter bulkinfer does not apply ({why}); the row was not run "
+            f"field '{name}' is a request parameter bulkinfer does not apply ({unapplied[name]}); the row was not run "
             "(a column of data by that name: rename it)",
             row_id,
         )
