@@ -137,6 +137,21 @@ def serve(
             help=described(f"The webhooks' signing secret (whsec_ + base64; also {WEBHOOK_SECRET_ENV}).", "none"),
         ),
     ] = None,
+    batch_file_expiry: Annotated[
+        int,
+        typer.Option(
+            metavar="SECONDS",
+            min=0,
+            help=described(
+                "An upload that names no expires_after is deleted this long after its upload (OpenAI's default "
+                "for batch files; never while a batch still reads it); 0 keeps uploads until deleted. An "
+                "upload's expires_after and a batch's output_expires_after (its output and error files) are "
+                "honoured whatever this says.",
+                "2592000 (30 days)",
+            ),
+            show_default=False,
+        ),
+    ] = 30 * 24 * 3600,
 ) -> None:
     """Serve OpenAI's Files and Batch API (batches run one after another on one warm engine) and online
     chat and text completions on the same engine, ahead of batch rows; with an embedding --model
@@ -151,7 +166,8 @@ def serve(
         try:
             from bulkinfer.serve.api import Limits
 
-            limits = Limits(max_file_bytes, max_online, batch_beside_online, prefill_beside_online)
+            expiry = batch_file_expiry or None
+            limits = Limits(max_file_bytes, max_online, batch_beside_online, prefill_beside_online, expiry)
             _serve(host, port, data_dir, keys, model, config, webhooks, limits)
         except OSError as exc:
             raise write_error(exc) from exc
@@ -190,9 +206,10 @@ def _serve(
     webhooks: tuple[str, str] | None,
     limits: Limits,
 ) -> None:
-    """Build the store, worker, webhook sender and app; run uvicorn until SIGINT/SIGTERM (one JSON access
-    log line a request, and one a webhook attempt, on stderr); then stop the worker (a running batch stays
-    ``in_progress`` and resumes at the next start) and the sender (undelivered events stay recorded)."""
+    """Build the store, worker, webhook sender, file sweeper and app; run uvicorn until SIGINT/SIGTERM (one
+    JSON access log line a request, a webhook attempt, an expired file, on stderr); then stop the worker (a
+    running batch stays ``in_progress`` and resumes at the next start), the sweeper and the sender
+    (undelivered events stay recorded)."""
     import uvicorn
 
     from bulkinfer.config import load_settings
@@ -200,6 +217,7 @@ def _serve(
     from bulkinfer.engine.args import MULTIPROCESSING_ENV
     from bulkinfer.engine.factory import vllm_engine
     from bulkinfer.serve.api import create_app
+    from bulkinfer.serve.retention import FileSweeper
     from bulkinfer.serve.store import Store
     from bulkinfer.serve.webhooks import WebhookSender
     from bulkinfer.serve.worker import BatchWorker
@@ -214,8 +232,10 @@ def _serve(
     tenants = {key: tenant_of(key) for key in keys}
     app = create_app(store, tenants, worker, limits, settings.model or DEFAULT_MODEL, worker.served.endpoints)
     sender = WebhookSender(store, webhooks[1]) if webhooks else None
+    sweeper = FileSweeper(store)
     access = log_access_to(sys.stderr)  # once the server starts: a refused start leaves no handler behind
     worker.start()
+    sweeper.start()
     if sender is not None:
         sender.start()
     stops = (signal.SIGINT, signal.SIGTERM)
@@ -230,6 +250,7 @@ def _serve(
             signal.signal(sig, exit_at_once)
         try:
             worker.close()
+            sweeper.close()
             if sender is not None:
                 sender.close()
             store.close()

@@ -38,7 +38,9 @@ from bulkinfer.serve.objects import batch_object, error_body, file_object, list_
 from bulkinfer.serve.online import online_router
 from bulkinfer.serve.pages import pages_router
 from bulkinfer.serve.prometheus import OnlineMetrics, metrics_registry
-from bulkinfer.serve.store import WINDOWS_S, FileTooLarge, Store
+from bulkinfer.serve.retention import BATCH_UPLOAD_SECONDS, ExpiresAfter, upload_expiry
+from bulkinfer.serve.store import FileTooLarge, Store
+from bulkinfer.serve.tables import WINDOWS_S
 from bulkinfer.serve.worker import Runner
 
 ENDPOINTS = GENERATION_URLS  # a generative model's batch endpoints (the default)
@@ -54,12 +56,15 @@ class Limits:
     engine runs while an online request is in flight (the others sit out its
     steps, see :mod:`bulkinfer.engine.online_first`), and prompt tokens of
     those admitted waiting for prefill (None: no bound; see
-    :class:`~bulkinfer.engine.mux.EngineMux`)."""
+    :class:`~bulkinfer.engine.mux.EngineMux`); ``batch_file_expiry``: the
+    seconds after which an upload that names no ``expires_after`` expires
+    (OpenAI's 30 days; None: kept until deleted)."""
 
     max_file_bytes: int = 200 * 1024 * 1024
     max_online: int = 64
     batch_beside_online: int | None = None
     prefill_beside_online: int | None = None
+    batch_file_expiry: int | None = BATCH_UPLOAD_SECONDS
 
 
 class BatchCreate(BaseModel):
@@ -70,6 +75,7 @@ class BatchCreate(BaseModel):
     endpoint: str
     completion_window: str
     metadata: dict[str, str] | None = None
+    output_expires_after: ExpiresAfter | None = None
 
 
 def create_app(
@@ -116,9 +122,18 @@ def create_app(
     def metrics() -> Response:
         return Response(generate_latest(registry), media_type=CONTENT_TYPE_LATEST)
 
+    served_model = {"id": model, "object": "model", "created": 0, "owned_by": "bulkinfer"}
+
     @app.get("/v1/models")
     def models(who: Tenant) -> dict[str, Any]:
-        return {"object": "list", "data": [{"id": model, "object": "model", "created": 0, "owned_by": "bulkinfer"}]}
+        return {"object": "list", "data": [served_model]}
+
+    @app.get("/v1/models/{model_id}")
+    def get_model(model_id: str, who: Tenant) -> dict[str, Any]:
+        if model_id != model:
+            raise ApiError(404, f"The model '{model_id}' does not exist: this server serves '{model}'",
+                           code="model_not_found", param="model")  # fmt: skip
+        return served_model
 
     @app.post("/v1/files")
     async def create_file(request: Request, who: Tenant) -> dict[str, Any]:
@@ -129,9 +144,9 @@ def create_app(
                 raise ApiError(400, "a multipart field 'file' is required", param="file")
             if purpose != "batch":
                 raise ApiError(400, "purpose must be 'batch'", param="purpose")
-            name = upload.filename or "upload.jsonl"
-            save = store.save_file
-            row = await run_in_threadpool(save, who, name, purpose, _chunks(upload.file), limits.max_file_bytes)
+            expiry = upload_expiry(form, limits.batch_file_expiry)
+            name, chunks = upload.filename or "upload.jsonl", _chunks(upload.file)
+            row = await run_in_threadpool(store.save_file, who, name, purpose, chunks, limits.max_file_bytes, expiry)
         except FileTooLarge:
             raise _too_large(limits.max_file_bytes) from None
         finally:
@@ -139,8 +154,15 @@ def create_app(
         return file_object(row)
 
     @app.get("/v1/files")
-    def list_files(who: Tenant, purpose: str | None = None) -> dict[str, Any]:
-        return list_object([file_object(r) for r in store.files(who, purpose)], False)
+    def list_files(
+        who: Tenant, purpose: str | None = None, after: str | None = None, limit: int = 10000, order: str = "desc"
+    ) -> dict[str, Any]:
+        if not 1 <= limit <= 10000:
+            raise ApiError(400, "limit must be between 1 and 10000", param="limit")
+        if order not in ("asc", "desc"):
+            raise ApiError(400, "order must be 'asc' or 'desc'", param="order")
+        rows, has_more = store.files(who, purpose, after, limit, newest_first=order == "desc")
+        return list_object([file_object(r) for r in rows], has_more)
 
     lookups: dict[str, Callable[[str, str], dict[str, Any] | None]] = {"file": store.file, "batch": store.batch}
 
@@ -176,7 +198,9 @@ def create_app(
             raise ApiError(404, f"No such file: '{body.input_file_id}'", code="not_found", param="input_file_id")
         if file["purpose"] != "batch":
             raise ApiError(400, "the input file's purpose must be 'batch'", param="input_file_id")
-        row = store.add_batch(who, body.input_file_id, body.endpoint, body.completion_window, body.metadata, model)
+        expiry = body.output_expires_after.seconds if body.output_expires_after else None
+        window, metadata = body.completion_window, body.metadata
+        row = store.add_batch(who, body.input_file_id, body.endpoint, window, metadata, model, expiry)
         runner.submit(row["id"])
         return batch_object(row)
 
@@ -226,7 +250,7 @@ async def _upload_form(request: Request, max_bytes: int) -> FormData:
             yield chunk
 
     try:
-        return await MultiPartParser(request.headers, counted(), max_files=1, max_fields=4).parse()
+        return await MultiPartParser(request.headers, counted(), max_files=1, max_fields=8).parse()
     except FileTooLarge:
         raise _too_large(max_bytes) from None
     except MultiPartException as exc:

@@ -8,7 +8,7 @@ from typing import Any
 from bulkinfer.io.output_files import Published
 from bulkinfer.report.model import as_run_report
 from bulkinfer.serve.progress import report_throughput
-from bulkinfer.serve.store import TIMESTAMPS
+from bulkinfer.serve.tables import TIMESTAMPS
 
 
 def file_object(row: dict[str, Any]) -> dict[str, Any]:
@@ -21,6 +21,7 @@ def file_object(row: dict[str, Any]) -> dict[str, Any]:
         "filename": row["filename"],
         "purpose": row["purpose"],
         "status": "processed",
+        "expires_at": row.get("expires_at"),
     }
 
 

@@ -34,7 +34,8 @@ from collections.abc import Iterator
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 
-from bulkinfer.serve.store import STATUSES, Store
+from bulkinfer.serve.store import Store
+from bulkinfer.serve.tables import STATUSES
 
 
 class StoreCollector:

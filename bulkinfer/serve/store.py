@@ -32,65 +32,18 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-# The tables as the first release created them; columns added since are ADDED_COLUMNS.
-SCHEMA = """
-CREATE TABLE IF NOT EXISTS files (
-    id TEXT PRIMARY KEY, tenant TEXT NOT NULL, bytes INTEGER NOT NULL, created_at INTEGER NOT NULL,
-    filename TEXT NOT NULL, purpose TEXT NOT NULL, path TEXT NOT NULL
-);
-CREATE TABLE IF NOT EXISTS batches (
-    seq INTEGER PRIMARY KEY AUTOINCREMENT,
-    id TEXT UNIQUE NOT NULL, tenant TEXT NOT NULL, input_file_id TEXT NOT NULL, endpoint TEXT NOT NULL,
-    completion_window TEXT NOT NULL, metadata TEXT, status TEXT NOT NULL, errors TEXT,
-    output_file_id TEXT, error_file_id TEXT, request_counts TEXT NOT NULL,
-    created_at INTEGER NOT NULL, expires_at INTEGER, in_progress_at INTEGER, finalizing_at INTEGER,
-    completed_at INTEGER, failed_at INTEGER, expired_at INTEGER, cancelling_at INTEGER, cancelled_at INTEGER
-);
-CREATE TABLE IF NOT EXISTS webhook_events (
-    id TEXT PRIMARY KEY, batch_id TEXT NOT NULL, type TEXT NOT NULL, url TEXT NOT NULL, created_at INTEGER NOT NULL,
-    attempts INTEGER NOT NULL DEFAULT 0, next_at REAL NOT NULL, delivered_at INTEGER, gave_up_at INTEGER,
-    last_error TEXT, UNIQUE (batch_id, type)
-);
-"""
-
-# Columns of ``batches`` that came after the first release, with their types: the
-# store adds each one a database lacks (one an earlier bulkinfer wrote) when it opens.
-ADDED_COLUMNS = {"model": "TEXT", "usage": "TEXT", "throughput": "TEXT"}
-# Columns of ``batches`` holding JSON text.
-# ``throughput``: {"completion_tokens_per_s", "measured": "live" | "report"} (see serve.progress).
-JSON_COLUMNS = ("metadata", "errors", "request_counts", "usage", "throughput")
-TIMESTAMPS = (
-    "created_at",
-    "expires_at",
-    "in_progress_at",
-    "finalizing_at",
-    "completed_at",
-    "failed_at",
-    "expired_at",
-    "cancelling_at",
-    "cancelled_at",
+from bulkinfer.serve.tables import (
+    ADDED_COLUMNS,
+    EVENT_TYPES,
+    JSON_COLUMNS,
+    LATEST_THROUGHPUT_SQL,
+    SCHEMA,
+    STATUSES,
+    TIMESTAMPS,
+    TOTALS_SQL,
+    UNFINISHED,
+    WINDOWS_S,
 )
-TOTALS_SQL = """
-SELECT COALESCE(SUM(json_extract(request_counts, '$.completed')), 0),
-       COALESCE(SUM(json_extract(request_counts, '$.failed')), 0),
-       COALESCE(SUM(json_extract(usage, '$.input_tokens')), 0),
-       COALESCE(SUM(json_extract(usage, '$.output_tokens')), 0)
-FROM batches
-"""
-# The running batch's throughput, else the last completed batch's.
-LATEST_THROUGHPUT_SQL = """
-SELECT throughput FROM batches
-WHERE throughput IS NOT NULL AND status IN ('in_progress', 'completed')
-ORDER BY status = 'in_progress' DESC, completed_at DESC, seq DESC LIMIT 1
-"""
-# A batch's final statuses -> the type of its webhook event (OpenAI's batch event types).
-EVENT_TYPES = {
-    "completed": "batch.completed",
-    "failed": "batch.failed",
-    "expired": "batch.expired",
-    "cancelled": "batch.cancelled",
-}
-WINDOWS_S = {"24h": 24 * 3600}  # completion_window -> seconds (OpenAI accepts only "24h")
 
 
 @dataclass(frozen=True, slots=True)
@@ -152,12 +105,13 @@ class Store:
             self._db.execute("COMMIT")
 
     def _add_columns(self) -> None:
-        """``ALTER TABLE batches ADD COLUMN`` each of :data:`ADDED_COLUMNS` it lacks (NULL in existing rows)."""
+        """``ALTER TABLE ... ADD COLUMN`` each of :data:`ADDED_COLUMNS` a table lacks (NULL in existing rows)."""
         with self._tx() as db:
-            have = {row["name"] for row in db.execute("PRAGMA table_info(batches)")}
-            for column, type_ in ADDED_COLUMNS.items():
-                if column not in have:
-                    db.execute(f"ALTER TABLE batches ADD COLUMN {column} {type_}")
+            for table, columns in ADDED_COLUMNS.items():
+                have = {row["name"] for row in db.execute(f"PRAGMA table_info({table})")}
+                for column, type_ in columns.items():
+                    if column not in have:
+                        db.execute(f"ALTER TABLE {table} ADD COLUMN {column} {type_}")
 
     def close(self) -> None:
         with self._lock:
@@ -166,10 +120,17 @@ class Store:
     # files
 
     def save_file(
-        self, tenant: str, filename: str, purpose: str, chunks: Iterable[bytes], max_bytes: int
+        self,
+        tenant: str,
+        filename: str,
+        purpose: str,
+        chunks: Iterable[bytes],
+        max_bytes: int,
+        expires_after: int | None = None,
     ) -> dict[str, Any]:
         """Write ``chunks`` to a new file (a temporary beside it, then
-        ``os.replace``) and register it; returns its row.
+        ``os.replace``) and register it, to expire ``expires_after`` seconds
+        after its creation (None: kept until deleted); returns its row.
 
         Raises:
             FileTooLarge: more than ``max_bytes`` bytes came (the temporary is removed).
@@ -191,29 +152,38 @@ class Store:
         except BaseException:
             tmp.unlink(missing_ok=True)
             raise
-        return self.register_file(tenant, filename, purpose, path, file_id)
+        return self.register_file(tenant, filename, purpose, path, file_id, expires_after)
 
     def register_file(
-        self, tenant: str, filename: str, purpose: str, path: Path, file_id: str | None = None
+        self,
+        tenant: str,
+        filename: str,
+        purpose: str,
+        path: Path,
+        file_id: str | None = None,
+        expires_after: int | None = None,
     ) -> dict[str, Any]:
-        """Register an existing file ``path`` (a batch's output) as ``tenant``'s;
-        returns its row (the row it has already, when ``path`` is registered:
-        a server killed while finalizing registers its outputs again)."""
+        """Register an existing file ``path`` (a batch's output) as ``tenant``'s,
+        to expire ``expires_after`` seconds after now (None: kept until
+        deleted); returns its row (the row it has already, when ``path`` is
+        registered: a server killed while finalizing registers its outputs again)."""
         with self._lock:
             known = self._db.execute("SELECT * FROM files WHERE path = ?", (str(path),)).fetchone()
         if known is not None:
             return dict(known)
+        created = now()
         row = {
             "id": file_id or f"file-{secrets.token_hex(12)}",
             "tenant": tenant,
             "bytes": path.stat().st_size,
-            "created_at": now(),
+            "created_at": created,
             "filename": filename,
             "purpose": purpose,
             "path": str(path),
+            "expires_at": None if expires_after is None else created + expires_after,
         }
         with self._tx() as db:
-            db.execute("INSERT INTO files VALUES (:id, :tenant, :bytes, :created_at, :filename, :purpose, :path)", row)
+            db.execute(f"INSERT INTO files ({', '.join(row)}) VALUES ({', '.join(':' + c for c in row)})", row)
         return row
 
     def file(self, tenant: str, file_id: str) -> dict[str, Any] | None:
@@ -222,13 +192,46 @@ class Store:
             found = self._db.execute("SELECT * FROM files WHERE id = ? AND tenant = ?", (file_id, tenant)).fetchone()
         return dict(found) if found else None
 
-    def files(self, tenant: str, purpose: str | None = None) -> list[dict[str, Any]]:
-        """``tenant``'s files, newest first."""
+    def files(
+        self,
+        tenant: str,
+        purpose: str | None = None,
+        after: str | None = None,
+        limit: int | None = None,
+        newest_first: bool = True,
+    ) -> tuple[list[dict[str, Any]], bool]:
+        """Up to ``limit`` (None: all) of ``tenant``'s files of ``purpose``
+        (None: any), newest first unless ``newest_first`` is False, those
+        listed after the file ``after`` (an id: OpenAI's cursor) when given;
+        and whether more follow."""
         sql, args = "SELECT * FROM files WHERE tenant = ?", [tenant]
         if purpose is not None:
             sql, args = sql + " AND purpose = ?", [*args, purpose]
+        if after is not None:
+            beyond = "<" if newest_first else ">"
+            sql += f" AND (created_at, rowid) {beyond} (SELECT created_at, rowid FROM files WHERE id = ?)"
+            args.append(after)
+        order = "DESC" if newest_first else "ASC"
+        sql += f" ORDER BY created_at {order}, rowid {order} LIMIT ?"
         with self._lock:
-            return [dict(r) for r in self._db.execute(sql + " ORDER BY created_at DESC, rowid DESC", args)]
+            rows = self._db.execute(sql, [*args, -1 if limit is None else limit + 1]).fetchall()
+        return [dict(r) for r in rows[:limit]], limit is not None and len(rows) > limit
+
+    def expire_files(self, at: int) -> list[dict[str, Any]]:
+        """Delete (rows, then bytes) every tenant's files whose ``expires_at``
+        is ``at`` (Unix s) or earlier, but for the input files of batches
+        still :data:`UNFINISHED` (they go once the batch ends); returns their rows."""
+        marks = ", ".join("?" for _ in UNFINISHED)
+        due = (
+            "FROM files WHERE expires_at IS NOT NULL AND expires_at <= ? AND id NOT IN "
+            f"(SELECT input_file_id FROM batches WHERE status IN ({marks}))"
+        )
+        with self._tx() as db:
+            rows = [dict(r) for r in db.execute(f"SELECT * {due} ORDER BY expires_at", [at, *UNFINISHED])]
+            db.execute(f"DELETE {due}", [at, *UNFINISHED])
+        for row in rows:
+            Path(row["path"]).unlink(missing_ok=True)
+        return rows
 
     def delete_file(self, tenant: str, file_id: str) -> bool:
         """Remove ``tenant``'s file (row and bytes); False when it has none by that id."""
@@ -250,8 +253,11 @@ class Store:
         window: str,
         metadata: dict[str, str] | None,
         model: str | None = None,
+        output_expires_after: int | None = None,
     ) -> dict[str, Any]:
-        """A new batch, ``validating``, to run on ``model`` (the served model's id); returns its row."""
+        """A new batch, ``validating``, to run on ``model`` (the served model's
+        id), its output and error files to expire ``output_expires_after``
+        seconds after their creation (None: kept until deleted); returns its row."""
         created = now()
         row: dict[str, Any] = {
             "id": f"batch_{secrets.token_hex(12)}",
@@ -265,6 +271,7 @@ class Store:
             "created_at": created,
             "expires_at": created + WINDOWS_S[window],
             "model": model or None,
+            "output_expires_after": output_expires_after,
         }
         columns = ", ".join(row)
         with self._tx() as db:
@@ -379,9 +386,6 @@ class Store:
     def batch_dir(self, batch_id: str) -> Path:
         """Where the run of ``batch_id`` writes."""
         return self.batches_dir / batch_id
-
-
-STATUSES = ("validating", "failed", "in_progress", "finalizing", "completed", "expired", "cancelling", "cancelled")
 
 
 def _decoded(row: sqlite3.Row) -> dict[str, Any]:

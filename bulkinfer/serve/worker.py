@@ -424,11 +424,13 @@ class BatchWorker(threading.Thread):
             self._register_outputs(batch, RunPaths(out, out), status, from_)
 
     def _register_outputs(self, batch: dict[str, Any], paths: RunPaths, status: str, from_: tuple[str, ...]) -> None:
-        """Register the output and errors files (purpose ``batch_output``) as
-        the batch's tenant's files, then move it to ``status``."""
+        """Register the output and errors files (purpose ``batch_output``, to
+        expire as the batch's ``output_expires_after`` says) as the batch's
+        tenant's files, then move it to ``status``."""
         ids: dict[str, Any] = {}
         for key, path in (("output_file_id", paths.output), ("error_file_id", paths.errors)):
             if path.exists() and path.stat().st_size > 0:
                 name = f"{batch['id']}_{'output' if key == 'output_file_id' else 'error'}.jsonl"
-                ids[key] = self.store.register_file(batch["tenant"], name, "batch_output", path)["id"]
+                expiry = batch["output_expires_after"]
+                ids[key] = self.store.register_file(batch["tenant"], name, "batch_output", path, None, expiry)["id"]
         self.store.move(batch["id"], from_, status, **ids)

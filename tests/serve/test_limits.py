@@ -69,7 +69,7 @@ def test_registering_a_batch_output_twice_gives_the_same_file(tmp_path: Path) ->
     out.write_bytes(b"{}\n")
     first = store.register_file("alice", "b_output.jsonl", "batch_output", out)
     assert store.register_file("alice", "b_output.jsonl", "batch_output", out) == first
-    assert [f["id"] for f in store.files("alice")] == [first["id"]]
+    assert [f["id"] for f in store.files("alice")[0]] == [first["id"]]
     store.close()
 
 

@@ -10,7 +10,7 @@ from fakes import FakeEngine
 from prometheus_client.parser import text_string_to_metric_families
 from serving import KEYS, Server, batch_lines, create, upload, wait_done
 
-from bulkinfer.serve.store import STATUSES
+from bulkinfer.serve.tables import STATUSES
 
 
 def scrape(server: Server) -> dict[tuple[str, tuple[tuple[str, str], ...]], float]:

@@ -5,12 +5,14 @@ from __future__ import annotations
 import logging
 from pathlib import Path
 
+import pytest
 import typer
 from typer.testing import CliRunner
 
-from bulkinfer.cli import app
+from bulkinfer.cli import app, serve_command
 from bulkinfer.cli.serve_command import tenant_of
 from bulkinfer.serve.access import ACCESS_LOGGER
+from bulkinfer.serve.api import Limits
 
 runner = CliRunner()
 
@@ -26,6 +28,8 @@ def test_help_lists_the_options_with_their_defaults() -> None:
         "--model",
         "BULKINFER_API_KEYS",
         "[default: 127.0.0.1]",
+        "--batch-file-expiry",
+        "[default: 2592000 (30 days)]",
     ):
         assert word in result.output
     assert "serve" in typer.main.get_group(app).commands
@@ -72,3 +76,14 @@ def test_webhook_flags_are_checked_before_anything_starts(tmp_path: Path) -> Non
         assert result.exit_code == 2, (flags, result.output)
         assert message in result.output, (flags, result.output)
     assert not (tmp_path / "data").exists()  # refused before the store was made
+
+
+@pytest.mark.parametrize(("flags", "expiry"), [([], 30 * 24 * 3600), (["--batch-file-expiry", "0"], None)])
+def test_the_batch_file_expiry_reaches_the_server(
+    flags: list[str], expiry: int | None, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    served: list[Limits] = []
+    monkeypatch.setattr(serve_command, "_serve", lambda *args: served.append(args[-1]))
+    result = runner.invoke(app, ["serve", *flags], env={"BULKINFER_API_KEYS": ""})
+    assert result.exit_code == 0, result.output
+    assert served[0].batch_file_expiry == expiry

@@ -7,25 +7,31 @@ from pathlib import Path
 
 import openai
 
-from bulkinfer.serve.objects import batch_object, usage_object
-from bulkinfer.serve.store import ADDED_COLUMNS, SCHEMA, Store
+from bulkinfer.serve.objects import batch_object, file_object, usage_object
+from bulkinfer.serve.store import Store
+from bulkinfer.serve.tables import ADDED_COLUMNS, SCHEMA
 
 # A batch as the first release of ``bulkinfer serve`` stored it.
 OLD_BATCH = """
 INSERT INTO batches (id, tenant, input_file_id, endpoint, completion_window, status, request_counts, created_at)
 VALUES ('batch_old', 'alice', 'file-x', '/v1/chat/completions', '24h', 'completed',
         '{"total": 2, "completed": 2, "failed": 0}', 1700000000);
+INSERT INTO files VALUES ('file-x', 'alice', 3, 1700000000, 'in.jsonl', 'batch', '/gone/file-x.jsonl');
 """
 
 
-def test_a_database_of_the_first_release_gains_model_and_usage_and_keeps_its_batches(tmp_path: Path) -> None:
+def test_a_database_of_the_first_release_gains_the_columns_since_and_keeps_its_rows(tmp_path: Path) -> None:
     db = sqlite3.connect(tmp_path / "state.sqlite3")
     db.executescript(SCHEMA + OLD_BATCH)  # SCHEMA is the first release's; columns since are ADDED_COLUMNS
-    assert not {row[1] for row in db.execute("PRAGMA table_info(batches)")} & set(ADDED_COLUMNS)
+    for table, added in ADDED_COLUMNS.items():
+        assert not {row[1] for row in db.execute(f"PRAGMA table_info({table})")} & set(added)
     db.close()
     store = Store(tmp_path)
     old = store.batch("alice", "batch_old")
-    assert old is not None and (old["model"], old["usage"]) == (None, None)
+    assert old is not None and (old["model"], old["usage"], old["output_expires_after"]) == (None, None, None)
+    old_file = store.file("alice", "file-x")
+    assert old_file is not None and old_file["expires_at"] is None  # kept until deleted, as it was
+    assert openai.types.FileObject.model_validate(file_object(old_file)).expires_at is None
     assert openai.types.Batch.model_validate(batch_object(old)).request_counts.completed == 2  # type: ignore[union-attr]
     new = store.add_batch("alice", "file-x", "/v1/completions", "24h", None, "tiny")
     store.update(new["id"], usage=usage_object(3, 4))
