@@ -158,6 +158,9 @@ def test_root_help_lists_run_first_and_takes_dash_h() -> None:
     assert result.exit_code == 0
     commands = re.findall(r"^│ (\w[\w-]*) ", result.output, re.M)
     assert commands[0] == "run" and set(commands) == set(COMMANDS)
+    # each command's line is its help's first paragraph, reflowed: no line break of the source inside it
+    for name, command in COMMANDS.items():
+        assert "\n" not in (command.help or "").split("\n\n")[0].strip(), name
 
 
 @pytest.mark.parametrize(

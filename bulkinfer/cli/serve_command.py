@@ -153,9 +153,7 @@ def serve(
         ),
     ] = 30 * 24 * 3600,
 ) -> None:
-    """Serve OpenAI's Files and Batch API (batches run one after another on one warm engine) and online
-    chat and text completions on the same engine, ahead of batch rows; with an embedding --model
-    (all-minilm-l6-v2, or a sentence-transformers directory), embedding batches and online /v1/embeddings."""
+    """Serve OpenAI's Batch API and online requests, ahead of batch rows, on one warm engine (see README)."""
     keys = [*(api_key or ()), *(k.strip() for k in os.environ.get(KEYS_ENV, "").split(",") if k.strip())]
     try:
         if not keys and host != LOCALHOST:
