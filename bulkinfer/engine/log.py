@@ -45,7 +45,9 @@ class EngineLog:
 
     Args:
         path: the log file; created, or appended to with ``append``
-            (a resumed run keeps the interrupted run's log), else truncated.
+            (a resumed run keeps the interrupted run's log), else truncated;
+            never truncated when standard output or error is that file
+            (they are shared, see :meth:`_open`).
         verbose: capture nothing: the engine's log stays on the terminal.
 
     A capture inside an active one does nothing (``eval`` runs ``run``).
@@ -55,6 +57,7 @@ class EngineLog:
         self.path = path
         self.active = False  # file descriptors 1 and 2 point at the log now
         self.captured = False  # they did during this block
+        self.shared = False  # the log is the file standard output or error already wrote to
         self._verbose, self._append = verbose, append
         self._saved: tuple[int, int] | None = None
         self._start = 0
@@ -63,9 +66,8 @@ class EngineLog:
         global _terminal
         if self._verbose or _terminal is not None:
             return self
-        flags = os.O_WRONLY | os.O_CREAT | (os.O_APPEND if self._append else os.O_TRUNC)
-        fd = os.open(self.path, flags, 0o644)
-        self._start = os.fstat(fd).st_size if self._append else 0
+        fd = self._open()
+        self._start = os.fstat(fd).st_size if self._append or self.shared else 0
         _flush_std()
         try:
             self._saved = (os.dup(1), os.dup(2))
@@ -78,6 +80,25 @@ class EngineLog:
         _terminal = os.fdopen(os.dup(self._saved[1]), "w", buffering=1, encoding="utf-8", errors="replace")
         self.active = self.captured = True
         return self
+
+    def _open(self) -> int:
+        """A descriptor of the log: where standard output or error already
+        write to this very file (``run ... -o out.jsonl >> out.log 2>&1``
+        from cron), a duplicate of that one (:attr:`shared`): the engine's
+        lines and bulkinfer's share its offset and go in order, where a new
+        descriptor would truncate the file and overwrite them; else the
+        file opened anew (appended to with ``append``, else truncated)."""
+        try:
+            log = os.stat(self.path)
+            for std in (1, 2):
+                found = os.fstat(std)
+                if (found.st_dev, found.st_ino) == (log.st_dev, log.st_ino):
+                    self.shared = True
+                    return os.dup(std)
+        except OSError:  # no such log yet, or a standard stream closed
+            pass
+        flags = os.O_WRONLY | os.O_CREAT | (os.O_APPEND if self._append else os.O_TRUNC)
+        return os.open(self.path, flags, 0o644)
 
     def __exit__(self, *exc: object) -> None:
         global _terminal

@@ -73,3 +73,29 @@ def test_a_fresh_log_replaces_the_last_runs(tmp_path: Path) -> None:
     with EngineLog(path):
         os.write(2, b"new run\n")
     assert path.read_text() == "new run\n"
+
+
+@pytest.mark.parametrize("redirect", [">", ">>"])
+def test_a_log_that_is_where_standard_output_and_error_go_keeps_every_line_in_order(
+    tmp_path: Path, redirect: str
+) -> None:
+    """``bulkinfer run in.jsonl -o out.jsonl > out.log 2>&1`` (or ``>>``, from cron): the engine's
+    log is the file the shell opened; nothing is truncated or written over."""
+    path = tmp_path / "out.log"
+    path.write_text("yesterday's run\n")
+    script = (
+        "import os, sys\nfrom pathlib import Path\nfrom bulkinfer.engine.log import EngineLog, terminal\n"
+        "print('bulkinfer: before', file=sys.stderr, flush=True)\n"
+        "with EngineLog(Path(sys.argv[1])) as log:\n"
+        "    assert log.active and log.shared\n"
+        "    os.write(1, b'engine line\\n')\n"
+        "    print('bulkinfer: progress', file=terminal())\n"
+        "    os.write(2, b'ValueError: the engine failed\\n')\n"
+        "print('bulkinfer: summary', file=sys.stderr)\n"
+        "print(log.last_error())\n"
+    )
+    command = f'"{sys.executable}" -c "$0" "$1" {redirect} "$1" 2>&1'
+    subprocess.run(["sh", "-c", command, script, str(path)], check=True)
+    kept = ["yesterday's run"] if redirect == ">>" else []
+    lines = [*kept, "bulkinfer: before", "engine line", "bulkinfer: progress", "ValueError: the engine failed"]
+    assert path.read_text().splitlines() == [*lines, "bulkinfer: summary", "ValueError: the engine failed"]
