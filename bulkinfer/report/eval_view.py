@@ -82,7 +82,8 @@ def print_eval(report: EvalReport | dict[str, Any], previous: dict[str, Any] | N
     changes = {}
     if previous is not None:
         changes = {name: delta for name, _, _, delta in bars.compare(scores, previous.get("scores", previous))}
-    table = Table(title=f"bulkinfer eval: {typed.golden} ({typed.row_counts.scored} rows scored)")
+    title = f"bulkinfer eval: {typed.golden} ({typed.row_counts.scored} rows scored)"
+    table = Table(title=title, min_width=min(len(title), console.width))  # the title on one line where it fits
     table.add_column("metric")
     table.add_column("score", justify="right")
     if ci:

@@ -6,6 +6,7 @@ with the file and the key named."""
 
 from __future__ import annotations
 
+import io
 import shutil
 from pathlib import Path
 from typing import Any
@@ -265,3 +266,15 @@ def test_a_report_that_does_not_read_back_is_written_with_a_warning(
     assert orjson.loads(path.read_bytes())["request_counts"] == {"total": 1}  # kept: never lose a report
     warning = capsys.readouterr().err
     assert "does not read back as one (a bug)" in warning and f"{path}: not a saved OUT.report.json: key" in warning
+
+
+def test_the_eval_tables_title_stays_on_one_line_where_it_fits() -> None:
+    from rich.console import Console
+
+    from bulkinfer.report.eval_view import print_eval
+
+    report = orjson.loads((FIXTURES / "golden.out.eval.json").read_bytes())
+    report["golden"] = "/work/main/sample_data/golden.jsonl"  # the table alone is 23 columns wide
+    shown = io.StringIO()
+    print_eval(report, None, Console(file=shown, width=80))
+    assert "bulkinfer eval: /work/main/sample_data/golden.jsonl (5 rows scored)" in shown.getvalue()
