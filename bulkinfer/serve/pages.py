@@ -18,6 +18,7 @@ tenant's batch is a 404, as an unknown one.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from pathlib import Path
@@ -67,13 +68,16 @@ class BatchView:
         return self.completed + self.failed
 
 
-def batch_view(row: dict[str, Any], has_report: bool) -> BatchView:
-    """The :class:`BatchView` of a ``batches`` row (``has_report``: its run's HTML report exists)."""
+def batch_view(row: dict[str, Any], has_report: bool, kept: Callable[[str], bool]) -> BatchView:
+    """The :class:`BatchView` of a ``batches`` row (``has_report``: its run's
+    HTML report exists; ``kept``: whether a file id is still there, neither
+    deleted nor expired: only those are linked)."""
     counts, throughput = row["request_counts"], row["throughput"] or {}
     measured = throughput.get("measured", "")
     if measured == "live":
         measured = "running" if row["status"] == "in_progress" else "ran"
-    files = (("output", row["output_file_id"]), ("errors", row["error_file_id"]), ("report", has_report))
+    output, errors = (row[key] is not None and kept(row[key]) for key in ("output_file_id", "error_file_id"))
+    files = (("output", output), ("errors", errors), ("report", has_report))
     return BatchView(
         id=row["id"],
         endpoint=row["endpoint"],
@@ -134,7 +138,11 @@ def pages_router(store: Store, model: str) -> APIRouter:
     @router.get("/", response_class=HTMLResponse)
     def status_page(who: Viewer) -> HTMLResponse:
         rows, more = store.batches(who, None, PAGE_BATCHES)
-        views = [batch_view(row, report_html(row["id"]).exists()) for row in rows]
+
+        def kept(file_id: str) -> bool:
+            return store.file(who, file_id) is not None
+
+        views = [batch_view(row, report_html(row["id"]).exists(), kept) for row in rows]
         page = templates.get_template("status.html").render(
             tenant=who, model=model, batches=views, more=more, refresh_s=REFRESH_S, measured=MEASURED
         )

@@ -53,6 +53,11 @@ def test_the_page_shows_a_finished_batch_with_its_counts_and_links_to_its_own_te
         assert server.http.get(f"/{link}", auth=("", "key-b")).status_code == 404
     assert server.http.get("/", headers={"Authorization": "Bearer key-a"}).status_code == 200
 
+    assert batch.output_file_id is not None
+    client.files.delete(batch.output_file_id)  # deleted, or expired: no link to a file that is gone
+    row = re.search(rf'<tr id="{batch.id}">(.*?)</tr>', page(server, "key-a"), re.S)
+    assert row is not None and re.findall(r'<a href="([^"]+)">', row.group(1)) == links[1:]
+
 
 def test_a_wrong_or_missing_key_is_401_asking_the_browser_for_basic_auth(serve: Callable[..., Server]) -> None:
     server = serve()
