@@ -21,7 +21,7 @@ EXIT_CODES = (
     ("6", "the output or a partial one exists: use --resume or --overwrite"),
     ("7", "another run holds this output's lock"),
     ("9", "a file cannot be written (disk full, permission): fix, then --resume"),
-    ("128+N", "stopped by signal N (finished rows kept: continue with --resume)"),
+    ("128+N", "signal N (rows kept: --resume); 141 also: a stream's reader left"),
 )
 
 

@@ -16,7 +16,7 @@ import os
 import re
 import sys
 from pathlib import Path
-from typing import IO
+from typing import IO, cast
 
 from bulkinfer.errors import BulkinferError
 
@@ -27,6 +27,50 @@ _terminal: IO[str] | None = None
 _EXCEPTION_LINE = re.compile(r"^(?:\([^)]*\) )?(?:[\w.]+\.)?\w*(?:Error|Exception|Exit)\b:? .*")
 # How much of the log's end is searched for the engine's last error (bytes).
 TAIL_BYTES = 64 * 1024
+
+
+class ReaderGone:
+    """A text stream for bulkinfer's own lines (progress, summary, warnings)
+    that a reader which went away cannot stop: once a write or flush meets
+    a closed pipe (``bulkinfer run ... 2>&1 | head``, a log consumer that
+    died), this and every later line is dropped and the run goes on; the
+    data files are what the run is for. Everything else is ``stream``'s."""
+
+    def __init__(self, stream: IO[str]):
+        self._stream = stream
+        self.gone = False
+
+    def write(self, text: str) -> int:
+        if not self.gone:
+            try:
+                return self._stream.write(text)
+            except BrokenPipeError:
+                self.gone = True
+        return len(text)
+
+    def flush(self) -> None:
+        if not self.gone:
+            try:
+                self._stream.flush()
+            except BrokenPipeError:
+                self.gone = True
+
+    def close(self) -> None:
+        try:
+            self._stream.close()
+        except BrokenPipeError:  # the last lines' flush
+            self.gone = True
+
+    def __getattr__(self, name: str) -> object:
+        return getattr(self._stream, name)
+
+
+def tolerate_readers_gone() -> None:
+    """Wrap ``sys.stdout`` and ``sys.stderr`` in :class:`ReaderGone` (once)."""
+    for name in ("stdout", "stderr"):
+        stream = getattr(sys, name)
+        if stream is not None and not isinstance(stream, ReaderGone):
+            setattr(sys, name, ReaderGone(stream))
 
 
 def terminal() -> IO[str]:
@@ -77,7 +121,8 @@ class EngineLog:
         os.dup2(fd, 1)
         os.dup2(fd, 2)
         os.close(fd)
-        _terminal = os.fdopen(os.dup(self._saved[1]), "w", buffering=1, encoding="utf-8", errors="replace")
+        stream = os.fdopen(os.dup(self._saved[1]), "w", buffering=1, encoding="utf-8", errors="replace")
+        _terminal = cast(IO[str], ReaderGone(stream))
         self.active = self.captured = True
         return self
 

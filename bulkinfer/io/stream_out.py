@@ -22,15 +22,17 @@ has no id and is not matched.
 
 from __future__ import annotations
 
+import contextlib
 import os
+import signal
 from collections import deque
 from collections.abc import Collection, Iterator
 from pathlib import Path
-from typing import IO, Any
+from typing import IO, Any, NoReturn
 
 import orjson
 
-from bulkinfer.errors import ConfigError
+from bulkinfer.errors import ConfigError, Interrupted
 from bulkinfer.schema import Request
 
 
@@ -53,6 +55,9 @@ class StreamWriter:
         self._fed: set[int] = set()  # lines of _order whose request went to the engine
         self.peak_held = 0
         self.skipped = 0
+        self.flushed = 0  # records that reached their reader (written and flushed)
+        self._written = 0
+        self._gone = False  # a reader went away (a closed pipe): nothing more is written
 
     def read(self, line: int) -> None:
         """Row ``line`` was read: in input order, its record is awaited."""
@@ -77,7 +82,7 @@ class StreamWriter:
     def _put(self, line: int, out: IO[bytes], record: dict[str, Any]) -> None:
         data = orjson.dumps(record, option=orjson.OPT_APPEND_NEWLINE)
         if not self.input_order:
-            out.write(data)
+            self._write(out, data)
             return
         self._held[line] = (out, data)
         self._drain()
@@ -89,7 +94,7 @@ class StreamWriter:
             self._fed.discard(line)
             held = self._held.pop(line)
             if held is not None:
-                held[0].write(held[1])
+                self._write(*held)
 
     @property
     def held(self) -> int:
@@ -109,10 +114,59 @@ class StreamWriter:
             yield item
 
     def flush(self) -> None:
-        """Flush both streams (the records written so far reach their reader)."""
-        self.sink.flush()
-        if self.errors is not self.sink:
-            self.errors.flush()
+        """Flush both streams (the records written so far reach their reader).
+
+        Raises:
+            Interrupted: a reader went away (see :meth:`_write`).
+        """
+        if self._gone:
+            return
+        try:
+            self.sink.flush()
+            if self.errors is not self.sink:
+                self.errors.flush()
+        except BrokenPipeError:
+            self._reader_gone()
+        self.flushed = self._written
+
+    def _write(self, out: IO[bytes], data: bytes) -> None:
+        """Write one record; nothing once a reader went away.
+
+        Raises:
+            Interrupted: the reader of ``out`` went away (a closed pipe:
+                ``bulkinfer run - -o - | head``); exit code 141, as a
+                process SIGPIPE ends.
+        """
+        if self._gone:
+            return
+        try:
+            out.write(data)
+        except BrokenPipeError:
+            self._reader_gone()
+        self._written += 1
+
+    def _reader_gone(self) -> NoReturn:
+        self._gone = True
+        raise Interrupted(
+            signal.SIGPIPE,
+            f"the output's reader went away (a closed pipe) after {self.flushed} records were written to it; "
+            "the rows after them were not written",
+        )
+
+
+def close_sinks(*sinks: IO[bytes]) -> None:
+    """Flush and close each of ``sinks`` (one given twice: once). A reader
+    that went away (a closed pipe) is no error here: :class:`StreamWriter`
+    has said so.
+
+    Raises:
+        OSError: a flush failed otherwise (a full disk).
+    """
+    for out in {id(out): out for out in sinks}.values():
+        with contextlib.suppress(BrokenPipeError):
+            out.flush()
+        with contextlib.suppress(BrokenPipeError):  # the flush again, then the file is closed all the same
+            out.close()
 
 
 def record_id(record: dict[str, Any]) -> str | None:

@@ -59,7 +59,7 @@ from bulkinfer.io import records
 from bulkinfer.io.files import keep_newest
 from bulkinfer.io.inputs import InputScan
 from bulkinfer.io.readers import RawRow, StreamReader
-from bulkinfer.io.stream_out import StreamWriter, done_ids
+from bulkinfer.io.stream_out import StreamWriter, close_sinks, done_ids
 from bulkinfer.jobs.context import RunContext
 from bulkinfer.jobs.engine_choice import choose_engine_settings
 from bulkinfer.jobs.run import GENERATE, RunReport
@@ -276,9 +276,7 @@ def stream(
             except (EngineError, ModelError) as exc:
                 raise log.explain(exc) from exc
     finally:
-        for out in {id(sink): sink, id(errors): errors}.values():
-            out.flush()
-            out.close()
+        close_sinks(sink, errors)
         if saved is not None:
             os.dup2(saved, 1)
             os.close(saved)

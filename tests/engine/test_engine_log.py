@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from bulkinfer.engine.log import EngineLog
+from bulkinfer.engine.log import EngineLog, ReaderGone
 from bulkinfer.errors import EngineError
 
 SCRIPT = """
@@ -99,3 +99,21 @@ def test_a_log_that_is_where_standard_output_and_error_go_keeps_every_line_in_or
     kept = ["yesterday's run"] if redirect == ">>" else []
     lines = [*kept, "bulkinfer: before", "engine line", "bulkinfer: progress", "ValueError: the engine failed"]
     assert path.read_text().splitlines() == [*lines, "bulkinfer: summary", "ValueError: the engine failed"]
+
+
+def test_a_reader_that_went_away_loses_bulkinfers_lines_never_the_command() -> None:
+    """``bulkinfer ... 2>&1 | head``: a closed pipe on standard output or error
+    (click turned it into exit 1 at once) drops the lines and keeps the exit code."""
+    read, write = os.pipe()
+    os.close(read)
+    bulkinfer = Path(sys.executable).parent / "bulkinfer"
+    done = subprocess.run([str(bulkinfer), "models"], stdout=write, stderr=subprocess.PIPE, timeout=60)
+    os.close(write)
+    assert (done.returncode, done.stderr) == (0, b"")
+    read, write = os.pipe()
+    os.close(read)
+    stream = ReaderGone(os.fdopen(write, "w"))
+    assert stream.write("a progress line\n") == 16
+    stream.flush()  # the pipe's error comes at the flush: the stream is gone from then on
+    assert stream.gone and stream.write("the summary\n") == 12
+    stream.close()

@@ -22,7 +22,7 @@ from fakes import FakeEngine
 import bulkinfer
 from bulkinfer.config import load_settings
 from bulkinfer.engine.feed import PENDING, feed
-from bulkinfer.errors import ConfigError, OutputExistsError
+from bulkinfer.errors import ConfigError, Interrupted, OutputExistsError
 from bulkinfer.io.readers import RawRow
 from bulkinfer.io.stream_out import StreamWriter, done_ids
 from bulkinfer.jobs.context import RunContext
@@ -253,3 +253,32 @@ def test_streams_to_standard_output_keep_the_newest_logs_only(tmp_path: Path, mo
     kept = sorted(p.name for p in logs.iterdir())
     assert len(kept) == STREAM_KEEP_LOGS and "other.log" in kept  # the new log is written when the engine starts
     assert kept[0] == "other.log" and kept[1] == "stream-0006.log" and paths.log.parent == logs
+
+
+def test_a_stream_whose_reader_went_away_stops_as_a_closed_pipe_would_end_it() -> None:
+    """``bulkinfer run - -o - | head -1``: it ended with click's silent exit 1, or not at
+    all while rows kept coming; now the engine is closed and the run is Interrupted with
+    141, what a process ended by SIGPIPE exits with, saying how many records were written."""
+    rows = b"".join(orjson.dumps({"id": f"r{k}", "prompt": f"question {k}"}) + b"\n" for k in range(50))
+    read, write = os.pipe()
+    saved = os.dup(1)
+    os.dup2(write, 1)  # the stream's standard output: a pipe whose reader takes one line and goes
+    os.close(write)
+    engines: list[FakeEngine] = []
+
+    def engine(model: str, settings: Any) -> FakeEngine:
+        engines.append(FakeEngine())
+        return engines[-1]
+
+    reader = threading.Thread(target=lambda: (os.fdopen(read, "rb").readline(), None))
+    reader.start()  # the file object is collected after its line: the read end closes
+    try:
+        context = RunContext(engine_factory=engine, progress_plain=True)
+        with pytest.raises(Interrupted) as stopped:
+            stream(io.BytesIO(rows), StreamPaths.build(None), settings(window_rows=4, max_wait_s=0.05), context)
+    finally:
+        os.dup2(saved, 1)
+        os.close(saved)
+        reader.join()
+    assert stopped.value.exit_code == 141 and "the output's reader went away (a closed pipe)" in str(stopped.value)
+    assert engines[0].closed
