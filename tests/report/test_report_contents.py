@@ -244,6 +244,11 @@ def test_finish_reasons_structured_checks_and_pass_through_fields_are_reported(
     assert '<td>json</td><td class="n">9</td><td class="n">7</td><td class="n">2</td>' in structured
     assert "Grammar backend: xgrammar" in structured
     assert "did you mean max_tokens? (copied, not read)" in page
+    plain = _page(
+        {**report, "passthrough_fields": [{"name": "source", "rows": 9, "did_you_mean": None}]}, tmp_path / "p.html"
+    )
+    fields = plain.split("<h2>Pass-through fields</h2>")[1].split("<h2>")[0]
+    assert "<th></th>" not in fields and '<td>source</td><td class="n">9</td></tr>' in fields  # no empty column
     out = io.StringIO()
     print_summary(report, Console(file=out, width=200))
     text = out.getvalue()
