@@ -32,17 +32,20 @@ _STYLE = """
 body { font-family: system-ui, sans-serif; margin: 2em; color: #222; max-width: 1100px; }
 h1 { font-size: 1.4em; } h2 { font-size: 1.15em; margin-top: 1.6em; }
 table { border-collapse: collapse; margin: .5em 0; } td, th { border: 1px solid #ccc; padding: .25em .6em; }
+td { overflow-wrap: anywhere; } td:first-child { overflow-wrap: normal; }  /* a long value (glibc_tunables) wraps */
 td.n { text-align: right; font-variant-numeric: tabular-nums; }
 .charts, .tables { display: flex; flex-wrap: wrap; gap: 1em 2em; } img { border: 1px solid #eee; }
 p.note { max-width: 60em; color: #444; }
 p.warning { max-width: 60em; color: #8a1c00; }
 """
-# Sets data-images on <body> to the decoded sizes of the charts, so a headless
-# browser can tell that every image decoded (tests/test_html_report.py).
+# Sets data-images on <body> to the decoded sizes of the charts, and data-overflow
+# to the pixels the page is wider than the window, so a headless browser can tell
+# that every image decoded and nothing runs off the page (tests/report/test_html_report.py).
 _CHECK = """
 window.addEventListener('load', () => {
   const sizes = Array.from(document.images).map(i => i.naturalWidth + 'x' + i.naturalHeight);
   document.body.setAttribute('data-images', sizes.join(','));
+  document.body.setAttribute('data-overflow', document.documentElement.scrollWidth - window.innerWidth);
 });
 """
 

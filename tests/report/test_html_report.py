@@ -17,6 +17,7 @@ from bulkinfer.config import load_settings
 from bulkinfer.io.output_files import RunPaths
 from bulkinfer.jobs.context import RunContext
 from bulkinfer.jobs.run import run
+from bulkinfer.report.html import write_run_html
 
 
 @pytest.fixture(scope="module")
@@ -52,6 +53,19 @@ def test_chromium_renders_the_charts(report_html: Path, tmp_path: Path) -> None:
     assert sizes, dom.stderr[-2000:]
     decoded = [tuple(map(int, s.split("x"))) for s in sizes.group(1).split(",")]
     assert len(decoded) >= 5 and all(w > 0 and h > 0 for w, h in decoded), decoded
+    # a long value without spaces (GLIBC_TUNABLES, as a run of the CLI reports it) wraps inside its cell
+    report = orjson.loads(report_html.with_name("out.report.json").read_bytes())
+    report["engine"]["glibc_tunables"] = ":".join(f"glibc.malloc.setting_{i}=33554432" for i in range(6))
+    wide = tmp_path / "wide.html"
+    write_run_html(report, wide)
+    dom = subprocess.run(
+        [CHROMIUM, *FLAGS, f"--user-data-dir={tmp_path / 'profile3'}", "--window-size=1280,800",
+         "--virtual-time-budget=5000", "--dump-dom", wide.resolve().as_uri()],
+        capture_output=True, text=True, timeout=120,
+    )  # fmt: skip
+    overflow = re.search(r'data-overflow="(-?\d+)"', dom.stdout)
+    assert overflow, dom.stderr[-2000:]
+    assert int(overflow.group(1)) <= 0, f"the page is {overflow.group(1)} px wider than the window"
     shot = tmp_path / "report.png"
     subprocess.run(
         [CHROMIUM, *FLAGS, f"--user-data-dir={tmp_path / 'profile2'}", "--window-size=1200,1800",
