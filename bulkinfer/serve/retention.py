@@ -71,7 +71,9 @@ def upload_expiry(form: FormData, default: int | None) -> int | None:
 class FileSweeper(threading.Thread):
     """Deletes expired files (:meth:`Store.expire_files`) at the start and
     every ``every_s`` seconds in a daemon thread; each deletion is a JSON
-    line on the access log (``file_expired``, ``tenant``, ``bytes``)."""
+    line on the access log (``file_expired``, ``tenant``, ``bytes``, and
+    ``error`` where the bytes stayed), and so is a sweep that failed
+    (``file_expiry_failed``: the next one tries again)."""
 
     def __init__(self, store: Store, every_s: float = SWEEP_EVERY_S, clock: Callable[[], int] = now):
         super().__init__(name="bulkinfer-file-expiry", daemon=True)
@@ -83,13 +85,21 @@ class FileSweeper(threading.Thread):
         rows = self.store.expire_files(self.clock())
         for row in rows:
             line = {"time": iso_now(), "file_expired": row["id"], "tenant": row["tenant"], "bytes": row["bytes"]}
+            if "unlink_error" in row:
+                line["error"] = row["unlink_error"]
             log.info(orjson.dumps(line).decode())
         return [row["id"] for row in rows]
 
     def run(self) -> None:
-        self.sweep()
-        while not self._closing.wait(self.every_s):
-            self.sweep()
+        while True:
+            try:
+                self.sweep()
+            except Exception as exc:  # noqa: BLE001 (a locked or full disk: logged, and the next sweep tries again)
+                log.info(
+                    orjson.dumps({"time": iso_now(), "file_expiry_failed": f"{type(exc).__name__}: {exc}"}).decode()
+                )
+            if self._closing.wait(self.every_s):
+                return
 
     def close(self, timeout: float | None = 5.0) -> None:
         self._closing.set()

@@ -11,9 +11,12 @@ from collections.abc import Callable
 from pathlib import Path
 
 import openai
+import orjson
 import pytest
+from fakes import wait_for
 from serving import Server, batch_lines, records, upload, wait_done
 
+from bulkinfer.serve.access import ACCESS_LOGGER
 from bulkinfer.serve.api import Limits
 from bulkinfer.serve.retention import FileSweeper
 from bulkinfer.serve.store import Store
@@ -136,4 +139,26 @@ def test_files_created_in_the_same_second_keep_their_upload_order(tmp_path: Path
     store = Store(tmp_path)
     ids = [store.save_file("alice", f"{i}.jsonl", "batch", [b"{}\n"], 100)["id"] for i in range(3)]
     assert [f["id"] for f in store.files("alice", newest_first=False)[0]] == ids
+    store.close()
+
+
+def test_a_sweep_that_fails_is_logged_and_the_next_one_runs(tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+    store = Store(tmp_path)
+    file = store.save_file("alice", "in.jsonl", "batch", [b"{}\n"], 100, expires_after=HOUR)
+    calls: list[int] = []
+
+    def clock() -> int:
+        calls.append(1)
+        if len(calls) == 1:
+            raise OSError("database is locked")
+        return file["created_at"] + HOUR
+
+    sweeper = FileSweeper(store, every_s=0.01, clock=clock)
+    with caplog.at_level("INFO", logger=ACCESS_LOGGER):
+        sweeper.start()
+        wait_for(lambda: store.file("alice", file["id"]) is None, timeout=10)
+        sweeper.close()
+    lines = [orjson.loads(r.getMessage()) for r in caplog.records if r.name == ACCESS_LOGGER]
+    assert lines[0]["file_expiry_failed"] == "OSError: database is locked"
+    assert lines[1]["file_expired"] == file["id"] and lines[1]["bytes"] == 3 and "error" not in lines[1]
     store.close()
