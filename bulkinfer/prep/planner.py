@@ -199,11 +199,13 @@ class Planner:
 
     def encode(self, request: Request) -> list[int]:
         """Token ids of one request's rendered prompt (special tokens as in
-        :meth:`plan_window`).
+        :meth:`plan_window`), or its own token ids.
 
         Raises:
             Exception: whatever the chat template raises for this row.
         """
+        if request.prompt_token_ids is not None:
+            return list(request.prompt_token_ids)
         return self.encode_batch([self.render(request)], add_special_tokens=request.messages is None)[0]
 
     def encode_batch(self, texts: list[str], add_special_tokens: bool) -> list[list[int]]:
@@ -219,15 +221,20 @@ class Planner:
     def plan_window(self, requests: Sequence[Request]) -> tuple[list[Request], list[RowError]]:
         """Tokenize ``requests`` (arrival order) and return them in feed order.
 
-        Sets each request's ``prompt_token_ids`` and drops its text. Rows whose
-        chat template fails or that do not fit the context come back as errors.
+        Sets each request's ``prompt_token_ids`` (a row's own token ids as they
+        are) and drops its text. Rows whose chat template fails or that do not
+        fit the context come back as errors.
         """
         errors: list[RowError] = []
         plain: list[tuple[Request, str]] = []
         chat: list[tuple[Request, str]] = []
+        tokenized: list[tuple[Request, list[int]]] = []
         for request in requests:
             if request.openai_url is None:
                 self.passthrough.update(request.passthrough.keys())
+            if request.prompt_token_ids is not None:  # the row's own token ids
+                tokenized.append((request, request.prompt_token_ids))
+                continue
             try:
                 text = self.render(request)
             except Exception as exc:  # template errors are the row's fault
@@ -242,30 +249,30 @@ class Planner:
                 )
                 continue
             (plain if request.messages is None else chat).append((request, text))
-        planned: list[Request] = []
         # Completion prompts get the tokenizer's special tokens (as vLLM does);
         # a rendered chat template already holds them.
         for group, special in ((plain, True), (chat, False)):
-            if not group:
-                continue
-            encoded = self.encode_batch([text for _, text in group], special)
-            for (request, _), ids in zip(group, encoded, strict=True):
-                request.prompt_token_ids = ids
-                request.prompt = request.messages = None
-                total = len(ids) + request.max_tokens
-                if total > self.max_model_len:
-                    errors.append(
-                        RowError(
-                            request.line,
-                            request.id,
-                            "context_length_exceeded",
-                            f"prompt is {len(ids)} tokens and max_tokens is {request.max_tokens}: "
-                            f"{total} > the model's context of {self.max_model_len} tokens",
-                            request.openai_url is not None,
-                        )
+            if group:
+                encoded = self.encode_batch([text for _, text in group], special)
+                tokenized += [(request, ids) for (request, _), ids in zip(group, encoded, strict=True)]
+        planned: list[Request] = []
+        for request, ids in tokenized:
+            request.prompt_token_ids = ids
+            request.prompt = request.messages = None
+            total = len(ids) + request.max_tokens
+            if total > self.max_model_len:
+                errors.append(
+                    RowError(
+                        request.line,
+                        request.id,
+                        "context_length_exceeded",
+                        f"prompt is {len(ids)} tokens and max_tokens is {request.max_tokens}: "
+                        f"{total} > the model's context of {self.max_model_len} tokens",
+                        request.openai_url is not None,
                     )
-                    continue
-                planned.append(request)
+                )
+                continue
+            planned.append(request)
         planned.sort(key=lambda r: r.seq)
         self.padding.add_window([r.prompt_length for r in planned])
         for request in planned:

@@ -3,7 +3,7 @@
 Two row shapes are accepted (both may appear in one file):
 
 - bulkinfer rows: ``id`` (optional; kept as a string, default the 1-based line
-  or row number), ``prompt`` (text sent as is) or ``messages`` (an OpenAI chat,
+  or row number), ``prompt`` (text, or token ids sent as they are) or ``messages`` (an OpenAI chat,
   rendered with the model's chat template), and optionally every field that
   shapes a completion (:data:`SAMPLING_FIELDS`); every other field passes
   through to the output untouched (and is counted:
@@ -288,7 +288,8 @@ def parse_row(data: Any, seq: int, line: int, defaults: SamplingDefaults) -> Req
         seq=seq,
         line=line,
         id=row_id,
-        prompt=prompt,
+        prompt=prompt if isinstance(prompt, str) else None,
+        prompt_token_ids=prompt if isinstance(prompt, list) else None,
         messages=messages,
         openai_url=url,
         passthrough=passthrough,
@@ -298,8 +299,8 @@ def parse_row(data: Any, seq: int, line: int, defaults: SamplingDefaults) -> Req
     )
 
 
-def _row_content(data: dict[str, Any], row_id: str) -> tuple[str | None, list[dict[str, Any]] | None]:
-    """A bulkinfer row's ``prompt`` or ``messages`` (exactly one), checked.
+def _row_content(data: dict[str, Any], row_id: str) -> tuple[str | list[int] | None, list[dict[str, Any]] | None]:
+    """A bulkinfer row's ``prompt`` (see :func:`_prompt`) or ``messages`` (exactly one), checked.
 
     Raises:
         RowInvalid: both or neither given, or the one given is invalid.
@@ -308,12 +309,37 @@ def _row_content(data: dict[str, Any], row_id: str) -> tuple[str | None, list[di
     if prompt is not None and messages is not None:
         raise RowInvalid("invalid_row", "row has both 'prompt' and 'messages'; give one", row_id)
     if prompt is None and messages is None:
-        raise RowInvalid("missing_field", "row needs a 'prompt' (string) or 'messages' (chat) field", row_id)
+        raise RowInvalid("missing_field", "row needs a 'prompt' (text or token ids) or 'messages' (chat) field", row_id)
     if messages is not None:
         return None, _parse_messages(messages, row_id, False)
-    if not isinstance(prompt, str) or not prompt:
-        raise field_error("prompt", "a non-empty string", prompt, row_id, False)
-    return prompt, None
+    return _prompt(prompt, "prompt", row_id, False), None
+
+
+def _prompt(value: Any, name: str, row_id: str | None, openai: bool) -> str | list[int]:
+    """A ``prompt``: text, or token ids (OpenAI's and vLLM's other form,
+    sent as they are: no chat template, no special tokens added); OpenAI's
+    list of prompts holding one is that one.
+
+    Raises:
+        RowInvalid: empty, not text nor integers >= 0, or several prompts
+            (a row is one request with one record: each prompt its own row).
+    """
+    if isinstance(value, str) and value:
+        return value
+    if isinstance(value, list) and value and all(is_int(t) and t >= 0 for t in value):
+        return list(value)
+    if isinstance(value, list) and value and all(isinstance(p, str | list) for p in value):
+        if len(value) > 1:
+            raise RowInvalid(
+                "invalid_field",
+                f"field '{name}': a list of {len(value)} prompts; bulkinfer runs one prompt a row, each with "
+                "its own record: give each prompt its own row",
+                row_id,
+                openai,
+            )
+        if isinstance(value[0], str) or value[0] and all(is_int(t) and t >= 0 for t in value[0]):
+            return _prompt(value[0], name, row_id, openai)
+    raise field_error(name, "a non-empty string or a list of token ids (integers >= 0)", value, row_id, openai)
 
 
 def openai_line(
@@ -362,8 +388,10 @@ def openai_line(
     return custom_id, url, body
 
 
-def _openai_content(url: str, body: dict[str, Any], custom_id: str) -> tuple[str | None, list[dict[str, Any]] | None]:
-    """An OpenAI body's ``messages`` (chat) or ``prompt`` (completions), checked.
+def _openai_content(
+    url: str, body: dict[str, Any], custom_id: str
+) -> tuple[str | list[int] | None, list[dict[str, Any]] | None]:
+    """An OpenAI body's ``messages`` (chat) or ``prompt`` (completions: see :func:`_prompt`), checked.
 
     Raises:
         RowInvalid: the one its endpoint needs is missing or invalid.
@@ -374,10 +402,7 @@ def _openai_content(url: str, body: dict[str, Any], custom_id: str) -> tuple[str
                 "missing_field", "field 'body.messages' is required for /v1/chat/completions", custom_id, True
             )
         return None, _parse_messages(body["messages"], custom_id, True)
-    prompt = body.get("prompt")
-    if not isinstance(prompt, str) or not prompt:
-        raise field_error("body.prompt", "a non-empty string", prompt, custom_id, True)
-    return prompt, None
+    return _prompt(body.get("prompt"), "body.prompt", custom_id, True), None
 
 
 def to_request(data: Any, seq: int, line: int, settings: Settings) -> Request:

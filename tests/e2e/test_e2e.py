@@ -53,6 +53,8 @@ def mixed(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
     # an assistant message prefilled and continued (vLLM's continue_final_message: the completion continues it)
     prefilled = [{"role": "user", "content": PREFILL[0]}, {"role": "assistant", "content": PREFILL[1]}]
     rows.append({"id": "prefill", "messages": prefilled, "continue_final_message": True})
+    # a prompt of token ids (the Swedish capital's question as bulkinfer renders and tokenizes it): sent as it is
+    rows.append({"id": "token-ids", "prompt": capital_question_ids("sweden")})
     # a poison row: vLLM rejects it when it is added (SamplingParams.verify against the model's
     # vocabulary: VLLMValidationError), bulkinfer's own checks cannot; only this row fails
     rows.append({"id": "poison-stop", "prompt": "hi", "stop_token_ids": [10**9]})
@@ -219,6 +221,26 @@ def test_every_row_exactly_once(mixed: dict[str, Any]) -> None:
 
 
 PREFILL = ("What is the capital of France?", "The capital of France is")
+
+
+def capital_question_ids(country: str) -> list[int]:
+    """The token ids of the row ``prompt-capital-COUNTRY`` as bulkinfer sends
+    it: the default model's chat template, then its tokenizer (no special tokens added)."""
+    from transformers import AutoTokenizer
+
+    tokenizer = AutoTokenizer.from_pretrained(resolve_model(None))
+    question = [{"role": "user", "content": f"What is the capital of {country.title()}?"}]
+    text = tokenizer.apply_chat_template(question, add_generation_prompt=True, tokenize=False)
+    return list(tokenizer(text, add_special_tokens=False)["input_ids"])
+
+
+def test_a_prompt_of_token_ids_is_the_same_prompt_as_its_text(mixed: dict[str, Any]) -> None:
+    """The ids of the Swedish question reach the model as given: the same
+    prompt tokens as the text row, and the model answers it."""
+    outputs = {r["id"]: r for r in read_jsonl(mixed["out"])}
+    given = next(r["prompt"] for r in mixed["rows"] if isinstance(r, dict) and r["id"] == "token-ids")
+    assert outputs["token-ids"]["prompt_tokens"] == outputs["prompt-capital-sweden"]["prompt_tokens"] == len(given)
+    assert "Stockholm" in outputs["token-ids"]["completion"], outputs["token-ids"]["completion"]
 
 
 def test_a_prefilled_assistant_message_is_continued(mixed: dict[str, Any]) -> None:

@@ -105,7 +105,14 @@ def test_null_sampling_fields_take_defaults() -> None:
         ({"id": "r", "prompt": None}, "missing_field", "prompt"),
         ({"id": "r", "prompt": ""}, "invalid_field", "'prompt'"),
         ({"id": "r", "prompt": 12}, "invalid_field", "'prompt'"),
-        ({"id": "r", "prompt": ["a"]}, "invalid_field", "'prompt'"),
+        ({"id": "r", "prompt": ["a", "b"]}, "invalid_field", "a list of 2 prompts"),
+        ({"id": "r", "prompt": [[1], [2]]}, "invalid_field", "give each prompt its own row"),
+        ({"id": "r", "prompt": []}, "invalid_field", "'prompt'"),
+        ({"id": "r", "prompt": [1, -2]}, "invalid_field", "token ids (integers >= 0)"),
+        ({"id": "r", "prompt": [1, 2.0]}, "invalid_field", "'prompt'"),
+        ({"id": "r", "prompt": [True]}, "invalid_field", "'prompt'"),
+        ({"id": "r", "prompt": [[]]}, "invalid_field", "'prompt'"),
+        ({"id": "r", "prompt": [["a"]]}, "invalid_field", "'prompt'"),
         ({"id": "r", "messages": []}, "invalid_field", "'messages'"),
         ({"id": "r", "messages": "hi"}, "invalid_field", "'messages'"),
         ({"id": "r", "messages": ["hi"]}, "invalid_field", "'messages[0]'"),
@@ -204,6 +211,20 @@ def test_openai_completions_line() -> None:
     assert req.stop == (".",)
     assert req.max_tokens == 100
     assert req.passthrough == {}
+
+
+def test_a_prompt_of_token_ids_is_sent_as_it_is_and_a_list_of_one_prompt_is_that_prompt() -> None:
+    """OpenAI's /v1/completions and vLLM take a prompt as text, token ids, or a
+    list of either; bulkinfer rows take the same, one prompt a row."""
+    for row in ({"id": "r", "prompt": [1, 2, 3]}, {"id": "r", "prompt": [[1, 2, 3]]}):
+        req = parse(row)
+        assert (req.prompt, req.messages, req.prompt_token_ids) == (None, None, [1, 2, 3])
+    assert parse({"id": "r", "prompt": ["Once upon"]}).prompt == "Once upon"
+    line = parse(openai_line(COMPLETIONS_URL, prompt=[[7, 0, 9]]))
+    assert (line.prompt, line.prompt_token_ids, line.openai_url) == (None, [7, 0, 9], COMPLETIONS_URL)
+    assert parse(openai_line(COMPLETIONS_URL, prompt=["Once upon"])).prompt == "Once upon"
+    err = invalid(openai_line(COMPLETIONS_URL, prompt=["a", "b", "c"]))
+    assert err.openai and "field 'body.prompt': a list of 3 prompts" in err.message
 
 
 def test_openai_max_completion_tokens_is_max_tokens() -> None:
