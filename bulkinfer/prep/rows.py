@@ -332,8 +332,8 @@ def _prompt(value: Any, name: str, row_id: str | None, openai: bool) -> str | li
         if len(value) > 1:
             raise RowInvalid(
                 "invalid_field",
-                f"field '{name}': a list of {len(value)} prompts; bulkinfer runs one prompt a row, each with "
-                "its own record: give each prompt its own row",
+                f"field '{name}': a list of {len(value)} prompts; bulkinfer takes one prompt a request, each "
+                "with its own record or response: give each prompt its own row (or request)",
                 row_id,
                 openai,
             )
