@@ -13,7 +13,10 @@ survive a restart of the server, and each app has its own registry (never
   (their ``usage``);
 - ``bulkinfer_completion_tokens_per_second`` (gauge): the running batch's,
   live since its run started; else the last completed batch's, from its
-  report (generation seconds); 0 before any.
+  report (generation seconds); 0 before any;
+- ``bulkinfer_files{purpose}``, ``bulkinfer_file_bytes{purpose}`` (gauges):
+  the files stored (uploads ``batch``, outputs ``batch_output``), every
+  tenant's, until deleted or expired (:mod:`bulkinfer.serve.retention`).
 
 Online requests (:class:`OnlineMetrics`, counted since the server started),
 under vLLM's names where vLLM has the metric (``vllm/v1/metrics/loggers.py``;
@@ -72,6 +75,16 @@ class StoreCollector:
             "else the last completed batch's (its report: generation time).",
             totals.completion_tokens_per_s,
         )
+        files = GaugeMetricFamily("bulkinfer_files", "Files stored, by purpose, every tenant's.", labels=["purpose"])
+        stored = GaugeMetricFamily(
+            "bulkinfer_file_bytes", "Bytes of the files stored, by purpose, every tenant's.", labels=["purpose"]
+        )
+        for purpose in sorted({"batch", "batch_output", *totals.files}):
+            count, size = totals.files.get(purpose, (0, 0))
+            files.add_metric([purpose], count)
+            stored.add_metric([purpose], size)
+        yield files
+        yield stored
 
 
 def metrics_registry(store: Store) -> CollectorRegistry:

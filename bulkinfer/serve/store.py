@@ -53,7 +53,8 @@ class Totals:
     batches' live counts included); ``prompt_tokens`` and
     ``completion_tokens`` of the batches with a ``usage`` (completed or
     cancelled); ``completion_tokens_per_s``: the running batch's (live), else
-    the last completed one's (its report), else 0."""
+    the last completed one's (its report), else 0; ``files``: purpose ->
+    (files, bytes) stored, every tenant's."""
 
     batches: dict[str, int]
     completed: int
@@ -61,6 +62,7 @@ class Totals:
     prompt_tokens: int
     completion_tokens: int
     completion_tokens_per_s: float
+    files: dict[str, tuple[int, int]]
 
 
 class FileTooLarge(Exception):
@@ -343,14 +345,16 @@ class Store:
         self._set(batch_id, STATUSES, fields)
 
     def totals(self) -> Totals:
-        """Every tenant's batches summed in SQL (one scan of ``batches``)."""
+        """Every tenant's batches and files summed in SQL (one scan of ``batches``, one of ``files``)."""
         with self._lock:
             batches = dict(self._db.execute("SELECT status, COUNT(*) FROM batches GROUP BY status").fetchall())
             sums = self._db.execute(TOTALS_SQL).fetchone()
             latest = self._db.execute(LATEST_THROUGHPUT_SQL).fetchone()
+            files = self._db.execute("SELECT purpose, COUNT(*), SUM(bytes) FROM files GROUP BY purpose").fetchall()
         completed, failed, prompt_tokens, completion_tokens = (int(n) for n in sums)
         rate = float(json.loads(latest[0])["completion_tokens_per_s"]) if latest else 0.0
-        return Totals(batches, completed, failed, prompt_tokens, completion_tokens, rate)
+        stored = {purpose: (int(count), int(size)) for purpose, count, size in files}
+        return Totals(batches, completed, failed, prompt_tokens, completion_tokens, rate, stored)
 
     # webhook events
 

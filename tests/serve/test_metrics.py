@@ -45,6 +45,14 @@ def test_metrics_count_batches_requests_and_tokens_from_the_reports(serve: Calla
     assert found[("bulkinfer_completion_tokens_total", ())] == report["tokens"]["completion"] == 3
     rate = report["throughput"]["completion_tokens_per_s"]
     assert found[("bulkinfer_completion_tokens_per_second", ())] == rate > 0
+    assert before[("bulkinfer_files", (("purpose", "batch"),))] == 0
+    assert found[("bulkinfer_files", (("purpose", "batch"),))] == 1
+    assert found[("bulkinfer_file_bytes", (("purpose", "batch"),))] == len(batch_lines(["a", "b", "bad", "c"]))
+    outputs = [done.output_file_id, done.error_file_id]
+    assert found[("bulkinfer_files", (("purpose", "batch_output"),))] == 2
+    assert found[("bulkinfer_file_bytes", (("purpose", "batch_output"),))] == sum(
+        client.files.retrieve(f).bytes for f in outputs if f is not None
+    )
     text = server.http.get("/metrics").text
     for secret in (*KEYS, *KEYS.values(), batch.id, batch.input_file_id):
         assert secret not in text
