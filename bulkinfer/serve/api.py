@@ -18,6 +18,8 @@ logged as a JSON line (:mod:`bulkinfer.serve.access`).
 
 from __future__ import annotations
 
+import errno
+import sqlite3
 from collections.abc import AsyncGenerator, Callable, Iterator, Mapping
 from dataclasses import dataclass
 from typing import Any, BinaryIO
@@ -31,6 +33,7 @@ from pydantic import BaseModel, ConfigDict
 from starlette.datastructures import FormData, UploadFile
 from starlette.formparsers import MultiPartException, MultiPartParser
 
+from bulkinfer.errors import os_reason
 from bulkinfer.jobs.online import GENERATION_URLS
 from bulkinfer.serve.access import AccessLog
 from bulkinfer.serve.http import ApiError, Tenant, found, not_found
@@ -98,6 +101,18 @@ def create_app(
     @app.exception_handler(ApiError)
     async def _api_error(request: Request, exc: ApiError) -> JSONResponse:
         return JSONResponse(exc.body, status_code=exc.status, headers=exc.headers)
+
+    @app.exception_handler(OSError)
+    @app.exception_handler(sqlite3.Error)
+    async def _unstored(request: Request, exc: Exception) -> JSONResponse:
+        """The data directory cannot be written (a full disk: 507, else 500), in OpenAI's error shape."""
+        reason = os_reason(exc) if isinstance(exc, OSError) else f"{exc} ({type(exc).__name__})"
+        full = (isinstance(exc, OSError) and exc.errno in (errno.ENOSPC, errno.EDQUOT)) or "full" in str(exc)
+        return JSONResponse(
+            error_body(f"the server could not store its data: {reason}", "server_error",
+                       "insufficient_storage" if full else None),
+            status_code=507 if full else 500,
+        )  # fmt: skip
 
     @app.exception_handler(RequestValidationError)
     async def _invalid(request: Request, exc: RequestValidationError) -> JSONResponse:

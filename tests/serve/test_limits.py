@@ -4,11 +4,16 @@ declared-size check of an upload, and the keyless mode
 
 from __future__ import annotations
 
+import errno
+import sqlite3
 import subprocess
 import sys
 from collections.abc import Callable, Iterator
 from pathlib import Path
+from typing import Any
 
+import openai
+import pytest
 from fastapi.testclient import TestClient
 from serving import NoRunner, Server, batch_lines, upload
 
@@ -91,3 +96,35 @@ def test_a_streamed_upload_without_a_declared_size_is_cut_off_at_the_limit(serve
     assert response.status_code == 413 and response.json()["error"]["code"] == "file_too_large"
     assert "content-length" not in response.request.headers  # found by counting, not declared
     assert list(server.store.files_dir.iterdir()) == []
+
+
+@pytest.mark.parametrize(
+    ("raised", "status", "code", "says"),
+    [
+        (OSError(errno.ENOSPC, "No space left on device"), 507, "insufficient_storage", "(ENOSPC)"),
+        (sqlite3.OperationalError("database or disk is full"), 507, "insufficient_storage", "disk is full"),
+        (PermissionError(errno.EACCES, "Permission denied"), 500, None, "(EACCES)"),
+    ],
+)
+def test_a_data_directory_that_cannot_be_written_is_an_openai_error_not_a_bare_500(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, raised: Exception, status: int, code: str | None, says: str
+) -> None:
+    """A full disk at 3 a.m.: the client reads why (it got "Internal Server Error" and no body)."""
+    store = Store(tmp_path / "data")
+
+    def save_file(*args: Any, **kwargs: Any) -> Any:
+        raise raised
+
+    monkeypatch.setattr(store, "save_file", save_file)
+    client = openai.OpenAI(
+        base_url="http://testserver/v1",
+        api_key="k",
+        http_client=TestClient(create_app(store, {"k": "t"}, NoRunner()), raise_server_exceptions=False),
+        max_retries=0,
+    )
+    with pytest.raises(openai.APIStatusError) as failed:
+        upload(client, batch_lines(["a"]))
+    error = failed.value.body
+    assert failed.value.status_code == status and isinstance(error, dict)
+    assert error["type"] == "server_error" and error["code"] == code and says in error["message"], error
+    store.close()
