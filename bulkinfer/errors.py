@@ -124,6 +124,22 @@ _WRITE_HINTS = {
 }
 
 
+def disk_full(exc: BaseException) -> bool:
+    """Whether ``exc``, or an exception it was raised from or during, says a
+    disk is full: an OSError ENOSPC or EDQUOT, or SQLite's "database or disk
+    is full" (``sqlite3.OperationalError``, which carries no errno)."""
+    seen: BaseException | None = exc
+    for _ in range(8):  # a chain of causes, never a cycle
+        if seen is None:
+            return False
+        if isinstance(seen, OSError) and seen.errno in (errno.ENOSPC, errno.EDQUOT):
+            return True
+        if type(seen).__name__ == "OperationalError" and "disk is full" in str(seen):
+            return True
+        seen = seen.__cause__ or seen.__context__
+    return False
+
+
 def os_reason(exc: OSError) -> str:
     """``"REASON (ERRNO)"`` of an OSError: ``"Read-only file system (EROFS)"``
     (``OSError`` where it has no errno)."""

@@ -37,13 +37,16 @@ deaths in a row the batch fails (``engine_failed``) and the next batch tries
 a new engine again. :attr:`BatchWorker.health` is ``starting`` while an
 engine starts (or waits to), ``ready`` otherwise, ``failed`` after the last
 restart failed.
+
+A full disk (the run's files or the state database) stalls, never ends, the
+worker: the batch keeps its status, the worker waits :data:`STALL_DELAYS_S`
+and resumes it from its journal (:meth:`BatchWorker._stalled`).
 """
 
 from __future__ import annotations
 
 import logging
 import threading
-from pathlib import Path
 from typing import Any, Protocol
 
 import orjson
@@ -52,29 +55,31 @@ from bulkinfer.config import Settings, with_engine
 from bulkinfer.default_model import DEFAULT_MODEL
 from bulkinfer.engine.base import Engine, EngineFactory, KeptEngine
 from bulkinfer.engine.mux import EngineMux, online_first_args
-from bulkinfer.errors import BulkinferError, EngineError, Interrupted
+from bulkinfer.errors import BulkinferError, EngineError, Interrupted, disk_full
 from bulkinfer.io.inputs import InputScan
-from bulkinfer.io.output_files import OutputFiles, RunPaths
-from bulkinfer.io.unfinished import add_unfinished_errors
+from bulkinfer.io.output_files import RunPaths
 from bulkinfer.jobs.context import RunContext
 from bulkinfer.jobs.engine_choice import choose_engine_settings
 from bulkinfer.jobs.online import Online
 from bulkinfer.jobs.run import run
 from bulkinfer.models import TokenizerFactory, load_tokenizer, resolve_model
 from bulkinfer.serve.access import ACCESS_LOGGER, iso_now
-from bulkinfer.serve.objects import finished_columns, published_columns
+from bulkinfer.serve.objects import finished_columns
 from bulkinfer.serve.progress import EXPIRED, ExpiryWatch, LiveCounts
+from bulkinfer.serve.publish import Publisher
 from bulkinfer.serve.served import Served, served
 from bulkinfer.serve.store import Store, now
-from bulkinfer.serve.validate import MAX_LINES, batch_error, custom_ids, validate_input
+from bulkinfer.serve.validate import MAX_LINES, batch_error, validate_input
 from bulkinfer.stop import StopToken
 
 log = logging.getLogger(ACCESS_LOGGER)
 
 RESUMABLE = ("in_progress", "finalizing")
-EXPIRED_MESSAGE = "This request could not be executed before the completion window expired."  # OpenAI's
 # Seconds before each new engine after an engine death; one more death in a row fails the batch.
 ENGINE_RESTART_DELAYS_S = (2.0, 10.0, 30.0)
+# Seconds the worker waits before it tries a batch again when the disk (or the state database) could
+# not be written: the batch stays where it was and resumes from its journal; the last delay repeats.
+STALL_DELAYS_S = (10.0, 30.0, 60.0, 300.0)
 
 
 class Runner(Protocol):
@@ -123,6 +128,7 @@ class BatchWorker(threading.Thread):
         self._online_seats, self._beside_online = online_seats, beside_online
         self._health = "starting"
         self._deaths = 0  # engine deaths in a row
+        self._stalls = 0  # batches in a row that could not be written (see _stalled)
         self._online: Online | None = None
         self.engine = KeptEngine(self._watched(self._muxed(engine_factory)))
         self.tokenizer_factory = tokenizer_factory
@@ -130,7 +136,7 @@ class BatchWorker(threading.Thread):
         self._wake = threading.Condition()
         self._closing = False
         self._running: tuple[str, StopToken] | None = None
-        self._publishing = threading.Lock()  # the API's cancel and the worker may both publish one batch
+        self.publisher = Publisher(store, self.settings.plan.file_output_order)
 
     # Runner
 
@@ -236,8 +242,11 @@ class BatchWorker(threading.Thread):
         self.engine.close()
 
     def run(self) -> None:
-        for left in self.store.by_status("cancelling"):
-            self._publish_cancelled(left["id"])
+        try:
+            for left in self.store.by_status("cancelling"):
+                self._publish_cancelled(left["id"])
+        except Exception as exc:  # noqa: BLE001 (the disk is full: they are published once it is not)
+            self._stalled(None, exc)
         try:
             self._start_engine()
         except BulkinferError as exc:
@@ -262,14 +271,33 @@ class BatchWorker(threading.Thread):
                 self._engine_died(None, dead)
                 continue
             try:
-                self._run_batch(batch, token)
-            except Exception as exc:  # a bug or an OSError must not end the worker: the batch fails
-                error = batch_error("server_error", f"{type(exc).__name__}: {exc}")
-                self.store.move(batch["id"], ("validating", *RESUMABLE), "failed", errors=[error])
-            finally:
-                with self._wake:
-                    self._running = None
-            self._publish_cancelled(batch["id"])  # cancelled while it ran (or before it started)
+                try:
+                    self._run_batch(batch, token)
+                except Exception as exc:  # a bug or an OSError must not end the worker: the batch fails
+                    if disk_full(exc):
+                        raise
+                    error = batch_error("server_error", f"{type(exc).__name__}: {exc}")
+                    self.store.move(batch["id"], ("validating", *RESUMABLE), "failed", errors=[error])
+                finally:
+                    with self._wake:
+                        self._running = None
+                self._publish_cancelled(batch["id"])  # cancelled while it ran (or before it started)
+                self._stalls = 0
+            except Exception as exc:  # noqa: BLE001 (nothing can be written: wait, then try it again)
+                self._stalled(batch["id"], exc)
+
+    def _stalled(self, batch_id: str | None, exc: BaseException) -> None:
+        """The disk or the state database could not be written (a full disk):
+        log it (a JSON line on the access log) and wait the next of
+        :data:`STALL_DELAYS_S`; the batch keeps its status, so the loop tries
+        it again (resuming from its journal) once the disk has room."""
+        self._stalls += 1
+        delay = STALL_DELAYS_S[min(self._stalls, len(STALL_DELAYS_S)) - 1]
+        line = {"time": iso_now(), "batch": batch_id, "stalled": f"{type(exc).__name__}: {exc}", "retry_in_s": delay}
+        log.warning(orjson.dumps(line).decode())
+        with self._wake:
+            if not self._closing:
+                self._wake.wait(delay)
 
     def _dead(self) -> EngineError | None:
         """What the running engine died of, or None (alive, or none running)."""
@@ -288,7 +316,7 @@ class BatchWorker(threading.Thread):
         batch_id = batch["id"]
         resume = batch["status"] in RESUMABLE
         if resume and now() > batch["expires_at"]:  # expired while no server ran it
-            self._publish_partial(batch_id, "expired", RESUMABLE)
+            self.publisher.partial(batch_id, "expired", RESUMABLE)
             return
         if batch["endpoint"] not in self.served.endpoints:
             why = f"this server's model serves {', '.join(self.served.endpoints)}, not {batch['endpoint']}"
@@ -298,7 +326,7 @@ class BatchWorker(threading.Thread):
             return
         if not resume and not self._validated(batch):
             return
-        paths = RunPaths.build(self._input_path(batch), self.store.batch_dir(batch_id) / "output.jsonl")
+        paths = RunPaths.build(self.publisher.input_path(batch), self.store.batch_dir(batch_id) / "output.jsonl")
         validated = self.store.batch(None, batch_id)
         live = LiveCounts(self.store, batch_id, validated["request_counts"]["total"] if validated else 0)
         live.start()
@@ -317,13 +345,15 @@ class BatchWorker(threading.Thread):
             result = run(paths, self.settings, context, job=self.served.job)
         except Interrupted:
             if token.reason == EXPIRED:
-                self._publish_partial(batch_id, "expired", RESUMABLE)
+                self.publisher.partial(batch_id, "expired", RESUMABLE)
             # else cancelled (the caller publishes it), or shutting down (stays in_progress: resumed at start)
             return
         except EngineError as exc:
             self._engine_died(batch_id, exc)
             return
         except BulkinferError as exc:
+            if disk_full(exc):
+                raise  # the batch stays in progress: the worker waits, then resumes it (_stalled)
             self.store.move(
                 batch_id, RESUMABLE + ("cancelling",), "failed", errors=[batch_error("run_failed", str(exc))]
             )
@@ -333,7 +363,7 @@ class BatchWorker(threading.Thread):
             live.finish()  # before the final counts: no live write comes after them
         self._deaths = 0
         if self.store.move(batch_id, RESUMABLE, "finalizing", **finished_columns(result.report)):
-            self._register_outputs(batch, paths, "completed", ("finalizing",))
+            self.publisher.register_outputs(batch, paths, "completed", ("finalizing",))
 
     def _engine_died(self, batch_id: str | None, exc: BulkinferError) -> None:
         """The engine died (or failed to start), during ``batch_id``'s run or
@@ -371,9 +401,9 @@ class BatchWorker(threading.Thread):
         or ``failed`` (with ``errors``), ``expired`` or (its file gone) ``failed``."""
         batch_id = batch["id"]
         if now() > batch["expires_at"]:
-            self._publish_partial(batch_id, "expired", ("validating",))
+            self.publisher.partial(batch_id, "expired", ("validating",))
             return False
-        path = self._input_path(batch)
+        path = self.publisher.input_path(batch)
         if not path.exists():
             error = batch_error("file_not_found", f"the input file {batch['input_file_id']} was deleted")
             self.store.move(batch_id, ("validating",), "failed", errors=[error])
@@ -385,52 +415,7 @@ class BatchWorker(threading.Thread):
         counts = {"total": total, "completed": 0, "failed": 0}
         return self.store.move(batch_id, ("validating",), "in_progress", request_counts=counts)
 
-    def _input_path(self, batch: dict[str, Any]) -> Path:
-        row = self.store.file(batch["tenant"], batch["input_file_id"])
-        return Path(row["path"]) if row is not None else self.store.files_dir / f"{batch['input_file_id']}.missing"
-
     def _publish_cancelled(self, batch_id: str) -> None:
         """A ``cancelling`` batch that is not running -> ``cancelled``, with
         the rows its runs finished (if any) published as its output and errors."""
-        self._publish_partial(batch_id, "cancelled", ("cancelling",))
-
-    def _publish_partial(self, batch_id: str, status: str, from_: tuple[str, ...]) -> None:
-        """When the batch is in one of ``from_``: publish the spools of its run
-        (under the output's lock), and for ``expired`` a ``batch_expired`` error
-        for each request not finished; count the lines and tokens, register
-        the files, move it to ``status``."""
-        with self._publishing:  # the API's cancel and the worker may both publish one batch
-            batch = self.store.batch(None, batch_id)
-            if batch is None or batch["status"] not in from_:
-                return
-            out = self.store.batch_dir(batch_id) / "output.jsonl"
-            files = OutputFiles(out)
-            if status == "expired":
-                out.parent.mkdir(parents=True, exist_ok=True)
-            if not out.parent.exists():
-                self.store.move(batch_id, from_, status)
-                return
-            with files.locked():
-                if not files.is_complete():
-                    for spool in (files.spool, files.errors_spool):
-                        spool.touch()
-                    files.finish(self.settings.plan.file_output_order)
-                if status == "expired":
-                    requests = custom_ids(self._input_path(batch))
-                    add_unfinished_errors(files.out, files.errors, requests, "batch_expired", EXPIRED_MESSAGE)
-            total = batch["request_counts"]["total"] if batch["request_counts"] else 0
-            published = files.published()
-            self.store.update(batch_id, **published_columns(published, total or published.completed + published.failed))
-            self._register_outputs(batch, RunPaths(out, out), status, from_)
-
-    def _register_outputs(self, batch: dict[str, Any], paths: RunPaths, status: str, from_: tuple[str, ...]) -> None:
-        """Register the output and errors files (purpose ``batch_output``, to
-        expire as the batch's ``output_expires_after`` says) as the batch's
-        tenant's files, then move it to ``status``."""
-        ids: dict[str, Any] = {}
-        for key, path in (("output_file_id", paths.output), ("error_file_id", paths.errors)):
-            if path.exists() and path.stat().st_size > 0:
-                name = f"{batch['id']}_{'output' if key == 'output_file_id' else 'error'}.jsonl"
-                expiry = batch["output_expires_after"]
-                ids[key] = self.store.register_file(batch["tenant"], name, "batch_output", path, None, expiry)["id"]
-        self.store.move(batch["id"], from_, status, **ids)
+        self.publisher.partial(batch_id, "cancelled", ("cancelling",))

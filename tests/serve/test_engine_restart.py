@@ -8,14 +8,20 @@ the batch (``engine_failed``) after the last restart and ``/health`` says
 
 from __future__ import annotations
 
+import errno
+import sqlite3
 from collections import Counter
 from collections.abc import Callable
+from typing import Any
 
+import orjson
 import pytest
 from fakes import FakeEngine
 from serving import Server, batch_lines, create, records, upload, wait_done
 
 import bulkinfer.serve.worker
+from bulkinfer.io.spool import Spool
+from bulkinfer.serve.access import ACCESS_LOGGER
 
 
 @pytest.fixture(autouse=True)
@@ -71,3 +77,47 @@ def test_an_engine_that_keeps_dying_fails_the_batch_then_a_later_batch_gets_a_ne
     later = wait_done(client, create(client, file.id).id)
     assert later.status == "completed"
     assert server.http.get("/health").status_code == 200
+
+
+def test_a_full_disk_stalls_the_batch_and_it_resumes_once_there_is_room(
+    serve: Callable[..., Server], monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    """At 3 a.m. the disk fills mid-batch: the run's spool write fails (ENOSPC), then so does
+    the store's record of the failure (SQLite: "database or disk is full"). The worker thread
+    died there and every later batch waited forever; now the batch keeps its status, the
+    worker waits (STALL_DELAYS_S) and resumes it from its journal: every custom_id once."""
+    monkeypatch.setattr(bulkinfer.serve.worker, "STALL_DELAYS_S", (0.2,))
+    full = {"spool": 1, "store": 1}  # failures left to inject
+    write_raw = Spool.write_raw
+
+    def spool_write(self: Spool, line: bytes) -> None:
+        if full["spool"] and b'"custom_id":"r7"' in line:
+            full["spool"] -= 1
+            raise OSError(errno.ENOSPC, "No space left on device")
+        write_raw(self, line)
+
+    monkeypatch.setattr(Spool, "write_raw", spool_write)
+    server = serve(engine=lambda: FakeEngine(step_delay=0.02))
+    move = server.store.move
+
+    def store_move(batch_id: str, from_: tuple[str, ...], status: str, **fields: Any) -> bool:
+        if full["store"] and status == "failed":
+            full["store"] -= 1
+            raise sqlite3.OperationalError("database or disk is full")
+        return move(batch_id, from_, status, **fields)
+
+    monkeypatch.setattr(server.store, "move", store_move)
+    client = server.client()
+    ids = [f"r{i}" for i in range(20)]
+    with caplog.at_level("WARNING", logger=ACCESS_LOGGER):
+        done = wait_done(client, create(client, upload(client, batch_lines(ids)).id).id)
+        assert done.status == "completed", done.errors
+        assert Counter(r["custom_id"] for r in records(client, done.output_file_id)) == Counter(ids)
+        # a bug whose failure record cannot be written either stalls too, then fails the batch once it can
+        failing = RuntimeError("a bug")
+        monkeypatch.setattr(bulkinfer.serve.worker, "run", lambda *a, **k: (_ for _ in ()).throw(failing))
+        failed = wait_done(client, create(client, upload(client, batch_lines(["x"])).id).id)
+    assert failed.status == "failed" and failed.errors is not None and "a bug" in str(failed.errors.data)
+    stalls = [orjson.loads(r.getMessage()) for r in caplog.records if "stalled" in r.getMessage()]
+    assert [s["stalled"].split(":")[0] for s in stalls] == ["OutputWriteError", "OperationalError"], stalls
+    assert server.worker.is_alive() and full == {"spool": 0, "store": 0}

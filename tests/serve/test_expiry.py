@@ -17,8 +17,8 @@ import openai
 from fakes import FakeEngine, wait_for
 from serving import Server, batch_lines, create, records, stopped_mid_batch, upload, wait_done
 
+from bulkinfer.serve.publish import EXPIRED_MESSAGE
 from bulkinfer.serve.store import Store, now
-from bulkinfer.serve.worker import EXPIRED_MESSAGE
 
 
 def outcome(client: openai.OpenAI, batch: openai.types.Batch) -> tuple[list[str], list[dict[str, Any]]]:
