@@ -8,6 +8,8 @@ stops the run once the batch is past its ``expires_at``.
 
 from __future__ import annotations
 
+import contextlib
+import sqlite3
 import threading
 import time
 from collections.abc import Callable
@@ -74,7 +76,8 @@ class LiveCounts(RunObserver):
 
     def _write_until_finished(self) -> None:
         while not self._done.wait(self.interval):
-            self.tick()
+            with contextlib.suppress(sqlite3.Error, OSError):  # a full disk: the next tick writes them
+                self.tick()
 
     def tick(self) -> None:
         """Write the counts so far to the store."""

@@ -40,6 +40,7 @@ from bulkinfer.serve.store import Store
 # eight attempts over about 27 hours, then the event is given up (recorded).
 RETRY_DELAYS_S = (5.0, 300.0, 1800.0, 7200.0, 18000.0, 36000.0, 36000.0)
 TIMEOUT_S = 15.0  # one attempt's HTTP timeout (seconds)
+STALLED_RETRY_S = 30.0  # the wait after the state database could not be read or written (a full disk)
 
 log = logging.getLogger(ACCESS_LOGGER)
 
@@ -131,11 +132,16 @@ class WebhookSender(threading.Thread):
         with httpx.Client(timeout=self.timeout_s, follow_redirects=False) as client:
             while not self._closing.is_set():
                 self.store.event_added.clear()
-                for event in self.store.due_events(time.time()):
-                    if self._closing.is_set():
-                        return
-                    self._attempt(client, event)
-                due = self.store.next_event_at()
+                try:
+                    for event in self.store.due_events(time.time()):
+                        if self._closing.is_set():
+                            return
+                        self._attempt(client, event)
+                    due = self.store.next_event_at()
+                except Exception as exc:  # noqa: BLE001 (the state database cannot be written: a full disk)
+                    stalled = {"time": iso_now(), "webhooks_stalled": f"{type(exc).__name__}: {exc}"}
+                    log.info(orjson.dumps(stalled).decode())
+                    due = time.time() + STALLED_RETRY_S  # the events stay recorded: sent once it can be written
                 wait = None if due is None else max(0.0, due - time.time())
                 self.store.event_added.wait(wait)
 

@@ -6,6 +6,7 @@ cancelled batch."""
 
 from __future__ import annotations
 
+import sqlite3
 from pathlib import Path
 from typing import Any
 
@@ -100,3 +101,29 @@ def test_published_counts_the_rows_and_tokens_of_the_published_files(tmp_path: P
     published = files.published()
     assert (published.completed, published.failed) == (2, 1)
     assert (published.prompt_tokens, published.completion_tokens) == (10, 4)
+
+
+def test_live_counts_go_on_after_a_write_that_failed(tmp_path: Path) -> None:
+    """A full disk for a moment: the thread that writes the counts each second lives on."""
+    from fakes import wait_for
+
+    from bulkinfer.serve.progress import LiveCounts
+    from bulkinfer.serve.store import Store
+
+    store = Store(tmp_path)
+    batch = store.add_batch("alice", "file-x", "/v1/completions", "24h", None)
+    update, failures = store.update, [2]
+
+    def flaky(batch_id: str, **fields: Any) -> None:
+        if failures[0]:
+            failures[0] -= 1
+            raise sqlite3.OperationalError("database or disk is full")
+        update(batch_id, **fields)
+
+    store.update = flaky  # type: ignore[method-assign]
+    live = LiveCounts(store, batch["id"], 5, interval=0.02)
+    live.start()
+    live.rows_finished(3, 1, 30)
+    wait_for(lambda: (store.batch(None, batch["id"]) or {})["request_counts"]["completed"] == 3, timeout=10)
+    live.finish()
+    store.close()

@@ -155,6 +155,34 @@ def test_a_receiver_that_fails_twice_gets_the_event_once_it_succeeds(
     sender.close()
 
 
+def test_a_state_database_that_cannot_be_written_stalls_the_sender_never_ends_it(
+    serve: Callable[..., Server], receiver: Callable[..., Receiver], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A full disk: the record of a delivery fails (the thread died there, and no event went
+    out again until a restart); the sender waits and goes on, sending that event once more
+    (receivers dedupe by webhook-id, as Standard Webhooks asks)."""
+    monkeypatch.setattr("bulkinfer.serve.webhooks.STALLED_RETRY_S", 0.2)
+    hook = receiver()
+    server = serve(webhook_url=hook.url)
+    attempted, full = server.store.event_attempted, [1]
+
+    def event_attempted(*args: Any) -> None:
+        if full[0]:
+            full[0] -= 1
+            raise sqlite3.OperationalError("database or disk is full")
+        attempted(*args)
+
+    monkeypatch.setattr(server.store, "event_attempted", event_attempted)
+    sender = with_sender(server)
+    client = server.client()
+    first = wait_done(client, create(client, upload(client, batch_lines(["a"])).id).id)
+    second = wait_done(client, create(client, upload(client, batch_lines(["b"])).id).id)
+    wait_for(lambda: {verified(d).data.id for d in hook.delivered()} == {first.id, second.id})
+    assert sender.is_alive() and full == [0]
+    assert len(hook.delivered()) == 3  # the first event twice: its first delivery could not be recorded
+    sender.close()
+
+
 def test_an_event_is_given_up_after_the_last_retry(
     serve: Callable[..., Server], receiver: Callable[..., Receiver]
 ) -> None:
