@@ -18,7 +18,6 @@ logged as a JSON line (:mod:`bulkinfer.serve.access`).
 
 from __future__ import annotations
 
-import errno
 import sqlite3
 from collections.abc import AsyncGenerator, Callable, Iterator, Mapping
 from dataclasses import dataclass
@@ -33,7 +32,7 @@ from pydantic import BaseModel, ConfigDict
 from starlette.datastructures import FormData, UploadFile
 from starlette.formparsers import MultiPartException, MultiPartParser
 
-from bulkinfer.errors import os_reason
+from bulkinfer.errors import disk_full, os_reason
 from bulkinfer.jobs.online import GENERATION_URLS
 from bulkinfer.serve.access import AccessLog
 from bulkinfer.serve.http import ApiError, Tenant, found, not_found
@@ -107,7 +106,7 @@ def create_app(
     async def _unstored(request: Request, exc: Exception) -> JSONResponse:
         """The data directory cannot be written (a full disk: 507, else 500), in OpenAI's error shape."""
         reason = os_reason(exc) if isinstance(exc, OSError) else f"{exc} ({type(exc).__name__})"
-        full = (isinstance(exc, OSError) and exc.errno in (errno.ENOSPC, errno.EDQUOT)) or "full" in str(exc)
+        full = disk_full(exc)
         return JSONResponse(
             error_body(f"the server could not store its data: {reason}", "server_error",
                        "insufficient_storage" if full else None),
