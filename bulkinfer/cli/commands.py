@@ -23,6 +23,7 @@ from bulkinfer.cli.options import (
     InputArgument,
     MaxModelLenOption,
     MaxTokensOption,
+    MetricsTextfileOption,
     ModelOption,
     NoEnforceEagerOption,
     NOption,
@@ -73,6 +74,7 @@ def eval_command(
     resume: ResumeOption = False,
     plain_progress: PlainProgressOption = False,
     verbose: VerboseOption = False,
+    metrics_textfile: MetricsTextfileOption = None,
     engine_arg: EngineArgOption = None,
     output_order: OutputOrderOption = None,
 ) -> None:

@@ -22,6 +22,7 @@ from bulkinfer.cli.options import (
     MaxInFlightOption,
     MaxNumBatchedTokensOption,
     MaxNumSeqsOption,
+    MetricsTextfileOption,
     NoPassthroughOption,
     OrderOption,
     OutputOrderOption,
@@ -73,6 +74,7 @@ def encoder_command(spec: EncoderCommand) -> None:
         resume: ResumeOption = False,
         plain_progress: PlainProgressOption = False,
         verbose: VerboseOption = False,
+        metrics_textfile: MetricsTextfileOption = None,
         dtype: DtypeOption = None,
         max_num_seqs: MaxNumSeqsOption = None,
         max_num_batched_tokens: MaxNumBatchedTokensOption = None,
@@ -210,6 +212,7 @@ def eval_rank_command(
     resume: ResumeOption = False,
     plain_progress: PlainProgressOption = False,
     verbose: VerboseOption = False,
+    metrics_textfile: MetricsTextfileOption = None,
     engine_arg: EngineArgOption = None,
 ) -> None:
     """Rerank GOLDEN (or take --predictions) and score the rankings with ir-measures: nDCG, MRR, recall."""

@@ -202,6 +202,24 @@ PlainProgressOption = Annotated[
 ]
 
 
+MetricsTextfileOption = Annotated[
+    Path | None,
+    typer.Option(
+        "--metrics-textfile",
+        metavar="FILE.prom",
+        envvar="BULKINFER_METRICS_TEXTFILE",
+        help=described(
+            "At the end, success or not, write the command's exit code, times, rows, tokens and scores "
+            "to this file as Prometheus gauges, for node_exporter's textfile collector (one file per job; "
+            "env BULKINFER_METRICS_TEXTFILE).",
+            "none",
+        ),
+        show_default=False,
+        show_envvar=False,
+    ),
+]
+
+
 VerboseOption = Annotated[
     bool,
     typer.Option(

@@ -7,14 +7,25 @@ import signal
 import threading
 import time
 from collections.abc import Callable
-from typing import Any, NoReturn, TypeVar
+from pathlib import Path
+from typing import Any, NoReturn, Protocol, TypeVar
 
 import typer
 
 from bulkinfer.errors import BulkinferError, EngineError, Interrupted
 from bulkinfer.stop import StopToken
 
-T = TypeVar("T")
+
+class JobResult(Protocol):
+    """What every job of :mod:`bulkinfer` returns: its report and exit code."""
+
+    @property
+    def report(self) -> dict[str, Any]: ...
+    @property
+    def exit_code(self) -> int: ...
+
+
+T = TypeVar("T", bound=JobResult)
 
 
 def fail(exc: BulkinferError) -> NoReturn:
@@ -52,8 +63,8 @@ class StopSignals:
 
     The job's load deadline (:meth:`StopToken.loading`,
     ``plan.start_timeout_s``) is enforced here, by a thread: past it, it
-    writes the error, kills the engine's processes and ends this one with
-    exit 5 (:class:`EngineError`'s). Not by raising in the main thread from
+    writes the error (and ``textfile``'s ending), kills the engine's
+    processes and ends this one with exit 5 (:class:`EngineError`'s). Not by raising in the main thread from
     a signal handler: such an exception, raised wherever the main thread
     was, once left the interpreter to crash later in its garbage collector
     (a segmentation fault, in a test), and a main thread blocked inside a C
@@ -62,7 +73,8 @@ class StopSignals:
 
     SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
 
-    def __init__(self) -> None:
+    def __init__(self, textfile: OutcomeFile | None = None) -> None:
+        self.textfile = textfile
         self.token = StopToken()
         self._previous: dict[int, Any] = {}
         self._done = threading.Event()
@@ -110,6 +122,8 @@ class StopSignals:
             for fd in {2, terminal().fileno()}:
                 os.write(fd, f"bulkinfer: error: {stuck}\n".encode())
             kill_all_now()
+            if self.textfile is not None:
+                self.textfile.write(stuck.exit_code)
             os._exit(stuck.exit_code)
 
 
@@ -120,12 +134,68 @@ def invoke(options: dict[str, Any], job: Callable[..., T], *args: Any, **kwargs:
     :func:`~bulkinfer.cli.options.settings_from_flags`), its invocation's
     choices (``--overwrite``, ``--resume``, ...), SIGINT, SIGTERM and SIGHUP
     as its stop token. A :class:`BulkinferError` ends the command with its
-    message and exit code (:func:`fail`)."""
+    message and exit code (:func:`fail`). With ``--metrics-textfile``, the
+    ending is written there first, whatever it is (:class:`OutcomeFile`).
+
+    Raises:
+        typer.BadParameter: a bad ``--metrics-textfile`` (exit 2).
+    """
     from bulkinfer.cli.options import invocation, settings_from_flags
 
+    textfile = OutcomeFile.of(options, job.__name__, args[0])
     try:
         settings = settings_from_flags(options.get("config"), options)
-        with StopSignals() as stop:
-            return job(*args, settings, **kwargs, **invocation(options, stop))
+        with StopSignals(textfile) as stop:
+            result = job(*args, settings, **kwargs, **invocation(options, stop))
     except BulkinferError as exc:
+        textfile.write(exc.exit_code)
         fail(exc)
+    except Exception:
+        textfile.write(1)
+        raise
+    textfile.write(result.exit_code, result.report)
+    return result
+
+
+class OutcomeFile:
+    """``--metrics-textfile``: the command's outcome written there as it ends
+    (:mod:`bulkinfer.report.textfile`), whatever the ending; a file that cannot
+    be written is a warning, never another exit code (the job's own stands,
+    and the file's age tells a watcher)."""
+
+    COMMANDS = {"evaluate": "eval", "evaluate_rank": "eval-rank"}  # the function's name -> the command's
+
+    def __init__(self, path: Path | None, command: str, input_path: str) -> None:
+        self.path, self.command, self.input = path, command, input_path
+        self.started = time.time()
+
+    @classmethod
+    def of(cls, options: dict[str, Any], job_name: str, input_path: Any) -> OutcomeFile:
+        """The command's file (none without ``--metrics-textfile``), checked before the job starts.
+
+        Raises:
+            typer.BadParameter: no ``.prom`` name (the collector reads no other) or no such directory (exit 2).
+        """
+        path = options.get("metrics_textfile")
+        if path is not None:
+            if path.suffix != ".prom":
+                raise typer.BadParameter(
+                    f"{path}: node_exporter's textfile collector reads only *.prom files",
+                    param_hint="--metrics-textfile",
+                )
+            if not path.absolute().parent.is_dir():
+                raise typer.BadParameter(f"{path}: no such directory", param_hint="--metrics-textfile")
+        shown = str(input_path) if str(input_path) == "-" else str(Path(input_path).absolute())
+        return cls(path, cls.COMMANDS.get(job_name, job_name), shown)
+
+    def write(self, exit_code: int, report: dict[str, Any] | None = None) -> None:
+        """Replace the file with this ending (nothing without the flag)."""
+        if self.path is None:
+            return
+        from bulkinfer.report.textfile import Outcome, write_textfile
+
+        outcome = Outcome(self.command, self.input, self.started, time.time(), exit_code, report)
+        try:
+            write_textfile(self.path, outcome)
+        except OSError as exc:
+            typer.echo(f"bulkinfer: warning: --metrics-textfile {self.path}: not written: {exc}", err=True)

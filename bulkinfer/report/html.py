@@ -176,7 +176,7 @@ def _summary(r: RunReport) -> list[str]:
     if r.resumed.completed or r.resumed.failed:
         rows.append(["resumed (finished by an earlier attempt)", r.resumed.completed + r.resumed.failed])
     if r.chat_template_applied is not None:
-        rows.append(["prompt rows", "through the chat template" if r.chat_template_applied else "sent raw"])
+        rows.append(["text prompts", "through the chat template" if r.chat_template_applied else "sent raw"])
     rows += [
         ["prompt tokens", tokens.prompt], ["completion tokens", tokens.completion],
         ["wall time (model load included)", duration(seconds.total)],

@@ -34,7 +34,7 @@ def print_summary(report: RunReport | dict[str, Any], console: Console) -> None:
     summary.add_column("value", justify="right")
     summary.add_row("model", r.model)
     if r.chat_template_applied is not None:
-        summary.add_row("prompt rows", "through the chat template" if r.chat_template_applied else "sent raw")
+        summary.add_row("text prompts", "through the chat template" if r.chat_template_applied else "sent raw")
     summary.add_row("rows", f"{counts.total} ({counts.completed} completed, {counts.failed} failed)")
     summary.add_row("tokens", f"{r.tokens.prompt} prompt, {r.tokens.completion} completion")
     summary.add_row(
@@ -200,7 +200,8 @@ def print_plan(plan: dict[str, Any], console: Any) -> None:
             f"truncate {scoring['truncate']} ({scoring['truncated_inputs']} inputs cut)",
         )
     else:
-        summary.add_row("prompt rows", "through the chat template" if plan.get("chat_template_applied") else "sent raw")
+        templated = plan.get("chat_template_applied")
+        summary.add_row("text prompts", "through the chat template" if templated else "sent raw")
     summary.add_row(
         f"padding efficiency (static B={pad['batch_size']})",
         f"arrival {100 * pad['arrival']:.1f}%, bucketed {100 * pad['bucketed']:.1f}%, "
