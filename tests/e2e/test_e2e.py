@@ -61,8 +61,10 @@ def mixed(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
     src = tmp / "mixed.jsonl"
     write_jsonl(src, rows)
     out = tmp / "res" / "out.jsonl"
-    proc = bulkinfer("run", str(src), "-o", str(out), "--max-tokens", "24", "--temperature", "0", "--plain-progress")
-    return {"rows": rows, "proc": proc, "out": out, "src": src, "tmp": tmp}
+    prom = tmp / "mixed.prom"  # as node_exporter's textfile collector would read it
+    flags = ("--max-tokens", "24", "--temperature", "0", "--plain-progress", "--metrics-textfile", str(prom))
+    proc = bulkinfer("run", str(src), "-o", str(out), *flags)
+    return {"rows": rows, "proc": proc, "out": out, "src": src, "tmp": tmp, "prom": prom}
 
 
 def test_run_partial_exit_and_files(mixed: dict[str, Any]) -> None:
@@ -73,6 +75,24 @@ def test_run_partial_exit_and_files(mixed: dict[str, Any]) -> None:
     assert (out.parent / "out.errors.jsonl").exists()
     assert (out.parent / "out.report.json").exists()
     assert not list(out.parent.glob(".*partial*")), "spool files left behind"
+
+
+def test_the_metrics_textfile_agrees_with_the_files(mixed: dict[str, Any]) -> None:
+    from prometheus_client.parser import text_string_to_metric_families
+
+    samples = {
+        (s.name, s.labels.get("state") or s.labels.get("kind") or ""): s.value
+        for family in text_string_to_metric_families(mixed["prom"].read_text(encoding="utf-8"))
+        for s in family.samples
+        if s.labels["command"] == "run" and s.labels["input"] == str(mixed["src"])
+    }
+    report = read_report(mixed["out"].parent / "out.report.json")
+    assert samples["bulkinfer_last_run_exit_code", ""] == 3
+    assert samples["bulkinfer_last_run_rows", "completed"] == len(read_jsonl(mixed["out"]))
+    assert samples["bulkinfer_last_run_rows", "failed"] == len(read_jsonl(mixed["out"].parent / "out.errors.jsonl"))
+    assert samples["bulkinfer_last_run_tokens", "completion"] == report["tokens"]["completion"]
+    ended = samples["bulkinfer_last_run_end_timestamp_seconds", ""]
+    assert samples["bulkinfer_last_run_complete_timestamp_seconds", ""] == ended
 
 
 NOISE = ("INFO", "WARNING", "Triton", "FutureWarning", "resource_tracker", "Loading", "%|")
