@@ -60,12 +60,12 @@ class Request:
     # Set for a scoring request (perplexity): the position in prompt_token_ids
     # where the scored continuation starts; the engine then generates nothing.
     score_from: int | None = None
-    # An embedding request (bulkinfer embed): its texts (one per vector; an
+    # An embedding request (bulkinfer embed): its texts or token ids (one per vector; an
     # OpenAI line's ``input`` may list several), then their token ids once
     # planned, and vLLM's PoolingParams arguments (``dimensions``,
     # ``use_activation``: normalize as the model's sentence-transformers
     # config says) with the output's ``encoding_format``.
-    inputs: list[str] | None = None
+    inputs: list[str | list[int]] | None = None
     input_token_ids: list[list[int]] | None = None
     pooling: dict[str, Any] = field(default_factory=dict)
     # A similarity request (bulkinfer score): which pairs of its inputs are

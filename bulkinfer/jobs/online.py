@@ -130,7 +130,7 @@ class OnlineRequests(_Online):
 class OnlineEmbeddings(_Online):
     """Online ``/v1/embeddings`` requests on ``mux``'s embedding engine:
     a body is read as a batch line's (:func:`~bulkinfer.prep.embeddings.parse_embed_row`:
-    ``input`` a string or a list of them, ``encoding_format``, ``dimensions``),
+    ``input`` in any of OpenAI's four forms, ``encoding_format``, ``dimensions``),
     tokenized and checked by ``planner`` (the encoder's ``max_seq_length``:
     a longer input is a 400, as OpenAI's), and answered with the body a batch
     output line carries (:func:`~bulkinfer.io.records.embedding_record`:

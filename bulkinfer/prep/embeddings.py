@@ -4,11 +4,13 @@ checked against the encoder's ``max_seq_length`` and sorted by length.
 Two row shapes are accepted by ``bulkinfer embed`` (both may appear in one file):
 
 - bulkinfer rows: ``id`` (optional, as for ``bulkinfer run``) and ``text``
-  (or OpenAI's name ``input``), a non-empty string; every other field passes
-  through to the output.
+  (or OpenAI's name ``input``), a non-empty string or a list of token ids;
+  every other field passes through to the output.
 - OpenAI Batch API lines with ``url: /v1/embeddings``
   (https://platform.openai.com/docs/api-reference/embeddings/create):
-  ``body.input`` a non-empty string or a list of them (one vector each),
+  ``body.input`` a non-empty string, a list of token ids, or a list of
+  either (OpenAI's four forms; one vector each; token ids are embedded as
+  they are, no special tokens added, as vLLM does),
   ``encoding_format`` ``float`` (default) or ``base64`` (little-endian
   float32, as OpenAI and vLLM encode it), ``dimensions`` (vLLM accepts it
   only for Matryoshka models: otherwise the row's error record carries
@@ -18,9 +20,11 @@ Two row shapes are accepted by ``bulkinfer embed`` (both may appear in one file)
 
 from __future__ import annotations
 
-from typing import Any
+from collections.abc import Sequence
+from typing import Any, cast
 
 from bulkinfer.config import PlanSettings, Settings
+from bulkinfer.fields import is_int
 from bulkinfer.prep.planner import Planner, order_for_feed
 from bulkinfer.prep.rows import field_error, openai_line, row_id_of
 from bulkinfer.prep.unapplied import EMBEDDING, check_unapplied
@@ -59,21 +63,34 @@ def parse_embed_row(data: Any, seq: int, line: int) -> Request:
     if len(given) > 1:
         raise RowInvalid("invalid_row", "row has both 'text' and 'input'; give one", row_id)
     text = data[given[0]]
-    if not isinstance(text, str) or not text:
-        raise field_error(given[0], "a non-empty string", text, row_id, False)
+    if not (isinstance(text, str) and text or token_ids(text)):
+        raise field_error(given[0], "a non-empty string or a list of token ids (integers >= 0)", text, row_id, False)
     passthrough = {k: v for k, v in data.items() if k not in ("id", *TEXT_FIELDS)}
     return encoder_request(seq, line, row_id, [text], {"encoding_format": "float"}, None, passthrough)
+
+
+def token_ids(value: Any) -> bool:
+    """Whether ``value`` is one input given as token ids: a non-empty list of integers >= 0."""
+    return isinstance(value, list) and bool(value) and all(is_int(t) and t >= 0 for t in value)
 
 
 def _parse_openai(data: dict[str, Any], seq: int, line: int) -> Request:
     custom_id, url, body = openai_line(data, EMBED_BODY_FIELDS, _RUN_URLS)
     value = body.get("input")
-    if isinstance(value, str):
-        inputs = [value]
+    inputs: list[str | list[int]]
+    if isinstance(value, str) or token_ids(value):
+        inputs = [cast(str | list[int], value)]
     elif isinstance(value, list) and value and all(isinstance(item, str) for item in value):
-        inputs = value
+        inputs = list(value)
+    elif isinstance(value, list) and value and all(isinstance(item, list) for item in value):
+        inputs = list(value)
+        for index, ids in enumerate(inputs):
+            if not token_ids(ids):
+                expected = "a non-empty list of token ids (integers >= 0)"
+                raise field_error(f"body.input[{index}]", expected, ids, custom_id, True)
     else:
-        raise field_error("body.input", "a non-empty string or a non-empty list of them", value, custom_id, True)
+        expected = "a non-empty string, a list of token ids, or a non-empty list of either (OpenAI's four forms)"
+        raise field_error("body.input", expected, value, custom_id, True)
     for index, text in enumerate(inputs):
         if not text:
             name = "body.input" if isinstance(value, str) else f"body.input[{index}]"
@@ -93,13 +110,13 @@ def encoder_request(
     seq: int,
     line: int,
     row_id: str,
-    inputs: list[str],
+    inputs: Sequence[str | list[int]],
     pooling: dict[str, Any],
     url: str | None,
     passthrough: dict[str, Any],
 ) -> Request:
-    """The :class:`Request` of a row whose ``inputs`` (texts, one vector
-    each) go to an encoder: no prompt, no sampling, ``pooling`` as
+    """The :class:`Request` of a row whose ``inputs`` (texts or token ids,
+    one vector each) go to an encoder: no prompt, no sampling, ``pooling`` as
     :class:`Request` says; ``url`` the OpenAI line's endpoint (None: a bulkinfer row)."""
     return Request(
         seq=seq,
@@ -112,7 +129,7 @@ def encoder_request(
         top_p=1.0,
         seed=None,
         stop=(),
-        inputs=inputs,
+        inputs=list(inputs),
         pooling=pooling,
         openai_url=url,
         passthrough=passthrough,
@@ -165,28 +182,25 @@ class EmbedPlanner(Planner):
     def plan_window(self, requests: Any) -> tuple[list[Request], list[RowError]]:
         """Tokenize ``requests`` (arrival order) and return them in feed
         order (by total input tokens). Sets each request's
-        ``input_token_ids`` and ``pooling["use_activation"]`` and drops its
+        ``input_token_ids`` (an input given as token ids as it is: no special
+        tokens added) and ``pooling["use_activation"]`` and drops its
         texts; a request with an input over ``max_seq_length`` tokens comes
         back as a ``context_length_exceeded`` error (unless ``truncate``)."""
         errors: list[RowError] = []
-        texts = [text for request in requests for text in request.inputs or ()]
+        texts = [text for request in requests for text in request.inputs or () if isinstance(text, str)]
         encoded = iter(self.encode_batch(texts, add_special_tokens=True))
         planned: list[Request] = []
         for request in requests:
             if request.openai_url is None:
                 self.passthrough.update(request.passthrough.keys())
-            ids = [next(encoded) for _ in request.inputs or ()]
+            inputs = request.inputs or []
+            ids = [next(encoded) if isinstance(one, str) else list(one) for one in inputs]
             too_long = [i for i, one in enumerate(ids) if len(one) > self.max_model_len]
             if too_long and not self.truncate:
                 errors.append(self._too_long(request, ids, too_long))
                 continue
             if too_long:
-                cut = self.tokenizer(
-                    [(request.inputs or [])[i] for i in too_long], truncation=True, max_length=self.max_model_len
-                )["input_ids"]
-                for i, short in zip(too_long, cut, strict=True):
-                    ids[i] = list(short)
-                self.truncated_inputs += len(too_long)
+                self._cut(inputs, ids, too_long)
             request.input_token_ids, request.inputs = ids, None
             if self.normalize is not None:
                 request.pooling["use_activation"] = self.normalize
@@ -194,6 +208,20 @@ class EmbedPlanner(Planner):
         planned.sort(key=lambda r: r.seq)
         self.padding.add_window([r.prompt_length for r in planned])
         return order_for_feed(planned, self.settings.order), errors
+
+    def _cut(self, inputs: list[str | list[int]], ids: list[list[int]], too_long: list[int]) -> None:
+        """Cut ``ids[i]`` for each ``i`` of ``too_long`` to ``max_seq_length``
+        tokens: a text as its tokenizer cuts it (``truncation=True``, its
+        special tokens kept, as sentence-transformers), token ids given to
+        their first ``max_seq_length``."""
+        texts = [i for i in too_long if isinstance(inputs[i], str)]
+        if texts:
+            cut = self.tokenizer([inputs[i] for i in texts], truncation=True, max_length=self.max_model_len)
+            for i, short in zip(texts, cut["input_ids"], strict=True):
+                ids[i] = list(short)
+        for i in set(too_long) - set(texts):
+            ids[i] = ids[i][: self.max_model_len]
+        self.truncated_inputs += len(too_long)
 
     # What a too-long input's error message says to do.
     too_long_hint = "shorten it, or pass --truncate to cut it as sentence-transformers does"

@@ -54,6 +54,14 @@ def line(custom_id: str, body: dict[str, Any], url: str = "/v1/embeddings") -> d
 EXTRA = [{"id": f"{r['id']}-{k}", "text": r["text"]} for k in range(4) for r in texts(300)]
 
 
+def many_ids() -> list[list[int]]:
+    """The "many" line's three texts as the encoder's tokenizer gives them ([CLS] ... [SEP] each)."""
+    from bulkinfer.models import load_tokenizer
+
+    tokenizer = load_tokenizer(str(prepare_default_encoder()))
+    return [list(ids) for ids in tokenizer(["first text", "second text", "third"])["input_ids"]]
+
+
 @pytest.fixture(scope="module")
 def embedded(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
     """One job: 200 ShareGPT prompts (cut to 256 tokens with --truncate, as
@@ -65,6 +73,7 @@ def embedded(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
         line("float", {"input": "The quick brown fox jumps over the lazy dog.", "model": "minilm"}),
         line("base64", {"input": "The quick brown fox jumps over the lazy dog.", "encoding_format": "base64"}),
         line("many", {"input": ["first text", "second text", "third"]}),
+        line("many-ids", {"input": many_ids()}),  # the same three as token ids: OpenAI's fourth form
         line("chat", {"messages": [{"role": "user", "content": "hi"}]}, url="/v1/chat/completions"),
         {"id": "empty", "text": ""},
     ]
@@ -107,7 +116,7 @@ def test_every_row_ends_as_one_record_and_the_run_exits_3(embedded: dict[str, An
     chat = next(r for r in embedded["errors"] if r.get("custom_id") == "chat")
     assert "`bulkinfer run`" in chat["error"]["message"]
     report = embedded["report"]
-    assert report["job"] == "embed" and report["request_counts"]["completed"] == 203 + len(EXTRA)
+    assert report["job"] == "embed" and report["request_counts"]["completed"] == 204 + len(EXTRA)
     assert report["embedding"]["normalize"] is True and report["embedding"]["max_seq_length"] == 256
     assert report["embedding"]["truncated_inputs"] > 0
 
@@ -132,7 +141,7 @@ def test_vectors_equal_sentence_transformers_encode(embedded: dict[str, Any]) ->
 
 def test_openai_lines_validate_and_base64_decodes_to_the_same_floats(embedded: dict[str, Any]) -> None:
     lines = {r["custom_id"]: r for r in embedded["out"] if "custom_id" in r}
-    assert set(lines) == {"float", "base64", "many"}
+    assert set(lines) == {"float", "base64", "many", "many-ids"}
     for record in [*lines.values(), *(r for r in embedded["errors"] if "custom_id" in r)]:
         check_embeddings_line(record)
     floats = lines["float"]["response"]["body"]["data"][0]["embedding"]
@@ -143,6 +152,10 @@ def test_openai_lines_validate_and_base64_decodes_to_the_same_floats(embedded: d
     assert [d["index"] for d in many["data"]] == [0, 1, 2]
     # [CLS] first text [SEP], [CLS] second text [SEP], [CLS] third [SEP]
     assert many["usage"]["prompt_tokens"] == many["usage"]["total_tokens"] == 4 + 4 + 3
+    ids = lines["many-ids"]["response"]["body"]  # the same inputs as token ids: the same vectors and usage
+    assert ids["usage"] == many["usage"]
+    for given, text in zip(ids["data"], many["data"], strict=True):
+        assert np.allclose(given["embedding"], text["embedding"], atol=1e-6)
 
 
 def test_kill_9_mid_run_then_resume_embeds_every_id_once(embedded: dict[str, Any]) -> None:

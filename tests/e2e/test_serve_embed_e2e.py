@@ -71,6 +71,13 @@ def test_online_and_batch_embeddings_are_sentence_transformers_vectors(server: S
     base64 = client.embeddings.with_raw_response.create(model="m", input=TEXTS[0], encoding_format="base64")
     raw = base64.http_response.json()["data"][0]["embedding"]
     assert np.allclose(decode_base64(raw), batch_vectors[0], atol=1e-6)
+    # OpenAI's token-array form: the encoder's own ids of two texts give those texts' vectors
+    from bulkinfer.models import load_tokenizer
+
+    ids = load_tokenizer(str(prepare_default_encoder()))(TEXTS[:2])["input_ids"]
+    tokens = client.embeddings.create(model="minilm", input=[list(one) for one in ids])
+    assert tokens.usage.prompt_tokens == sum(len(one) for one in ids)
+    assert np.abs(np.array([d.embedding for d in tokens.data]) - online_vectors[:2]).max() < 1e-5
 
 
 def test_chat_on_an_embedding_server_is_a_400(server: ServeProcess) -> None:
