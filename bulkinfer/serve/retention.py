@@ -71,8 +71,9 @@ def upload_expiry(form: FormData, default: int | None) -> int | None:
 class FileSweeper(threading.Thread):
     """Deletes expired files (:meth:`Store.expire_files`) at the start and
     every ``every_s`` seconds in a daemon thread; each deletion is a JSON
-    line on the access log (``file_expired``, ``tenant``, ``bytes``, and
-    ``error`` where the bytes stayed), and so is a sweep that failed
+    line on the access log (``file_expired``, ``tenant``, ``bytes``,
+    ``error`` where the bytes stayed, ``batch_dir_removed`` where its batch's
+    directory went with it), and so is a sweep that failed
     (``file_expiry_failed``: the next one tries again)."""
 
     def __init__(self, store: Store, every_s: float = SWEEP_EVERY_S, clock: Callable[[], int] = now):
@@ -87,6 +88,10 @@ class FileSweeper(threading.Thread):
             line = {"time": iso_now(), "file_expired": row["id"], "tenant": row["tenant"], "bytes": row["bytes"]}
             if "unlink_error" in row:
                 line["error"] = row["unlink_error"]
+            if row.get("batch_dir_removed"):
+                line["batch_dir_removed"] = row["batch_dir_removed"]
+            if "batch_dir_error" in row:
+                line["batch_dir_error"] = row["batch_dir_error"]
             log.info(orjson.dumps(line).decode())
         return [row["id"] for row in rows]
 

@@ -20,9 +20,11 @@ delivers it and records the delivery.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import secrets
+import shutil
 import sqlite3
 import threading
 import time
@@ -222,8 +224,11 @@ class Store:
     def expire_files(self, at: int) -> list[dict[str, Any]]:
         """Delete (rows, then bytes) every tenant's files whose ``expires_at``
         is ``at`` (Unix s) or earlier, but for the input files of batches
-        still :data:`UNFINISHED` (they go once the batch ends); returns their
-        rows, with ``unlink_error`` where the bytes could not be removed."""
+        still :data:`UNFINISHED` (they go once the batch ends), and the
+        directories of batches left with no file (:meth:`drop_batch_dir`);
+        returns their rows, with ``unlink_error`` where the bytes could not be
+        removed, ``batch_dir_removed`` (a batch id or None) and
+        ``batch_dir_error``."""
         marks = ", ".join("?" for _ in UNFINISHED)
         due = (
             "FROM files WHERE expires_at IS NOT NULL AND expires_at <= ? AND id NOT IN "
@@ -237,7 +242,36 @@ class Store:
                 Path(row["path"]).unlink(missing_ok=True)
             except OSError as exc:  # the row is gone: the bytes stay, and the caller says so
                 row["unlink_error"] = str(exc)
+        for row in rows:
+            try:
+                row["batch_dir_removed"] = self.drop_batch_dir(Path(row["path"]))
+            except OSError as exc:
+                row["batch_dir_error"] = str(exc)
         return rows
+
+    def drop_batch_dir(self, path: Path) -> str | None:
+        """Remove the directory of the batch whose output or errors file was
+        ``path`` (its report, log and journal, ~150 KB a batch) once that
+        batch has ended and no file of it is left (expired or deleted), so a
+        server kept running does not fill its disk; returns the batch id
+        removed (None: ``path`` is no batch's, or it stays).
+
+        Raises:
+            OSError: the directory could not be removed.
+        """
+        directory = path.parent
+        if directory.parent != self.batches_dir or not directory.is_dir():
+            return None
+        prefix = f"{directory}{os.sep}"
+        with self._lock:
+            status = self._db.execute("SELECT status FROM batches WHERE id = ?", (directory.name,)).fetchone()
+            left = self._db.execute(
+                "SELECT COUNT(*) FROM files WHERE substr(path, 1, ?) = ?", (len(prefix), prefix)
+            ).fetchone()[0]
+        if status is None or status[0] in UNFINISHED or left:
+            return None
+        shutil.rmtree(directory)
+        return directory.name
 
     def delete_file(self, tenant: str, file_id: str) -> bool:
         """Remove ``tenant``'s file (row and bytes); False when it has none by that id."""
@@ -247,6 +281,8 @@ class Store:
         with self._tx() as db:
             db.execute("DELETE FROM files WHERE id = ?", (file_id,))
         Path(found["path"]).unlink(missing_ok=True)
+        with contextlib.suppress(OSError):  # its batch's report stays; the sweeper's next expiry tries no more
+            self.drop_batch_dir(Path(found["path"]))
         return True
 
     # batches

@@ -59,6 +59,30 @@ def test_uploads_and_batch_outputs_expire_when_asked_and_the_sweeper_deletes_the
         with pytest.raises(openai.NotFoundError):
             client.files.retrieve(gone)
     assert [f.id for f in client.files.list()] == [default.id] and paths[default.id].exists()
+    assert not server.store.batch_dir(batch.id).exists()  # its report and log went with its last file
+    assert client.batches.retrieve(batch.id).output_file_id == output.id  # the batch object stays, as OpenAI's
+
+
+def test_a_batch_directory_goes_once_its_batch_ended_and_no_file_of_it_is_left(tmp_path: Path) -> None:
+    store = Store(tmp_path)
+    source = store.save_file("alice", "in.jsonl", "batch", [b"{}\n"], 100)
+    batch = store.add_batch("alice", source["id"], "/v1/completions", "24h", None)
+    directory = store.batch_dir(batch["id"])
+    directory.mkdir(parents=True)
+    (directory / "output.report.html").write_text("<html></html>")
+    files = []
+    for name in ("output.jsonl", "output.errors.jsonl"):
+        (directory / name).write_text("{}\n")
+        files.append(store.register_file("alice", name, "batch_output", directory / name, None, HOUR))
+    later = files[0]["created_at"] + HOUR
+    store.update(batch["id"], status="finalizing")
+    assert store.delete_file("alice", files[0]["id"]) and directory.exists()  # the batch is still publishing
+    store.update(batch["id"], status="completed")
+    assert store.drop_batch_dir(directory / "output.jsonl") is None and directory.exists()  # its errors file is left
+    assert [(f["id"], f["batch_dir_removed"]) for f in store.expire_files(later)] == [(files[1]["id"], batch["id"])]
+    assert not directory.exists() and store.batch("alice", batch["id"]) is not None
+    assert store.drop_batch_dir(Path(source["path"])) is None  # an upload is no batch's
+    store.close()
 
 
 def test_an_input_file_expires_only_once_no_batch_reads_it(tmp_path: Path) -> None:
