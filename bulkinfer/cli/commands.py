@@ -272,7 +272,9 @@ def report(
     """Re-render the terminal summary and the HTML report (OUT.report.html) from a saved report."""
     from rich.console import Console
 
-    from bulkinfer.report.model import EvalReport, RunReport, beside, load_report
+    from bulkinfer.report.eval_model import EvalReport
+    from bulkinfer.report.model import RunReport
+    from bulkinfer.report.saved import beside, load_report
 
     run_report: dict[str, Any] = {}  # the run report of an eval's generation, when it is found
     try:

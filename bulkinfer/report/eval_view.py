@@ -10,7 +10,7 @@ from typing import Any
 from bulkinfer.engine.log import terminal
 from bulkinfer.metrics import bars
 from bulkinfer.metrics import text as evaluate
-from bulkinfer.report.model import EvalReport
+from bulkinfer.report.eval_model import EvalReport
 
 UNKNOWN = "unknown"
 

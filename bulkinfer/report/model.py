@@ -1,5 +1,7 @@
 """The saved reports as types: ``OUT.report.json`` of ``bulkinfer run`` and ``bulkinfer
-embed`` (:class:`RunReport`), ``OUT.eval.json`` of ``bulkinfer eval`` (:class:`EvalReport`).
+embed`` (:class:`RunReport`); ``OUT.eval.json`` of ``bulkinfer eval`` and
+``eval-rank`` in :mod:`bulkinfer.report.eval_model`, reading any of them
+from a file in :mod:`bulkinfer.report.saved`.
 
 One writer (:func:`bulkinfer.report.stats.write_report`) stamps every report
 with ``report_version`` (:data:`REPORT_VERSION`); a report without one is
@@ -16,7 +18,6 @@ of wall time, ``*_per_s`` are per second of wall time, ``*_bytes`` are bytes.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any
 
 from bulkinfer.errors import InputFileError
@@ -318,106 +319,7 @@ class RunReport:
                 or of the wrong type, or a newer ``report_version``); the
                 message names ``source`` (the file) and the key.
         """
-        return _report(cls, data, source, "OUT.report.json")
-
-
-@dataclass(frozen=True, slots=True)
-class EvalRowCounts:
-    """Golden rows (``golden``, invalid ones included), predictions with an id,
-    and ``scored`` (both); the ids of the unmatched ones."""
-
-    scored: int
-    golden: int | None = None
-    predictions: int | None = None
-    unmatched_golden: list[str] = field(default_factory=list)
-    unmatched_predictions: list[str] = field(default_factory=list)
-
-
-@dataclass(frozen=True, slots=True)
-class EvalReport:
-    """``OUT.eval.json`` of ``bulkinfer eval``: corpus ``scores`` (each metric
-    at top level, 0-100 except perplexity; ``signatures``; ``ci`` when
-    resampled), row counts, what generated the predictions (``generation``)
-    and where its run report (``run_report``) and scored rows (``output``)
-    were written. ``seconds``: the eval's wall time."""
-
-    golden: str
-    output: str
-    scores: dict[str, Any]
-    signatures: dict[str, str] = field(metadata={"key": "scores.signatures"})
-    row_counts: EvalRowCounts
-    version: int = field(default=1, metadata={"key": "report_version"})
-    predictions: str | None = None
-    model: str | None = None
-    model_path: str | None = None
-    generation: dict[str, Any] | None = None
-    run_report: str | None = None
-    seconds: float | None = None
-    row_set: dict[str, Any] | None = None  # count and ids_sha256 of the scored rows; None before they were recorded
-
-    @classmethod
-    def from_dict(cls, data: Any, source: str = "the eval report") -> EvalReport:
-        """An eval report from its JSON object, version 1 or 2.
-
-        Raises:
-            InputFileError: as :meth:`RunReport.from_dict`.
-        """
-        return _report(cls, data, source, "OUT.eval.json")
-
-
-@dataclass(frozen=True, slots=True)
-class RankEvalReport:
-    """``OUT.eval.json`` of ``bulkinfer eval-rank``: ``measures`` (each
-    ir-measures measure's mean over the scored queries, 0-1, by its name in
-    ir-measures' notation), the scoring that produced the rankings
-    (``scoring``: the score report's, or "unknown"), row counts and the
-    library versions. ``seconds``: the eval's wall time."""
-
-    golden: str
-    output: str
-    measures: dict[str, float]
-    measure_names: list[str]
-    row_counts: EvalRowCounts
-    version: int = field(default=REPORT_VERSION, metadata={"key": "report_version"})
-    predictions: str | None = None
-    model: str | None = None
-    model_path: str | None = None
-    scoring: Any = None
-    run_report: str | None = None
-    seconds: float | None = None
-    row_set: dict[str, Any] | None = None
-
-    @classmethod
-    def from_dict(cls, data: Any, source: str = "the ranking eval report") -> RankEvalReport:
-        """A ranking eval report from its JSON object.
-
-        Raises:
-            InputFileError: as :meth:`RunReport.from_dict`.
-        """
-        return _report(cls, data, source, "OUT.eval.json of eval-rank")
-
-
-def load_report(path: Path) -> tuple[RunReport | EvalReport, dict[str, Any]]:
-    """A saved report (``OUT.report.json`` of run or embed, ``OUT.eval.json``
-    of eval), typed, and the JSON object it was read from.
-
-    Raises:
-        InputFileError: missing, unreadable, not a JSON object, or not a report
-            (the message names the file and the key).
-    """
-    from bulkinfer.io.records import read_json_file
-
-    data = read_json_file(path, "report file")
-    if "measures" in data:
-        raise InputFileError(
-            f"{path} is the OUT.eval.json of `bulkinfer eval-rank`: its measures are in the file; "
-            "`bulkinfer report` shows run and eval reports"
-        )
-    if "scores" in data:
-        return EvalReport.from_dict(data, str(path)), data
-    if "request_counts" in data:
-        return RunReport.from_dict(data, str(path)), data
-    raise InputFileError(f"{path} is neither a saved OUT.report.json nor an OUT.eval.json")
+        return typed_report(cls, data, source, "OUT.report.json")
 
 
 def as_run_report(report: RunReport | dict[str, Any]) -> RunReport:
@@ -425,20 +327,13 @@ def as_run_report(report: RunReport | dict[str, Any]) -> RunReport:
     return report if isinstance(report, RunReport) else RunReport.from_dict(report)
 
 
-def beside(written: str | None, report_path: Path) -> Path | None:
-    """A file a report names (``output``, ``run_report``), where it is now: at
-    the path written (relative to the working directory, as the run was
-    given it), else under the same name beside the report (a report moved
-    with its files); None when neither exists."""
-    if not written:
-        return None
-    for candidate in (Path(written), report_path.parent / Path(written).name):
-        if candidate.is_file():
-            return candidate
-    return None
+def typed_report(cls: type[Any], data: Any, source: str, kind: str) -> Any:
+    """``data`` as the report type ``cls`` (``kind``: the file's name, for messages).
 
-
-def _report(cls: type[Any], data: Any, source: str, kind: str) -> Any:
+    Raises:
+        InputFileError: not a JSON object, a newer ``report_version``, or a
+            required key missing or of the wrong type (named with ``source``).
+    """
     if not isinstance(data, dict):
         raise InputFileError(f"{source}: not a saved {kind} (a JSON {type(data).__name__}, not an object)")
     version = data.get("report_version", 1)

@@ -24,7 +24,8 @@ from bulkinfer.engine.log import terminal
 from bulkinfer.errors import InputFileError
 from bulkinfer.prep.planner import bucket_index, bucket_label
 from bulkinfer.report import threads
-from bulkinfer.report.model import REPORT_VERSION, EvalReport, RankEvalReport, RunReport
+from bulkinfer.report.eval_model import EvalReport, RankEvalReport
+from bulkinfer.report.model import REPORT_VERSION, RunReport
 from bulkinfer.report.structured import StructuredStats
 from bulkinfer.schema import Completion, Done
 

@@ -30,7 +30,8 @@ from bulkinfer.jobs.eval_rank import (
     read_rank_golden,
     run_eval_rank,
 )
-from bulkinfer.report.model import RankEvalReport, load_report
+from bulkinfer.report.eval_model import RankEvalReport
+from bulkinfer.report.saved import load_report
 
 SCHEMA = Path(__file__).parents[2] / "bulkinfer" / "report" / "report.schema.json"
 

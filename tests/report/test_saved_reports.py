@@ -25,7 +25,9 @@ from bulkinfer.jobs.context import RunContext
 from bulkinfer.jobs.embed import embed
 from bulkinfer.jobs.eval import run_eval
 from bulkinfer.jobs.run import run
-from bulkinfer.report.model import REPORT_VERSION, EvalReport, RunReport, load_report
+from bulkinfer.report.eval_model import EvalReport
+from bulkinfer.report.model import REPORT_VERSION, RunReport
+from bulkinfer.report.saved import load_report
 
 FIXTURES = Path(__file__).parent.parent / "fixtures" / "reports"
 SCHEMA = Path(__file__).parent.parent.parent / "bulkinfer" / "report" / "report.schema.json"
