@@ -59,7 +59,7 @@ def test_a_run_then_a_failed_one_keep_the_last_complete_time(tmp_path: Path) -> 
     first = runner.invoke(app, ["run", str(source), "-o", str(out), "--metrics-textfile", str(prom)])
     assert first.exit_code == 3, first.output  # row b is invalid
     samples = _samples(prom)
-    labels = {"command": "run", "input": str(source)}
+    labels = {"command": "run", "input": str(source), "textfile": "job.prom"}
     report = orjson.loads((tmp_path / "out.report.json").read_bytes())
     assert _value(samples, "exit_code", **labels) == 3
     assert _value(samples, "rows", state="completed", **labels) == 2
@@ -149,3 +149,11 @@ def test_an_unreadable_earlier_file_loses_only_the_carried_time(tmp_path: Path) 
     samples = _samples(prom)
     assert _value(samples, "exit_code") == 5
     assert _value(samples, "complete_timestamp_seconds") is None
+
+
+def test_two_jobs_on_standard_input_never_give_the_collector_one_series_twice(tmp_path: Path) -> None:
+    """node_exporter fails its scrape on a series two files both hold: the file's name tells them apart."""
+    for name in ("a.prom", "b.prom"):
+        write_textfile(tmp_path / name, Outcome("run", "-", 1.0, 2.0, 0, None))
+    series = [key for name in ("a.prom", "b.prom") for key in _samples(tmp_path / name)]
+    assert len(series) == len(set(series)) == 8  # exit code, start, end, complete: each file's own

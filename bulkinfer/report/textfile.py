@@ -11,10 +11,12 @@ Prometheus documentation on batch jobs asks for the time of the last
 success (https://prometheus.io/docs/practices/instrumentation/#batch-jobs).
 
 Every metric is a gauge labelled with the ``command`` (``run``, ``embed``,
-``score``, ``eval``, ``eval-rank``) and its ``input`` (the path as given,
-absolute; ``-`` for standard input), so that two jobs' files never give the
-collector the same series. One file per job: a file is replaced whole, and
-only its own job's complete time is carried over.
+``score``, ``eval``, ``eval-rank``), its ``input`` (the path as given,
+absolute; ``-`` for standard input) and the ``textfile``'s own name, unique
+in the collector's directory: two jobs' files never give it the same series
+(which would fail its scrape), even two jobs on standard input. One file per
+job: a file is replaced whole, and only its own job's complete time is
+carried over.
 
 - ``bulkinfer_last_run_exit_code``: 0 every row completed, 3 some failed,
   ... (``bulkinfer run --help``; 1 an unexpected error).
@@ -75,7 +77,7 @@ def write_textfile(path: Path, outcome: Outcome) -> None:
     """
     from prometheus_client import CollectorRegistry, Gauge, write_to_textfile
 
-    labels = {"command": outcome.command, "input": outcome.input}
+    labels = {"command": outcome.command, "input": outcome.input, "textfile": path.name}
     complete = outcome.ended if outcome.exit_code in COMPLETE_CODES else _earlier_complete(path, labels)
     samples = [
         ("exit_code", "Exit code of the command's last run (bulkinfer run --help)", outcome.exit_code, {}),
