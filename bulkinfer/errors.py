@@ -27,6 +27,7 @@ Exit codes (also in the README and ``bulkinfer run --help``):
 from __future__ import annotations
 
 import errno
+import os
 from collections.abc import Iterable
 
 EXIT_OK = 0
@@ -89,6 +90,10 @@ class OutputWriteError(BulkinferError):
 
     exit_code = EXIT_WRITE
 
+    def __init__(self, message: str, what: str | None = None):
+        super().__init__(message)
+        self.what = what or message  # the failure without the CLI's advice (a server logs this)
+
 
 class Interrupted(BulkinferError):
     """The run was stopped (by a signal, or a caller's stop token); finished
@@ -124,20 +129,45 @@ _WRITE_HINTS = {
 }
 
 
+def causes(exc: BaseException) -> list[BaseException]:
+    """``exc`` and the exceptions it was raised from or during, outermost
+    first (at most 8: a chain, never a cycle)."""
+    chain: list[BaseException] = []
+    seen: BaseException | None = exc
+    while seen is not None and len(chain) < 8:
+        chain.append(seen)
+        seen = seen.__cause__ or seen.__context__
+    return chain
+
+
 def disk_full(exc: BaseException) -> bool:
     """Whether ``exc``, or an exception it was raised from or during, says a
     disk is full: an OSError ENOSPC or EDQUOT, or SQLite's "database or disk
     is full" (``sqlite3.OperationalError``, which carries no errno)."""
-    seen: BaseException | None = exc
-    for _ in range(8):  # a chain of causes, never a cycle
-        if seen is None:
-            return False
-        if isinstance(seen, OSError) and seen.errno in (errno.ENOSPC, errno.EDQUOT):
-            return True
-        if type(seen).__name__ == "OperationalError" and "disk is full" in str(seen):
-            return True
-        seen = seen.__cause__ or seen.__context__
-    return False
+    return any(
+        isinstance(seen, OSError)
+        and seen.errno in (errno.ENOSPC, errno.EDQUOT)
+        or type(seen).__name__ == "OperationalError"
+        and "disk is full" in str(seen)
+        for seen in causes(exc)
+    )
+
+
+def write_reason(exc: BaseException) -> str:
+    """What could not be written, in a server's words (no CLI hint): an
+    :class:`OutputWriteError`'s ``what`` (``"cannot write /data/x.jsonl: No
+    space left on device (ENOSPC)"``), else the innermost OSError's file and
+    reason, SQLite's message, or ``exc``'s type and message."""
+    chain = causes(exc)
+    for seen in chain:
+        if isinstance(seen, OutputWriteError):
+            return seen.what
+    for seen in reversed(chain):
+        if isinstance(seen, OSError):
+            return f"{os.fsdecode(seen.filename)}: {os_reason(seen)}" if seen.filename else os_reason(seen)
+        if type(seen).__name__ == "OperationalError":
+            return f"the state database: {seen}"
+    return f"{type(exc).__name__}: {exc}"
 
 
 def os_reason(exc: OSError) -> str:
@@ -154,4 +184,5 @@ def write_error(exc: OSError, path: object = None) -> OutputWriteError:
     hint = _WRITE_HINTS.get(
         errno.errorcode.get(exc.errno or 0, ""), "finished rows are kept: continue with --resume once it is fixed"
     )
-    return OutputWriteError(f"cannot write {where}: {os_reason(exc)}; {hint}")
+    what = f"cannot write {where}: {os_reason(exc)}"
+    return OutputWriteError(f"{what}; {hint}", what)

@@ -55,7 +55,7 @@ from bulkinfer.config import Settings, with_engine
 from bulkinfer.default_model import DEFAULT_MODEL
 from bulkinfer.engine.base import Engine, EngineFactory, KeptEngine
 from bulkinfer.engine.mux import EngineMux, online_first_args
-from bulkinfer.errors import BulkinferError, EngineError, Interrupted, disk_full
+from bulkinfer.errors import BulkinferError, EngineError, Interrupted, disk_full, write_reason
 from bulkinfer.io.inputs import InputScan
 from bulkinfer.io.output_files import RunPaths
 from bulkinfer.jobs.context import RunContext
@@ -293,7 +293,7 @@ class BatchWorker(threading.Thread):
         it again (resuming from its journal) once the disk has room."""
         self._stalls += 1
         delay = STALL_DELAYS_S[min(self._stalls, len(STALL_DELAYS_S)) - 1]
-        line = {"time": iso_now(), "batch": batch_id, "stalled": f"{type(exc).__name__}: {exc}", "retry_in_s": delay}
+        line = {"time": iso_now(), "batch": batch_id, "stalled": write_reason(exc), "retry_in_s": delay}
         log.warning(orjson.dumps(line).decode())
         with self._wake:
             if not self._closing:
