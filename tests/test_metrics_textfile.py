@@ -6,6 +6,7 @@ check what is written for each ending, not inference."""
 from __future__ import annotations
 
 import math
+import os
 from pathlib import Path
 
 import orjson
@@ -115,6 +116,18 @@ def test_a_file_the_collector_would_not_read_is_refused_before_the_run(tmp_path:
     result = runner.invoke(app, ["run", str(_input(tmp_path)), "--metrics-textfile", str(tmp_path / name)])
     assert result.exit_code == 2
     assert message in result.output
+    assert not (tmp_path / "in.out.jsonl").exists()
+
+
+def test_a_directory_this_process_cannot_write_is_refused_before_the_run(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    locked = tmp_path / "textfiles"
+    locked.mkdir(mode=0o555)  # root may write it all the same: os.access answers as for another user
+    real = os.access
+    monkeypatch.setattr(os, "access", lambda path, mode: False if Path(path) == locked else real(path, mode))
+    result = runner.invoke(app, ["run", str(_input(tmp_path)), "--metrics-textfile", str(locked / "job.prom")])
+    assert result.exit_code == 2 and "not writable" in result.output
     assert not (tmp_path / "in.out.jsonl").exists()
 
 

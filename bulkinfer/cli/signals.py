@@ -174,7 +174,8 @@ class OutcomeFile:
         """The command's file (none without ``--metrics-textfile``), checked before the job starts.
 
         Raises:
-            typer.BadParameter: no ``.prom`` name (the collector reads no other) or no such directory (exit 2).
+            typer.BadParameter: no ``.prom`` name (the collector reads no other), no such
+                directory or one this process cannot write (exit 2).
         """
         path = options.get("metrics_textfile")
         if path is not None:
@@ -185,6 +186,8 @@ class OutcomeFile:
                 )
             if not path.absolute().parent.is_dir():
                 raise typer.BadParameter(f"{path}: no such directory", param_hint="--metrics-textfile")
+            if not os.access(path.absolute().parent, os.W_OK | os.X_OK):  # known now, not after the run
+                raise typer.BadParameter(f"{path}: its directory is not writable", param_hint="--metrics-textfile")
         shown = str(input_path) if str(input_path) == "-" else str(Path(input_path).absolute())
         return cls(path, cls.COMMANDS.get(job_name, job_name), shown)
 
