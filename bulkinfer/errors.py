@@ -145,10 +145,8 @@ def disk_full(exc: BaseException) -> bool:
     disk is full: an OSError ENOSPC or EDQUOT, or SQLite's "database or disk
     is full" (``sqlite3.OperationalError``, which carries no errno)."""
     return any(
-        isinstance(seen, OSError)
-        and seen.errno in (errno.ENOSPC, errno.EDQUOT)
-        or type(seen).__name__ == "OperationalError"
-        and "disk is full" in str(seen)
+        (isinstance(seen, OSError) and seen.errno in (errno.ENOSPC, errno.EDQUOT))
+        or (type(seen).__name__ == "OperationalError" and "disk is full" in str(seen))
         for seen in causes(exc)
     )
 

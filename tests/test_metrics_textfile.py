@@ -109,6 +109,14 @@ def test_an_error_before_any_row_is_its_exit_code_with_no_complete_time(tmp_path
     assert _value(samples, "complete_timestamp_seconds") is None
 
 
+def test_a_bad_flag_is_written_as_its_exit_code_2(tmp_path: Path) -> None:
+    prom = tmp_path / "job.prom"
+    flags = ["--passthrough", "--no-passthrough", "--metrics-textfile", str(prom)]
+    result = runner.invoke(app, ["run", str(_input(tmp_path)), *flags])
+    assert result.exit_code == 2
+    assert _value(_samples(prom), "exit_code") == 2
+
+
 @pytest.mark.parametrize(
     ("name", "message"), [("job.txt", "reads only *.prom files"), ("no/such/dir/job.prom", "no such directory")]
 )

@@ -64,8 +64,8 @@ class StopSignals:
     The job's load deadline (:meth:`StopToken.loading`,
     ``plan.start_timeout_s``) is enforced here, by a thread: past it, it
     writes the error (and ``textfile``'s ending), kills the engine's
-    processes and ends this one with exit 5 (:class:`EngineError`'s). Not by raising in the main thread from
-    a signal handler: such an exception, raised wherever the main thread
+    processes and ends this one with exit 5 (:class:`EngineError`'s). Not
+    by raising in the main thread from a signal handler: such an exception, raised wherever the main thread
     was, once left the interpreter to crash later in its garbage collector
     (a segmentation fault, in a test), and a main thread blocked inside a C
     call would never run the handler. Nothing is lost: no row has run yet,
@@ -150,8 +150,8 @@ def invoke(options: dict[str, Any], job: Callable[..., T], *args: Any, **kwargs:
     except BulkinferError as exc:
         textfile.write(exc.exit_code)
         fail(exc)
-    except Exception:
-        textfile.write(1)
+    except Exception as exc:  # a bad flag value (click's exit 2), or a bug (exit 1, with its traceback)
+        textfile.write(getattr(exc, "exit_code", 1))
         raise
     textfile.write(result.exit_code, result.report)
     return result
