@@ -57,6 +57,13 @@ class Request:
     template_kwargs: dict[str, Any] = field(default_factory=dict)
     openai_url: str | None = None
     prompt_token_ids: list[int] | None = None
+    # Several prompts in one OpenAI /v1/completions line (its ``prompt`` a
+    # list of them): each becomes a part, a Request of one prompt planned and
+    # run as any other (the planner sets ``parts`` and the first part's
+    # ``prompt_token_ids`` here), and the line's record joins their choices,
+    # prompt j's n choices at indices j*n .. j*n+n-1 (bulkinfer.engine.feed).
+    prompts: list[str | list[int]] | None = None
+    parts: list[Request] | None = None
     # Set for a scoring request (perplexity): the position in prompt_token_ids
     # where the scored continuation starts; the engine then generates nothing.
     score_from: int | None = None
@@ -78,16 +85,19 @@ class Request:
 
     @property
     def prompt_length(self) -> int:
-        """Prompt tokens of the request (of all its inputs for an embedding request)."""
+        """Prompt tokens of the request (of all its inputs for an embedding
+        request, of all its parts' prompts for several prompts)."""
         if self.input_token_ids is not None:
             return sum(len(ids) for ids in self.input_token_ids)
+        if self.parts is not None:
+            return sum(part.prompt_length for part in self.parts)
         return len(self.prompt_token_ids or ())
 
     @property
     def max_completion_tokens(self) -> int:
         """Completion tokens this request may generate in all: ``max_tokens``
-        for each of its ``n`` choices."""
-        return self.max_tokens * int(self.options.get("n", 1))
+        for each of its ``n`` choices of each of its prompts."""
+        return self.max_tokens * int(self.options.get("n", 1)) * len(self.prompts or [None])
 
 
 @dataclass(frozen=True, slots=True)

@@ -13,12 +13,13 @@ several replicas or a remote actor plug in behind it without touching this.
 
 from __future__ import annotations
 
+import dataclasses
 import time
 from collections.abc import Callable, Iterator
 
 from bulkinfer.engine.base import Engine
 from bulkinfer.errors import EngineError
-from bulkinfer.schema import Completion, Request
+from bulkinfer.schema import Choice, Completion, Request
 from bulkinfer.stop import StopToken
 
 # The loop waits at most this long (seconds) for an engine step before it
@@ -48,6 +49,57 @@ class FeedStopped(Exception):
     still in flight were left unfinished (their rows run again on resume)."""
 
 
+class _Join:
+    """The parts of one request of several prompts (``request.parts``) as
+    they finish: once all have, one ``on_finished`` with their choices joined
+    (:func:`joined`); at the first that fails, one ``on_failed`` naming its
+    prompt, and the others are dropped as they end."""
+
+    def __init__(self, request: Request):
+        self.request = request
+        self.done: dict[int, Completion] = {}
+        self.failed = False
+
+    def add(
+        self,
+        index: int,
+        completion: Completion,
+        on_finished: Callable[[Request, Completion], None],
+        on_failed: Callable[[Request, str], None],
+    ) -> None:
+        if self.failed:
+            return
+        if completion.error is not None:
+            self.failed = True
+            on_failed(self.request, f"prompt[{index}]: {completion.error}")
+            return
+        self.done[index] = completion
+        if len(self.done) == len(self.request.parts or ()):
+            on_finished(self.request, joined([self.done[j] for j in range(len(self.done))]))
+
+
+def joined(parts: list[Completion]) -> Completion:
+    """One completion of a request of several prompts from its parts' (in
+    prompt order), as OpenAI's and vLLM's ``/v1/completions`` answer a list
+    of prompts: every part's choices, prompt j's ``n`` at indices ``j * n``
+    on; token counts summed (OpenAI's ``usage`` sums them); ``text`` and
+    ``finish_reason`` the first choice's."""
+    choices: list[Choice] = []
+    for part in parts:
+        own = part.choices or (Choice(0, part.text, part.finish_reason, part.completion_tokens),)
+        offset = len(choices)
+        choices += [dataclasses.replace(choice, index=offset + choice.index) for choice in own]
+    return Completion(
+        parts[0].request_id.rpartition(".")[0],
+        choices[0].text,
+        choices[0].finish_reason,
+        prompt_tokens=sum(part.prompt_tokens for part in parts),
+        completion_tokens=sum(part.completion_tokens for part in parts),
+        choices=tuple(choices),
+        cached_tokens=sum(part.cached_tokens for part in parts),
+    )
+
+
 def feed(
     engine: Engine,
     requests: Iterator[Request | _Pending],
@@ -63,7 +115,9 @@ def feed(
     exactly one ``on_finished(request, completion)`` or ``on_failed(request,
     message)`` (the engine rejected it, or it failed in the engine). After
     each engine step ``on_step(completions of that step)`` runs (flush,
-    progress). Engine request ids are ``id_prefix + str(request.seq)``.
+    progress). Engine request ids are ``id_prefix + str(request.seq)``; a
+    request of several prompts (``parts``) is one engine request a part,
+    ``ID.j``, and ends once, with their choices joined (:func:`joined`).
     ``requests`` may yield :data:`PENDING` (a stream: nothing ready yet, more
     may come): the loop goes on stepping the engine, or waits
     :data:`IDLE_WAIT_S` when it holds nothing, and asks again.
@@ -75,6 +129,7 @@ def feed(
             reaches the engine's processes too, then FeedStopped).
     """
     in_flight: dict[str, Request] = {}
+    joins: dict[str, tuple[_Join, int]] = {}  # a part's engine request id -> its row's join, its index
     exhausted = False
     while True:
         if stop is not None and stop.is_set():
@@ -89,6 +144,17 @@ def feed(
                 pending = True
                 break
             request_id = id_prefix + str(request.seq)
+            if request.parts is not None:  # several prompts: each part its own engine request
+                join = _Join(request)
+                for index, part in enumerate(request.parts):
+                    part_id = f"{request_id}.{index}"
+                    rejected = engine.add(part_id, part)
+                    if rejected is not None:
+                        join.failed = True
+                        on_failed(request, f"prompt[{index}]: {rejected.error or 'rejected by the engine'}")
+                        break
+                    in_flight[part_id], joins[part_id] = part, (join, index)
+                continue
             rejected = engine.add(request_id, request)
             if rejected is not None:
                 on_failed(request, rejected.error or "rejected by the engine")
@@ -107,7 +173,10 @@ def feed(
             raise
         for completion in finished:
             request = in_flight.pop(completion.request_id)
-            if completion.error is not None:
+            if completion.request_id in joins:
+                join, index = joins.pop(completion.request_id)
+                join.add(index, completion, on_finished, on_failed)
+            elif completion.error is not None:
                 on_failed(request, completion.error)
             else:
                 on_finished(request, completion)

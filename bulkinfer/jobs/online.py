@@ -118,7 +118,14 @@ class OnlineRequests(_Online):
             "url": url,
             "body": {k: v for k, v in body.items() if k not in STREAM_FIELDS},
         }
-        return self._planned(lambda seq: to_request(line, seq, 1, self.settings))
+        request = self._planned(lambda seq: to_request(line, seq, 1, self.settings))
+        if request.prompts is not None:  # a Batch API line may: its record waits for every prompt
+            raise RowInvalid(
+                "invalid_field",
+                f"field 'prompt': a list of {len(request.prompts)} prompts; an online request here is one "
+                "prompt: send each as its own request (a Batch API line may hold several)",
+            )
+        return request
 
     def response(self, request: Request, completion: Completion) -> dict[str, Any]:
         """The response body: a ``chat.completion`` or ``text_completion``, as in a batch output line."""

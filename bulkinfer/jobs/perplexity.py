@@ -79,6 +79,9 @@ def reference_nll(
     result = ReferenceNLL()
     pending: list[Request] = []
     for request, reference in rows:
+        if request.prompts is not None:
+            result.failed[request.id] = f"a reference scores after one prompt; this row has {len(request.prompts)}"
+            continue
         prompt_ids = planner.encode(request)
         reference_ids = list(tokenizer(reference, add_special_tokens=False)["input_ids"])
         if not reference_ids:

@@ -15,8 +15,8 @@ from __future__ import annotations
 import bisect
 import difflib
 from collections import Counter
-from collections.abc import Iterable, Sequence
-from dataclasses import dataclass, field
+from collections.abc import Iterable, Iterator, Sequence
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 from bulkinfer.config import PlanSettings
@@ -199,11 +199,14 @@ class Planner:
 
     def encode(self, request: Request) -> list[int]:
         """Token ids of one request's rendered prompt (special tokens as in
-        :meth:`plan_window`), or its own token ids.
+        :meth:`plan_window`), or its own token ids (of several prompts, all
+        of theirs one after another: a count, not one prompt).
 
         Raises:
             Exception: whatever the chat template raises for this row.
         """
+        if request.prompts is not None:  # several prompts: all their tokens (what a count of them needs)
+            return [t for part in with_parts([replace(request)]) for t in self.encode(part)]
         if request.prompt_token_ids is not None:
             return list(request.prompt_token_ids)
         return self.encode_batch([self.render(request)], add_special_tokens=request.messages is None)[0]
@@ -225,11 +228,12 @@ class Planner:
         are) and drops its text. Rows whose chat template fails or that do not
         fit the context come back as errors.
         """
-        errors: list[RowError] = []
+        failed: list[tuple[Request, str, str]] = []  # (request or part, type, message)
         plain: list[tuple[Request, str]] = []
         chat: list[tuple[Request, str]] = []
         tokenized: list[tuple[Request, list[int]]] = []
-        for request in requests:
+        parents = {request.seq: request for request in requests if request.prompts is not None}
+        for request in with_parts(requests):
             if request.openai_url is None:
                 self.passthrough.update(request.passthrough.keys())
             if request.prompt_token_ids is not None:  # the row's own token ids
@@ -238,15 +242,7 @@ class Planner:
             try:
                 text = self.render(request)
             except Exception as exc:  # template errors are the row's fault
-                errors.append(
-                    RowError(
-                        request.line,
-                        request.id,
-                        "invalid_field",
-                        f"field 'messages': chat template failed: {exc}",
-                        request.openai_url is not None,
-                    )
-                )
+                failed.append((request, "invalid_field", f"field 'messages': chat template failed: {exc}"))
                 continue
             (plain if request.messages is None else chat).append((request, text))
         # Completion prompts get the tokenizer's special tokens (as vLLM does);
@@ -261,20 +257,16 @@ class Planner:
             request.prompt = request.messages = None
             total = len(ids) + request.max_tokens
             if total > self.max_model_len:
-                errors.append(
-                    RowError(
-                        request.line,
-                        request.id,
-                        "context_length_exceeded",
-                        f"prompt is {len(ids)} tokens and max_tokens is {request.max_tokens}: "
-                        f"{total} > the model's context of {self.max_model_len} tokens",
-                        request.openai_url is not None,
-                    )
+                message = (
+                    f"prompt is {len(ids)} tokens and max_tokens is {request.max_tokens}: "
+                    f"{total} > the model's context of {self.max_model_len} tokens"
                 )
+                failed.append((request, "context_length_exceeded", message))
                 continue
             planned.append(request)
+        planned, errors = joined_parts(planned, failed, parents)
         planned.sort(key=lambda r: r.seq)
-        self.padding.add_window([r.prompt_length for r in planned])
+        self.padding.add_window([part.prompt_length for r in planned for part in r.parts or [r]])
         for request in planned:
             self.row_sampling.update(request.row_sampling)
         return self.order(planned), errors
@@ -292,6 +284,57 @@ class Planner:
         if self.settings.prefix_aware:
             return order_groups_for_feed(groups, self.settings.order)
         return order_for_feed(planned, self.settings.order)
+
+
+def with_parts(requests: Iterable[Request]) -> Iterator[Request]:
+    """``requests``, a request of several prompts (``prompts``) as its parts
+    instead: each a copy of it with one prompt (set as its ``parts``)."""
+    for request in requests:
+        if request.prompts is None:
+            yield request
+            continue
+        request.parts = [
+            replace(
+                request,
+                prompt=one if isinstance(one, str) else None,
+                prompt_token_ids=None if isinstance(one, str) else list(one),
+                prompts=None,
+            )
+            for one in request.prompts
+        ]
+        yield from request.parts
+
+
+def joined_parts(
+    planned: list[Request], failed: list[tuple[Request, str, str]], parents: dict[int, Request]
+) -> tuple[list[Request], list[RowError]]:
+    """The planned requests with each request of several prompts (``parents``,
+    by ``seq``) in place of its parts, once every part planned (its
+    ``prompt_token_ids`` its first part's: prefix groups and the feed order
+    read them); one error per failed row, a part's naming its prompt
+    (``prompt[j]``)."""
+    errors: list[RowError] = []
+    failed_seqs: set[int] = set()
+    for request, type_, message in failed:
+        if request.seq in failed_seqs:
+            continue
+        failed_seqs.add(request.seq)
+        parent = parents.get(request.seq)
+        if parent is not None and parent.parts is not None:
+            index = next(j for j, part in enumerate(parent.parts) if part is request)
+            message = f"prompt[{index}]: {message}"
+        errors.append(RowError(request.line, request.id, type_, message, request.openai_url is not None))
+    out: list[Request] = []
+    for request in planned:
+        parent = parents.get(request.seq)
+        if request.seq in failed_seqs:
+            continue
+        if parent is None:
+            out.append(request)
+        elif parent.parts is not None and request is parent.parts[0]:
+            parent.prompt_token_ids, parent.prompt = request.prompt_token_ids, None
+            out.append(parent)
+    return out, errors
 
 
 def order_for_feed(requests: Iterable[Request], order: str) -> list[Request]:

@@ -290,6 +290,7 @@ def parse_row(data: Any, seq: int, line: int, defaults: SamplingDefaults) -> Req
         id=row_id,
         prompt=prompt if isinstance(prompt, str) else None,
         prompt_token_ids=prompt if isinstance(prompt, list) else None,
+        prompts=list(prompt) if isinstance(prompt, tuple) else None,
         messages=messages,
         openai_url=url,
         passthrough=passthrough,
@@ -299,7 +300,10 @@ def parse_row(data: Any, seq: int, line: int, defaults: SamplingDefaults) -> Req
     )
 
 
-def _row_content(data: dict[str, Any], row_id: str) -> tuple[str | list[int] | None, list[dict[str, Any]] | None]:
+Prompt = str | list[int] | tuple[str | list[int], ...]  # text, token ids, or several prompts (see _prompt)
+
+
+def _row_content(data: dict[str, Any], row_id: str) -> tuple[Prompt | None, list[dict[str, Any]] | None]:
     """A bulkinfer row's ``prompt`` (see :func:`_prompt`) or ``messages`` (exactly one), checked.
 
     Raises:
@@ -315,30 +319,39 @@ def _row_content(data: dict[str, Any], row_id: str) -> tuple[str | list[int] | N
     return _prompt(prompt, "prompt", row_id, False), None
 
 
-def _prompt(value: Any, name: str, row_id: str | None, openai: bool) -> str | list[int]:
+def _prompt(value: Any, name: str, row_id: str | None, openai: bool, several: bool = False) -> Prompt:
     """A ``prompt``: text, or token ids (OpenAI's and vLLM's other form,
     sent as they are: no chat template, no special tokens added); OpenAI's
-    list of prompts holding one is that one.
+    list of prompts holding one is that one; with ``several`` (an OpenAI
+    ``/v1/completions`` body, whose record holds every prompt's choices, as
+    OpenAI's and vLLM's) a list of several, as a tuple.
 
     Raises:
         RowInvalid: empty, not text nor integers >= 0, or several prompts
-            (a row is one request with one record: each prompt its own row).
+            where one record holds one prompt's (a bulkinfer row: each prompt its own row).
     """
     if isinstance(value, str) and value:
         return value
     if isinstance(value, list) and value and all(is_int(t) and t >= 0 for t in value):
         return list(value)
     if isinstance(value, list) and value and all(isinstance(p, str | list) for p in value):
-        if len(value) > 1:
+        if len(value) > 1 and not several:
             raise RowInvalid(
                 "invalid_field",
-                f"field '{name}': a list of {len(value)} prompts; bulkinfer takes one prompt a request, each "
-                "with its own record or response: give each prompt its own row (or request)",
+                f"field '{name}': a list of {len(value)} prompts; a row is one prompt with its own "
+                "record: give each prompt its own row (an OpenAI /v1/completions line may hold several)",
                 row_id,
                 openai,
             )
-        if isinstance(value[0], str) or value[0] and all(is_int(t) and t >= 0 for t in value[0]):
-            return _prompt(value[0], name, row_id, openai)
+        prompts = []
+        for index, one in enumerate(value):
+            if not (
+                isinstance(one, str) and one or isinstance(one, list) and one and all(is_int(t) and t >= 0 for t in one)
+            ):
+                expected = "a non-empty string or a list of token ids (integers >= 0)"
+                raise field_error(f"{name}[{index}]", expected, one, row_id, openai)
+            prompts.append(one if isinstance(one, str) else list(one))
+        return prompts[0] if len(prompts) == 1 else tuple(prompts)
     raise field_error(name, "a non-empty string or a list of token ids (integers >= 0)", value, row_id, openai)
 
 
@@ -390,7 +403,7 @@ def openai_line(
 
 def _openai_content(
     url: str, body: dict[str, Any], custom_id: str
-) -> tuple[str | list[int] | None, list[dict[str, Any]] | None]:
+) -> tuple[Prompt | None, list[dict[str, Any]] | None]:
     """An OpenAI body's ``messages`` (chat) or ``prompt`` (completions: see :func:`_prompt`), checked.
 
     Raises:
@@ -402,7 +415,7 @@ def _openai_content(
                 "missing_field", "field 'body.messages' is required for /v1/chat/completions", custom_id, True
             )
         return None, _parse_messages(body["messages"], custom_id, True)
-    return _prompt(body.get("prompt"), "body.prompt", custom_id, True), None
+    return _prompt(body.get("prompt"), "body.prompt", custom_id, True, several=True), None
 
 
 def to_request(data: Any, seq: int, line: int, settings: Settings) -> Request:

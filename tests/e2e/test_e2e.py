@@ -407,6 +407,33 @@ def test_openai_batch_format(tmp_path: Path, shared_engine: Any) -> None:
         assert usage["completion_tokens"] <= request["body"].get("max_tokens", 256)
 
 
+def test_a_completions_line_of_several_prompts_answers_each_as_its_own_line_would(
+    tmp_path: Path, shared_engine: Any
+) -> None:
+    """OpenAI's /v1/completions takes a list of prompts and answers with each one's choices in turn."""
+    prompts = ["The capital of France is", "One, two, three,"]
+    body = {"model": "m", "max_tokens": 12, "temperature": 0}  # greedy: vLLM takes n = 1 only
+    lines = [
+        *(
+            {"custom_id": f"each-{i}", "url": "/v1/completions", "body": {**body, "prompt": p}}
+            for i, p in enumerate(prompts)
+        ),
+        {"custom_id": "both", "url": "/v1/completions", "body": {**body, "prompt": prompts}},
+    ]
+    src, out = tmp_path / "several.jsonl", tmp_path / "several.out.jsonl"
+    write_jsonl(src, lines)
+    assert api.run(src, out, engine=shared_engine, progress_plain=True).exit_code == 0
+    results = {r["custom_id"]: r for r in read_jsonl(out)}
+    for result_line in results.values():
+        check_openai_line(result_line)
+    both = results["both"]["response"]["body"]
+    each = [results[f"each-{i}"]["response"]["body"] for i in range(2)]
+    assert [c["index"] for c in both["choices"]] == [0, 1]  # prompt j's n choices at j * n on (n: a fast test)
+    assert [c["text"] for c in both["choices"]] == [c["text"] for body in each for c in body["choices"]]
+    for key in ("prompt_tokens", "completion_tokens", "total_tokens"):
+        assert both["usage"][key] == sum(body["usage"][key] for body in each)
+
+
 def test_existing_output_is_refused(mixed: dict[str, Any]) -> None:
     before = mixed["out"].read_bytes()
     proc = bulkinfer("run", str(mixed["src"]), "-o", str(mixed["out"]))

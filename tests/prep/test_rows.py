@@ -111,8 +111,8 @@ def test_null_sampling_fields_take_defaults() -> None:
         ({"id": "r", "prompt": [1, -2]}, "invalid_field", "token ids (integers >= 0)"),
         ({"id": "r", "prompt": [1, 2.0]}, "invalid_field", "'prompt'"),
         ({"id": "r", "prompt": [True]}, "invalid_field", "'prompt'"),
-        ({"id": "r", "prompt": [[]]}, "invalid_field", "'prompt'"),
-        ({"id": "r", "prompt": [["a"]]}, "invalid_field", "'prompt'"),
+        ({"id": "r", "prompt": [[]]}, "invalid_field", "'prompt[0]'"),
+        ({"id": "r", "prompt": [["a"]]}, "invalid_field", "'prompt[0]'"),
         ({"id": "r", "messages": []}, "invalid_field", "'messages'"),
         ({"id": "r", "messages": "hi"}, "invalid_field", "'messages'"),
         ({"id": "r", "messages": ["hi"]}, "invalid_field", "'messages[0]'"),
@@ -223,8 +223,10 @@ def test_a_prompt_of_token_ids_is_sent_as_it_is_and_a_list_of_one_prompt_is_that
     line = parse(openai_line(COMPLETIONS_URL, prompt=[[7, 0, 9]]))
     assert (line.prompt, line.prompt_token_ids, line.openai_url) == (None, [7, 0, 9], COMPLETIONS_URL)
     assert parse(openai_line(COMPLETIONS_URL, prompt=["Once upon"])).prompt == "Once upon"
-    err = invalid(openai_line(COMPLETIONS_URL, prompt=["a", "b", "c"]))
-    assert err.openai and "field 'body.prompt': a list of 3 prompts" in err.message
+    several = parse(openai_line(COMPLETIONS_URL, prompt=["a", [5, 6], "c"]))  # OpenAI's list: each prompt's choices
+    assert (several.prompts, several.prompt, several.prompt_token_ids) == (["a", [5, 6], "c"], None, None)
+    err = invalid(openai_line(COMPLETIONS_URL, prompt=["a", ""]))
+    assert err.openai and "field 'body.prompt[1]': expected a non-empty string or a list of token ids" in err.message
 
 
 def test_openai_max_completion_tokens_is_max_tokens() -> None:

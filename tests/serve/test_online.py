@@ -84,6 +84,8 @@ def test_a_field_the_batch_lines_refuse_is_a_400_naming_it(serve: Callable[..., 
         client.chat.completions.create(model="tiny", messages=CHAT, tools=[])  # type: ignore[arg-type]
     with pytest.raises(openai.BadRequestError, match="context"):
         client.completions.create(model="tiny", prompt="word " * 3000, max_tokens=4)
+    with pytest.raises(openai.BadRequestError, match="a list of 2 prompts; an online request here is one prompt"):
+        client.completions.create(model="tiny", prompt=["one", "two"], max_tokens=4)
 
 
 def test_past_max_online_a_request_gets_429_with_retry_after(serve: Callable[..., Server]) -> None:
