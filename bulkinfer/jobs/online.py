@@ -19,6 +19,7 @@ in the tests).
 
 from __future__ import annotations
 
+import dataclasses
 import itertools
 import threading
 import time
@@ -27,7 +28,9 @@ from collections.abc import Callable
 from typing import Any
 
 from bulkinfer.config import Settings
+from bulkinfer.engine.feed import joined
 from bulkinfer.engine.mux import EngineMux, Listener
+from bulkinfer.errors import EngineError
 from bulkinfer.io.records import embedding_record, output_record
 from bulkinfer.prep.embeddings import parse_embed_row
 from bulkinfer.prep.planner import Planner
@@ -72,16 +75,69 @@ class _Online:
         return planned[0]
 
     def start(self, request: Request, listener: Listener) -> None:
-        """Send ``request`` to the engine ahead of batch rows.
+        """Send ``request`` to the engine ahead of batch rows (several
+        prompts: each part, heard as one request by ``listener``, see :class:`_Parts`).
 
         Raises:
             EngineError: the engine is dead, closing or cannot serve online requests.
         """
-        self.mux.submit(request.id, request, listener)
+        if request.parts is None:
+            self.mux.submit(request.id, request, listener)
+            return
+        parts = _Parts(request, listener, lambda: self.cancel(request))
+        for index, part in enumerate(request.parts):
+            self.mux.submit(f"{request.id}.{index}", part, parts.part(index))
 
     def cancel(self, request: Request) -> None:
-        """Abort ``request`` (its caller went away)."""
-        self.mux.cancel(request.id)
+        """Abort ``request`` (its caller went away), every part of it."""
+        for request_id in _engine_ids(request):
+            self.mux.cancel(request_id)
+
+
+def _engine_ids(request: Request) -> list[str]:
+    """The mux's ids of ``request``: its own, or one a part (``ID.j``)."""
+    return [request.id] if request.parts is None else [f"{request.id}.{j}" for j in range(len(request.parts))]
+
+
+class _Parts:
+    """The parts of an online request of several prompts heard as one
+    request by ``listener``, as the feed loop joins a batch line's
+    (:func:`~bulkinfer.engine.feed.joined`): prompt j's pieces as choices
+    j*n on, one ``done`` once every part is done; the first part the engine
+    rejects or fails ends it (its error naming ``prompt[j]``) and ``cancel``
+    aborts the rest. Every call comes from the mux's thread."""
+
+    def __init__(self, request: Request, listener: Listener, cancel: Callable[[], None]):
+        self.listener, self.cancel = listener, cancel
+        self.n, self.count = int(request.options.get("n", 1)), len(request.parts or ())
+        self.finished: dict[int, Completion] = {}
+        self.ended = False
+
+    def part(self, index: int) -> Listener:
+        """The listener of part ``index``."""
+        return _Part(self, index)
+
+    def piece(self, index: int, choice: int, text: str, tokens: int, finish_reason: str | None) -> None:
+        if not self.ended:
+            self.listener.piece(index * self.n + choice, text, tokens, finish_reason)
+
+    def failed(self, error: EngineError) -> None:
+        if not self.ended:
+            self.ended = True
+            self.listener.failed(error)
+
+    def done(self, index: int, completion: Completion) -> None:
+        if self.ended:
+            return
+        if completion.error is not None:
+            self.ended = True
+            self.listener.done(dataclasses.replace(completion, error=f"prompt[{index}]: {completion.error}"))
+            self.cancel()
+            return
+        self.finished[index] = completion
+        if len(self.finished) == self.count:
+            self.ended = True
+            self.listener.done(joined([self.finished[j] for j in range(self.count)]))
 
 
 class OnlineRequests(_Online):
@@ -118,14 +174,7 @@ class OnlineRequests(_Online):
             "url": url,
             "body": {k: v for k, v in body.items() if k not in STREAM_FIELDS},
         }
-        request = self._planned(lambda seq: to_request(line, seq, 1, self.settings))
-        if request.prompts is not None:  # a Batch API line may: its record waits for every prompt
-            raise RowInvalid(
-                "invalid_field",
-                f"field 'prompt': a list of {len(request.prompts)} prompts; an online request here is one "
-                "prompt: send each as its own request (a Batch API line may hold several)",
-            )
-        return request
+        return self._planned(lambda seq: to_request(line, seq, 1, self.settings))
 
     def response(self, request: Request, completion: Completion) -> dict[str, Any]:
         """The response body: a ``chat.completion`` or ``text_completion``, as in a batch output line."""
@@ -229,3 +278,19 @@ def wants_stream(body: Any) -> tuple[bool, bool]:
         return False, False
     options = body.get("stream_options") or {}
     return bool(body.get("stream")), bool(isinstance(options, dict) and options.get("include_usage"))
+
+
+class _Part:
+    """Part ``index`` of a :class:`_Parts`, a :class:`~bulkinfer.engine.mux.Listener` of the mux."""
+
+    def __init__(self, parts: _Parts, index: int):
+        self.parts, self.index = parts, index
+
+    def piece(self, choice: int, text: str, tokens: int, finish_reason: str | None) -> None:
+        self.parts.piece(self.index, choice, text, tokens, finish_reason)
+
+    def done(self, completion: Completion) -> None:
+        self.parts.done(self.index, completion)
+
+    def failed(self, error: EngineError) -> None:
+        self.parts.failed(error)

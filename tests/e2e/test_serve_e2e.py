@@ -263,6 +263,9 @@ def test_online_requests_mid_batch_then_a_cancel_publishes_the_finished_rows(ser
     pieces = [check_online_chunk(orjson.loads(d)) for d in data[:-1]]
     assert "Paris" in "".join(p.choices[0].text for p in pieces)
     assert pieces[-1].choices[0].finish_reason in ("stop", "length")
+    # OpenAI's list of prompts: one engine request each, their choices in turn
+    several = client.completions.create(model="default", prompt=[raw["prompt"]] * 2, max_tokens=8, temperature=0)
+    assert [c.index for c in several.choices] == [0, 1] and all("Paris" in c.text for c in several.choices)
     assert client.batches.retrieve(batch.id).status == "in_progress"  # the answers did not wait for the batch
     # vLLM ran bulkinfer's scheduler, and it left all but two batch rows out of the online requests' steps
     assert f"Using custom scheduler class {ONLINE_FIRST_SCHEDULER}" in server.log.read_text()

@@ -75,6 +75,27 @@ def test_a_streamed_chat_completion_read_with_the_sdk(serve: Callable[..., Serve
     assert "".join(c.choices[0].text for c in pieces) == f"echo {pieces[0].id}"
 
 
+def test_a_completion_of_several_prompts_answers_each_in_turn_whole_or_streamed(serve: Callable[..., Server]) -> None:
+    """OpenAI's list of prompts: one engine request a prompt, one answer with each one's choices in turn."""
+
+    class Poisoned(RecordingEngine):  # a prompt holding token 999 is rejected when added
+        def add(self, request_id: str, request: Request) -> Completion | None:
+            if 999 in (request.prompt_token_ids or ()):
+                return Completion(request_id, "", "error", 1, 0, "ValueError: rejected")
+            return super().add(request_id, request)
+
+    engine = Poisoned()
+    client = serve(engine=lambda: engine).client()
+    text = client.completions.create(model="tiny", prompt=[[5, 6, 7], "once upon"], max_tokens=4)
+    assert [(c.index, c.text) for c in text.choices] == [(0, f"echo {text.id}"), (1, f"echo {text.id}")]
+    assert text.usage is not None and text.usage.completion_tokens == 2 and text.usage.prompt_tokens > 3
+    assert sorted(rid.rpartition(".")[2] for rid, _ in engine.added if text.id in rid) == ["0", "1"]
+    pieces = list(client.completions.create(model="tiny", prompt=["a", "b", "c"], max_tokens=4, stream=True))
+    assert sorted(c.choices[0].index for c in pieces if c.choices) == [0, 1, 2]
+    with pytest.raises(openai.BadRequestError, match=r"prompt\[1\]: ValueError: rejected"):
+        client.completions.create(model="tiny", prompt=[[5], [999]], max_tokens=4)
+
+
 def test_a_field_the_batch_lines_refuse_is_a_400_naming_it(serve: Callable[..., Server]) -> None:
     client = serve().client()
     with pytest.raises(openai.BadRequestError, match="'temperature'") as bad:
@@ -84,8 +105,6 @@ def test_a_field_the_batch_lines_refuse_is_a_400_naming_it(serve: Callable[..., 
         client.chat.completions.create(model="tiny", messages=CHAT, tools=[])  # type: ignore[arg-type]
     with pytest.raises(openai.BadRequestError, match="context"):
         client.completions.create(model="tiny", prompt="word " * 3000, max_tokens=4)
-    with pytest.raises(openai.BadRequestError, match="a list of 2 prompts; an online request here is one prompt"):
-        client.completions.create(model="tiny", prompt=["one", "two"], max_tokens=4)
 
 
 def test_past_max_online_a_request_gets_429_with_retry_after(serve: Callable[..., Server]) -> None:
