@@ -24,9 +24,8 @@ from collections.abc import Sequence
 from typing import Any, cast
 
 from bulkinfer.config import PlanSettings, Settings
-from bulkinfer.fields import is_int
 from bulkinfer.prep.planner import Planner, order_for_feed
-from bulkinfer.prep.rows import field_error, openai_line, row_id_of
+from bulkinfer.prep.rows import field_error, openai_line, row_id_of, token_ids
 from bulkinfer.prep.unapplied import EMBEDDING, check_unapplied
 from bulkinfer.schema import CHAT_URL, COMPLETIONS_URL, EMBEDDINGS_URL, Request, RowError, RowInvalid
 
@@ -63,15 +62,10 @@ def parse_embed_row(data: Any, seq: int, line: int) -> Request:
     if len(given) > 1:
         raise RowInvalid("invalid_row", "row has both 'text' and 'input'; give one", row_id)
     text = data[given[0]]
-    if not (isinstance(text, str) and text or token_ids(text)):
+    if not ((isinstance(text, str) and text) or token_ids(text)):
         raise field_error(given[0], "a non-empty string or a list of token ids (integers >= 0)", text, row_id, False)
     passthrough = {k: v for k, v in data.items() if k not in ("id", *TEXT_FIELDS)}
     return encoder_request(seq, line, row_id, [text], {"encoding_format": "float"}, None, passthrough)
-
-
-def token_ids(value: Any) -> bool:
-    """Whether ``value`` is one input given as token ids: a non-empty list of integers >= 0."""
-    return isinstance(value, list) and bool(value) and all(is_int(t) and t >= 0 for t in value)
 
 
 def _parse_openai(data: dict[str, Any], seq: int, line: int) -> Request:

@@ -332,7 +332,7 @@ def _prompt(value: Any, name: str, row_id: str | None, openai: bool, several: bo
     """
     if isinstance(value, str) and value:
         return value
-    if isinstance(value, list) and value and all(is_int(t) and t >= 0 for t in value):
+    if token_ids(value):
         return list(value)
     if isinstance(value, list) and value and all(isinstance(p, str | list) for p in value):
         if len(value) > 1 and not several:
@@ -345,9 +345,7 @@ def _prompt(value: Any, name: str, row_id: str | None, openai: bool, several: bo
             )
         prompts = []
         for index, one in enumerate(value):
-            if not (
-                isinstance(one, str) and one or isinstance(one, list) and one and all(is_int(t) and t >= 0 for t in one)
-            ):
+            if not ((isinstance(one, str) and one) or token_ids(one)):
                 expected = "a non-empty string or a list of token ids (integers >= 0)"
                 raise field_error(f"{name}[{index}]", expected, one, row_id, openai)
             prompts.append(one if isinstance(one, str) else list(one))
@@ -399,6 +397,11 @@ def openai_line(
             "unsupported_field", f"field 'body.{name}' is not supported: {why}; the row was not run", custom_id, True
         )
     return custom_id, url, body
+
+
+def token_ids(value: Any) -> bool:
+    """Whether ``value`` is token ids: a non-empty list of integers >= 0."""
+    return isinstance(value, list) and bool(value) and all(is_int(t) and t >= 0 for t in value)
 
 
 def _openai_content(
