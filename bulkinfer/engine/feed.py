@@ -49,33 +49,38 @@ class FeedStopped(Exception):
     still in flight were left unfinished (their rows run again on resume)."""
 
 
-class _Join:
-    """The parts of one request of several prompts (``request.parts``) as
-    they finish: once all have, one ``on_finished`` with their choices joined
-    (:func:`joined`); at the first that fails, one ``on_failed`` naming its
-    prompt, and the others are dropped as they end."""
+class Join:
+    """The parts of one request of several prompts (``count`` of them) as
+    they end, for whoever sends each part as its own engine request (the
+    feed loop, an online request): :meth:`add` returns the request's one
+    completion once it is known, the parts' joined (:func:`joined`) or the
+    first failing part's; nothing before, nothing after."""
 
-    def __init__(self, request: Request):
-        self.request = request
+    def __init__(self, count: int):
+        self.count = count
         self.done: dict[int, Completion] = {}
-        self.failed = False
+        self.ended = False
 
-    def add(
-        self,
-        index: int,
-        completion: Completion,
-        on_finished: Callable[[Request, Completion], None],
-        on_failed: Callable[[Request, str], None],
-    ) -> None:
-        if self.failed:
-            return
+    def fail(self, index: int, error: str) -> str:
+        """Ends the request at part ``index`` (rejected before it ran); the error naming ``prompt[index]``."""
+        self.ended = True
+        return f"prompt[{index}]: {error}"
+
+    def add(self, index: int, completion: Completion) -> Completion | None:
+        """Part ``index``'s ``completion``; returns the request's completion
+        when this part ends it: the first with an ``error`` (then the
+        request's error names ``prompt[index]``), or the last to finish (all
+        parts' choices joined). None while parts are still running, and for
+        any part after the request ended (its result is dropped)."""
+        if self.ended:
+            return None
         if completion.error is not None:
-            self.failed = True
-            on_failed(self.request, f"prompt[{index}]: {completion.error}")
-            return
+            return dataclasses.replace(completion, error=self.fail(index, completion.error))
         self.done[index] = completion
-        if len(self.done) == len(self.request.parts or ()):
-            on_finished(self.request, joined([self.done[j] for j in range(len(self.done))]))
+        if len(self.done) < self.count:
+            return None
+        self.ended = True
+        return joined([self.done[j] for j in range(self.count)])
 
 
 def joined(parts: list[Completion]) -> Completion:
@@ -129,7 +134,7 @@ def feed(
             reaches the engine's processes too, then FeedStopped).
     """
     in_flight: dict[str, Request] = {}
-    joins: dict[str, tuple[_Join, int]] = {}  # a part's engine request id -> its row's join, its index
+    joins: dict[str, tuple[Join, int, Request]] = {}  # a part's engine request id -> its join, index, row
     exhausted = False
     while True:
         if stop is not None and stop.is_set():
@@ -145,15 +150,14 @@ def feed(
                 break
             request_id = id_prefix + str(request.seq)
             if request.parts is not None:  # several prompts: each part its own engine request
-                join = _Join(request)
+                join = Join(len(request.parts))
                 for index, part in enumerate(request.parts):
                     part_id = f"{request_id}.{index}"
                     rejected = engine.add(part_id, part)
                     if rejected is not None:
-                        join.failed = True
-                        on_failed(request, f"prompt[{index}]: {rejected.error or 'rejected by the engine'}")
+                        on_failed(request, join.fail(index, rejected.error or "rejected by the engine"))
                         break
-                    in_flight[part_id], joins[part_id] = part, (join, index)
+                    in_flight[part_id], joins[part_id] = part, (join, index, request)
                 continue
             rejected = engine.add(request_id, request)
             if rejected is not None:
@@ -174,9 +178,12 @@ def feed(
         for completion in finished:
             request = in_flight.pop(completion.request_id)
             if completion.request_id in joins:
-                join, index = joins.pop(completion.request_id)
-                join.add(index, completion, on_finished, on_failed)
-            elif completion.error is not None:
+                join, index, request = joins.pop(completion.request_id)
+                ended = join.add(index, completion)
+                if ended is None:
+                    continue
+                completion = ended
+            if completion.error is not None:
                 on_failed(request, completion.error)
             else:
                 on_finished(request, completion)

@@ -19,7 +19,6 @@ in the tests).
 
 from __future__ import annotations
 
-import dataclasses
 import itertools
 import threading
 import time
@@ -28,7 +27,7 @@ from collections.abc import Callable
 from typing import Any
 
 from bulkinfer.config import Settings
-from bulkinfer.engine.feed import joined
+from bulkinfer.engine.feed import Join
 from bulkinfer.engine.mux import EngineMux, Listener
 from bulkinfer.errors import EngineError
 from bulkinfer.io.records import embedding_record, output_record
@@ -101,43 +100,36 @@ def _engine_ids(request: Request) -> list[str]:
 
 class _Parts:
     """The parts of an online request of several prompts heard as one
-    request by ``listener``, as the feed loop joins a batch line's
-    (:func:`~bulkinfer.engine.feed.joined`): prompt j's pieces as choices
+    request by ``listener``, joined as the feed loop joins a batch line's
+    (:class:`~bulkinfer.engine.feed.Join`): prompt j's pieces as choices
     j*n on, one ``done`` once every part is done; the first part the engine
     rejects or fails ends it (its error naming ``prompt[j]``) and ``cancel``
     aborts the rest. Every call comes from the mux's thread."""
 
     def __init__(self, request: Request, listener: Listener, cancel: Callable[[], None]):
         self.listener, self.cancel = listener, cancel
-        self.n, self.count = int(request.options.get("n", 1)), len(request.parts or ())
-        self.finished: dict[int, Completion] = {}
-        self.ended = False
+        self.n, self.join = int(request.options.get("n", 1)), Join(len(request.parts or ()))
 
     def part(self, index: int) -> Listener:
         """The listener of part ``index``."""
         return _Part(self, index)
 
     def piece(self, index: int, choice: int, text: str, tokens: int, finish_reason: str | None) -> None:
-        if not self.ended:
+        if not self.join.ended:
             self.listener.piece(index * self.n + choice, text, tokens, finish_reason)
 
     def failed(self, error: EngineError) -> None:
-        if not self.ended:
-            self.ended = True
+        if not self.join.ended:
+            self.join.ended = True
             self.listener.failed(error)
 
     def done(self, index: int, completion: Completion) -> None:
-        if self.ended:
+        ended = self.join.add(index, completion)
+        if ended is None:
             return
-        if completion.error is not None:
-            self.ended = True
-            self.listener.done(dataclasses.replace(completion, error=f"prompt[{index}]: {completion.error}"))
+        self.listener.done(ended)
+        if ended.error is not None:
             self.cancel()
-            return
-        self.finished[index] = completion
-        if len(self.finished) == self.count:
-            self.ended = True
-            self.listener.done(joined([self.finished[j] for j in range(self.count)]))
 
 
 class OnlineRequests(_Online):

@@ -15,7 +15,7 @@ from fakes import FakeEngine
 from reference_types import check_openai_line
 
 from bulkinfer.config import load_settings
-from bulkinfer.engine.feed import joined
+from bulkinfer.engine.feed import Join, joined
 from bulkinfer.io.output_files import RunPaths
 from bulkinfer.jobs.context import RunContext
 from bulkinfer.jobs.run import run
@@ -97,3 +97,21 @@ def test_joined_choices_take_each_prompts_n_in_turn_and_usage_sums() -> None:
         8,
         4,
     )
+
+
+def test_a_join_ends_once_when_its_last_part_finishes_or_its_first_fails() -> None:
+    def done(rid: str, text: str, error: str | None = None) -> Completion:
+        return Completion(rid, text, "stop", 2, 1, error)
+
+    join = Join(3)
+    assert join.add(2, done("5.2", "c")) is None and join.add(0, done("5.0", "a")) is None  # out of order
+    whole = join.add(1, done("5.1", "b"))
+    assert whole is not None and [c.text for c in whole.choices] == ["a", "b", "c"] and whole.request_id == "5"
+    assert join.add(1, done("5.1", "again")) is None  # after the end: dropped
+
+    failing = Join(3)
+    assert failing.add(0, done("6.0", "a")) is None
+    failed = failing.add(2, done("6.2", "", "RuntimeError: boom"))
+    assert failed is not None and failed.error == "prompt[2]: RuntimeError: boom"
+    assert failing.add(1, done("6.1", "b")) is None and failing.add(2, done("6.2", "", "x")) is None
+    assert Join(2).fail(1, "rejected by the engine") == "prompt[1]: rejected by the engine"
