@@ -21,6 +21,7 @@ import orjson
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 from starlette.datastructures import FormData
 
+from bulkinfer.errors import write_reason
 from bulkinfer.serve.access import ACCESS_LOGGER, iso_now
 from bulkinfer.serve.http import ApiError
 from bulkinfer.serve.store import Store, now
@@ -100,9 +101,7 @@ class FileSweeper(threading.Thread):
             try:
                 self.sweep()
             except Exception as exc:  # noqa: BLE001 (a locked or full disk: logged, and the next sweep tries again)
-                log.info(
-                    orjson.dumps({"time": iso_now(), "file_expiry_failed": f"{type(exc).__name__}: {exc}"}).decode()
-                )
+                log.info(orjson.dumps({"time": iso_now(), "file_expiry_failed": write_reason(exc)}).decode())
             if self._closing.wait(self.every_s):
                 return
 

@@ -31,7 +31,7 @@ from typing import Any
 
 import orjson
 
-from bulkinfer.errors import ConfigError
+from bulkinfer.errors import ConfigError, write_reason
 from bulkinfer.serve.access import ACCESS_LOGGER, iso_now
 from bulkinfer.serve.store import Store
 
@@ -139,7 +139,7 @@ class WebhookSender(threading.Thread):
                         self._attempt(client, event)
                     due = self.store.next_event_at()
                 except Exception as exc:  # noqa: BLE001 (the state database cannot be written: a full disk)
-                    stalled = {"time": iso_now(), "webhooks_stalled": f"{type(exc).__name__}: {exc}"}
+                    stalled = {"time": iso_now(), "webhooks_stalled": write_reason(exc)}
                     log.info(orjson.dumps(stalled).decode())
                     due = time.time() + STALLED_RETRY_S  # the events stay recorded: sent once it can be written
                 wait = None if due is None else max(0.0, due - time.time())

@@ -7,6 +7,7 @@ The engine is a fake: this tests the server, not inference."""
 from __future__ import annotations
 
 import io
+import sqlite3
 from collections.abc import Callable
 from pathlib import Path
 
@@ -174,7 +175,7 @@ def test_a_sweep_that_fails_is_logged_and_the_next_one_runs(tmp_path: Path, capl
     def clock() -> int:
         calls.append(1)
         if len(calls) == 1:
-            raise OSError("database is locked")
+            raise sqlite3.OperationalError("database is locked")
         return file["created_at"] + HOUR
 
     sweeper = FileSweeper(store, every_s=0.01, clock=clock)
@@ -183,6 +184,6 @@ def test_a_sweep_that_fails_is_logged_and_the_next_one_runs(tmp_path: Path, capl
         wait_for(lambda: store.file("alice", file["id"]) is None, timeout=10)
         sweeper.close()
     lines = [orjson.loads(r.getMessage()) for r in caplog.records if r.name == ACCESS_LOGGER]
-    assert lines[0]["file_expiry_failed"] == "OSError: database is locked"
+    assert lines[0]["file_expiry_failed"] == "the state database: database is locked"  # errors.write_reason
     assert lines[1]["file_expired"] == file["id"] and lines[1]["bytes"] == 3 and "error" not in lines[1]
     store.close()

@@ -21,6 +21,7 @@ from pathlib import Path
 from typing import Any
 
 import openai
+import orjson
 import pytest
 from fakes import FakeEngine, wait_for
 from serving import Server, batch_lines, create, upload, wait_done
@@ -28,6 +29,7 @@ from standardwebhooks import Webhook
 from test_kill import TESTS, _up, free_port
 
 from bulkinfer.errors import ConfigError
+from bulkinfer.serve.access import ACCESS_LOGGER
 from bulkinfer.serve.webhooks import WebhookSender, checked_url, signer
 
 SECRET = "whsec_" + base64.b64encode(b"bulkinfer-test-secret-32-bytes!!").decode()
@@ -156,7 +158,10 @@ def test_a_receiver_that_fails_twice_gets_the_event_once_it_succeeds(
 
 
 def test_a_state_database_that_cannot_be_written_stalls_the_sender_never_ends_it(
-    serve: Callable[..., Server], receiver: Callable[..., Receiver], monkeypatch: pytest.MonkeyPatch
+    serve: Callable[..., Server],
+    receiver: Callable[..., Receiver],
+    monkeypatch: pytest.MonkeyPatch,
+    caplog: pytest.LogCaptureFixture,
 ) -> None:
     """A full disk: the record of a delivery fails (the thread died there, and no event went
     out again until a restart); the sender waits and goes on, sending that event once more
@@ -173,6 +178,7 @@ def test_a_state_database_that_cannot_be_written_stalls_the_sender_never_ends_it
         attempted(*args)
 
     monkeypatch.setattr(server.store, "event_attempted", event_attempted)
+    caplog.set_level("INFO", logger=ACCESS_LOGGER)
     sender = with_sender(server)
     client = server.client()
     first = wait_done(client, create(client, upload(client, batch_lines(["a"])).id).id)
@@ -181,6 +187,8 @@ def test_a_state_database_that_cannot_be_written_stalls_the_sender_never_ends_it
     assert sender.is_alive() and full == [0]
     assert len(hook.delivered()) == 3  # the first event twice: its first delivery could not be recorded
     sender.close()
+    stalls = [orjson.loads(r.getMessage()) for r in caplog.records if "webhooks_stalled" in r.getMessage()]
+    assert [line["webhooks_stalled"] for line in stalls] == ["the state database: database or disk is full"]
 
 
 def test_an_event_is_given_up_after_the_last_retry(
