@@ -16,8 +16,9 @@ one shared engine, and an account of every model start.
   API in this process. Tests about the CLI, signals and processes start
   their own.
 - Every engine start appends to ``$BULKINFER_ENGINE_STARTS``
-  (:mod:`bulkinfer.engine.starts`); the session's count and seconds are
-  printed at the end beside the slowest tests.
+  (:mod:`bulkinfer.engine.starts`) with the id of the test that asked for it;
+  the session's count and seconds are printed at the end beside the slowest
+  tests, with the starts by test file (where a new test could share one).
 """
 
 from __future__ import annotations
@@ -31,6 +32,7 @@ from typing import Any
 import pytest
 
 from bulkinfer.engine.starts import ENV as STARTS_ENV
+from bulkinfer.engine.starts import FOR_ENV as STARTS_FOR_ENV
 from bulkinfer.engine.starts import summary
 
 _STARTS = Path(tempfile.mkdtemp(prefix="bulkinfer-e2e-")) / "engine_starts.jsonl"
@@ -38,6 +40,10 @@ _STARTS = Path(tempfile.mkdtemp(prefix="bulkinfer-e2e-")) / "engine_starts.jsonl
 
 def pytest_configure(config: pytest.Config) -> None:
     os.environ.setdefault(STARTS_ENV, str(_STARTS))
+
+
+def pytest_runtest_logstart(nodeid: str, location: tuple[str, int | None, str]) -> None:
+    os.environ[STARTS_FOR_ENV] = nodeid  # inherited by the CLI processes the test starts
 
 
 def pytest_terminal_summary(terminalreporter: Any) -> None:
@@ -50,6 +56,13 @@ def pytest_terminal_summary(terminalreporter: Any) -> None:
         f"model starts: {account['starts']} ({kinds}); {account['ready']} ready, {account['failed']} failed, "
         f"{account['unfinished']} stopped during the start; {account['seconds']:.0f} s in the starts that ended "
         f"({account['seconds'] / max(1, account['ready'] + account['failed']):.1f} s each)"
+    )
+    by_file: dict[str, int] = {}
+    for nodeid, n in account["by_for"].items():
+        name = Path(str(nodeid).split("::")[0]).name if nodeid else "(not a test)"
+        by_file[name] = by_file.get(name, 0) + n
+    terminalreporter.write_line(
+        "by file: " + ", ".join(f"{name} {n}" for name, n in sorted(by_file.items(), key=lambda kv: -kv[1]))
     )
 
 
