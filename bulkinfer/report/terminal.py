@@ -35,7 +35,8 @@ def print_summary(report: RunReport | dict[str, Any], console: Console) -> None:
     summary.add_row("model", r.model)
     if r.chat_template_applied is not None:
         summary.add_row("text prompts", "through the chat template" if r.chat_template_applied else "sent raw")
-    summary.add_row("rows", f"{counts.total} ({counts.completed} completed, {counts.failed} failed)")
+    blank = f", {counts.skipped} blank lines skipped" if counts.skipped else ""
+    summary.add_row("rows", f"{counts.total} ({counts.completed} completed, {counts.failed} failed{blank})")
     summary.add_row("tokens", f"{r.tokens.prompt} prompt, {r.tokens.completion} completion")
     summary.add_row(
         "seconds",

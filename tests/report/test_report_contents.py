@@ -221,6 +221,11 @@ def test_the_terminal_summary_shows_end_to_end_throughput_and_memory_in_gib(run_
     text = out.getvalue()
     assert "bulkinfer 689 MiB, engine 7.56 GiB" in text
     assert "end to end (load included)" in text and "vLLM does not pad" in text
+    assert "30 (30 completed, 0 failed)" in text  # no blank lines: none named
+    out = io.StringIO()
+    counts = {"total": 13, "completed": 5, "failed": 6, "skipped": 2}
+    print_summary({**run_report, "request_counts": counts}, Console(file=out, width=200))
+    assert "13 (5 completed, 6 failed, 2 blank lines skipped)" in out.getvalue()  # total = the three
 
 
 def test_finish_reasons_structured_checks_and_pass_through_fields_are_reported(
