@@ -440,8 +440,9 @@ def _report(
 def _summary(report: dict[str, Any]) -> str:
     """One line on standard error at the end of a stream."""
     counts, seconds, windows = report["request_counts"], report["seconds"], report["windows"]["count"]
+    blank = f", {report['blank_lines']} blank lines skipped" if report.get("blank_lines") else ""
     return (
-        f"bulkinfer: stream ended: {counts['completed']} rows completed, {counts['failed']} failed, "
+        f"bulkinfer: stream ended: {counts['completed']} rows completed, {counts['failed']} failed{blank}, "
         f"{report['tokens']['completion']} completion tokens in {seconds['generate']:.1f} s "
         f"({report['throughput']['completion_tokens_per_s']:.1f} tok/s), {windows} window{'s' * (windows != 1)} "
         f"(max wait {report['windows']['max_wait_s']:g} s); load {seconds['load']:.1f} s; log {report['log']}"

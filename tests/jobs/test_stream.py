@@ -236,6 +236,8 @@ def test_the_closing_line_counts_windows_in_the_singular_and_plural() -> None:
 
     assert "(30.4 tok/s), 1 window (max wait 0.5 s); load 18.4 s; log x.log" in _summary(report(1))
     assert "(30.4 tok/s), 3 windows (max wait 0.5 s)" in _summary(report(3))
+    assert "6 rows completed, 1 failed, 36 completion" in _summary(report(1))
+    assert "6 rows completed, 1 failed, 2 blank lines skipped, 36" in _summary({**report(1), "blank_lines": 2})
 
 
 def test_streams_to_standard_output_keep_the_newest_logs_only(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
