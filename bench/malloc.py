@@ -65,7 +65,7 @@ def first_touch(gib: float, paused: bool) -> dict[str, Any]:
 
     from bulkinfer.engine.malloc import huge_pages_paused
 
-    with huge_pages_paused(True, False if paused else None) as was_paused:
+    with huge_pages_paused(False if paused else None) as was_paused:
         started = time.monotonic()
         block = torch.zeros(int(gib * (1 << 30)), dtype=torch.int8)
         seconds = time.monotonic() - started

@@ -54,6 +54,7 @@ TUNABLES: tuple[tuple[str, str], ...] = (
 SWITCH = "BULKINFER_MALLOC_TUNABLES"  # "0": leave glibc's defaults
 # <linux/prctl.h>: PR_SET_THP_DISABLE (Linux >= 3.15), arg2 1: no transparent huge page for this process's new faults.
 PR_SET_THP_DISABLE = 41
+PR_GET_THP_DISABLE = 42  # returns the flag (0 or 1)
 # <linux/virtio_balloon.h>: VIRTIO_BALLOON_F_REPORTING, the bit of sysfs's virtio "features" string (bit 0 first).
 BALLOON_F_REPORTING = 5
 # What a KV cache's start costs in huge pages over 4 KiB pages under free page reporting (s/GiB): an engine with a
@@ -111,13 +112,37 @@ def restart_tuned(argv: Sequence[str] | None = None) -> None:
 
 
 @contextlib.contextmanager
-def huge_pages_paused(engine_in_process: bool, wanted: bool | None) -> Iterator[bool]:
+def no_huge_pages(active: bool = True) -> Iterator[bool]:
     """No transparent huge page for this process's memory faulted in
-    inside the block (``prctl(PR_SET_THP_DISABLE)``, process-wide; the
-    kernel's own setting again after it) when ``wanted`` is False (the
-    engine setting ``huge_pages_at_start``); yields whether it paused them:
-    only for an engine in this process (a child engine would inherit the
-    flag for its life), on Linux.
+    inside the block (``prctl(PR_SET_THP_DISABLE)``, process-wide; the flag
+    as it was before again after it) when ``active``; yields whether it
+    paused them (False off Linux or where ``prctl`` cannot be loaded). A
+    process started inside the block inherits the flag for its life (the
+    kernel keeps it across ``fork`` and ``execve``).
+
+    Imports fault in hundreds of MiB of interpreter heap that no engine
+    step reads; on a VM whose host takes free memory back each huge page
+    of it costs the host hundreds of small faults: loading the tokenizer
+    (importing torch and transformers) took 5.8-6.6 s under bulkinfer's
+    tunables against 4.6-4.7 s paused (AMD EPYC Zen 4, 2026-12-06,
+    README, Engine settings)."""
+    prctl = _prctl() if active and sys.platform == "linux" else None
+    before = prctl(PR_GET_THP_DISABLE, 0, 0, 0, 0) if prctl is not None else -1
+    paused = before == 0 and prctl is not None and prctl(PR_SET_THP_DISABLE, 1, 0, 0, 0) == 0
+    try:
+        yield paused or before == 1
+    finally:
+        if paused and prctl is not None:
+            prctl(PR_SET_THP_DISABLE, 0, 0, 0, 0)
+
+
+@contextlib.contextmanager
+def huge_pages_paused(wanted: bool | None) -> Iterator[bool]:
+    """:func:`no_huge_pages` for an engine's start when ``wanted`` is False
+    (the engine setting ``huge_pages_at_start``); yields whether it paused
+    them. An engine in this process gets huge pages again for its steps;
+    an engine in child processes (vLLM's engine core and worker, spawned
+    inside the block) runs without them for its life.
 
     Why: the engine's start faults its KV cache in, one fresh block of up
     to gigabytes. Under ``glibc.malloc.hugetlb`` (or THP ``always``) that
@@ -125,18 +150,15 @@ def huge_pages_paused(engine_in_process: bool, wanted: bool | None) -> Iterator[
     the host (Firecracker's ``page_reporting``) each such page costs the
     host hundreds of 4 KiB faults: ``torch.zeros`` of 1.76 GiB took 2.3-6.9
     s there against 0.4-0.6 s paused (AMD EPYC Zen 4, 2026-12-05,
-    ``bench/results/malloc-first-touch-zen4.md``). The steps run faster
-    over a KV cache in huge pages, so a run pauses them only for a job too
-    short to win the start back (README, Engine settings).
+    ``bench/results/malloc-first-touch-zen4.md``). Child processes fault
+    their whole interpreter heap in too: a 2-row job's engine in vLLM's
+    processes started in 21-23 s without ``hugetlb`` against 30-32 s with
+    it (the same CPU, 2026-12-06). The steps run faster over a KV cache in
+    huge pages, so a run pauses them only for a job too short to win the
+    start back (README, Engine settings).
     """
-    active = engine_in_process and wanted is False and sys.platform == "linux"
-    prctl = _prctl() if active else None
-    paused = prctl is not None and prctl(PR_SET_THP_DISABLE, 1, 0, 0, 0) == 0
-    try:
+    with no_huge_pages(wanted is False) as paused:
         yield paused
-    finally:
-        if paused and prctl is not None:
-            prctl(PR_SET_THP_DISABLE, 0, 0, 0, 0)
 
 
 def huge_page_fault_s_per_gib(sysfs: Path = Path("/sys")) -> float | None:
@@ -179,5 +201,7 @@ def _prctl() -> Callable[..., int] | None:
 def reported(huge_pages_paused: bool = False) -> dict[str, str | bool | None]:
     """The report's ``engine.glibc_tunables``: ``GLIBC_TUNABLES`` in this
     process (None: unset); ``engine.huge_pages_paused_at_start``: the
-    engine's start ran under :func:`huge_pages_paused`."""
+    engine's start ran under :func:`huge_pages_paused` (with
+    ``engine.in_process`` false: its processes ran without huge pages for
+    their life)."""
     return {"glibc_tunables": os.environ.get("GLIBC_TUNABLES"), "huge_pages_paused_at_start": huge_pages_paused}

@@ -128,7 +128,7 @@ class VllmEngine:
         watchdog: Watchdog | None = None
         try:
             start = engine_start(str(model), args.get("runner") or "generate")
-            pages = malloc.huge_pages_paused(in_process, settings.huge_pages_at_start)
+            pages = malloc.huge_pages_paused(settings.huge_pages_at_start)
 
             def build() -> Any:
                 return LLMEngine.from_engine_args(

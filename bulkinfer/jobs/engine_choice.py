@@ -38,7 +38,7 @@ from bulkinfer.io.inputs import InputScan
 from bulkinfer.io.readers import RawRow
 from bulkinfer.jobs.compile_choice import choose_compile
 from bulkinfer.jobs.decode_steps import DecodeWork, decode_work
-from bulkinfer.jobs.tune import TUNE_DEFAULTS, measured_settings, print_to_stderr
+from bulkinfer.jobs.tune import TUNE_DEFAULTS, known_dtype, measured_settings, print_to_stderr
 from bulkinfer.prep.planner import Planner
 from bulkinfer.prep.rows import RowParser
 
@@ -110,7 +110,9 @@ def choose_engine_settings(
             work = expected_decode_work(settings, scan, rows()) if decides else None
             probe_rate = _probe_rate(choice.get("dtype"), settings.engine.dtype)
             settings, choice["compile"] = choose_compile(model, settings, expected, work, probe_rate)
-            generation = _generation_s(choice["compile"], expected, probe_rate) if decides else None
+            # a dtype the user set: the rate the stored probe measured at it, if it ran here
+            rate = probe_rate or _probe_rate(known_dtype(model), settings.engine.dtype)
+            generation = _generation_s(choice["compile"], expected, rate) if decides else None
             settings, choice["huge_pages"] = choose_huge_pages(settings, generation)
     return with_priority_scheduling(settings, scan.mentions_priority), choice
 
@@ -173,8 +175,9 @@ def _generation_s(compile_choice: dict[str, Any], tokens: int | None, eager_rate
 
 def _probe_rate(dtype_choice: dict[str, Any] | None, dtype: str) -> float | None:
     """The completion tokens/s the dtype probe measured at ``dtype`` (an
-    eager engine), from the report's ``engine_choice.dtype``; None when the
-    probe did not decide (the user set the dtype) or did not time it."""
+    eager engine), from the report's ``engine_choice.dtype`` or the stored
+    probe (:func:`bulkinfer.jobs.tune.known_dtype`); None when the probe
+    did not decide (the user set the dtype) or did not time it."""
     for trial in (dtype_choice or {}).get("trials") or ():
         if trial.get("dtype") == dtype and trial.get("completion_tokens_per_s"):
             return float(trial["completion_tokens_per_s"])

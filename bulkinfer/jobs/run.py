@@ -28,6 +28,7 @@ from bulkinfer.default_model import DEFAULT_MODEL
 from bulkinfer.engine.args import this_machine
 from bulkinfer.engine.base import Engine, NoEngine
 from bulkinfer.engine.log import EngineLog, warn
+from bulkinfer.engine.malloc import no_huge_pages
 from bulkinfer.errors import (
     EXIT_OK,
     EXIT_PARTIAL,
@@ -302,7 +303,8 @@ def _run_locked(attempt: Attempt, job: Job, settings: Settings, context: RunCont
         with context.stop.loading(settings.plan.start_timeout_s):  # the CLI ends a load that takes longer
             clock = time.monotonic()
             model = resolve_model(settings.model)
-            tokenizer = context.tokenizer_factory(model, settings.engine.trust_remote_code)
+            with no_huge_pages():  # its imports (torch, transformers) fault in heap no engine step reads
+                tokenizer = context.tokenizer_factory(model, settings.engine.trust_remote_code)
             start["tokenizer"], clock = time.monotonic() - clock, time.monotonic()
             sized = job.sized_kv_cache and not context.engine_outlives_run  # an engine that outlives the job: not sized
             sample = (

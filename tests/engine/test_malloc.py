@@ -1,7 +1,8 @@
 """The console script restarts itself once under glibc malloc tunables
 (bulkinfer.engine.malloc): every tunable added, the user's own kept, the same
 PID, and never for help or the version; an engine in bulkinfer's process
-starts without transparent huge pages and its steps get them again."""
+starts without transparent huge pages and its steps get them again, one in
+child processes runs without them; the tokenizer loads without them."""
 
 from __future__ import annotations
 
@@ -122,16 +123,25 @@ def _touched_madvised(size: int = 16 << 20) -> mmap.mmap:
     return buffer
 
 
+def _child_thp_enabled() -> str:
+    """``THP_enabled`` of a child interpreter started now."""
+    code = "print(next(l.split()[1] for l in open('/proc/self/status') if l.startswith('THP_enabled:')))"
+    return subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout.strip()
+
+
 @pytest.mark.skipif(_thp_enabled() is None, reason="a kernel that reports THP_enabled (Linux)")
 def test_an_engine_in_this_process_starts_without_huge_pages_and_the_steps_get_them_again() -> None:
     before = _thp_enabled()
     thp = Path("/sys/kernel/mm/transparent_hugepage/enabled")
     offered = thp.exists() and "[never]" not in thp.read_text()
-    with malloc.huge_pages_paused(True, False) as paused:
+    with malloc.huge_pages_paused(False) as paused:
         assert paused and _thp_enabled() == "0"
         during = _touched_madvised()
         assert _huge_kib(during) == 0  # 4 KiB pages though malloc (here: we) asked for huge ones
+        # an engine in vLLM's processes, spawned now, runs without them for its life
+        assert _child_thp_enabled() == "0"
     assert _thp_enabled() == before == "1"
+    assert _child_thp_enabled() == "1"
     if offered:  # the kernel's own setting again: madvise or always gives this mapping huge pages
         after = _touched_madvised()
         assert _huge_kib(after) > 0
@@ -139,12 +149,21 @@ def test_an_engine_in_this_process_starts_without_huge_pages_and_the_steps_get_t
     during.close()
 
 
-@pytest.mark.parametrize(("in_process", "wanted"), [(False, False), (True, True), (True, None)])
-def test_huge_pages_stay_for_an_engine_in_another_process_or_unless_the_setting_pauses_them(
-    in_process: bool, wanted: bool | None
-) -> None:
+@pytest.mark.skipif(_thp_enabled() is None, reason="a kernel that reports THP_enabled (Linux)")
+def test_a_pause_inside_a_pause_leaves_the_outer_one_in_place() -> None:
+    with malloc.no_huge_pages() as outer:
+        with malloc.no_huge_pages() as inner:
+            assert outer and inner and _thp_enabled() == "0"
+        assert _thp_enabled() == "0"  # the inner block ended; the outer pause holds
+    assert _thp_enabled() == "1"
+    with malloc.no_huge_pages(active=False) as paused:
+        assert not paused and _thp_enabled() == "1"
+
+
+@pytest.mark.parametrize("wanted", [True, None])
+def test_huge_pages_stay_unless_the_setting_pauses_them(wanted: bool | None) -> None:
     before = _thp_enabled()
-    with malloc.huge_pages_paused(in_process, wanted) as paused:
+    with malloc.huge_pages_paused(wanted) as paused:
         assert not paused and _thp_enabled() == before
     assert malloc.reported(paused)["huge_pages_paused_at_start"] is False
 

@@ -278,6 +278,29 @@ def test_a_run_passes_the_dtype_probes_rate_at_the_chosen_dtype(home: Path, monk
     assert settings.engine.enforce_eager is True and "prior" not in choice["compile"]
 
 
+def test_a_dtype_the_user_set_times_the_job_at_the_stored_probes_rate(
+    home: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The huge pages choice weighs the job's generation time: with the
+    dtype set by the user, at the rate the stored probe measured at it (the
+    compile choice still decides without it: eager)."""
+    from bulkinfer.jobs import engine_choice
+
+    user = {"dtype": {"dtype": "float32", "why": "set by the user"}}
+    stored = {"dtype": "bfloat16", "trials": [{"dtype": "float32", "completion_tokens_per_s": 160.0}]}
+    timed: list[float | None] = []
+    monkeypatch.setattr(engine_choice, "detect_device", lambda: "cpu")
+    monkeypatch.setattr(engine_choice, "sized_kv_cache", lambda *a: {})
+    set_by_user = with_engine(Settings(), dtype="float32")
+    monkeypatch.setattr(engine_choice, "measured_settings", lambda model, s, *a: (set_by_user, user))
+    monkeypatch.setattr(engine_choice, "choose_huge_pages", lambda s, seconds: (timed.append(seconds), (s, {}))[1])
+    small = InputScan(rows=10, mentions_priority=False, bytes=1_000)  # 10 x 256 tokens at most
+    for probe, seconds in ((stored, 2560 / 160.0), (None, None)):
+        monkeypatch.setattr(engine_choice, "known_dtype", lambda model, probe=probe: probe)
+        settings, _ = engine_choice.choose_engine_settings("m", Settings(), small, measure=True, size_kv_cache=True)
+        assert timed.pop() == seconds and settings.engine.enforce_eager is True
+
+
 def test_rows_that_set_their_own_max_tokens_decide_by_them(home: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """An OpenAI batch file's rows each carry max_tokens: the compile choice
     counts theirs (from the tokenized sample), not 256 a row."""
