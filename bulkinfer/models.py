@@ -23,7 +23,7 @@ from bulkinfer.default_model import (
     prepare_default_encoder,
     prepare_default_model,
 )
-from bulkinfer.errors import ModelError
+from bulkinfer.errors import BulkinferError, ModelError
 
 # (model path, trust_remote_code) -> a Hugging Face tokenizer: load_tokenizer, or a test's own
 TokenizerFactory = Callable[[str, bool], Any]
@@ -307,6 +307,8 @@ def load_tokenizer(model: str, trust_remote_code: bool = False) -> Any:
 
     try:
         return AutoTokenizer.from_pretrained(model, trust_remote_code=trust_remote_code)
+    except BulkinferError:  # a stop signal's Interrupted, raised wherever the load was: not the tokenizer's fault
+        raise
     except Exception as exc:  # OSError, ValueError, KeyError, ImportError, the hub transport's own errors
         raise ModelError(f"cannot load the tokenizer of {model}: {type(exc).__name__}: {exc}") from None
 

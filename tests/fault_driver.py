@@ -11,6 +11,7 @@ Exit code: as `bulkinfer` (0, 3, 128+N, ...), through the CLI's own exit path.
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 import time
 from pathlib import Path
@@ -59,4 +60,10 @@ def main() -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    code = main()
+    # as the console script ends after a signal (bulkinfer.cli.main): without the interpreter's teardown, here of
+    # the torch a SIGTERM may have stopped importing halfway (the tokenizer's load); one CI run waited over 30 s
+    # for this driver to end after such a SIGTERM
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(code)

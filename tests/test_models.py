@@ -442,3 +442,25 @@ def test_the_default_encoder_is_extracted_once_and_listed_as_an_embedding_model(
     [info] = models.list_models(tmp_path)
     assert (info.name, info.task) == (DEFAULT_ENCODER, "embed")
     assert not [p for p in (tmp_path / "models").iterdir() if p.name.startswith(".tmp-")]
+
+
+def test_a_stop_signal_during_the_tokenizers_load_stays_a_stop(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The CLI's stop signal raises ``Interrupted`` wherever the load is: the
+    tokenizer's load passes it on (exit 128 + N), never as its own failure."""
+    import transformers
+
+    from bulkinfer.errors import Interrupted
+
+    def failing(error: Exception) -> Any:
+        def from_pretrained(*args: Any, **kwargs: Any) -> None:
+            raise error
+
+        return from_pretrained
+
+    monkeypatch.setattr(transformers.AutoTokenizer, "from_pretrained", failing(Interrupted(15, "stopped by SIGTERM")))
+    with pytest.raises(Interrupted) as info:
+        models.load_tokenizer("/nowhere")
+    assert info.value.exit_code == 143
+    monkeypatch.setattr(transformers.AutoTokenizer, "from_pretrained", failing(OSError("unreadable")))
+    with pytest.raises(ModelError, match="cannot load the tokenizer of /nowhere: OSError: unreadable"):
+        models.load_tokenizer("/nowhere")

@@ -12,6 +12,7 @@ from typing import Any, NoReturn, Protocol, TypeVar
 
 import typer
 
+from bulkinfer.engine.watchdog import kill_all_now  # imported here, never inside the handler
 from bulkinfer.errors import BulkinferError, EngineError, Interrupted
 from bulkinfer.stop import StopToken
 
@@ -95,8 +96,6 @@ class StopSignals:
             raise Interrupted(signum, f"stopped at once by a second {name}")
         self.token.stop(f"stopped by {name}", signum)
         if self.token.starting:
-            from bulkinfer.engine.watchdog import kill_all_now
-
             kill_all_now()  # an engine being started dies now, not after vLLM's graceful shutdown
             raise Interrupted(signum, f"stopped by {name} before any row was run")
 
