@@ -77,12 +77,13 @@ class EngineSettings:
     most that many running rows, a job's tail (vLLM's
     ``speculative_config``: :func:`bulkinfer.engine.args.tail_speculation`).
 
-    ``huge_pages_at_start`` is bulkinfer's: False starts an engine in
-    bulkinfer's process with transparent huge pages paused, so its KV cache
-    is faulted in 4 KiB pages (a faster start on a VM that hands free memory
-    back to its host, slower steps after); True keeps them; None lets a run
-    decide by its job (:func:`bulkinfer.jobs.engine_choice.choose_huge_pages`)
-    and keeps them elsewhere (:func:`bulkinfer.engine.malloc.huge_pages_paused`).
+    ``huge_pages_at_start`` is bulkinfer's: False starts the engine with
+    transparent huge pages paused, so its KV cache is faulted in 4 KiB
+    pages (a faster start on a VM that hands free memory back to its host,
+    slower steps after; an engine in vLLM's child processes keeps the pause
+    for its life); True keeps them; None lets a run decide by its job
+    (:func:`bulkinfer.jobs.engine_choice.choose_huge_pages`) and keeps them
+    elsewhere (:func:`bulkinfer.engine.malloc.huge_pages_paused`).
     """
 
     dtype: str = "auto"

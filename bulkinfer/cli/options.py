@@ -659,7 +659,11 @@ NoHugePagesAtStartOption = Annotated[
     bool,
     typer.Option(
         "--no-huge-pages-at-start",
-        help=described("Start the engine with transparent huge pages paused (its KV cache in 4 KiB pages).", "off"),
+        help=described(
+            "Start the engine with transparent huge pages paused (its KV cache in 4 KiB pages; an engine in "
+            "vLLM's child processes keeps the pause for its life).",
+            "off",
+        ),
         rich_help_panel=ENGINE,
     ),
 ]
