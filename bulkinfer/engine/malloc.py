@@ -122,10 +122,10 @@ def no_huge_pages(active: bool = True) -> Iterator[bool]:
 
     Imports fault in hundreds of MiB of interpreter heap that no engine
     step reads; on a VM whose host takes free memory back each huge page
-    of it costs the host hundreds of small faults: loading the tokenizer
-    (importing torch and transformers) took 5.8-6.6 s under bulkinfer's
-    tunables against 4.6-4.7 s paused (AMD EPYC Zen 4, 2026-12-06,
-    README, Engine settings)."""
+    of it costs the host hundreds of small faults: a 2-row run's tokenizer
+    phase (importing torch and transformers) took 5.8-6.9 s under
+    bulkinfer's tunables against 4.8-5.6 s paused (AMD EPYC Zen 4,
+    2026-12-06, ``bench/results/startup-thp-tokenizer-2rows-zen4.md``)."""
     prctl = _prctl() if active and sys.platform == "linux" else None
     before = prctl(PR_GET_THP_DISABLE, 0, 0, 0, 0) if prctl is not None else -1
     paused = before == 0 and prctl is not None and prctl(PR_SET_THP_DISABLE, 1, 0, 0, 0) == 0
@@ -152,8 +152,9 @@ def huge_pages_paused(wanted: bool | None) -> Iterator[bool]:
     s there against 0.4-0.6 s paused (AMD EPYC Zen 4, 2026-12-05,
     ``bench/results/malloc-first-touch-zen4.md``). Child processes fault
     their whole interpreter heap in too: a 2-row job's engine in vLLM's
-    processes started in 21-23 s without ``hugetlb`` against 30-32 s with
-    it (the same CPU, 2026-12-06). The steps run faster over a KV cache in
+    processes started in 23.6-26.5 s paused against 32.7-33.3 s (the same
+    CPU, 2026-12-06, ``bench/results/startup-thp-processes-2rows-zen4.md``).
+    The steps run faster over a KV cache in
     huge pages, so a run pauses them only for a job too short to win the
     start back (README, Engine settings).
     """

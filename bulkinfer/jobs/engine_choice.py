@@ -175,9 +175,10 @@ def _generation_s(compile_choice: dict[str, Any], tokens: int | None, eager_rate
 
 def _probe_rate(dtype_choice: dict[str, Any] | None, dtype: str) -> float | None:
     """The completion tokens/s the dtype probe measured at ``dtype`` (an
-    eager engine), from the report's ``engine_choice.dtype`` or the stored
-    probe (:func:`bulkinfer.jobs.tune.known_dtype`); None when the probe
-    did not decide (the user set the dtype) or did not time it."""
+    eager engine), from a dtype choice's trials (the report's
+    ``engine_choice.dtype``, or the stored probe's:
+    :func:`bulkinfer.jobs.tune.known_dtype`); None when it holds no timed
+    trial at ``dtype`` (the user set the dtype and no probe ran here)."""
     for trial in (dtype_choice or {}).get("trials") or ():
         if trial.get("dtype") == dtype and trial.get("completion_tokens_per_s"):
             return float(trial["completion_tokens_per_s"])
