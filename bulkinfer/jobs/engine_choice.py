@@ -110,9 +110,10 @@ def choose_engine_settings(
             work = expected_decode_work(settings, scan, rows()) if decides else None
             probe_rate = _probe_rate(choice.get("dtype"), settings.engine.dtype)
             settings, choice["compile"] = choose_compile(model, settings, expected, work, probe_rate)
-            # a dtype the user set: the rate the stored probe measured at it, if it ran here
-            rate = probe_rate or _probe_rate(known_dtype(model), settings.engine.dtype)
-            generation = _generation_s(choice["compile"], expected, rate) if decides else None
+            generation = None
+            if decides:  # a dtype the user set: the rate the stored probe measured at it, if it ran here
+                rate = probe_rate or _probe_rate(known_dtype(model), settings.engine.dtype)
+                generation = _generation_s(choice["compile"], expected, rate)
             settings, choice["huge_pages"] = choose_huge_pages(settings, generation)
     return with_priority_scheduling(settings, scan.mentions_priority), choice
 
