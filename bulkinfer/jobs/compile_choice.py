@@ -43,7 +43,8 @@ bfloat16 job decides by a prior (:func:`choose_by_prior`): on every CPU
 with native bfloat16 measured, compiling paid once a job's eager
 generation would take :data:`PRIOR_BREAK_EVEN_S` (the longest break-even of
 them, cold and warm); the job's expected completion tokens at the eager
-rate the dtype probe measured here are set against it. So a first big job
+rate the dtype probe measured here (at a dtype the user set, the rate the
+stored probe measured at it) are set against it. So a first big job
 on a new machine compiles, as vLLM would, and a small one starts eager.
 Without a probe rate, at float32 (compiled ran 0.87-1.15x eager on an AVX2
 Zen 3: no prior) or of unknown size, a job runs eager.
@@ -239,7 +240,7 @@ def _no_prior(dtype: str | None, eager_rate: float | None) -> str:
     if dtype != "bfloat16":
         return f"no prior for dtype {dtype or 'unset'} (the prior covers bfloat16 only): eager"
     if not eager_rate:
-        return "no eager rate from the dtype probe here (the user set the dtype, or the probe did not time it): eager"
+        return "no eager rate at this dtype from a dtype probe here (none has run, or it did not time it): eager"
     return "the job's completion tokens are unknown (its size is not known before the run): eager"
 
 

@@ -108,12 +108,11 @@ def choose_engine_settings(
             decides = size_kv_cache and settings.engine.enforce_eager is None
             expected = expected_completion_tokens(settings, scan, rows()) if decides else None
             work = expected_decode_work(settings, scan, rows()) if decides else None
-            probe_rate = _probe_rate(choice.get("dtype"), settings.engine.dtype)
-            settings, choice["compile"] = choose_compile(model, settings, expected, work, probe_rate)
-            generation = None
-            if decides:  # a dtype the user set: the rate the stored probe measured at it, if it ran here
-                rate = probe_rate or _probe_rate(known_dtype(model), settings.engine.dtype)
-                generation = _generation_s(choice["compile"], expected, rate)
+            rate = _probe_rate(choice.get("dtype"), settings.engine.dtype)
+            if rate is None and decides:  # a dtype the user set: the rate the stored probe measured at it, if any
+                rate = _probe_rate(known_dtype(model), settings.engine.dtype)
+            settings, choice["compile"] = choose_compile(model, settings, expected, work, rate)
+            generation = _generation_s(choice["compile"], expected, rate) if decides else None
             settings, choice["huge_pages"] = choose_huge_pages(settings, generation)
     return with_priority_scheduling(settings, scan.mentions_priority), choice
 

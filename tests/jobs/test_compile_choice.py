@@ -113,7 +113,7 @@ def test_unmeasured_bfloat16_decides_by_the_prior_and_the_probes_eager_rate(home
 def test_the_prior_needs_bfloat16_a_probe_rate_and_a_known_size(home: Path) -> None:
     stopped_by = (
         (F32, 10**9, 250.0, "no prior for dtype float32"),
-        (BF16, 10**9, None, "no eager rate from the dtype probe"),
+        (BF16, 10**9, None, "no eager rate at this dtype from a dtype probe"),
         (BF16, None, 250.0, "completion tokens are unknown"),
     )
     for settings, tokens, rate, why in stopped_by:
@@ -270,12 +270,18 @@ def test_a_run_passes_the_dtype_probes_rate_at_the_chosen_dtype(home: Path, monk
     settings, choice = engine_choice.choose_engine_settings("m", Settings(), big, measure=True, size_kv_cache=True)
     assert choice["compile"]["prior"]["eager_completion_tokens_per_s"] == 250.0
     assert settings.engine.enforce_eager is False
-    user = {"dtype": {"dtype": "bfloat16", "why": "set by the user"}}  # no probe ran: no rate, eager
+    user = {"dtype": {"dtype": "bfloat16", "why": "set by the user"}}  # this run probed nothing
     monkeypatch.setattr(
         engine_choice, "measured_settings", lambda model, s, *a: (with_engine(s, dtype="bfloat16"), user)
     )
     settings, choice = engine_choice.choose_engine_settings("m", Settings(), big, measure=True, size_kv_cache=True)
-    assert settings.engine.enforce_eager is True and "prior" not in choice["compile"]
+    assert settings.engine.enforce_eager is True and "prior" not in choice["compile"]  # and none is stored: eager
+    assert "none has run" in choice["compile"]["why"]
+    stored = {"dtype": "float32", "trials": [{"dtype": "bfloat16", "completion_tokens_per_s": 240.0}]}
+    monkeypatch.setattr(engine_choice, "known_dtype", lambda model: stored)  # a probe ran here before
+    settings, choice = engine_choice.choose_engine_settings("m", Settings(), big, measure=True, size_kv_cache=True)
+    assert choice["compile"]["prior"]["eager_completion_tokens_per_s"] == 240.0
+    assert settings.engine.enforce_eager is False  # as the probe's own choice of bfloat16 would
 
 
 def test_a_dtype_the_user_set_times_the_job_at_the_stored_probes_rate(
@@ -283,7 +289,7 @@ def test_a_dtype_the_user_set_times_the_job_at_the_stored_probes_rate(
 ) -> None:
     """The huge pages choice weighs the job's generation time: with the
     dtype set by the user, at the rate the stored probe measured at it (the
-    compile choice still decides without it: eager)."""
+    compile choice has no prior at float32: eager)."""
     from bulkinfer.jobs import engine_choice
 
     user = {"dtype": {"dtype": "float32", "why": "set by the user"}}
