@@ -24,7 +24,7 @@ import functools
 import itertools
 import math
 from collections.abc import Callable, Iterable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 import orjson
@@ -39,7 +39,7 @@ from bulkinfer.io.readers import RawRow
 from bulkinfer.jobs.compile_choice import choose_compile
 from bulkinfer.jobs.decode_steps import DecodeWork, decode_work
 from bulkinfer.jobs.tune import TUNE_DEFAULTS, known_dtype, measured_settings, print_to_stderr
-from bulkinfer.prep.planner import Planner
+from bulkinfer.prep.planner import Planner, with_parts
 from bulkinfer.prep.rows import RowParser
 
 # Tokens a row's chat template adds beyond its JSON bytes / 2 (and its n x max_tokens completion tokens).
@@ -281,7 +281,8 @@ class TokenSample:
     its line's bytes), ``prompt_tokens`` (chat template applied),
     ``completion_tokens`` (each row's ``n x max_tokens``); ``whole``: every
     row of the input was read; ``lengths``: each sequence's (prompt tokens,
-    ``max_tokens``), a row of ``n`` choices ``n`` times."""
+    ``max_tokens``), a row of ``n`` choices ``n`` times, a row of several
+    prompts (an OpenAI ``prompt`` list) once a prompt."""
 
     rows: int
     bytes: int
@@ -309,14 +310,14 @@ def sample_tokens(
             continue
         try:
             request = parse(raw.data, read, raw.line, settings)
-            tokens = len(planner.encode(request))
+            each = [len(planner.encode(part)) for part in with_parts([replace(request)])]
         except Exception:  # the row's own error, reported when the run reads it
             continue
         count += 1
         size += len(orjson.dumps(raw.data)) + 1
-        prompts += tokens
+        prompts += sum(each)
         completions += request.max_completion_tokens
-        lengths += [(tokens, request.max_tokens)] * int(request.options.get("n", 1))
+        lengths += [(tokens, request.max_tokens) for tokens in each for _ in range(int(request.options.get("n", 1)))]
     if not count:
         return None
     return TokenSample(count, size, prompts, completions, whole=read <= limit, lengths=tuple(lengths))

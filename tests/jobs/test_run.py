@@ -445,8 +445,10 @@ def test_the_kv_cache_is_sized_from_the_first_rows_tokenized(tmp_path: Path, tin
 
 
 def test_a_row_of_n_choices_is_n_sequences_in_the_sample(tmp_path: Path, tiny_home: Path) -> None:
-    """The compile choice's decode work counts a row of ``n`` choices as ``n``
-    sequences of its own ``max_tokens`` (vLLM decodes each), its prompt beside each."""
+    """The compile choice's decode work and the KV cache's sequences count a
+    row of ``n`` choices as ``n`` sequences of its own ``max_tokens`` (vLLM
+    decodes each), its prompt beside each; a row of several prompts as one
+    sequence a prompt."""
     from transformers import AutoTokenizer
 
     from bulkinfer.io.readers import open_reader
@@ -462,6 +464,14 @@ def test_a_row_of_n_choices_is_n_sequences_in_the_sample(tmp_path: Path, tiny_ho
     assert sample is not None and sample.completion_tokens == 7 + 3 * 5
     prompt = sample.prompt_tokens // 2  # the same prompt twice
     assert sample.lengths == ((prompt, 7), (prompt, 5), (prompt, 5), (prompt, 5))
+    # an OpenAI line of several prompts: one sequence a prompt (vLLM runs each), each its own length
+    body = {"model": "m", "prompt": ["one two", "one two three four five six", [1, 2, 3]], "max_tokens": 4, "n": 2}
+    line = {"custom_id": "several", "method": "POST", "url": "/v1/completions", "body": body}
+    src.write_bytes(orjson.dumps(line) + b"\n")
+    sample = sample_tokens(open_reader(src), tokenizer, config, to_request)
+    each = [len(tokenizer(p)["input_ids"]) for p in body["prompt"][:2]] + [3]  # raw prompts, no template
+    assert sample is not None and sample.lengths == tuple((t, 4) for t in each for _ in range(2))
+    assert (sample.prompt_tokens, sample.completion_tokens) == (sum(each), 3 * 2 * 4)
 
 
 def test_the_report_itemises_the_start_and_the_first_token(tmp_path: Path) -> None:
