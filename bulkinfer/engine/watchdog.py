@@ -30,7 +30,8 @@ When bulkinfer dies without saying ``done``, the watchdog sends SIGTERM to
 all of them, then SIGKILL to any left after :data:`GRACE_S` seconds. When
 bulkinfer says ``kill`` (a start that failed or was interrupted, a shutdown
 that did not finish) it sends SIGKILL at once. Shared memory the engine
-leaves is unlinked by multiprocessing's resource tracker, which is spared.
+leaves is unlinked by multiprocessing's resource tracker, which is spared
+(not in a Ray actor that Ray kills: :mod:`bulkinfer.engine.cluster`).
 Linux only (``/proc``); elsewhere it does nothing.
 """
 

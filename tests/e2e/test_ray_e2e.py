@@ -61,12 +61,28 @@ def replica_actors(_driver: int = 0) -> list[psutil.Process]:
     return found
 
 
+# The shared memory (/dev/shm/psm_*) the surviving replica's engine maps when the other is killed (kill_a_replica).
+SURVIVOR_SHM: set[str] = set()
+
+
+def shared_memory_of(proc: psutil.Process) -> set[str]:
+    """The ``/dev/shm/psm_*`` files ``proc`` and its descendants map (vLLM's shared-memory queues)."""
+    found = set()
+    for one in [proc, *proc.children(recursive=True)]:
+        try:
+            found |= {m.path for m in one.memory_maps() if m.path.startswith("/dev/shm/psm_")}
+        except psutil.Error:  # gone meanwhile
+            pass
+    return found
+
+
 def kill_a_replica(resumed: subprocess.Popen[str], kept: int) -> None:
     """SIGKILL of one replica's actor once five more rows are on disk."""
     spool = Path(str(resumed.args[resumed.args.index("-o") + 1])).parent / ".out.jsonl.partial.jsonl"
     wait_until(lambda: spool_lines(spool) >= kept + 5, resumed)
     actors = replica_actors()
     assert len(actors) == 2, actors
+    SURVIVOR_SHM.update(shared_memory_of(actors[1]))
     os.kill(actors[0].pid, signal.SIGKILL)
 
 
@@ -105,3 +121,11 @@ def test_a_replica_killed_mid_run_hands_its_requests_to_the_other(resumed: dict[
     assert sum(r["requeued"] for r in replicas) >= 1
     assert sum(r["rows"] for r in replicas) == ROWS - resumed["resumed"]["completed"]
     assert resumed["request_counts"]["completed"] == ROWS
+
+
+def test_a_replica_alive_at_the_end_shuts_its_engine_down_and_leaves_no_shared_memory(resumed: dict[str, Any]) -> None:
+    """The replica that survived the resumed run closed its engine through
+    vLLM's shutdown before Ray killed its actor: its engine's shared-memory
+    queues are gone from /dev/shm (``ray.kill`` alone left them there)."""
+    assert SURVIVOR_SHM, "the surviving replica's engine mapped no /dev/shm/psm_* file"
+    assert not [path for path in SURVIVOR_SHM if os.path.exists(path)]

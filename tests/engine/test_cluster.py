@@ -97,3 +97,80 @@ def test_a_failure_of_the_cluster_itself_is_an_engine_error_naming_it() -> None:
     replicas.add("r0", request("r0", 10))
     with pytest.raises(EngineError, match=r"the Ray cluster at '10.0.0.1:6379' failed: RpcError: Timed out .*--resume"):
         replicas.step(wait=0.01)
+
+
+class FakeActor:
+    """A Ray actor handle whose method calls return their names (as refs)
+    and record them: ``describe`` and ``close``."""
+
+    def __init__(self) -> None:
+        self.calls: list[str] = []
+        outer = self
+
+        class Method:
+            def __init__(self, name: str):
+                self.name = name
+
+            def remote(self) -> str:
+                outer.calls.append(self.name)
+                return f"{self.name}#{len(outer.calls)}"
+
+        self.describe, self.close = Method("describe"), Method("close")
+
+
+def test_a_replica_asked_while_ray_restarts_it_asks_again_and_rejoins(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A ``describe`` sent while Ray restarts the actor fails with
+    ActorUnavailableError ("The actor is restarting": seen with Ray 2.60 on
+    every SIGKILLed replica): the replica is restarting, not dead, so it
+    asks again and takes requests once the engine is up; a replica whose
+    restarts are used up (ActorDiedError) is dead."""
+    import ray
+
+    from bulkinfer.engine.cluster import RayReplica
+
+    answers: dict[str, object] = {
+        "describe#1": ray.exceptions.ActorUnavailableError("The actor is restarting.", None),
+        "describe#2": {"node": "10.0.0.2"},
+    }
+
+    def get(ref: str) -> object:
+        if isinstance(answers[ref], Exception):
+            raise answers[ref]  # type: ignore[misc]
+        return answers[ref]
+
+    monkeypatch.setattr(ray, "wait", lambda refs, **kw: (list(refs), []))
+    monkeypatch.setattr(ray, "get", get)
+    actor = FakeActor()
+    replica = RayReplica(actor, {"max_model_len": 64, "max_num_seqs": 4, "settings": {}, "node": "10.0.0.1"}, 0)
+    replica._restarting = actor.describe.remote()  # as step() does when the actor died
+    assert replica.available is False and not replica.dead  # restarting: asked again
+    assert replica.available is True and replica.node == "10.0.0.2"
+    assert "replica 0 on 10.0.0.2 is up again: it takes requests" in capsys.readouterr().err
+    assert replica.close_engine() == "close#3"  # up: its engine is shut down before the kill
+    answers["describe#4"] = ray.exceptions.ActorDiedError()
+    replica._restarting = actor.describe.remote()
+    assert replica.available is False and replica.dead
+    assert replica.close_engine() is None and actor.calls == ["describe", "describe", "close", "describe"]
+
+
+def test_closing_shuts_every_engine_down_before_the_actors_are_killed(monkeypatch: pytest.MonkeyPatch) -> None:
+    """``ray.kill`` alone left each engine's shared-memory queues in
+    /dev/shm (4 files and 2 semaphores after a 2-replica run, Ray 2.60): the
+    engines are shut down first, all at once, and only then killed."""
+    import ray
+
+    from bulkinfer.engine.cluster import ENGINE_CLOSE_S, RayReplica, RayReplicas
+
+    order: list[str] = []
+    monkeypatch.setattr(ray, "wait", lambda refs, **kw: (order.append(f"wait {sorted(refs)} {kw}"), (refs, []))[1])
+    monkeypatch.setattr(ray, "kill", lambda actor, no_restart: order.append(f"kill {no_restart}"))
+    monkeypatch.setattr(ray.util, "remove_placement_group", lambda group: order.append("remove"))
+    monkeypatch.setattr(ray, "shutdown", lambda: order.append("shutdown"))
+    info = {"max_model_len": 64, "max_num_seqs": 4, "settings": {}, "node": "10.0.0.1"}
+    up, dead = RayReplica(FakeActor(), info, 0), RayReplica(FakeActor(), info, 1)
+    dead.dead = True
+    RayReplicas([up, dead], "group", "10.0.0.1:6379").close()
+    waited = f"wait ['close#1'] {{'num_returns': 1, 'timeout': {ENGINE_CLOSE_S}}}"
+    assert order == [waited, "kill True", "kill True", "remove", "shutdown"]
