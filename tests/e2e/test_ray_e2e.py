@@ -61,8 +61,10 @@ def replica_actors(_driver: int = 0) -> list[psutil.Process]:
     return found
 
 
-# The shared memory (/dev/shm/psm_*) the surviving replica's engine maps when the other is killed (kill_a_replica).
+# The shared memory (/dev/shm/psm_*) the surviving replica's engine maps when the other is killed (kill_a_replica),
+# and what the killed one's maps.
 SURVIVOR_SHM: set[str] = set()
+KILLED_SHM: set[str] = set()
 
 
 def shared_memory_of(proc: psutil.Process) -> set[str]:
@@ -83,6 +85,7 @@ def kill_a_replica(resumed: subprocess.Popen[str], kept: int) -> None:
     actors = replica_actors()
     assert len(actors) == 2, actors
     SURVIVOR_SHM.update(shared_memory_of(actors[1]))
+    KILLED_SHM.update(shared_memory_of(actors[0]))
     os.kill(actors[0].pid, signal.SIGKILL)
 
 
@@ -129,3 +132,13 @@ def test_a_replica_alive_at_the_end_shuts_its_engine_down_and_leaves_no_shared_m
     queues are gone from /dev/shm (``ray.kill`` alone left them there)."""
     assert SURVIVOR_SHM, "the surviving replica's engine mapped no /dev/shm/psm_* file"
     assert not [path for path in SURVIVOR_SHM if os.path.exists(path)]
+
+
+def test_the_engine_of_a_killed_actor_leaves_no_shared_memory(resumed: dict[str, Any]) -> None:
+    """Ray kills an actor's resource tracker and engine processes with it:
+    the engine's watchdog unlinks what they held open in /dev/shm (the
+    killed replica's 2 files stayed there before). Not after the driver's
+    kill -9: Ray ends the whole tree of each actor at once, watchdog
+    included (the README says so)."""
+    assert len(KILLED_SHM) >= 2, KILLED_SHM  # vLLM's two queues of one engine
+    assert not [path for path in KILLED_SHM if os.path.exists(path)]

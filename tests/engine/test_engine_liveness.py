@@ -251,6 +251,60 @@ def test_the_watchdog_spares_processes_of_another_run_in_the_same_group() -> Non
         other.wait()
 
 
+ENGINE_WITH_A_QUEUE = """
+from multiprocessing import resource_tracker, shared_memory
+import time
+queue = shared_memory.SharedMemory(create=True, size=1 << 20)
+resource_tracker.unregister(queue._name, "shared_memory")
+print(queue.name, flush=True)
+time.sleep(300)
+"""
+
+
+# The engine runs from a file: a command line naming the resource tracker is taken for the tracker, which is spared.
+SHARED = """
+import subprocess, sys, time
+from bulkinfer.engine.watchdog import Watchdog
+watchdog = Watchdog()
+# an engine process with a shared-memory queue whose resource tracker is gone (as in a Ray actor Ray killed)
+engine = subprocess.Popen([sys.executable, sys.argv[1]], stdout=subprocess.PIPE, text=True)
+print(engine.pid, engine.stdout.readline().strip(), flush=True)
+time.sleep(300)
+"""
+
+
+def test_the_watchdog_unlinks_the_shared_memory_a_killed_engine_mapped(tmp_path: Path) -> None:
+    """A Ray actor that Ray kills takes its resource tracker along, and its
+    engine's shared-memory queues stayed in /dev/shm (2 files per engine,
+    every time): the watchdog unlinks what the engine's processes mapped
+    there; another process's shared memory is not touched."""
+    from multiprocessing import shared_memory
+
+    engine = tmp_path / "engine.py"
+    engine.write_text(ENGINE_WITH_A_QUEUE)
+    driver = subprocess.Popen(
+        [sys.executable, "-c", SHARED, str(engine)], stdout=subprocess.PIPE, text=True, start_new_session=True
+    )
+    assert driver.stdout is not None
+    pid, name = driver.stdout.readline().split()
+    theirs, ours = Path("/dev/shm") / name, shared_memory.SharedMemory(create=True, size=4096)
+    try:
+        assert theirs.exists()
+        os.kill(driver.pid, signal.SIGKILL)
+        driver.wait()
+        _, alive = psutil.wait_procs([psutil.Process(int(pid))], timeout=15)
+        assert not alive
+        deadline = time.monotonic() + 15
+        while theirs.exists() and time.monotonic() < deadline:
+            time.sleep(0.1)
+        assert not theirs.exists(), "the killed engine's shared memory outlived it"
+        assert (Path("/dev/shm") / ours.name.lstrip("/")).exists()
+    finally:
+        ours.close()
+        ours.unlink()
+        theirs.unlink(missing_ok=True)
+
+
 def test_the_watchdog_stands_down_when_told_done() -> None:
     from bulkinfer.engine.watchdog import Watchdog
 
