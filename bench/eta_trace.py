@@ -10,9 +10,11 @@ with ``configs/demo.toml``; ``multiturn``: the 452 turns of
 (:func:`bench.scale.write_rows`), the defaults but ``max_tokens`` 8: every
 step alike, as a labelling job's) with :class:`bulkinfer.report.progress.Progress`
 wrapped, and writes every call the estimator gets, with its
-``time.monotonic()`` second: ``["p", t, prompt_tokens, max_tokens]`` (a row
-planned), ``["u", t, done, failed, completion_tokens, planned]`` (rows
-ended), ``["t", t, generated_tokens, prefilled_tokens, running, cached_tokens,
+``time.monotonic()`` second: ``["p", t, prompt_tokens, max_tokens,
+sequences, n]`` (a row planned; recordings before sequences were kept end
+at ``max_tokens``: one each), ``["u", t, done, failed, completion_tokens,
+planned, lengths, sequences]`` (rows ended; likewise), ``["t", t,
+generated_tokens, prefilled_tokens, running, cached_tokens,
 running_prompt_tokens]`` (the engine's live counts after a step; ``running``:
 each running request's completion tokens so far; ``cached_tokens``: of the
 prompt tokens, those from the prefix cache, absent from recordings before it
@@ -87,13 +89,14 @@ def record(workload: str, out: Path, job_output: Path | None = None, overrides: 
         events.append(["t", time.monotonic(), generated, prefilled, list(running), cached, prompts])
         tick(self, generated, prefilled, running, cached, prompts)
 
-    def on_update(self: Any, done: int = 0, failed: int = 0, completion_tokens: int = 0, planned_: bool = True) -> None:
-        events.append(["u", time.monotonic(), done, failed, completion_tokens, planned_])
-        update(self, done, failed, completion_tokens, planned_)
+    def on_update(self: Any, done: int = 0, failed: int = 0, completion_tokens: int = 0, planned_: bool = True,
+                  lengths: Any = (), sequences: int = 1) -> None:  # fmt: skip
+        events.append(["u", time.monotonic(), done, failed, completion_tokens, planned_, list(lengths), sequences])
+        update(self, done, failed, completion_tokens, planned_, lengths, sequences)
 
-    def on_planned(self: Any, prompt_tokens: int, max_tokens: int) -> None:
-        events.append(["p", time.monotonic(), prompt_tokens, max_tokens])
-        planned(self, prompt_tokens, max_tokens)
+    def on_planned(self: Any, prompt_tokens: int, max_tokens: int, sequences: int = 1, n: int = 1) -> None:
+        events.append(["p", time.monotonic(), prompt_tokens, max_tokens, sequences, n])
+        planned(self, prompt_tokens, max_tokens, sequences, n)
 
     wrapped.tick, wrapped.update, wrapped.planned = on_tick, on_update, on_planned  # type: ignore[assignment,method-assign]
     with tempfile.TemporaryDirectory() as tmp:
@@ -202,7 +205,7 @@ def fitted_step_cost(recording: dict[str, Any]) -> Any:
     work = WorkEstimate(events[0][1])
     for i, e in enumerate(events):
         if e[0] == "p":
-            work.plan(e[2], e[3])
+            work.plan(*e[2:])
         elif e[0] == "t":
             work.observe(e[1], e[2], e[3], e[4], e[5] if len(e) > 5 else 0, prompts[i])
     return work.fitted_step_cost()
@@ -274,7 +277,8 @@ def _replayed(
         earlier = WorkEstimate()
         for e in orjson.loads(prior_from.read_bytes())["events"]:
             if e[0] == "u" and e[2] == 1 and not e[3]:
-                earlier.finish(e[4])
+                for length in (e[6] if len(e) > 6 else None) or [e[4]]:
+                    earlier.finish(length)
         prior = earlier.length_quantiles()
     clock = [events[0][1]]
     progress = Progress(
@@ -289,9 +293,9 @@ def _replayed(
     for i, event in enumerate(events):
         kind, clock[0] = event[0], event[1]
         if kind == "p":
-            progress.planned(event[2], event[3])
+            progress.planned(*event[2:])
         elif kind == "u":
-            progress.update(event[2], event[3], event[4], event[5])
+            progress.update(*event[2:])
         else:
             progress.tick(event[2], event[3], event[4], event[5] if len(event) > 5 else 0, prompts[i])
         if clock[0] - last >= 1.0:

@@ -94,10 +94,20 @@ class Request:
         return len(self.prompt_token_ids or ())
 
     @property
+    def n(self) -> int:
+        """The completions it asks for of each prompt (``SamplingParams.n``)."""
+        return int(self.options.get("n", 1))
+
+    @property
+    def sequences(self) -> int:
+        """The sequences the engine runs for it: ``n`` for each of its prompts."""
+        return self.n * len(self.prompts or [None])
+
+    @property
     def max_completion_tokens(self) -> int:
         """Completion tokens this request may generate in all: ``max_tokens``
-        for each of its ``n`` choices of each of its prompts."""
-        return self.max_tokens * int(self.options.get("n", 1)) * len(self.prompts or [None])
+        for each of its :attr:`sequences`."""
+        return self.max_tokens * self.sequences
 
 
 @dataclass(frozen=True, slots=True)
@@ -181,6 +191,11 @@ class Completion:
     cached_tokens: int = 0
     # Embedding requests only: one vector (float32 values) per input, in input order.
     embeddings: tuple[list[float], ...] | None = None
+
+    @property
+    def lengths(self) -> tuple[int, ...]:
+        """The completion tokens of each choice (one sequence each), in index order."""
+        return tuple(c.completion_tokens for c in self.choices) if self.choices else (self.completion_tokens,)
 
 
 @dataclass(slots=True)

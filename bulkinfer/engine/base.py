@@ -28,11 +28,12 @@ class Engine(Protocol):
     prompt tokens processed that the engine served from its prefix cache
     (vLLM's ``RequestOutput.num_cached_tokens``: not computed again);
     ``running_lengths()`` gives the
-    completion tokens so far of each unfinished request that has some (live
-    progress; an engine that cannot see unfinished requests counts them when
-    they finish and returns ``[]``), ``running_prompt_tokens`` the prompt
-    tokens of those requests, summed (the context they attend over, with
-    their completion tokens: the ETA's step model).
+    completion tokens so far of each sequence still generating (a choice of
+    an unfinished request that has some: a request of ``n`` choices runs
+    ``n``; live progress; an engine that cannot see unfinished requests
+    counts them when they finish and returns ``[]``), ``running_prompt_tokens``
+    the prompt tokens of those sequences, summed (the context they attend
+    over, with their completion tokens: the ETA's step model).
 
     ``abort_unfinished()`` drops every request the engine still holds (a
     stopped run's) and any finished one not yet returned: nothing of them

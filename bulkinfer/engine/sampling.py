@@ -196,8 +196,9 @@ class StreamedOutputs:
     ``prefilled_tokens`` the prompt tokens of every request that produced
     its first output, ``cached_tokens`` those of them vLLM served from its
     prefix cache (``RequestOutput.num_cached_tokens``); :attr:`token_counts`
-    and :attr:`prompt_counts` the completion tokens so far and the prompt
-    tokens of each request that has output and has not finished. :attr:`top_logprobs`
+    and :attr:`prompt_counts` the completion tokens so far (of all its
+    choices) and the prompt tokens of each request that has output and has
+    not finished (:meth:`running_lengths`: by choice). :attr:`top_logprobs`
     holds, for each request that asked for log-probabilities, how many
     alternatives per token. :attr:`watchers`
     holds, for a request whose caller streams it (an online request), a
@@ -263,6 +264,18 @@ class StreamedOutputs:
                 self.watchers.pop(request_id, None)
                 done.append(self._finished(out, self._choices.pop(request_id)))
         return done
+
+    def running_lengths(self) -> list[int]:
+        """The completion tokens so far of each choice still generating of
+        the requests in :attr:`token_counts`: one a sequence (a request of
+        ``n`` choices runs ``n``; a choice that ended waits for its request)."""
+        return [c.tokens for r in self.token_counts for c in self._choices[r].values() if c.finish_reason is None]
+
+    def running_prompt_tokens(self) -> int:
+        """The prompt tokens the sequences of :meth:`running_lengths` attend over, summed."""
+        return sum(
+            n * sum(c.finish_reason is None for c in self._choices[r].values()) for r, n in self.prompt_counts.items()
+        )
 
     def expect_embeddings(self, request_id: str, parts: list[str]) -> None:
         """``request_id`` was added as the engine requests ``parts``, one per input."""

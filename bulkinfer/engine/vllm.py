@@ -294,10 +294,10 @@ class VllmEngine:
 
     @property
     def running_prompt_tokens(self) -> int:
-        return sum(self._outputs.prompt_counts.values())
+        return self._outputs.running_prompt_tokens()
 
     def running_lengths(self) -> list[int]:
-        return list(self._outputs.token_counts.values())
+        return self._outputs.running_lengths()
 
     def step(self, wait: float | None = None) -> list[Completion]:
         """Run one engine step; return the requests that finished in it. A

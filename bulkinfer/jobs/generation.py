@@ -98,10 +98,10 @@ class Generation:
         self._counts_base = self._step_counts()
         self._counts: dict[str, int] | None = None  # the same when generation ended
 
-    def fail(self, error: RowError, planned: bool = False) -> None:
-        """Record a failed row; ``planned``: it failed in the engine, after planning."""
+    def fail(self, error: RowError, planned: bool = False, sequences: int = 1) -> None:
+        """Record a failed row; ``planned``: it failed in the engine, after planning (its ``sequences``)."""
         self.errors.add(error.line, records.error_record(error))
-        self.progress.update(failed=1, planned=planned)
+        self.progress.update(failed=1, planned=planned, sequences=sequences)
         self._untold[1] += 1
 
     def run(self, rows: Iterable[RawRow]) -> None:
@@ -156,19 +156,19 @@ class Generation:
                     return
                 planned, errors = self.planner.plan_window(window)
                 for request in planned:
-                    self.progress.planned(request.prompt_length, request.max_completion_tokens)
+                    self.progress.planned(request.prompt_length, request.max_tokens, request.sequences, request.n)
                 for error in errors:
                     self.fail(error)
             yield from planned
 
     def _failed(self, request: Request, message: str) -> None:
         error = RowError(request.line, request.id, "engine_error", message, request.openai_url is not None)
-        self.fail(error, planned=True)
+        self.fail(error, planned=True, sequences=request.sequences)
 
     def _finished(self, request: Request, completion: Completion) -> None:
         self.spool.add(request.line, records.output_record(request, completion, self.model_name))
         self.stats.finished(completion, request.structured)
-        self.progress.update(done=1, completion_tokens=completion.completion_tokens)
+        self.progress.update(done=1, completion_tokens=completion.completion_tokens, lengths=completion.lengths)
         self._untold[0] += 1
         self._untold[2] += completion.completion_tokens
 

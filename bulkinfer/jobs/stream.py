@@ -334,7 +334,7 @@ def _stream(
         counts["completed"] += 1
         counts["prompt_tokens"] += completion.prompt_tokens
         counts["completion_tokens"] += completion.completion_tokens
-        progress.update(done=1, completion_tokens=completion.completion_tokens)
+        progress.update(done=1, completion_tokens=completion.completion_tokens, lengths=completion.lengths)
 
     def on_failed(request: Request, message: str) -> None:
         on_error(RowError(request.line, request.id, "engine_error", message, request.openai_url is not None))
@@ -351,7 +351,7 @@ def _stream(
         )
 
     def on_planned(request: Request) -> None:
-        progress.planned(request.prompt_length, request.max_completion_tokens)
+        progress.planned(request.prompt_length, request.max_tokens, request.sequences, request.n)
 
     planner = GENERATE.planner(tokenizer, settings, engine, model)
     rows = RowQueue(StreamReader(source), QUEUE_WINDOWS * settings.plan.window_rows)

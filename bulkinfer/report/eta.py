@@ -71,6 +71,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, replace
 
 from bulkinfer.report.futures import SAMPLES, Futures, spread_factors
+from bulkinfer.report.planned import PlannedWork
 from bulkinfer.report.step_cost import Step, StepCost, batch_rates, fit_step_cost
 
 # Steps whose rate the median is taken over.
@@ -143,19 +144,21 @@ class EtaRange:
     completion_tokens: float
 
 
-class WorkEstimate:
+class WorkEstimate(PlannedWork):
     """Work done and left in a generation run and the time it takes (see
     the module docstring for the model).
 
     Completion length: ``S(k)``, the share of rows longer than ``k`` tokens
     (:meth:`survival`). Rows not yet planned (the input is planned window by
-    window) are assumed like the planned ones on average.
+    window) are assumed like the planned ones on average. A "row" here is a
+    sequence (:mod:`bulkinfer.report.planned`): a row of ``n`` choices is
+    ``n`` of them, each with its own length.
 
     Args:
         start: when generation started (seconds, the clock of :meth:`observe`).
         prior: completion lengths (tokens) of an earlier run, e.g. its
             :meth:`length_quantiles`; empty for none.
-        max_running: the most requests the engine runs at once (vLLM's
+        max_running: the most sequences the engine runs at once (vLLM's
             ``max_num_seqs``); None: the most seen running so far.
         same_job: ``prior`` is an earlier run of this job (the same output).
         step_cost: the step model's weights for this model and machine
@@ -176,11 +179,7 @@ class WorkEstimate:
         *,
         step_cost_same_job: bool = False,
     ) -> None:
-        self.planned_rows = 0
-        self.planned_prompt_tokens = 0
-        self.planned_max_tokens = 0
-        self.longest_max_tokens = 0
-        self.finished_rows = 0  # planned rows that ended, with or without error
+        super().__init__()
         self.lengths: Counter[int] = Counter()  # completion lengths of the rows that ended with one
         # (step it started at, length) of the rows that ended last with one
         self._recent: deque[tuple[int, int]] = deque(maxlen=4 * COHORT_ROWS)
@@ -189,10 +188,6 @@ class WorkEstimate:
         self.prior = Counter(prior)
         self.same_job = same_job and bool(prior)
         self.generated_tokens = 0
-        self.prefilled_tokens = 0
-        self.cached_tokens = 0  # of the prefilled ones, served from the prefix cache
-        self.running: list[int] = []  # the tokens so far of each row the engine is generating
-        self.running_prompt = 0.0  # their prompt tokens, summed
         self.max_running = max_running
         self.concurrency = 0  # the most rows seen generating at once
         self.step_cost = step_cost or StepCost()
@@ -205,15 +200,8 @@ class WorkEstimate:
         self._last_step = (start, 0, 0)  # time, prefilled, generated when the counts last moved
         self.rng = random.Random(seed)
 
-    def plan(self, prompt_tokens: int, max_tokens: int) -> None:
-        """A row was planned: ``prompt_tokens`` long, at most ``max_tokens`` to generate."""
-        self.planned_rows += 1
-        self.planned_prompt_tokens += prompt_tokens
-        self.planned_max_tokens += max_tokens
-        self.longest_max_tokens = max(self.longest_max_tokens, max_tokens)
-
     def finish(self, completion_tokens: int | None) -> None:
-        """A planned row ended: with ``completion_tokens``, or None (it failed)."""
+        """A planned sequence ended: with ``completion_tokens``, or None (it failed)."""
         self.finished_rows += 1
         if completion_tokens is not None:
             self.lengths[completion_tokens] += 1
@@ -234,9 +222,9 @@ class WorkEstimate:
     ) -> None:
         """The engine's totals at ``now`` (seconds): completion tokens
         generated, prompt tokens processed (``cached_tokens`` of them served
-        from the prefix cache), the completion tokens so far of each request
-        it is generating and those requests' prompt tokens, summed (None: at
-        the planned rows' mean). Counts that moved since the last call end
+        from the prefix cache), the completion tokens so far of each sequence
+        it is generating and those sequences' prompt tokens, summed (None: at
+        the planned sequences' mean). Counts that moved since the last call end
         an engine step (its seconds, tokens and context join the recent
         steps); the step prefilled the prompt tokens it computed, not the
         cached ones (a multi-turn job found 49% of its prompt tokens in the
@@ -417,34 +405,3 @@ class WorkEstimate:
             return None
         fit = replace(fit, batch_rates=batch_rates(self.sampled_steps, fit, most := self._most_rows()))
         return replace(fit, rate=statistics.median(fit.step_rates(self.sampled_steps, most)))
-
-    def mean_prompt(self) -> float:
-        """The planned rows' mean prompt length (tokens; 0 before any)."""
-        return self.planned_prompt_tokens / self.planned_rows if self.planned_rows else 0.0
-
-    def running_mean_prompt(self) -> float:
-        """The running rows' mean prompt length (tokens; the planned rows' before any run)."""
-        return self.running_prompt / len(self.running) if self.running else self.mean_prompt()
-
-    def waiting_mean_prompt(self, total_rows: int | None, failed_rows: int) -> float:
-        """The rows not started's mean prompt length (tokens; unplanned rows at the
-        planned rows' mean): rows are fed longest prompt first."""
-        rows = self.rows_left(total_rows, failed_rows)
-        return self._prompt_left(total_rows, failed_rows) / rows if rows else self.mean_prompt()
-
-    def cached_share(self) -> float:
-        """The share of the prompt tokens processed so far that came from the
-        prefix cache (0 before any): the prompt tokens left are priced as computed in this share less (the
-        multi-turn job's fell along the feed, at half-way 0.52 so far and 0.30 of the rest: under-priced; the
-        share of the latest quarter or half instead changed the 66 recorded runs' worst point errors by 2% at most)."""
-        return min(self.cached_tokens / self.prefilled_tokens, 1.0) if self.prefilled_tokens else 0.0
-
-    def _prompt_left(self, total_rows: int | None, failed_rows: int) -> float:
-        """Prompt tokens not yet processed, the unplanned rows' at the planned rows' mean."""
-        unplanned = max((total_rows or 0) - self.planned_rows - failed_rows, 0)
-        return max(self.planned_prompt_tokens - self.prefilled_tokens, 0) + unplanned * self.mean_prompt()
-
-    def rows_left(self, total_rows: int | None, failed_rows: int) -> int:
-        """Rows not started: planned and waiting, or not yet planned."""
-        unplanned = max((total_rows or 0) - self.planned_rows - failed_rows, 0)
-        return max(self.planned_rows - self.finished_rows - len(self.running), 0) + unplanned

@@ -24,11 +24,12 @@ class Work(Protocol):
     concurrency: int
     running: list[int]
     same_job: bool
-    planned_rows: int
     prior: Counter[int]
     lengths: Counter[int]
 
     def rows_left(self, total_rows: int | None, failed_rows: int) -> int: ...
+
+    def sequences(self, total_rows: int | None, failed_rows: int) -> int: ...
 
     def running_mean_prompt(self) -> float: ...
 
@@ -86,14 +87,14 @@ class Futures:
         self.waiting_prompt = work.waiting_mean_prompt(total_rows, failed_rows)
         self.running = sorted(work.running, reverse=True)
         if work.same_job:
-            self.pool = self._pool(total_rows or work.planned_rows)
+            self.pool = self._pool(work.sequences(total_rows, failed_rows))
         else:
             self.survival, self.known = work.survival_and_known()
             self.falling = [-p for p in self.survival]  # non-decreasing: bisect finds where S drops below a level
             # the rows still to start stray from those seen (the running ones are the cohort the lengths
             # come from): their mean length as a random walk along the feed, whose mean over the next
             # share d of the way strays by drift x sqrt(d / 3)
-            feed_left = self.waiting / max(total_rows or work.planned_rows, self.waiting, 1)
+            feed_left = self.waiting / max(work.sequences(total_rows, failed_rows), self.waiting, 1)
             self.scales = spread_factors(work.length_drift() * math.sqrt(feed_left / 3), self.rng)
 
     def _pool(self, rows: int) -> list[int]:

@@ -34,7 +34,7 @@ from __future__ import annotations
 import datetime as dt
 import os
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import IO, Any
 
 from bulkinfer.engine.log import terminal
@@ -218,24 +218,35 @@ class Progress:
             del self.eta_trace[1::2]
             self._trace_interval *= 2
 
-    def planned(self, prompt_tokens: int, max_tokens: int) -> None:
-        """A row was planned (see :meth:`WorkEstimate.plan`)."""
-        self.work.plan(prompt_tokens, max_tokens)
+    def planned(self, prompt_tokens: int, max_tokens: int, sequences: int = 1, choices: int = 1) -> None:
+        """A row was planned (see :meth:`~bulkinfer.report.planned.PlannedWork.plan`)."""
+        self.work.plan(prompt_tokens, max_tokens, sequences, choices)
 
-    def update(self, done: int = 0, failed: int = 0, completion_tokens: int = 0, planned: bool = True) -> None:
-        """Rows ended: ``done`` completed with ``completion_tokens`` in all
-        (one row: its length, which the ETA learns from), ``failed`` failed;
-        ``planned``: they ended after they were planned (a row that fails
-        reading or planning is not)."""
+    def update(
+        self,
+        done: int = 0,
+        failed: int = 0,
+        completion_tokens: int = 0,
+        planned: bool = True,
+        lengths: Sequence[int] = (),
+        sequences: int = 1,
+    ) -> None:
+        """Rows ended: ``done`` completed with ``completion_tokens`` in all,
+        ``failed`` failed; ``planned``: they ended after they were planned (a
+        row that fails reading or planning is not). One row done: its
+        sequences' lengths (``lengths``, its choices'; by default one of
+        ``completion_tokens``), which the ETA learns from; rows that failed
+        after planning: ``sequences`` each."""
         self.done += done + failed
         self.failed += failed
         self.completion_tokens += completion_tokens
         if not planned:
             self._failed_unplanned += failed
         elif done == 1 and not failed:
-            self.work.finish(completion_tokens)
+            for length in lengths or (completion_tokens,):
+                self.work.finish(length)
         else:
-            for _ in range(done + failed):
+            for _ in range((done + failed) * sequences):
                 self.work.finish(None)
         self._show()
 

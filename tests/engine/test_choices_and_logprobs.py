@@ -72,6 +72,19 @@ def test_streamed_choices_are_joined_per_index_and_tokens_summed() -> None:
     assert streamed.generated_tokens == 3 and streamed.token_counts == {} and streamed.top_logprobs == {}
 
 
+def test_the_running_sequences_are_each_choice_still_generating() -> None:
+    # the ETA's unit (bulkinfer.report.planned): a request of n choices runs n sequences, each attending
+    # over the whole prompt (3 tokens); before, one entry of the choices' tokens summed and one prompt
+    streamed = StreamedOutputs()
+    streamed.completions([output([piece(0, "Hel", [7]), piece(1, "Hi", [8, 9])], False), output([], False, "r2")])
+    assert streamed.running_lengths() == [1, 2] and streamed.running_prompt_tokens() == 6
+    streamed.completions([output([piece(1, "!", [10], None, "stop")], False)])  # choice 1 ended, its request runs on
+    assert streamed.running_lengths() == [1] and streamed.running_prompt_tokens() == 3
+    (done,) = streamed.completions([output([piece(0, "lo", [11], None, "length")], True)])
+    assert streamed.running_lengths() == [] and streamed.running_prompt_tokens() == 0
+    assert done.lengths == (2, 3) and done.completion_tokens == 5
+
+
 def test_one_choice_without_logprobs_keeps_the_plain_completion() -> None:
     streamed = StreamedOutputs()
     (done,) = streamed.completions([output([piece(0, "ok", [1], None, "stop")], True)])

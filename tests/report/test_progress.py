@@ -555,3 +555,37 @@ def test_the_context_is_the_running_rows_own_prompts_not_the_planned_mean() -> N
     (told, real), (mean, _) = eta(True), eta(False)
     assert told == pytest.approx(real, rel=0.05)
     assert mean > 1.2 * real
+
+
+def test_a_row_of_n_choices_is_timed_as_n_rows_of_one_and_its_lengths_kept_per_choice() -> None:
+    """vLLM runs a row of ``n`` choices as ``n`` sequences sharing one
+    prompt (prefilled once, attended over by each): 25 of 40 rows of 4
+    choices planned are estimated as 100 of 160 rows of one whose prompts
+    the prefix cache served but once, draw for draw; the lengths kept for
+    later runs are the choices', never past max_tokens (before: one row of
+    the choices' sum, up to 4 x max_tokens, and a run's 2-3x too long first
+    estimates, bulkinfer.report.planned)."""
+
+    def estimate(lines: int, n: int) -> tuple[EtaRange | None, list[int]]:
+        clock = Clock()
+        progress = Progress(lines, stream=io.StringIO(), force_plain=True, clock=clock, max_running=64)
+        rows = 100 // n
+        for _ in range(rows):
+            progress.planned(100, 64, n, n)
+        prefilled = 100 * rows
+        cached = prefilled - 2_500  # the same 2,500 prompt tokens computed
+        for k in range(1, 11):
+            clock.now += 0.5
+            progress.tick(64 * k + 8 * min(k, 4), prefilled, [k] * 64, cached, 64 * 100)
+        lengths = [[5, 9, 12, 20], [30, 64, 64, 2]]
+        for choices in lengths:
+            if n == 1:
+                for length in choices:
+                    progress.update(done=1, completion_tokens=length)
+            else:
+                progress.update(done=1, completion_tokens=sum(choices), lengths=choices)
+        return progress.work.outlook(lines, 0), progress.work.length_quantiles()
+
+    (grouped, grouped_lengths), (single, single_lengths) = estimate(40, 4), estimate(160, 1)
+    assert grouped is not None and grouped == single
+    assert grouped_lengths == single_lengths and max(grouped_lengths) == 64
