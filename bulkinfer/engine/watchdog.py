@@ -188,9 +188,9 @@ if not done.is_set():
                 pass
     orphaned = not kill_now.is_set()  # bulkinfer died: its resource tracker may have died with it (a Ray actor)
     segments = held | shared_memory(alive()) if orphaned else ()
-    if not kill_now.is_set():
+    if orphaned:
         send(signal.SIGTERM)
-    deadline = time.monotonic() + (0 if kill_now.is_set() else grace)
+    deadline = time.monotonic() + (grace if orphaned else 0)
     while alive() and time.monotonic() < deadline:
         time.sleep(0.1)
     send(signal.SIGKILL)
