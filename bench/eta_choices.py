@@ -2,7 +2,8 @@
 several candidates a prompt), this checkout against a base commit,
 alternating: ``--rows`` ShareGPT prompts (``sample_data/sharegpt.jsonl``
 from row 100 on: not the demo's first rows), each with ``"n": N``,
-``bulkinfer run`` at its defaults but ``--max-tokens``, plain progress.
+``bulkinfer run`` at its defaults but ``--max-tokens``, plain progress;
+the order of the two swapped each round.
 
 Before each run the calibration store is put back as it was when the
 bench started, so every run sees the same stored lengths and step models
@@ -79,7 +80,8 @@ def render(doc: dict[str, Any]) -> str:
         f"# The ETA of rows of n choices ({doc['created']}; {m['cpu']} ({m['cpu_kind']}), {m['logical_cores']} cores)",
         "",
         f"Command: `{doc['command']}`; {doc['rows']} ShareGPT prompts, `n` {doc['n']}, `--max-tokens` "
-        f"{doc['max_tokens']}, first runs (the store put back before each), alternating. Goals (a first run): "
+        f"{doc['max_tokens']}, first runs (the store put back before each), alternating, the order swapped each "
+        "round. Goals (a first run): "
         "range held >= 80% from 10%, widest <= +-50% from 25%, point within +-35% from 50%.",
         "",
         "| run | code | generate s | estimates | range held | widest from 25% | point at 10% / 25% / 50% "
@@ -121,7 +123,8 @@ def main() -> None:
     runs = []
     try:
         for i in range(1, args.rounds + 1):
-            for code, root in ((f"base {args.base}", base), ("this checkout", ROOT)):
+            codes = [(f"base {args.base}", base), ("this checkout", ROOT)]
+            for code, root in codes if i % 2 else codes[::-1]:  # the order swapped each round
                 key = f"{code.split()[0]}-{i}"
                 if kept.exists():
                     shutil.copy2(kept, store)
