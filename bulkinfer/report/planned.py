@@ -4,10 +4,12 @@ sequences (vLLM fans a request of ``SamplingParams.n`` out into ``n``
 child requests), an OpenAI line of several prompts one request per prompt,
 each of its ``n`` (:attr:`bulkinfer.schema.Request.sequences`). The ETA
 (:class:`bulkinfer.report.eta.WorkEstimate`) draws the length of every
-sequence not finished; counting a row of 4 choices as one 4-times-longer
-row made its first estimates 2-3x long (100 ShareGPT rows, ``n`` 4,
-``max_tokens`` 64: 164 s at 10 s, 52 s left) and stored the choices' sums,
-up to 4 x ``max_tokens``, as the model's completion lengths for other jobs.
+sequence not finished. It counted a row of ``n`` choices as one row of
+their summed length: a coarse unit, but a consistent one for the job itself
+(a 4-choice job's ETA scored alike both ways: ``bench/results/eta-choices-zen4.md``),
+while the lengths it kept for the model's later jobs were those sums, up to
+``n`` x ``max_tokens``, and its step model's context counted each prompt
+once for its ``n`` sequences.
 
 Prompt tokens are counted twice over: as prefilled, once a request (its
 ``n`` choices share its prompt, vLLM computes it once and serves the
