@@ -14,7 +14,7 @@ from dataclasses import dataclass
 from bulkinfer.config import Settings
 from bulkinfer.engine.args import detect_device, import_vllm
 from bulkinfer.engine.base import Engine
-from bulkinfer.engine.cluster import ray_engine
+from bulkinfer.engine.ray_start import ray_engine
 from bulkinfer.engine.replicas import Replicas, replica_environments
 from bulkinfer.engine.sampling import check_sampling_defaults
 from bulkinfer.engine.vllm import VllmEngine
@@ -88,7 +88,7 @@ def vllm_engine(model: str, settings: Settings) -> Engine:
     """The real engine: vLLM's ``SamplingParams`` checks the ``[sampling]``
     defaults first (ConfigError), then the backend that serves the settings
     starts (:func:`backend_for`): with ``ray.address`` set, replicas as Ray
-    actors on that cluster (:func:`~bulkinfer.engine.cluster.ray_engine`);
+    actors on that cluster (:func:`~bulkinfer.engine.ray_start.ray_engine`);
     with ``engine.data_parallel_size`` N > 1, N replicas
     (:class:`~bulkinfer.engine.replicas.Replicas`), each an engine of its own
     on its share of the devices (:func:`~bulkinfer.engine.replicas.replica_environments`),

@@ -8,7 +8,7 @@ import sys
 import pytest
 
 from bulkinfer.config import load_settings
-from bulkinfer.engine.cluster import _cpus_per_replica, cpu_environment, ray_engine
+from bulkinfer.engine.ray_start import _cpus_per_replica, cpu_environment, ray_engine
 from bulkinfer.errors import ConfigError
 from bulkinfer.io.journal import results_settings, settings_changes
 
