@@ -68,7 +68,7 @@ class InstantEngine:
             self.generated_tokens += request.max_tokens
         return done
 
-    running_prompt_tokens = 0
+    running_prompt_tokens = ended_sequences = 0
 
     def running_lengths(self) -> list[int]:
         return []

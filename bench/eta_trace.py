@@ -15,12 +15,13 @@ sequences, n]`` (a row planned; recordings before sequences were kept end
 at ``max_tokens``: one each), ``["u", t, done, failed, completion_tokens,
 planned, lengths, sequences]`` (rows ended; likewise), ``["t", t,
 generated_tokens, prefilled_tokens, running, cached_tokens,
-running_prompt_tokens]`` (the engine's live counts after a step; ``running``:
-each running request's completion tokens so far; ``cached_tokens``: of the
-prompt tokens, those from the prefix cache, absent from recordings before it
-was kept; ``running_prompt_tokens``: the running requests' prompt tokens,
-summed, absent before it was kept: a replay then reconstructs it,
-:func:`running_prompts`), to ``bench/results/eta-trace-WORKLOAD.json``
+running_prompt_tokens, ended_sequences]`` (the engine's live counts after a
+step; ``running``: each running sequence's completion tokens so far;
+``cached_tokens``: of the prompt tokens, those from the prefix cache, absent
+from recordings before it was kept; ``running_prompt_tokens``: the running
+sequences' prompt tokens, summed, absent before it was kept: a replay then
+reconstructs it, :func:`running_prompts`; ``ended_sequences``: choices ended
+while their row runs on, absent before it was kept: 0), to ``bench/results/eta-trace-WORKLOAD.json``
 with the machine and the run's report.
 
 Replay (``python -m bench.eta_trace replay FILE [--prior-from FILE2]``):
@@ -84,10 +85,16 @@ def record(workload: str, out: Path, job_output: Path | None = None, overrides: 
     tick, update, planned = wrapped.tick, wrapped.update, wrapped.planned
 
     def on_tick(
-        self: Any, generated: int, prefilled: int, running: list[int], cached: int = 0, prompts: int | None = None
+        self: Any,
+        generated: int,
+        prefilled: int,
+        running: list[int],
+        cached: int = 0,
+        prompts: int | None = None,
+        ended: int = 0,
     ) -> None:
-        events.append(["t", time.monotonic(), generated, prefilled, list(running), cached, prompts])
-        tick(self, generated, prefilled, running, cached, prompts)
+        events.append(["t", time.monotonic(), generated, prefilled, list(running), cached, prompts, ended])
+        tick(self, generated, prefilled, running, cached, prompts, ended)
 
     def on_update(self: Any, done: int = 0, failed: int = 0, completion_tokens: int = 0, planned_: bool = True,
                   lengths: Any = (), sequences: int = 1) -> None:  # fmt: skip
@@ -297,7 +304,8 @@ def _replayed(
         elif kind == "u":
             progress.update(*event[2:])
         else:
-            progress.tick(event[2], event[3], event[4], event[5] if len(event) > 5 else 0, prompts[i])
+            ended = event[7] if len(event) > 7 else 0
+            progress.tick(event[2], event[3], event[4], event[5] if len(event) > 5 else 0, prompts[i], ended)
         if clock[0] - last >= 1.0:
             last = clock[0]
             yield clock[0], progress

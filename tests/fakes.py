@@ -51,6 +51,7 @@ class FakeEngine:
         self.max_queued = 0
         self.closed = False
         self.generated_tokens = self.prefilled_tokens = self.cached_tokens = self.running_prompt_tokens = 0
+        self.ended_sequences = 0
 
     def add(self, request_id: str, request: Request) -> Completion | None:
         assert request.prompt_token_ids

@@ -33,7 +33,9 @@ class Engine(Protocol):
     ``n``; live progress; an engine that cannot see unfinished requests
     counts them when they finish and returns ``[]``), ``running_prompt_tokens``
     the prompt tokens of those sequences, summed (the context they attend
-    over, with their completion tokens: the ETA's step model).
+    over, with their completion tokens: the ETA's step model), and
+    ``ended_sequences`` the choices that ended while their request runs on
+    (neither running nor waiting: their lengths come with the request).
 
     ``abort_unfinished()`` drops every request the engine still holds (a
     stopped run's) and any finished one not yet returned: nothing of them
@@ -53,6 +55,8 @@ class Engine(Protocol):
     def cached_tokens(self) -> int: ...
     @property
     def running_prompt_tokens(self) -> int: ...
+    @property
+    def ended_sequences(self) -> int: ...
     def running_lengths(self) -> list[int]: ...
 
     def add(self, request_id: str, request: Request) -> Completion | None: ...
@@ -72,7 +76,7 @@ class NoEngine:
     max_model_len = 0
     max_num_seqs = 1
     settings: dict[str, Any] = {}
-    generated_tokens = prefilled_tokens = cached_tokens = running_prompt_tokens = 0
+    generated_tokens = prefilled_tokens = cached_tokens = running_prompt_tokens = ended_sequences = 0
 
     def running_lengths(self) -> list[int]:
         return []

@@ -84,15 +84,15 @@ class ReplicaActor:
 
     def step(
         self, adds: list[tuple[str, Request]], max_s: float
-    ) -> tuple[list[Completion], tuple[int, int, int], tuple[list[int], int]]:
+    ) -> tuple[list[Completion], tuple[int, int, int], tuple[list[int], int, int]]:
         """Add ``adds``, then run engine steps until a request finishes, none
         is left, or ``max_s`` seconds have passed.
 
         Returns:
             (finished requests, (completion tokens generated, prompt tokens
             processed, of them served from the prefix cache) since the last
-            call, (the running requests' completion tokens so far, their
-            prompt tokens summed)).
+            call, (the running sequences' completion tokens so far, their
+            prompt tokens summed, the choices ended in requests still running)).
         """
         done = [rejected for rid, request in adds if (rejected := self.engine.add(rid, request)) is not None]
         deadline = time.monotonic() + max_s
@@ -101,7 +101,8 @@ class ReplicaActor:
         counted = (self.engine.generated_tokens, self.engine.prefilled_tokens, self.engine.cached_tokens)
         delta = (counted[0] - self._counted[0], counted[1] - self._counted[1], counted[2] - self._counted[2])
         self._counted = counted
-        return done, delta, (self.engine.running_lengths(), self.engine.running_prompt_tokens)
+        running = (self.engine.running_lengths(), self.engine.running_prompt_tokens, self.engine.ended_sequences)
+        return done, delta, running
 
     def abort_unfinished(self) -> None:
         self.engine.abort_unfinished()
@@ -135,7 +136,7 @@ class RayReplica:
         self.dead = False  # Ray will not restart it
         self.generated_tokens = self.prefilled_tokens = self.cached_tokens = 0
         self._running: list[int] = []
-        self.running_prompt_tokens = 0
+        self.running_prompt_tokens = self.ended_sequences = 0
 
     @property
     def settings(self) -> dict[str, Any]:
@@ -196,10 +197,11 @@ class RayReplica:
             return []
         call, self.call = self.call, None
         try:
-            done, (generated, prefilled, cached), (self._running, self.running_prompt_tokens) = ray.get(call)
+            done, (generated, prefilled, cached), running = ray.get(call)
+            self._running, self.running_prompt_tokens, self.ended_sequences = running
         except (ray.exceptions.RayActorError, ray.exceptions.ActorUnavailableError) as exc:
             self._unfinished.clear()
-            self._adds, self._running, self.running_prompt_tokens = [], [], 0
+            self._adds, self._running, self.running_prompt_tokens, self.ended_sequences = [], [], 0, 0
             if isinstance(exc, ray.exceptions.ActorUnavailableError):
                 # only unreachable: it may still hold the requests; restarted, it holds none
                 ray.kill(self._actor, no_restart=False)
@@ -228,7 +230,7 @@ class RayReplica:
         """
         import ray
 
-        self._adds, self._running, self.running_prompt_tokens = [], [], 0
+        self._adds, self._running, self.running_prompt_tokens, self.ended_sequences = [], [], 0, 0
         self._unfinished.clear()
         try:
             if self.call is not None:

@@ -90,8 +90,8 @@ class EngineMux:
 
     :attr:`generated_tokens`, :attr:`prefilled_tokens` and
     :attr:`cached_tokens` are the batch's: the engine's counts minus the
-    online requests' (their cached tokens once they finish). ``running_lengths()``
-    and :attr:`running_prompt_tokens` are the engine's (online requests included).
+    online requests' (their cached tokens once they finish). ``running_lengths()``,
+    :attr:`running_prompt_tokens` and :attr:`ended_sequences` are the engine's (online requests included).
     """
 
     def __init__(
@@ -150,6 +150,10 @@ class EngineMux:
     @property
     def running_prompt_tokens(self) -> int:
         return self._engine.running_prompt_tokens
+
+    @property
+    def ended_sequences(self) -> int:
+        return self._engine.ended_sequences
 
     def running_lengths(self) -> list[int]:
         return self._engine.running_lengths()

@@ -181,6 +181,10 @@ class Replicas:
     def running_prompt_tokens(self) -> int:
         return sum(e.running_prompt_tokens for e in self.engines)
 
+    @property
+    def ended_sequences(self) -> int:
+        return sum(e.ended_sequences for e in self.engines)
+
     def running_lengths(self) -> list[int]:
         return [n for e in self.engines for n in e.running_lengths()]
 

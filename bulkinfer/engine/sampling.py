@@ -271,6 +271,10 @@ class StreamedOutputs:
         ``n`` choices runs ``n``; a choice that ended waits for its request)."""
         return [c.tokens for r in self.token_counts for c in self._choices[r].values() if c.finish_reason is None]
 
+    def ended_sequences(self) -> int:
+        """The choices that ended in the requests of :attr:`token_counts` (their request runs on)."""
+        return sum(c.finish_reason is not None for r in self.token_counts for c in self._choices[r].values())
+
     def running_prompt_tokens(self) -> int:
         """The prompt tokens the sequences of :meth:`running_lengths` attend over, summed."""
         return sum(

@@ -10,6 +10,7 @@ Importing this module does not import vLLM or torch; :class:`VllmEngine` does.
 from __future__ import annotations
 
 import dataclasses
+import operator
 import threading
 import time
 from collections.abc import Callable, Mapping
@@ -280,21 +281,18 @@ class VllmEngine:
         """An engine step is running (in its thread): :meth:`add` would wait for it."""
         return self._stepper.running_since is not None
 
-    @property
-    def generated_tokens(self) -> int:
-        return self._outputs.generated_tokens
-
-    @property
-    def prefilled_tokens(self) -> int:
-        return self._outputs.prefilled_tokens
-
-    @property
-    def cached_tokens(self) -> int:
-        return self._outputs.cached_tokens
+    # the live counts of the engine's outputs (StreamedOutputs), as the Engine protocol names them
+    generated_tokens = property(operator.attrgetter("_outputs.generated_tokens"))
+    prefilled_tokens = property(operator.attrgetter("_outputs.prefilled_tokens"))
+    cached_tokens = property(operator.attrgetter("_outputs.cached_tokens"))
 
     @property
     def running_prompt_tokens(self) -> int:
         return self._outputs.running_prompt_tokens()
+
+    @property
+    def ended_sequences(self) -> int:
+        return self._outputs.ended_sequences()
 
     def running_lengths(self) -> list[int]:
         return self._outputs.running_lengths()

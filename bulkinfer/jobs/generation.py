@@ -184,7 +184,8 @@ class Generation:
         prefilled = self.engine.prefilled_tokens - self._engine_base[1]
         cached = self.engine.cached_tokens - self._engine_base[2]
         running = self.engine.running_lengths()
-        self.progress.tick(generated, prefilled, running, cached, self.engine.running_prompt_tokens)
+        prompts, ended = self.engine.running_prompt_tokens, self.engine.ended_sequences
+        self.progress.tick(generated, prefilled, running, cached, prompts, ended)
         self.stats.sample(generated, prefilled)
 
     def _tell(self) -> None:

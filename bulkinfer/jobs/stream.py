@@ -348,6 +348,7 @@ def _stream(
             engine.running_lengths(),
             engine.cached_tokens,
             engine.running_prompt_tokens,
+            engine.ended_sequences,
         )
 
     def on_planned(request: Request) -> None:

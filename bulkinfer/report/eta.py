@@ -219,12 +219,14 @@ class WorkEstimate(PlannedWork):
         running: list[int],
         cached_tokens: int = 0,
         running_prompt_tokens: int | None = None,
+        ended_sequences: int = 0,
     ) -> None:
         """The engine's totals at ``now`` (seconds): completion tokens
         generated, prompt tokens processed (``cached_tokens`` of them served
         from the prefix cache), the completion tokens so far of each sequence
         it is generating and those sequences' prompt tokens, summed (None: at
-        the planned sequences' mean). Counts that moved since the last call end
+        the planned sequences' mean), and the sequences that ended while their
+        row runs on (the engine's ``ended_sequences``). Counts that moved since the last call end
         an engine step (its seconds, tokens and context join the recent
         steps); the step prefilled the prompt tokens it computed, not the
         cached ones (a multi-turn job found 49% of its prompt tokens in the
@@ -232,6 +234,7 @@ class WorkEstimate(PlannedWork):
         The context is the running rows' own (at the mean, a multi-turn job's full
         batches looked 1.6x slower than its drain: :func:`~.step_cost.batch_rates`)."""
         self.generated_tokens, self.prefilled_tokens, self.running = generated_tokens, prefilled_tokens, running
+        self.ended = ended_sequences
         prompts = running_prompt_tokens
         self.running_prompt = len(running) * self.mean_prompt() if prompts is None else prompts
         self.concurrency = max(self.concurrency, len(running))

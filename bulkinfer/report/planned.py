@@ -40,6 +40,7 @@ class PlannedWork:
         self.cached_tokens = 0  # of the prefilled ones, served from the prefix cache
         self.running: list[int] = []  # the tokens so far of each sequence the engine is generating
         self.running_prompt = 0.0  # their prompt tokens, summed
+        self.ended = 0  # sequences that ended while their row runs on (not yet in finished_rows)
 
     def plan(self, prompt_tokens: int, max_tokens: int, sequences: int = 1, choices: int = 1) -> None:
         """A row was planned: ``prompt_tokens`` long (all its prompts'), at
@@ -91,6 +92,7 @@ class PlannedWork:
         return max(self.planned_prompt_tokens - self.prefilled_tokens, 0) + lines * per_line
 
     def rows_left(self, total_rows: int | None, failed_rows: int) -> int:
-        """Sequences not started: planned and waiting, or not yet planned."""
-        waiting = max(self.planned_rows - self.finished_rows - len(self.running), 0)
+        """Sequences not started: planned and waiting, or not yet planned (a
+        choice that ended while its row runs on is neither)."""
+        waiting = max(self.planned_rows - self.finished_rows - len(self.running) - self.ended, 0)
         return waiting + self._unplanned(total_rows, failed_rows)

@@ -257,10 +257,17 @@ class Progress:
         running: list[int],
         cached_tokens: int = 0,
         running_prompt_tokens: int | None = None,
+        ended_sequences: int = 0,
     ) -> None:
         """The engine's live counts after a step (see :meth:`WorkEstimate.observe`)."""
         self.work.observe(
-            self.clock(), generated_tokens, prefilled_tokens, running, cached_tokens, running_prompt_tokens
+            self.clock(),
+            generated_tokens,
+            prefilled_tokens,
+            running,
+            cached_tokens,
+            running_prompt_tokens,
+            ended_sequences,
         )
         self._show()
 

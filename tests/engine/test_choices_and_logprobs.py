@@ -80,8 +80,10 @@ def test_the_running_sequences_are_each_choice_still_generating() -> None:
     assert streamed.running_lengths() == [1, 2] and streamed.running_prompt_tokens() == 6
     streamed.completions([output([piece(1, "!", [10], None, "stop")], False)])  # choice 1 ended, its request runs on
     assert streamed.running_lengths() == [1] and streamed.running_prompt_tokens() == 3
+    assert streamed.ended_sequences() == 1  # neither running nor waiting: its length comes with its request
     (done,) = streamed.completions([output([piece(0, "lo", [11], None, "length")], True)])
     assert streamed.running_lengths() == [] and streamed.running_prompt_tokens() == 0
+    assert streamed.ended_sequences() == 0
     assert done.lengths == (2, 3) and done.completion_tokens == 5
 
 

@@ -77,7 +77,7 @@ def test_a_failure_of_the_cluster_itself_is_an_engine_error_naming_it() -> None:
 
     class Unreachable:
         max_model_len, max_num_seqs, settings = 2048, 4, {"fake": True}
-        generated_tokens = prefilled_tokens = running_prompt_tokens = 0
+        generated_tokens = prefilled_tokens = running_prompt_tokens = ended_sequences = 0
 
         def running_lengths(self) -> list[int]:
             return []

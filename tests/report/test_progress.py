@@ -589,3 +589,25 @@ def test_a_row_of_n_choices_is_timed_as_n_rows_of_one_and_its_lengths_kept_per_c
     (grouped, grouped_lengths), (single, single_lengths) = estimate(40, 4), estimate(160, 1)
     assert grouped is not None and grouped == single
     assert grouped_lengths == single_lengths and max(grouped_lengths) == 64
+
+
+def test_a_choice_that_ended_while_its_row_runs_on_is_neither_running_nor_waiting() -> None:
+    """10 rows of 4 choices, 20 sequences running and 12 ended in rows that
+    run on (the engine's ``ended_sequences``): 8 wait, not 20, and the
+    futures do not draw the 12 a length again."""
+
+    def work(ended: int) -> WorkEstimate:
+        w = WorkEstimate(0.0, max_running=64)
+        for _ in range(10):
+            w.plan(100, 64, 4, 4)
+        for k in range(1, 6):
+            w.observe(0.5 * k, 32 * k, 1_000, [k] * 20, 0, 20 * 100, ended)
+        return w
+
+    told, untold = work(12), work(0)
+    assert (told.rows_left(10, 0), untold.rows_left(10, 0)) == (8, 20)
+    told_tokens, untold_tokens = (w.outlook(10, 0) for w in (told, untold))
+    assert told_tokens is not None and untold_tokens is not None
+    # untold, 12 lengths drawn anew (past the lengths seen, rows stop nearer max_tokens 64 than not)
+    assert untold_tokens.completion_tokens - told_tokens.completion_tokens > 12 * 32
+    assert untold_tokens.point > told_tokens.point
