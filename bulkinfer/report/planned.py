@@ -57,9 +57,13 @@ class PlannedWork:
         ``failed_rows`` of which failed before they were planned."""
         return self.planned_rows + self._unplanned(total_rows, failed_rows)
 
+    def _lines_left(self, total_rows: int | None, failed_rows: int) -> int:
+        """Lines not yet planned (nor failed before planning)."""
+        return max((total_rows or 0) - self.planned_lines - failed_rows, 0)
+
     def _unplanned(self, total_rows: int | None, failed_rows: int) -> int:
         """Sequences of the lines not yet planned, at the planned lines' mean."""
-        lines = max((total_rows or 0) - self.planned_lines - failed_rows, 0)
+        lines = self._lines_left(total_rows, failed_rows)
         return round(lines * self.planned_rows / self.planned_lines) if self.planned_lines else lines
 
     def mean_prompt(self) -> float:
@@ -87,9 +91,11 @@ class PlannedWork:
 
     def _prompt_left(self, total_rows: int | None, failed_rows: int) -> float:
         """Prompt tokens not yet prefilled, the unplanned lines' at the planned lines' mean."""
-        lines = max((total_rows or 0) - self.planned_lines - failed_rows, 0)
         per_line = self.planned_prompt_tokens / self.planned_lines if self.planned_lines else 0.0
-        return max(self.planned_prompt_tokens - self.prefilled_tokens, 0) + lines * per_line
+        return (
+            max(self.planned_prompt_tokens - self.prefilled_tokens, 0)
+            + self._lines_left(total_rows, failed_rows) * per_line
+        )
 
     def rows_left(self, total_rows: int | None, failed_rows: int) -> int:
         """Sequences not started: planned and waiting, or not yet planned (a
