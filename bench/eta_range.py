@@ -12,7 +12,9 @@ time: two cores):
 - ``multiturn``: the 452 turns of ``sample_data/sharegpt_multiturn.jsonl``
   (each turn repeats the conversation so far: shared prefixes), demo.toml;
 - ``steady`` (not in the issue's three; ``--workloads steady``): 5,000 rows
-  of a few random words, 8-token answers: a job whose steps stay alike.
+  of a few random words, 8-token answers: a job whose steps stay alike;
+- ``choices`` (likewise): :mod:`bench.eta_choices`'s 120 ShareGPT prompts
+  of ``n`` 4, ``max_tokens`` 64: rows of several sequences.
 
 Before the first job every completion length stored is removed from the
 calibration store, and the step models stored by earlier runs of these jobs
@@ -89,6 +91,7 @@ DESCRIBED = {
     "short": "1,000 short questions, defaults (max_tokens 256)",
     "multiturn": "452 turns of ShareGPT conversations (shared prefixes), configs/demo.toml",
     "steady": "5,000 rows of 4-16 random words, defaults but max_tokens 8 (not in the issue's three)",
+    "choices": "120 ShareGPT prompts of n 4, defaults but max_tokens 64 (bench.eta_choices's; not in the three)",
 }
 
 

@@ -8,7 +8,9 @@ with ``configs/demo.toml``; ``multiturn``: the 452 turns of
 ``sample_data/sharegpt_multiturn.jsonl``, shared prefixes, likewise;
 ``steady``: :data:`STEADY_ROWS` rows of 4-16 random words
 (:func:`bench.scale.write_rows`), the defaults but ``max_tokens`` 8: every
-step alike, as a labelling job's) with :class:`bulkinfer.report.progress.Progress`
+step alike, as a labelling job's; ``choices``: :mod:`bench.eta_choices`'s
+job, :data:`CHOICES_ROWS` ShareGPT prompts of ``n`` 4, the defaults but
+``max_tokens`` 64) with :class:`bulkinfer.report.progress.Progress`
 wrapped, and writes every call the estimator gets, with its
 ``time.monotonic()`` second: ``["p", t, prompt_tokens, max_tokens,
 sequences, n]`` (a row planned; recordings before sequences were kept end
@@ -65,7 +67,8 @@ FRACTIONS = (0.10, 0.25, 0.50, 0.75)
 LAST_LINE_S = 10.0
 RATE_WINDOWS_S = (30.0, 60.0)
 STEADY_ROWS = 5000  # the steady workload's rows (bench.scale.write_rows, seed 0)
-RECORDABLE = ("short", "sharegpt", "multiturn", "steady")  # the jobs record() runs
+RECORDABLE = ("short", "sharegpt", "multiturn", "steady", "choices")  # the jobs record() runs
+CHOICES_ROWS = 120  # the choices workload: bench.eta_choices's rows, n 4, max_tokens 64
 
 
 def record(workload: str, out: Path, job_output: Path | None = None, overrides: dict[str, str] | None = None) -> None:
@@ -73,7 +76,10 @@ def record(workload: str, out: Path, job_output: Path | None = None, overrides: 
     ``out``; ``job_output``: the run's output file (the same one for a job
     run again: its stored lengths are found by it), else a temporary one;
     ``overrides``: settings changed for this run, dotted keys with JSON
-    values (``{"engine.enforce_eager": "false"}``: a compiled engine)."""
+    values (``{"engine.enforce_eager": "false"}``: a compiled engine).
+    Only the generation's progress line is recorded (the one with the most
+    rows planned): on a machine new to the model the dtype probe's
+    perplexity rows have a progress line of their own."""
     import bulkinfer.report.progress as progress
     from bench.eta import short_prompts
     from bulkinfer import load_settings, run
@@ -93,16 +99,17 @@ def record(workload: str, out: Path, job_output: Path | None = None, overrides: 
         prompts: int | None = None,
         ended: int = 0,
     ) -> None:
-        events.append(["t", time.monotonic(), generated, prefilled, list(running), cached, prompts, ended])
+        events.append([id(self), "t", time.monotonic(), generated, prefilled, list(running), cached, prompts, ended])
         tick(self, generated, prefilled, running, cached, prompts, ended)
 
     def on_update(self: Any, done: int = 0, failed: int = 0, completion_tokens: int = 0, planned_: bool = True,
                   lengths: Any = (), sequences: int = 1) -> None:  # fmt: skip
-        events.append(["u", time.monotonic(), done, failed, completion_tokens, planned_, list(lengths), sequences])
+        row = [done, failed, completion_tokens, planned_, list(lengths), sequences]
+        events.append([id(self), "u", time.monotonic(), *row])
         update(self, done, failed, completion_tokens, planned_, lengths, sequences)
 
     def on_planned(self: Any, prompt_tokens: int, max_tokens: int, sequences: int = 1, n: int = 1) -> None:
-        events.append(["p", time.monotonic(), prompt_tokens, max_tokens, sequences, n])
+        events.append([id(self), "p", time.monotonic(), prompt_tokens, max_tokens, sequences, n])
         planned(self, prompt_tokens, max_tokens, sequences, n)
 
     wrapped.tick, wrapped.update, wrapped.planned = on_tick, on_update, on_planned  # type: ignore[assignment,method-assign]
@@ -117,6 +124,12 @@ def record(workload: str, out: Path, job_output: Path | None = None, overrides: 
             src = Path(tmp) / "steady.jsonl"
             write_rows(src, STEADY_ROWS)
             settings = load_settings(overrides={"sampling.max_tokens": 8})
+        elif workload == "choices":  # bench.eta_choices's job: ShareGPT prompts of 4 choices each
+            from bench.eta_choices import write_rows as write_choices
+
+            src = Path(tmp) / "choices.jsonl"
+            write_choices(src, CHOICES_ROWS, 4)
+            settings = load_settings(overrides={"sampling.max_tokens": 64})
         elif workload == "multiturn":  # 452 turns of real ShareGPT conversations: each turn repeats the earlier ones
             src = ROOT / "sample_data" / "sharegpt_multiturn.jsonl"
             settings = load_settings(ROOT / "configs" / "demo.toml")
@@ -126,12 +139,15 @@ def record(workload: str, out: Path, job_output: Path | None = None, overrides: 
         if overrides:
             settings = with_overrides(settings, {key: orjson.loads(value) for key, value in overrides.items()})
         result = run(src, output, settings=settings, overwrite=True, progress_plain=True)
+    # the generation run's progress line only: a first run on a machine also runs the dtype probe's
+    runs = Counter(e[0] for e in events if e[1] == "p")
+    generation = runs.most_common(1)[0][0] if runs else None
     data = {
         "machine": {"cpu": cpu_model(), "cores": os.cpu_count()},
         "command": " ".join(
             ["python -m bench.eta_trace record", workload, *(f"--set {k}={v}" for k, v in (overrides or {}).items())]
         ),
-        "events": events,
+        "events": [e[1:] for e in events if e[0] == generation],
         "report": result.report,
     }
     out.write_bytes(orjson.dumps(data))

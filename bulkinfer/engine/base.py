@@ -24,9 +24,12 @@ class Engine(Protocol):
 
     ``generated_tokens`` and ``prefilled_tokens`` count, since the engine
     started, the completion tokens generated and the prompt tokens processed
-    for every request, finished or not; ``cached_tokens`` those of the
-    prompt tokens processed that the engine served from its prefix cache
-    (vLLM's ``RequestOutput.num_cached_tokens``: not computed again);
+    for every sequence, finished or not (a request of ``n`` choices
+    processes its prompt ``n`` times: vLLM prefills each child request,
+    whole blocks from the prefix cache once a sibling has them);
+    ``cached_tokens`` those of the prompt tokens processed that the engine
+    served from its prefix cache (vLLM's ``RequestOutput.num_cached_tokens``:
+    not computed again);
     ``running_lengths()`` gives the
     completion tokens so far of each sequence still generating (a choice of
     an unfinished request that has some: a request of ``n`` choices runs

@@ -90,7 +90,9 @@ class EngineMux:
 
     :attr:`generated_tokens`, :attr:`prefilled_tokens` and
     :attr:`cached_tokens` are the batch's: the engine's counts minus the
-    online requests' (their cached tokens once they finish). ``running_lengths()``,
+    online requests' (their cached tokens once they finish, as the request's
+    usage gives them: one choice's of a request of ``n``, so the batch's
+    count may hold its siblings' while such a request runs). ``running_lengths()``,
     :attr:`running_prompt_tokens` and :attr:`ended_sequences` are the engine's (online requests included).
     """
 
@@ -119,7 +121,8 @@ class EngineMux:
         self._batch_in_engine = 0
         self._batch_admitted_tokens = 0  # prompt tokens of the batch rows let into the engine (see _batch_pending)
         self._online_in_flight = 0
-        self._online_started: set[str] = set()  # online requests whose prompt the engine has processed
+        # online requests whose prompt the engine has processed: the choices (sequences) that have output
+        self._online_started: dict[str, set[int]] = {}
         self._batch_done: queue.SimpleQueue[Completion] = queue.SimpleQueue()
         self._online_generated = self._online_prefilled = self._online_cached = 0
         self._error: EngineError | None = None
@@ -327,7 +330,7 @@ class EngineMux:
                 break
             request_id, request = self._held.popleft()
             self._batch_in_engine += 1
-            self._batch_admitted_tokens += request.prompt_length
+            self._batch_admitted_tokens += request.prompt_length * request.n  # prefilled once a choice
             self._add(request_id, request, None)
 
     def _batch_pending(self) -> int:
@@ -357,8 +360,9 @@ class EngineMux:
         prompt's) as the online requests'."""
 
         def piece(index: int, text: str, tokens: int, finish_reason: str | None) -> None:
-            if request_id not in self._online_started:
-                self._online_started.add(request_id)
+            started = self._online_started.setdefault(request_id, set())
+            if index not in started:  # each choice's sequence prefills the prompt (Engine.prefilled_tokens)
+                started.add(index)
                 self._online_prefilled += prompt_tokens
             self._online_generated += tokens
             listener.piece(index, text, tokens, finish_reason)
@@ -371,7 +375,7 @@ class EngineMux:
         ids = [rid for rid in request_ids if rid in self._owners]
         for rid in ids:
             self._left(self._owners.pop(rid))
-            self._online_started.discard(rid)
+            self._online_started.pop(rid, None)
         if not ids:
             return
         abort = getattr(self._engine, "abort", None)
@@ -396,10 +400,9 @@ class EngineMux:
             if listener is None:
                 self._batch_done.put(completion)
                 continue
-            if completion.request_id in self._online_started:
-                self._online_started.discard(completion.request_id)
-            else:  # no piece came before the end
-                self._online_prefilled += completion.prompt_tokens
+            started = len(self._online_started.pop(completion.request_id, ()))
+            # the choices no piece came from before the end
+            self._online_prefilled += completion.prompt_tokens * max(len(completion.lengths) - started, 0)
             if self._watch is None:
                 self._online_generated += completion.completion_tokens
             self._online_cached += completion.cached_tokens

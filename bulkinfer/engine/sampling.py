@@ -193,9 +193,11 @@ class StreamedOutputs:
     request each: :meth:`expect_embeddings`) come back as one Completion
     with their vectors once all have finished.
     ``generated_tokens`` counts every completion token seen;
-    ``prefilled_tokens`` the prompt tokens of every request that produced
-    its first output, ``cached_tokens`` those of them vLLM served from its
-    prefix cache (``RequestOutput.num_cached_tokens``); :attr:`token_counts`
+    ``prefilled_tokens`` the prompt tokens of every sequence (a request's
+    choice: vLLM runs each of ``n`` as a child request, whose outputs come
+    apart) that produced its first output, ``cached_tokens`` those of them
+    vLLM served from its prefix cache (each child's
+    ``RequestOutput.num_cached_tokens``); :attr:`token_counts`
     and :attr:`prompt_counts` the completion tokens so far (of all its
     choices) and the prompt tokens of each request that has output and has
     not finished (:meth:`running_lengths`: by choice). :attr:`top_logprobs`
@@ -242,13 +244,13 @@ class StreamedOutputs:
                 choices = self._choices[request_id] = {}
                 self.token_counts[request_id] = 0
                 self.prompt_counts[request_id] = len(out.prompt_token_ids or ())
-                self.prefilled_tokens += self.prompt_counts[request_id]
-                self.cached_tokens += getattr(out, "num_cached_tokens", None) or 0
             top = self.top_logprobs.get(request_id)
             for piece in out.outputs:
                 choice = choices.get(piece.index)
-                if choice is None:
+                if choice is None:  # the choice's first output: its sequence's prompt has been processed
                     choice = choices[piece.index] = _Choice(top is not None)
+                    self.prefilled_tokens += self.prompt_counts[request_id]
+                    self.cached_tokens += getattr(out, "num_cached_tokens", None) or 0
                 choice.pieces.append(piece.text)
                 choice.tokens += len(piece.token_ids)
                 if choice.logprobs is not None and top is not None and piece.logprobs:

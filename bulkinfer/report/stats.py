@@ -102,7 +102,8 @@ SERIES_INTERVAL_S = 1.0
 class TokenSeries:
     """The engine's live token counts over generation time, bounded: the
     cumulative completion tokens generated and prompt tokens processed
-    (prefilled) of finished and unfinished requests alike, the counts the
+    (prefilled: once a sequence, a request of ``n`` choices ``n`` times) of
+    finished and unfinished requests alike, the counts the
     progress line shows. A point every ``interval_s`` seconds (at most
     :data:`SERIES_MAX_POINTS`; when full, every other point is dropped and the
     interval doubles, so a run of any length keeps an even, bounded sample).

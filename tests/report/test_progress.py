@@ -559,9 +559,10 @@ def test_the_context_is_the_running_rows_own_prompts_not_the_planned_mean() -> N
 
 def test_a_row_of_n_choices_is_timed_as_n_rows_of_one_and_its_lengths_kept_per_choice() -> None:
     """vLLM runs a row of ``n`` choices as ``n`` sequences sharing one
-    prompt (prefilled once, attended over by each): 25 of 40 rows of 4
-    choices planned are estimated as 100 of 160 rows of one whose prompts
-    the prefix cache served but once, draw for draw; the lengths kept for
+    prompt (prefilled by each, the prefix cache serving what a sibling
+    computed; attended over by each): 25 of 40 rows of 4 choices planned
+    are estimated as 100 of 160 rows of one, draw for draw, the engine
+    counting the prompt once a sequence; the lengths kept for
     later runs are the choices', never past max_tokens (before: one row of
     the choices' sum, up to 4 x max_tokens, and a run's 2-3x too long first
     estimates, bulkinfer.report.planned)."""
@@ -572,7 +573,7 @@ def test_a_row_of_n_choices_is_timed_as_n_rows_of_one_and_its_lengths_kept_per_c
         rows = 100 // n
         for _ in range(rows):
             progress.planned(100, 64, n, n)
-        prefilled = 100 * rows
+        prefilled = 100 * rows * n  # once a sequence (Engine.prefilled_tokens)
         cached = prefilled - 2_500  # the same 2,500 prompt tokens computed
         for k in range(1, 11):
             clock.now += 0.5

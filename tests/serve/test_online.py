@@ -278,6 +278,62 @@ def test_beside_an_online_request_batch_rows_enter_as_the_prefill_backlog_drains
         mux.close()
 
 
+def test_a_batch_row_of_n_choices_holds_its_prompt_once_a_choice_in_the_prefill_backlog() -> None:
+    """A row of 2 choices over a 2-token prompt prefills 4 tokens (each
+    choice's sequence: ``Engine.prefilled_tokens``): beside an online
+    request with ``prefill_beside_online`` 3, the first row enters alone
+    (one-choice rows: two, the test above), the next once it is prefilled."""
+    engine = RecordingEngine(hang_at=1)
+    mux = EngineMux(engine, prefill_beside_online=3)
+    try:
+        mux.submit("o0", request(9), Heard())
+        for k in range(3):
+            row = request(k)
+            row.options["n"] = 2
+            mux.add(f"b{k}", row)
+        wait_for(lambda: len(engine.added) == 2)
+        time.sleep(0.3)
+        assert [rid for rid, _ in engine.added] == ["o0", "b0"]
+        engine.prefilled_tokens = 4  # b0's two choices' first outputs
+        wait_for(lambda: len(engine.added) == 3)
+        time.sleep(0.3)
+        assert [rid for rid, _ in engine.added] == ["o0", "b0", "b1"]
+    finally:
+        mux.close()
+
+
+class WatchedEngine(RecordingEngine):
+    """Keeps the watcher of each streamed (online) request, as VllmEngine.watch does."""
+
+    def __init__(self, **kwargs: Any):
+        super().__init__(**kwargs)
+        self.watchers: dict[str, Callable[[int, str, int, str | None], None]] = {}
+
+    def watch(self, request_id: str, watcher: Callable[[int, str, int, str | None], None]) -> None:
+        self.watchers[request_id] = watcher
+
+
+def test_the_batch_counts_leave_out_an_online_request_prefilled_once_a_choice() -> None:
+    """An online request of 2 choices over a 2-token prompt prefills 4 of
+    the engine's prompt tokens, counted at each choice's first piece: the
+    batch's count (the progress line's and ETA's) is the engine's less those."""
+    engine = WatchedEngine(hang_at=1)
+    mux = EngineMux(engine)
+    try:
+        online = request(9)
+        online.options["n"] = 2
+        mux.submit("o0", online, Heard())
+        mux.add("b0", request(0))
+        wait_for(lambda: len(engine.added) == 2)
+        piece = engine.watchers["o0"]
+        for index in (0, 1, 0):  # choice 0's second piece: its prompt was counted
+            piece(index, "a", 1, None)
+        engine.prefilled_tokens, engine.generated_tokens = 6, 4  # o0's two choices and b0 prefilled
+        assert (mux.prefilled_tokens, mux.generated_tokens) == (2, 1)
+    finally:
+        mux.close()
+
+
 class DyingEngine(FakeEngine):
     """Its first step waits for ``release``, then raises: the engine died during that step."""
 
