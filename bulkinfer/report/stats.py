@@ -162,7 +162,8 @@ def prefix_cache(cached_tokens: int, prompt_tokens: int, estimate: dict[str, Any
 class RunStats:
     """Counters that observe one run's feed loop: seconds by phase (``plan``,
     ``generate``, ``write``), prompt and completion tokens of the rows this
-    attempt finished, their completion lengths (power-of-two bins) and the
+    attempt finished, their completion lengths (power-of-two bins; a row of
+    ``n`` choices counts each choice's, as ``finish_reasons`` does) and the
     engine's live token counts over generation time (:class:`TokenSeries`),
     for the report and its HTML charts."""
 
@@ -218,7 +219,8 @@ class RunStats:
         self.prompt_tokens += completion.prompt_tokens
         self.completion_tokens += completion.completion_tokens
         self.cached_tokens += completion.cached_tokens
-        self.completion_lengths[bucket_index(completion.completion_tokens, LENGTH_BINS)] += 1
+        for length in completion.lengths:  # a row of n choices: each choice's, as its finish_reason
+            self.completion_lengths[bucket_index(length, LENGTH_BINS)] += 1
         choices = [(c.text, c.finish_reason) for c in completion.choices]
         for text, reason in choices or [(completion.text, completion.finish_reason)]:
             self.finish_reasons[reason] += 1

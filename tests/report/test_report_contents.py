@@ -85,6 +85,27 @@ def test_the_token_series_rises_with_the_engines_live_counts_before_any_row_fini
     assert len(series["seconds"]) == len(completion) == len(prompt)
 
 
+def test_a_row_of_n_choices_counts_each_choice_at_its_length_as_its_finish_reason() -> None:
+    """The histogram counts choices as ``finish_reasons`` does: a row of 3
+    choices of 2, 60 and 64 tokens is three lengths, not one of 126 (past
+    its ``max_tokens`` 64, in the 65-128 bin)."""
+    from bulkinfer.schema import Choice
+
+    run_stats = stats.RunStats()
+    choices = tuple(
+        Choice(i, "x", reason, tokens) for i, (tokens, reason) in enumerate([(2, "stop"), (60, "stop"), (64, "length")])
+    )
+    run_stats.finished(Completion("r0", "x", "stop", 5, 126, choices=choices))
+    run_stats.finished(Completion("r1", "y", "stop", 5, 7))
+    out = run_stats._completions()
+    assert out["finish_reasons"] == {"stop": 3, "length": 1}
+    assert out["completion_length_histogram"] == [
+        {"range": "2-2", "rows": 1},
+        {"range": "5-8", "rows": 1},
+        {"range": "33-64", "rows": 2},
+    ]
+
+
 def test_the_token_series_stays_bounded_and_spans_the_whole_run() -> None:
     series = TokenSeries(interval_s=1.0, max_points=8)
     for t in range(1, 1001):
