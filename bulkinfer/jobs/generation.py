@@ -186,7 +186,7 @@ class Generation:
         running = self.engine.running_lengths()
         prompts, ended = self.engine.running_prompt_tokens, self.engine.ended_sequences
         self.progress.tick(generated, prefilled, running, cached, prompts, ended)
-        self.stats.sample(generated, prefilled)
+        self.stats.sample(generated, self.progress.usage_prompt_tokens(prefilled))
 
     def _tell(self) -> None:
         """Tell the observer the rows that ended since it was last told."""

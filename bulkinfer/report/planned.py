@@ -39,6 +39,7 @@ class PlannedWork:
         self.planned_lines = 0
         self.planned_rows = 0  # sequences
         self.planned_prompt_tokens = 0  # prefilled and attended over: once a sequence
+        self.planned_usage_prompt_tokens = 0  # as usage counts them: once a request
         self.longest_max_tokens = 0
         self.finished_rows = 0  # planned sequences that ended, with or without error
         self.prefilled_tokens = 0
@@ -54,6 +55,7 @@ class PlannedWork:
         self.planned_lines += 1
         self.planned_rows += sequences
         self.planned_prompt_tokens += prompt_tokens * choices
+        self.planned_usage_prompt_tokens += prompt_tokens
         self.longest_max_tokens = max(self.longest_max_tokens, max_tokens)
 
     def sequences(self, total_rows: int | None, failed_rows: int) -> int:
@@ -69,6 +71,15 @@ class PlannedWork:
         """Sequences of the lines not yet planned, at the planned lines' mean."""
         lines = self._lines_left(total_rows, failed_rows)
         return round(lines * self.planned_rows / self.planned_lines) if self.planned_lines else lines
+
+    def usage_prompt(self, prefilled_tokens: int) -> int:
+        """``prefilled_tokens`` (the engine's, once a sequence) as usage
+        counts prompt tokens (once a request, OpenAI's ``usage.prompt_tokens``,
+        the report's): scaled by the planned rows' ratio of the two, exact
+        once every planned row is prefilled (the same for rows of one choice)."""
+        if not self.planned_prompt_tokens or self.planned_usage_prompt_tokens == self.planned_prompt_tokens:
+            return prefilled_tokens
+        return round(prefilled_tokens * self.planned_usage_prompt_tokens / self.planned_prompt_tokens)
 
     def mean_prompt(self) -> float:
         """The planned sequences' mean prompt length (tokens; 0 before any)."""

@@ -148,12 +148,18 @@ class Progress:
 
     def total_tokens_per_s(self) -> float | None:
         """Prompt and completion tokens the engine processed per second since
-        the start (the report's ``total_tokens_per_s``); None without live
-        engine counts."""
+        the start, the prompt tokens as usage counts them (:meth:`usage_prompt_tokens`:
+        the report's ``total_tokens_per_s``); None without live engine counts."""
         elapsed = self.elapsed()
         if not self.work.done or elapsed <= 0:
             return None
-        return self.work.done / elapsed
+        return (self.usage_prompt_tokens(self.work.prefilled_tokens) + self.work.generated_tokens) / elapsed
+
+    def usage_prompt_tokens(self, prefilled_tokens: int) -> int:
+        """The engine's prompt tokens processed (once a sequence: a row of
+        ``n`` choices prefills its prompt ``n`` times) as usage counts them,
+        once a request (:meth:`~bulkinfer.report.planned.PlannedWork.usage_prompt`)."""
+        return self.work.usage_prompt(prefilled_tokens)
 
     def eta_s(self) -> float | None:
         """Seconds left (see :class:`WorkEstimate`; recomputed at most once a

@@ -102,7 +102,8 @@ SERIES_INTERVAL_S = 1.0
 class TokenSeries:
     """The engine's live token counts over generation time, bounded: the
     cumulative completion tokens generated and prompt tokens processed
-    (prefilled: once a sequence, a request of ``n`` choices ``n`` times) of
+    (prefilled; as usage counts them, a request of ``n`` choices once:
+    :meth:`~bulkinfer.report.progress.Progress.usage_prompt_tokens`) of
     finished and unfinished requests alike, the counts the
     progress line shows. A point every ``interval_s`` seconds (at most
     :data:`SERIES_MAX_POINTS`; when full, every other point is dropped and the

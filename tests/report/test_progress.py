@@ -592,6 +592,21 @@ def test_a_row_of_n_choices_is_timed_as_n_rows_of_one_and_its_lengths_kept_per_c
     assert grouped_lengths == single_lengths and max(grouped_lengths) == 64
 
 
+def test_the_total_rate_counts_a_prompt_as_usage_does_once_a_row_of_n_choices() -> None:
+    """The engine prefills a row's prompt once a choice; the progress line's
+    tok/s and the token series count it once, as usage and the report's
+    ``total_tokens_per_s`` do: exact once the rows are prefilled, the mix of
+    one row of 4 choices (100 tokens) and one of 1 (40 tokens) included."""
+    clock = Clock()
+    progress = Progress(2, stream=io.StringIO(), force_plain=True, clock=clock)
+    progress.planned(100, 16, 4, 4)
+    progress.planned(40, 16, 1, 1)
+    clock.now += 2.0
+    progress.tick(60, 4 * 100 + 40, [12] * 5)
+    assert progress.usage_prompt_tokens(440) == 140
+    assert progress.total_tokens_per_s() == pytest.approx((140 + 60) / 2.0)
+
+
 def test_a_choice_that_ended_while_its_row_runs_on_is_neither_running_nor_waiting() -> None:
     """10 rows of 4 choices, 20 sequences running and 12 ended in rows that
     run on (the engine's ``ended_sequences``): 8 wait, not 20, and the
