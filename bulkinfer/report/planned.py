@@ -77,7 +77,7 @@ class PlannedWork:
         counts prompt tokens (once a request, OpenAI's ``usage.prompt_tokens``,
         the report's): scaled by the planned rows' ratio of the two, exact
         once every planned row is prefilled (the same for rows of one choice)."""
-        if not self.planned_prompt_tokens or self.planned_usage_prompt_tokens == self.planned_prompt_tokens:
+        if not self.planned_prompt_tokens:
             return prefilled_tokens
         return round(prefilled_tokens * self.planned_usage_prompt_tokens / self.planned_prompt_tokens)
 
