@@ -17,6 +17,13 @@ cache sized to the job), temperature 0, on one of these workloads:
 - ``fixed``: the same prompts, every row ``max_tokens`` = ``max_tokens``,
   ``ignore_eos``: the rows run together and end within a few steps of one
   another, so the job has (almost) no tail of a few rows running alone.
+- ``multiturn``: the first ``--rows`` turns of
+  ``sample_data/sharegpt_multiturn.jsonl`` (real conversations, each turn's
+  ``messages`` repeating the turns before it: prefixes shared across rows),
+  ``max_tokens`` as ``sharegpt``, ``ignore_eos``.
+- ``choices``: the ``sharegpt`` rows with ``n`` = 4 (four sequences sharing
+  each prompt), ``ignore_eos``, temperature 1 (vLLM refuses ``n`` > 1 with
+  greedy sampling): its runs' completions differ by design.
 
 Per run: the report's ``seconds.load`` (interpreter excluded: tokenizer,
 engine choice, engine start) and ``seconds.generate``, completion tokens
@@ -42,8 +49,9 @@ from bench.measure import machine, run_measured, tail, versions
 
 ROOT = Path(__file__).resolve().parents[1]
 SHAREGPT = ROOT / "sample_data" / "sharegpt.jsonl"
+MULTITURN = ROOT / "sample_data" / "sharegpt_multiturn.jsonl"
 COPY_INSTRUCTION = "Repeat the text above exactly, word for word."
-WORKLOADS = ("extraction", "sharegpt", "sharegpt-eos", "fixed")
+WORKLOADS = ("extraction", "sharegpt", "sharegpt-eos", "fixed", "multiturn", "choices")
 
 # A variant: (flags, extra environment) of the round (1, 2, ...) at hand.
 Variant = Callable[[int], tuple[list[str], dict[str, str]]]
@@ -85,10 +93,24 @@ def write_workload(name: str, path: Path, rows: int, max_tokens: int) -> dict[st
     elif name == "fixed":
         out = [{"id": r["id"], "prompt": r["prompt"], "max_tokens": max_tokens} for r in records[:rows]]
         flags = ["--ignore-eos"]
+    elif name == "choices":
+        out = [
+            {"id": r["id"], "prompt": r["prompt"], "n": 4, "max_tokens": min(r["reference_tokens"], max_tokens)}
+            for r in records[:rows]
+        ]
+        flags = ["--ignore-eos", "--temperature", "1"]  # after one_run's --temperature 0: the last one counts
+    elif name == "multiturn":
+        turns = [orjson.loads(line) for line in MULTITURN.read_bytes().splitlines() if line.strip()][:rows]
+        out = [
+            {"id": r["id"], "messages": r["messages"], "max_tokens": min(r["reference_tokens"], max_tokens)}
+            for r in turns
+        ]
+        flags = ["--ignore-eos"]
     else:
         raise ValueError(f"unknown workload {name!r} (one of {', '.join(WORKLOADS)})")
     path.write_bytes(b"".join(orjson.dumps(r) + b"\n" for r in out))
-    return {"rows": len(out), "max_tokens_sum": sum(r["max_tokens"] for r in out), "flags": flags}
+    sequences = sum(r["max_tokens"] * r.get("n", 1) for r in out)
+    return {"rows": len(out), "max_tokens_sum": sequences, "flags": flags}
 
 
 def one_run(src: Path, work: Path, key: str, flags: list[str], env: dict[str, str]) -> dict[str, Any]:
@@ -113,12 +135,14 @@ def one_run(src: Path, work: Path, key: str, flags: list[str], env: dict[str, st
         "generate_s": seconds["generate"],
         "completion_tokens": tokens,
         "prompt_tokens": report["tokens"]["prompt"],
+        "prefix_cache_hit_rate": (report.get("prefix_cache") or {}).get("hit_rate"),
         "gen_completion_tok_s": tokens / seconds["generate"] if seconds["generate"] else None,
         "engine": {
             k: report["engine"].get(k)
             for k in (
                 "dtype",
                 "enforce_eager",
+                "block_size",
                 "in_process",
                 "speculative_config",
                 "kv_cache_memory_bytes",
@@ -196,20 +220,21 @@ def markdown(doc: dict[str, Any], title: str, note: str, sampling: str = "temper
         f"Command: `{doc['command']}`; `bulkinfer run` at its defaults, {sampling}, alternating. {note}",
         "",
         "| workload | run | dtype | eager | load s | generate s | completion tokens | gen. completion tok/s "
-        "| wall s | rows identical to the round's first | draft tokens checked / accepted |",
-        "| --- | --- | --- | --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: |",
+        "| wall s | rows identical to the round's first | draft tokens checked / accepted | prefix cache hits |",
+        "| --- | --- | --- | --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |",
     ]
     for r in doc["runs"]:
         if "failed" in r:
-            lines.append(f"| {r['workload']} | {r['key']} | failed (exit {r['failed']}) | | | | | | | | |")
+            lines.append(f"| {r['workload']} | {r['key']} | failed (exit {r['failed']}) | | | | | | | | | |")
             continue
         e = r["engine"]
         drafts, accepted = e.get("spec_decode_draft_tokens"), e.get("spec_decode_accepted_tokens")
         speculated = "—" if drafts is None else f"{drafts} / {'—' if accepted is None else accepted}"
+        hits = r.get("prefix_cache_hit_rate")
         lines.append(
             f"| {r['workload']} | {r['key']} | {e['dtype']} | {e['enforce_eager']} | {r['load_s']:.1f} "
             f"| {r['generate_s']:.1f} | {r['completion_tokens']} | {r['gen_completion_tok_s']:.1f} | {r['wall_s']:.1f} "
-            f"| {r.get('identical', '—')} | {speculated} |"
+            f"| {r.get('identical', '—')} | {speculated} | {'—' if hits is None else f'{hits:.1%}'} |"
         )
     lines += [
         "",

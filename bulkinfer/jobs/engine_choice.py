@@ -4,6 +4,8 @@ From what the user gave and what was measured on this machine:
 
 - the dtype (the probe's stored decision, see :mod:`bulkinfer.jobs.tune`)
   and the scheduler limits ``calibrate --tune`` measured, on CPU;
+- the KV cache's block size, on CPU, for a job whose rows ask several
+  choices (:mod:`bulkinfer.jobs.block_choice`);
 - the KV cache sized to the job (:func:`job_tokens`), on CPU, when the
   engine lives as long as the job;
 - eager or compiled, on CPU (:mod:`bulkinfer.jobs.compile_choice`: by the
@@ -36,6 +38,7 @@ from bulkinfer.engine.kv_cache import kv_cache_left_to_bulkinfer, sized_kv_cache
 from bulkinfer.engine.malloc import huge_page_fault_s_per_gib
 from bulkinfer.io.inputs import InputScan
 from bulkinfer.io.readers import RawRow
+from bulkinfer.jobs.block_choice import choose_block_size
 from bulkinfer.jobs.compile_choice import choose_compile
 from bulkinfer.jobs.decode_steps import DecodeWork, decode_work
 from bulkinfer.jobs.tune import TUNE_DEFAULTS, known_dtype, measured_settings, print_to_stderr
@@ -84,9 +87,10 @@ def choose_engine_settings(
             vLLM's default (off when the engine outlives the job).
         sample: gives the input's first rows tokenized (:func:`sample_tokens`),
             which size the KV cache better than the input's bytes alone and
-            give the compile choice each row's own ``max_tokens``; called at
-            most once, only on CPU when bulkinfer sizes the cache or decides
-            eager against compiled.
+            give the compile choice each row's own ``max_tokens`` and the
+            block size the rows of several choices; called at most once,
+            only on CPU when bulkinfer sizes the cache or decides eager
+            against compiled.
 
     Raises:
         EngineError: the dtype probe's engine fails.
@@ -97,6 +101,8 @@ def choose_engine_settings(
         device = detect_device()
         settings, choice = measured_settings(model, settings, device, vllm_engine, print_to_stderr)
         rows = functools.cache(sample) if sample is not None else lambda: None  # taken once, when first needed
+        if size_kv_cache and device == "cpu" and settings.ray.address in (None, "local"):
+            settings, choice["block_size"] = choose_block_size(settings, *_shared_prompts(rows()))
         if size_kv_cache and device == "cpu" and kv_cache_left_to_bulkinfer(settings.engine):
             tokens = job_tokens(settings, scan, rows())
             running = running_sequences(settings, scan, rows())
@@ -115,6 +121,14 @@ def choose_engine_settings(
             generation = _generation_s(choice["compile"], expected, rate) if decides else None
             settings, choice["huge_pages"] = choose_huge_pages(settings, generation)
     return with_priority_scheduling(settings, scan.mentions_priority), choice
+
+
+def _shared_prompts(sample: TokenSample | None) -> tuple[tuple[tuple[int, int], ...] | None, int | None]:
+    """The arguments of :func:`~bulkinfer.jobs.block_choice.choose_block_size`
+    from a ``sample`` (None: none taken)."""
+    if sample is None:
+        return None, None
+    return sample.shared_prompts, sample.prompt_tokens + sample.completion_tokens
 
 
 def choose_huge_pages(
@@ -282,7 +296,8 @@ class TokenSample:
     ``completion_tokens`` (each row's ``n x max_tokens``); ``whole``: every
     row of the input was read; ``lengths``: each sequence's (prompt tokens,
     ``max_tokens``), a row of ``n`` choices ``n`` times, a row of several
-    prompts (an OpenAI ``prompt`` list) once a prompt."""
+    prompts (an OpenAI ``prompt`` list) once a prompt; ``shared_prompts``:
+    each prompt of a row of more than one choice, as (prompt tokens, ``n``)."""
 
     rows: int
     bytes: int
@@ -290,6 +305,7 @@ class TokenSample:
     completion_tokens: int
     whole: bool
     lengths: tuple[tuple[int, int], ...] = ()
+    shared_prompts: tuple[tuple[int, int], ...] = ()
 
 
 def sample_tokens(
@@ -304,6 +320,7 @@ def sample_tokens(
     count = size = prompts = completions = 0
     read = 0
     lengths: list[tuple[int, int]] = []
+    shared: list[tuple[int, int]] = []
     for raw in itertools.islice(rows, limit + 1):
         read += 1
         if read > limit or raw.error is not None:
@@ -317,7 +334,10 @@ def sample_tokens(
         size += len(orjson.dumps(raw.data)) + 1
         prompts += sum(each)
         completions += request.max_completion_tokens
-        lengths += [(tokens, request.max_tokens) for tokens in each for _ in range(int(request.options.get("n", 1)))]
+        n = int(request.options.get("n", 1))
+        lengths += [(tokens, request.max_tokens) for tokens in each for _ in range(n)]
+        shared += [(tokens, n) for tokens in each] if n > 1 else []
     if not count:
         return None
-    return TokenSample(count, size, prompts, completions, whole=read <= limit, lengths=tuple(lengths))
+    whole = read <= limit
+    return TokenSample(count, size, prompts, completions, whole, tuple(lengths), tuple(shared))

@@ -466,6 +466,43 @@ def test_the_fixed_workload_gives_every_row_the_same_length_so_the_rows_end_toge
     assert described["max_tokens_sum"] == 160 and len({r["prompt"] for r in rows}) == 5
 
 
+def test_the_multiturn_and_choices_workloads_keep_messages_and_count_every_sequence(tmp_path: Path) -> None:
+    """``multiturn`` rows are the conversations' turns (their ``messages``,
+    later turns repeating earlier ones); ``choices`` rows ask 4 sequences
+    each, and the described token budget counts all four."""
+    from bench.variants import write_workload
+
+    turns = write_workload("multiturn", tmp_path / "mt.jsonl", rows=3, max_tokens=16)
+    rows = [orjson.loads(line) for line in (tmp_path / "mt.jsonl").read_bytes().splitlines()]
+    assert [len(r["messages"]) for r in rows] == [1, 3, 5] and "prompt" not in rows[0]
+    assert rows[1]["messages"][0] == rows[0]["messages"][0] and turns["flags"] == ["--ignore-eos"]
+    choices = write_workload("choices", tmp_path / "n.jsonl", rows=2, max_tokens=8)
+    rows = [orjson.loads(line) for line in (tmp_path / "n.jsonl").read_bytes().splitlines()]
+    assert [r["n"] for r in rows] == [4, 4] and choices["max_tokens_sum"] == 4 * sum(r["max_tokens"] for r in rows)
+
+
+def test_block_size_variants_set_vllms_block_size_after_the_default(monkeypatch: pytest.MonkeyPatch) -> None:
+    import sys
+
+    import bench.block_size as block_size
+
+    seen: dict[str, list[str]] = {}
+
+    def alternate(_name: str, _workloads: Any, variants: Any, *_: Any) -> dict[str, Any]:
+        seen.update({name: variant(1)[0] for name, variant in variants.items()})
+        return {"runs": []}
+
+    monkeypatch.setattr(block_size, "alternate", alternate)
+    monkeypatch.setattr(block_size, "write", lambda *_: None)
+    monkeypatch.setattr(sys, "argv", ["bench.block_size", "--sizes", "64,32"])
+    block_size.main()
+    assert seen == {
+        "default": [],
+        "bs64": ["--engine-arg", "block_size=64"],
+        "bs32": ["--engine-arg", "block_size=32"],
+    }
+
+
 def test_speculative_baselines_and_common_flags_reach_every_variant(monkeypatch: pytest.MonkeyPatch) -> None:
     """``again`` repeats the first variant's flags, ``arrival`` changes only
     the feed order, and ``--flags`` go to every variant's run."""

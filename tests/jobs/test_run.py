@@ -464,6 +464,7 @@ def test_a_row_of_n_choices_is_n_sequences_in_the_sample(tmp_path: Path, tiny_ho
     assert sample is not None and sample.completion_tokens == 7 + 3 * 5
     prompt = sample.prompt_tokens // 2  # the same prompt twice
     assert sample.lengths == ((prompt, 7), (prompt, 5), (prompt, 5), (prompt, 5))
+    assert sample.shared_prompts == ((prompt, 3),)  # the block size's choice: the row of choices' prompt and its n
     # an OpenAI line of several prompts: one sequence a prompt (vLLM runs each), each its own length
     body = {"model": "m", "prompt": ["one two", "one two three four five six", [1, 2, 3]], "max_tokens": 4, "n": 2}
     line = {"custom_id": "several", "method": "POST", "url": "/v1/completions", "body": body}
@@ -472,6 +473,7 @@ def test_a_row_of_n_choices_is_n_sequences_in_the_sample(tmp_path: Path, tiny_ho
     each = [len(tokenizer(p)["input_ids"]) for p in body["prompt"][:2]] + [3]  # raw prompts, no template
     assert sample is not None and sample.lengths == tuple((t, 4) for t in each for _ in range(2))
     assert (sample.prompt_tokens, sample.completion_tokens) == (sum(each), 3 * 2 * 4)
+    assert sample.shared_prompts == tuple((t, 2) for t in each)
 
 
 def test_the_report_itemises_the_start_and_the_first_token(tmp_path: Path) -> None:
