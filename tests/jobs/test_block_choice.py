@@ -24,7 +24,7 @@ def test_each_other_sequence_computes_the_prompts_partial_last_block_again() -> 
 def test_rows_of_four_short_choices_get_small_blocks_and_the_report_says_why() -> None:
     # 10 rows of 4 choices, 100-token prompts, 64 tokens each: 1,000 + 2,560 tokens; 3,000 computed again at 128,
     # 3 x 4 x 10 = 120 at 32: 2,880 spared of 6,560
-    settings, choice = choose_block_size(Settings(), [(100, 4)] * 10, 1_000 + 2_560)
+    settings, choice = choose_block_size(Settings(), lambda: ([(100, 4)] * 10, 1_000 + 2_560))
     assert settings.engine.extra_args["block_size"] == SMALL_BLOCK_TOKENS == choice["block_size"]
     assert choice["spared_prompt_tokens"] == 2_880 and choice["job_tokens"] == 6_560
     assert choice["why"].startswith("32 tokens: ") and "2,880 prompt tokens" in choice["why"]
@@ -33,14 +33,14 @@ def test_rows_of_four_short_choices_get_small_blocks_and_the_report_says_why() -
 
 def test_long_answers_or_few_rows_of_choices_keep_vllms_block() -> None:
     # the same 10 rows among a job of 100,000 tokens: 2,880 spared is 2.8%
-    settings, choice = choose_block_size(Settings(), [(100, 4)] * 10, 100_000)
+    settings, choice = choose_block_size(Settings(), lambda: ([(100, 4)] * 10, 100_000))
     assert "block_size" not in settings.engine.extra_args and choice["block_size"] is None
     assert choice["why"].startswith("vLLM's: ") and choice["spared_prompt_tokens"] == 2_880
     # just at the share: chosen; just under: not
     spared, again = 2_880, 3_000
     at = round(spared / SPARED_SHARE) - again
-    assert choose_block_size(Settings(), [(100, 4)] * 10, at)[1]["block_size"] == 32
-    assert choose_block_size(Settings(), [(100, 4)] * 10, at + 100)[1]["block_size"] is None
+    assert choose_block_size(Settings(), lambda: ([(100, 4)] * 10, at))[1]["block_size"] == 32
+    assert choose_block_size(Settings(), lambda: ([(100, 4)] * 10, at + 100))[1]["block_size"] is None
 
 
 @pytest.mark.parametrize(
@@ -53,5 +53,13 @@ def test_long_answers_or_few_rows_of_choices_keep_vllms_block() -> None:
     ],
 )
 def test_the_user_or_a_job_without_choices_keeps_the_block(settings: Settings, shared: Any, why: str) -> None:
-    chosen, choice = choose_block_size(settings, shared, 1_000)
+    chosen, choice = choose_block_size(settings, lambda: (shared, 1_000))
     assert chosen == settings and choice["why"].endswith(why)
+
+
+def test_a_block_the_user_set_takes_no_sample() -> None:
+    def never() -> Any:
+        raise AssertionError("sampled")
+
+    settings = with_engine(Settings(), extra_args={"block_size": 128})
+    assert choose_block_size(settings, never)[1] == {"block_size": 128, "why": "set by the user"}

@@ -329,9 +329,12 @@ def test_rows_that_set_their_own_max_tokens_decide_by_them(home: Path, monkeypat
     whole = engine_choice.TokenSample(rows=100, bytes=10_000, prompt_tokens=500, completion_tokens=3_200, whole=True)
     settings, choice = engine_choice.choose_engine_settings("m", Settings(), scan, True, True, lambda: whole)
     assert choice["compile"]["expected_completion_tokens"] == 3_200 and settings.engine.enforce_eager is True
-    users = with_engine(Settings(), enforce_eager=True, kv_cache_memory_bytes=2**30)  # nothing left to decide
+    users = with_engine(Settings(), enforce_eager=True, kv_cache_memory_bytes=2**30)
     engine_choice.choose_engine_settings("m", users, scan, True, True, long_rows)
-    assert taken == [1]
+    assert taken == [1, 1]  # the block size is still bulkinfer's to choose (bulkinfer/jobs/block_choice.py)
+    users = with_engine(users, extra_args={"block_size": 64})  # nothing left to decide
+    engine_choice.choose_engine_settings("m", users, scan, True, True, long_rows)
+    assert taken == [1, 1]
 
 
 def test_a_job_is_priced_by_its_sampled_rows_prompts_and_max_tokens(
