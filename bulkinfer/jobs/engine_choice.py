@@ -88,7 +88,7 @@ def choose_engine_settings(
         sample: gives the input's first rows tokenized (:func:`sample_tokens`),
             which size the KV cache better than the input's bytes alone and
             give the compile choice each row's own ``max_tokens`` and the
-            block size the rows of several choices; called at most once,
+            block size's choice the rows of several choices; called at most once,
             only on CPU when bulkinfer sizes the cache or decides eager
             against compiled.
 

@@ -49,7 +49,7 @@ def test_long_answers_or_few_rows_of_choices_keep_vllms_block() -> None:
         (with_engine(Settings(), extra_args={"block_size": 64}), [(100, 4)], "set by the user"),
         (with_engine(Settings(), extra_args={"enable_prefix_caching": False}), [(100, 4)], "the prefix cache is off"),
         (Settings(), [], "no row of the input's first rows asks more than one choice"),
-        (Settings(), None, "no sample"),
+        (Settings(), None, "not sampled before the engine started (a Parquet file or a pipe)"),
     ],
 )
 def test_the_user_or_a_job_without_choices_keeps_the_block(settings: Settings, shared: Any, why: str) -> None:
