@@ -239,6 +239,14 @@ class CompileChoice:
 
 
 @dataclass(frozen=True, slots=True)
+class BlockSizeChoice:
+    """The KV cache's block size (tokens; None: vLLM's) and why (:mod:`bulkinfer.jobs.block_choice`)."""
+
+    block_size: int | None
+    why: str
+
+
+@dataclass(frozen=True, slots=True)
 class EngineChoice:
     """What bulkinfer measured or sized for this run's engine."""
 
@@ -246,6 +254,7 @@ class EngineChoice:
     scheduler: SchedulerChoice | None = None
     kv_cache: dict[str, Any] | None = None
     compile: CompileChoice | None = None
+    block_size: BlockSizeChoice | None = None
 
 
 @dataclass(frozen=True, slots=True)

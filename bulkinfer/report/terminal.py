@@ -99,6 +99,10 @@ def print_summary(report: RunReport | dict[str, Any], console: Console) -> None:
     if r.engine_choice.compile:
         mode = "eager" if r.engine_choice.compile.enforce_eager else "compiled"
         summary.add_row("compilation", f"{mode}: {r.engine_choice.compile.why}")
+    block = r.engine_choice.block_size
+    if block and block.block_size:  # chosen or set; vLLM's own block is no news
+        size = f"{block.block_size} tokens"
+        summary.add_row("KV blocks", f"{size}: {block.why.removeprefix(f'{size}: ')}")
     preempted = r.engine.get("preemptions")
     if preempted:
         summary.add_row(

@@ -183,6 +183,7 @@ def test_rows_of_several_choices_run_in_small_blocks_and_share_their_prompts(tmp
     print("block size:", choice, "prefix cache:", report["prefix_cache"])
     assert choice["block_size"] == 32 and choice["why"].startswith("32 tokens: "), choice
     assert report["engine"]["block_size"] == 32  # vLLM's own config
+    assert "KV blocks" in proc.stdout and "spare the rows of n choices" in proc.stdout  # the terminal summary
     prompts = {r["prompt_tokens"] for r in read_jsonl(out)}
     assert 32 < min(prompts) and max(prompts) < 128, prompts  # under one default block: nothing shared at 128
     assert [len(r["completions"]) for r in read_jsonl(out)] == [4] * 6

@@ -249,6 +249,19 @@ def test_the_terminal_summary_shows_end_to_end_throughput_and_memory_in_gib(run_
     assert "13 (5 completed, 6 failed, 2 blank lines skipped)" in out.getvalue()  # total = the three
 
 
+def test_the_terminal_names_a_block_size_bulkinfer_chose_and_not_vllms_own(run_report: dict[str, Any]) -> None:
+    chosen = {"block_size": 32, "why": "32 tokens: blocks of 32 tokens spare the rows of n choices 9 prompt tokens"}
+    kept = {"block_size": None, "why": "vLLM's: no row of the input's first rows asks more than one choice"}
+    shown = []
+    for block in (chosen, kept):
+        out = io.StringIO()
+        choice = {**run_report.get("engine_choice", {}), "block_size": block}
+        print_summary({**run_report, "engine_choice": choice}, Console(file=out, width=200))
+        shown.append([line for line in out.getvalue().splitlines() if "KV blocks" in line])
+    assert len(shown[0]) == 1 and "32 tokens: blocks of 32 tokens spare the rows of n choices 9" in shown[0][0]
+    assert "32 tokens: 32 tokens" not in shown[0][0] and shown[1] == []
+
+
 def test_finish_reasons_structured_checks_and_pass_through_fields_are_reported(
     run_report: dict[str, Any], tmp_path: Path
 ) -> None:
