@@ -62,7 +62,7 @@ def note(doc: dict[str, Any]) -> str:
 
 def sampling(workloads: list[str]) -> str:
     """The page's sampling: ``choices`` runs at temperature 1 (:mod:`bench.variants`)."""
-    return "temperature 0" + (" (choices: 1)" if "choices" in workloads else "")
+    return "temperature 0" + (" (choices: 1)" if any(w.startswith("choices") for w in workloads) else "")
 
 
 if __name__ == "__main__":

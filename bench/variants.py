@@ -21,8 +21,8 @@ cache sized to the job), temperature 0, on one of these workloads:
   ``sample_data/sharegpt_multiturn.jsonl`` (real conversations, each turn's
   ``messages`` repeating the turns before it: prefixes shared across rows),
   ``max_tokens`` as ``sharegpt``, ``ignore_eos``.
-- ``choices``: the ``sharegpt`` rows with ``n`` = 4 (four sequences sharing
-  each prompt), ``ignore_eos``, temperature 1 (vLLM refuses ``n`` > 1 with
+- ``choices`` (``choices2``): the ``sharegpt`` rows with ``n`` = 4 (2): four
+  (two) sequences sharing each prompt, ``ignore_eos``, temperature 1 (vLLM refuses ``n`` > 1 with
   greedy sampling): its runs' completions differ by design.
 
 Per run: the report's ``seconds.load`` (interpreter excluded: tokenizer,
@@ -51,7 +51,7 @@ ROOT = Path(__file__).resolve().parents[1]
 SHAREGPT = ROOT / "sample_data" / "sharegpt.jsonl"
 MULTITURN = ROOT / "sample_data" / "sharegpt_multiturn.jsonl"
 COPY_INSTRUCTION = "Repeat the text above exactly, word for word."
-WORKLOADS = ("extraction", "sharegpt", "sharegpt-eos", "fixed", "multiturn", "choices")
+WORKLOADS = ("extraction", "sharegpt", "sharegpt-eos", "fixed", "multiturn", "choices", "choices2")
 
 # A variant: (flags, extra environment) of the round (1, 2, ...) at hand.
 Variant = Callable[[int], tuple[list[str], dict[str, str]]]
@@ -93,9 +93,10 @@ def write_workload(name: str, path: Path, rows: int, max_tokens: int) -> dict[st
     elif name == "fixed":
         out = [{"id": r["id"], "prompt": r["prompt"], "max_tokens": max_tokens} for r in records[:rows]]
         flags = ["--ignore-eos"]
-    elif name == "choices":
+    elif name in ("choices", "choices2"):
+        n = 4 if name == "choices" else 2
         out = [
-            {"id": r["id"], "prompt": r["prompt"], "n": 4, "max_tokens": min(r["reference_tokens"], max_tokens)}
+            {"id": r["id"], "prompt": r["prompt"], "n": n, "max_tokens": min(r["reference_tokens"], max_tokens)}
             for r in records[:rows]
         ]
         flags = ["--ignore-eos", "--temperature", "1"]  # after one_run's --temperature 0: the last one counts
