@@ -22,8 +22,9 @@ cache sized to the job), temperature 0, on one of these workloads:
   ``messages`` repeating the turns before it: prefixes shared across rows),
   ``max_tokens`` as ``sharegpt``, ``ignore_eos``.
 - ``choices`` (``choices2``): the ``sharegpt`` rows with ``n`` = 4 (2): four
-  (two) sequences sharing each prompt, ``ignore_eos``, temperature 1 (vLLM refuses ``n`` > 1 with
-  greedy sampling): its runs' completions differ by design.
+  (two) sequences sharing each prompt, ``ignore_eos``, temperature 1 (vLLM
+  refuses ``n`` > 1 with greedy sampling): its runs' completions differ by
+  design.
 
 Per run: the report's ``seconds.load`` (interpreter excluded: tokenizer,
 engine choice, engine start) and ``seconds.generate``, completion tokens

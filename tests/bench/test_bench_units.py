@@ -479,6 +479,8 @@ def test_the_multiturn_and_choices_workloads_keep_messages_and_count_every_seque
     choices = write_workload("choices", tmp_path / "n.jsonl", rows=2, max_tokens=8)
     rows = [orjson.loads(line) for line in (tmp_path / "n.jsonl").read_bytes().splitlines()]
     assert [r["n"] for r in rows] == [4, 4] and choices["max_tokens_sum"] == 4 * sum(r["max_tokens"] for r in rows)
+    write_workload("choices2", tmp_path / "n2.jsonl", rows=2, max_tokens=8)
+    assert [orjson.loads(line)["n"] for line in (tmp_path / "n2.jsonl").read_bytes().splitlines()] == [2, 2]
 
 
 def test_block_size_variants_set_vllms_block_size_after_the_default(monkeypatch: pytest.MonkeyPatch) -> None:
