@@ -10,7 +10,17 @@ from collections.abc import Mapping
 from typing import Any
 
 from bulkinfer.errors import ConfigError
-from bulkinfer.fields import CONFIG, FIELDS, RESERVED_KWARGS, int_ge_1, int_in, is_int, is_number, shown
+from bulkinfer.fields import (
+    CONFIG,
+    FIELDS,
+    RESERVED_KWARGS,
+    greedy_choices_expected,
+    int_ge_1,
+    int_in,
+    is_int,
+    is_number,
+    shown,
+)
 from bulkinfer.settings import SamplingDefaults, Settings
 
 # engine.seed: vLLM's workers call ``set_random_seed(model_config.seed)``
@@ -160,6 +170,9 @@ def validate(settings: Settings, names: Mapping[str, str] | None = None) -> None
                 f"{(names or {}).get(key, key)} cannot be used with speculative decoding (engine.speculative_tail "
                 "or speculative_config): vLLM refuses both min_p and logit_bias with it"
             )
+    greedy = greedy_choices_expected(s.n, s.temperature)  # both of the right type by now
+    if greedy:
+        raise ConfigError(f"{(names or {}).get('sampling.n', 'sampling.n')} must be {greedy}, got {s.n}")
     for field in FIELDS.values():
         if field.problem is None or not field.accepts(CONFIG) or getattr(s, field.name) is None:
             continue

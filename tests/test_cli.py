@@ -291,6 +291,14 @@ def test_bad_config_exits_2(tmp_path: Path) -> None:
     assert "max_tokenz" in result.output
 
 
+def test_several_greedy_completions_exit_2_naming_the_flags(tmp_path: Path) -> None:
+    src = tmp_path / "in.jsonl"
+    src.write_text('{"prompt": "hi"}\n')
+    result = runner.invoke(app, ["run", str(src), "--n", "2", "--temperature", "0"])
+    assert result.exit_code == 2
+    assert "--n must be 1 at temperature 0 (greedy sampling: vLLM refuses n > 1 with it), got 2" in result.output
+
+
 def test_bad_output_extension_exits_2(tmp_path: Path) -> None:
     src = tmp_path / "in.jsonl"
     src.write_text('{"prompt": "hi"}\n')

@@ -257,6 +257,10 @@ def test_bad_range_in_toml(tmp_path: Path) -> None:
             "engine.kv_cache_memory_bytes must be an integer >= 1 (bytes), got 0",
         ),
         ("[engine]\nmax_num_batched_tokens = -1\n", "engine.max_num_batched_tokens must be an integer >= 1, got -1"),
+        (
+            "[sampling]\nn = 3\ntemperature = 0\n",
+            "sampling.n must be 1 at temperature 0 (greedy sampling: vLLM refuses n > 1 with it), got 3",
+        ),
     ],
 )
 def test_bad_values_in_toml_are_named_with_the_value(tmp_path: Path, toml: str, message: str) -> None:

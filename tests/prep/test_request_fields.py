@@ -7,6 +7,7 @@ from __future__ import annotations
 from typing import Any
 
 import pytest
+from vllm.exceptions import VLLMValidationError
 from vllm.sampling_params import SamplingParams, StructuredOutputsParams
 
 from bulkinfer.config import SamplingDefaults
@@ -288,3 +289,41 @@ def test_the_built_sampling_params_carry_every_field() -> None:
     assert params.stop_token_ids == [2, 7]
     assert params.logit_bias == {42: -5.0, 7: 100.0}
     assert (params.logprobs, params.seed, params.max_tokens) == (2, 9, 16)
+
+
+@pytest.mark.parametrize("temperature", [0, 1e-6, 1e-5, 0.5])
+@pytest.mark.parametrize("n", [1, 2])
+def test_several_greedy_completions_are_refused_where_vllm_refuses_them(n: int, temperature: float) -> None:
+    """vLLM's own SamplingParams decides: a row of ``n`` > 1 at temperature 0
+    (greedy) is an error record naming ``n``, before the engine starts."""
+    try:
+        SamplingParams(n=n, temperature=temperature)
+        vllm_refuses = False
+    except VLLMValidationError:
+        vllm_refuses = True
+    for line in ({"id": "r", "prompt": "Hi", "n": n, "temperature": temperature}, chat(n=n, temperature=temperature)):
+        if vllm_refuses:
+            err = invalid(line)
+            assert err.type == "invalid_field"
+            assert err.message == (
+                f"field 'n': expected 1 at temperature {temperature:g} "
+                f"(greedy sampling: vLLM refuses n > 1 with it), got {n}"
+            )
+        else:
+            assert parse(line).options["n"] == n
+    assert vllm_refuses == (n == 2 and temperature == 0)  # vLLM raises (0, 0.01) to 0.01
+
+
+def test_several_greedy_completions_name_the_sampling_default_they_come_from() -> None:
+    greedy = SamplingDefaults(temperature=0.0)
+    with pytest.raises(RowInvalid) as info:
+        parse({"id": "r", "prompt": "Hi", "n": 4}, greedy)
+    assert info.value.message == (
+        "field 'n': expected 1 at temperature 0, the [sampling] default "
+        "(greedy sampling: vLLM refuses n > 1 with it), got 4"
+    )
+    with pytest.raises(RowInvalid) as info:
+        parse({"id": "r", "prompt": "Hi", "temperature": 0}, SamplingDefaults(n=3))
+    assert info.value.message.startswith("field 'n (the [sampling] default)': expected 1 at temperature 0 (")
+    # a row that samples may ask several completions whatever the default temperature
+    assert parse({"id": "r", "prompt": "Hi", "n": 4, "temperature": 0.7}, greedy).options["n"] == 4
