@@ -27,6 +27,7 @@ import itertools
 import math
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, replace
+from pathlib import Path
 from typing import Any
 
 import orjson
@@ -36,8 +37,10 @@ from bulkinfer.engine.args import detect_device
 from bulkinfer.engine.factory import vllm_engine
 from bulkinfer.engine.kv_cache import kv_cache_left_to_bulkinfer, sized_kv_cache
 from bulkinfer.engine.malloc import huge_page_fault_s_per_gib
+from bulkinfer.errors import BulkinferError
+from bulkinfer.io.formats import JSONL, SUFFIXES, format_suffix
 from bulkinfer.io.inputs import InputScan
-from bulkinfer.io.readers import RawRow
+from bulkinfer.io.readers import RawRow, open_reader
 from bulkinfer.jobs.block_choice import choose_block_size
 from bulkinfer.jobs.compile_choice import choose_compile
 from bulkinfer.jobs.decode_steps import DecodeWork, decode_work
@@ -101,8 +104,10 @@ def choose_engine_settings(
         device = detect_device()
         settings, choice = measured_settings(model, settings, device, vllm_engine, print_to_stderr)
         rows = functools.cache(sample) if sample is not None else lambda: None  # taken once, when first needed
-        if size_kv_cache and device == "cpu" and settings.ray.address in (None, "local"):
-            settings, choice["block_size"] = choose_block_size(settings, lambda: _shared_prompts(rows()))
+        if size_kv_cache:
+            settings, block = block_size_choice(settings, device, rows)
+            if block is not None:
+                choice["block_size"] = block
         if size_kv_cache and device == "cpu" and kv_cache_left_to_bulkinfer(settings.engine):
             tokens = job_tokens(settings, scan, rows())
             running = running_sequences(settings, scan, rows())
@@ -121,6 +126,19 @@ def choose_engine_settings(
             generation = _generation_s(choice["compile"], expected, rate) if decides else None
             settings, choice["huge_pages"] = choose_huge_pages(settings, generation)
     return with_priority_scheduling(settings, scan.mentions_priority), choice
+
+
+def block_size_choice(
+    settings: Settings, device: str, sample: Callable[[], TokenSample | None]
+) -> tuple[Settings, dict[str, Any] | None]:
+    """``settings`` with the KV cache's block size a run of a local CPU
+    engine chooses (:func:`~bulkinfer.jobs.block_choice.choose_block_size`,
+    from the input's first rows tokenized by ``sample``, called only when the
+    block is left to bulkinfer), and the report's ``engine_choice.block_size``;
+    None where nothing is chosen (a GPU's, or a Ray cluster's replicas)."""
+    if device != "cpu" or settings.ray.address not in (None, "local"):
+        return settings, None
+    return choose_block_size(settings, lambda: _shared_prompts(sample()))
 
 
 def _shared_prompts(sample: TokenSample | None) -> tuple[tuple[tuple[int, int], ...] | None, int | None]:
@@ -306,6 +324,26 @@ class TokenSample:
     whole: bool
     lengths: tuple[tuple[int, int], ...] = ()
     shared_prompts: tuple[tuple[int, int], ...] = ()
+
+
+def input_sample(path: Path, tokenizer: Any, settings: Settings, parse: RowParser) -> TokenSample | None:
+    """A JSONL input's first rows tokenized (:func:`sample_tokens`), from a
+    reader of their own, to size the KV cache, count the rows' own
+    ``max_tokens`` for the compile choice and the rows of several choices for
+    the block size; None for Parquet (its bytes are column bytes, not rows'),
+    for what is not a regular file (a pipe cannot be read twice) or when the
+    input cannot be read again."""
+    if SUFFIXES.get(format_suffix(path)) != JSONL or not path.is_file():
+        return None
+    rows = iter(open_reader(path))
+    try:
+        return sample_tokens(rows, tokenizer, settings.resolve_chat_template(tokenizer), parse)
+    except (OSError, BulkinferError):
+        return None
+    finally:
+        close = getattr(rows, "close", None)
+        if close is not None:
+            close()
 
 
 def sample_tokens(

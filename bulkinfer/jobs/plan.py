@@ -12,6 +12,7 @@ says so instead of giving a number (see
 
 from __future__ import annotations
 
+import functools
 import json
 import time
 from array import array
@@ -24,6 +25,7 @@ from bulkinfer.default_model import DEFAULT_MODEL
 from bulkinfer.engine.args import detect_device, this_machine
 from bulkinfer.errors import ConfigError
 from bulkinfer.io.readers import open_reader
+from bulkinfer.jobs.engine_choice import block_size_choice, input_sample
 from bulkinfer.jobs.tune import known_dtype
 from bulkinfer.models import load_tokenizer, resolve_model
 from bulkinfer.prep.planner import Planner, efficiency, static_batch_tokens
@@ -85,7 +87,10 @@ def plan_file(input_path: Path, settings: Settings, job: str = "run", truncate: 
     ``max_completion_tokens`` (sum of the rows' ``max_tokens`` times their ``n``),
     ``prefix`` (the prompt tokens rows share in whole KV-cache blocks within a
     window, see :class:`~bulkinfer.prep.prefix.PrefixStats`; None when the
-    prefix cache is off), ``estimate``
+    prefix cache is off), ``block_size`` (the KV cache's block a run would
+    choose on this CPU, as the run report's ``engine_choice.block_size``:
+    ``block_size`` in tokens or None for vLLM's, ``why``; None on GPU, for a
+    Ray cluster or a score job), ``estimate``
     (``generate_seconds`` and ``load_seconds`` as ``{"low", "high"}``, the
     ``calibrations`` it comes from, ``derivation``, ``assumes``; or None),
     ``estimate_source`` (where the estimate comes from, or why there is
@@ -100,6 +105,7 @@ def plan_file(input_path: Path, settings: Settings, job: str = "run", truncate: 
     """
     started = time.monotonic()
     parse: Any = to_request
+    block_choice: dict[str, Any] | None = None
     if job == "score":
         settings, model, planner, parse, consumed = _score_parts(settings, truncate)
     elif job == "run":
@@ -107,6 +113,8 @@ def plan_file(input_path: Path, settings: Settings, job: str = "run", truncate: 
         model = resolve_model(settings.model)
         tokenizer = load_tokenizer(model, settings.engine.trust_remote_code)
         settings = settings.resolve_chat_template(tokenizer)
+        sample = functools.partial(input_sample, input_path, tokenizer, settings, to_request)
+        settings, block_choice = block_size_choice(settings, detect_device(), sample)  # as the run chooses it
         planner = Planner(tokenizer, settings.plan, context_length(model, settings), block_tokens(settings))
     else:
         raise ConfigError(f"--job: expected run or score, got {job!r}")
@@ -166,6 +174,7 @@ def plan_file(input_path: Path, settings: Settings, job: str = "run", truncate: 
         },
         "max_completion_tokens": max_completion,
         "prefix": planner.prefix.to_report() if planner.prefix is not None else None,
+        "block_size": block_choice,
         "estimate": None,
     }
     if job == "score":

@@ -40,7 +40,6 @@ from bulkinfer.errors import (
     os_reason,
     write_error,
 )
-from bulkinfer.io.formats import JSONL, SUFFIXES, format_suffix
 from bulkinfer.io.inputs import scan_input
 from bulkinfer.io.journal import (
     changed_while_read,
@@ -54,7 +53,7 @@ from bulkinfer.io.output_files import OutputFiles, RunPaths, same_file
 from bulkinfer.io.readers import PROMPT_COLUMNS, RawRow, open_reader
 from bulkinfer.jobs.compile_choice import record_compiled_start
 from bulkinfer.jobs.context import RunContext
-from bulkinfer.jobs.engine_choice import TokenSample, choose_engine_settings, sample_tokens
+from bulkinfer.jobs.engine_choice import choose_engine_settings, input_sample
 from bulkinfer.jobs.generation import Attempt, Generation
 from bulkinfer.models import resolve_model
 from bulkinfer.prep.planner import Planner
@@ -269,25 +268,6 @@ def _os_error(exc: OSError, paths: RunPaths) -> BulkinferError:
     return OutputWriteError(f"{named}: {os_reason(exc)}; finished rows are kept: fix it, then --resume")
 
 
-def _token_sample(path: Path, tokenizer: Any, settings: Settings, job: Job) -> TokenSample | None:
-    """A JSONL input's first rows tokenized (:func:`sample_tokens`), from a
-    reader of their own, to size the KV cache and count the rows' own
-    ``max_tokens`` for the compile choice; None for Parquet (its bytes
-    are column bytes, not rows'), for what is not a regular file (a pipe
-    cannot be read twice) or when the input cannot be read again."""
-    if SUFFIXES.get(format_suffix(path)) != JSONL or not path.is_file():
-        return None
-    rows = iter(open_reader(path))
-    try:
-        return sample_tokens(rows, tokenizer, settings.resolve_chat_template(tokenizer), job.parse)
-    except (OSError, BulkinferError):
-        return None
-    finally:
-        close = getattr(rows, "close", None)
-        if close is not None:
-            close()
-
-
 def _run_locked(attempt: Attempt, job: Job, settings: Settings, context: RunContext) -> dict[str, Any]:
     """The body of :func:`run`, with the lock held and the journal written."""
     paths = attempt.paths
@@ -308,7 +288,9 @@ def _run_locked(attempt: Attempt, job: Job, settings: Settings, context: RunCont
             start["tokenizer"], clock = time.monotonic() - clock, time.monotonic()
             sized = job.sized_kv_cache and not context.engine_outlives_run  # an engine that outlives the job: not sized
             sample = (
-                functools.partial(_token_sample, paths.input, tokenizer, settings, job) if job.kind == "run" else None
+                functools.partial(input_sample, paths.input, tokenizer, settings, job.parse)
+                if job.kind == "run"
+                else None
             )
             settings, engine_choice = choose_engine_settings(model, settings, scan, job.calibrate, sized, sample)
             start["engine_choice"], clock = time.monotonic() - clock, time.monotonic()

