@@ -23,6 +23,7 @@ are a clear share of the job's work (:data:`SPARED_SHARE`).
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable, Iterable
 from typing import Any
 
@@ -80,11 +81,12 @@ def choose_block_size(settings: Settings, counts: Callable[[], SampledCounts]) -
     again = sum(computed_again(p, n, DEFAULT_BLOCK_TOKENS) for p, n in prompts)
     spared = again - sum(computed_again(p, n, SMALL_BLOCK_TOKENS) for p, n in prompts)
     share = spared / (tokens + again)
+    shown = f"{math.floor(share * 1000) / 10:.1f}%"  # cut, not rounded: a share under SPARED_SHARE reads under it
     small = share >= SPARED_SHARE
     block = SMALL_BLOCK_TOKENS if small else None
     spares = (
         f"blocks of {SMALL_BLOCK_TOKENS} tokens spare the rows of n choices {spared:,} prompt tokens their sequences "
-        f"compute again at {DEFAULT_BLOCK_TOKENS} ({share:.0%} of the job's tokens; chosen from {SPARED_SHARE:.0%})"
+        f"compute again at {DEFAULT_BLOCK_TOKENS} ({shown} of the job's tokens; chosen from {SPARED_SHARE:.0%})"
     )
     why = f"{SMALL_BLOCK_TOKENS} tokens: {spares}" if small else f"vLLM's: {spares}"
     decided = {"block_size": block, "why": why, "spared_prompt_tokens": spared, "job_tokens": tokens + again}

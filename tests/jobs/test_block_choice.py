@@ -28,7 +28,7 @@ def test_rows_of_four_short_choices_get_small_blocks_and_the_report_says_why() -
     assert settings.engine.extra_args["block_size"] == SMALL_BLOCK_TOKENS == choice["block_size"]
     assert choice["spared_prompt_tokens"] == 2_880 and choice["job_tokens"] == 6_560
     assert choice["why"].startswith("32 tokens: ") and "2,880 prompt tokens" in choice["why"]
-    assert "(44% of the job's tokens" in choice["why"]
+    assert "(43.9% of the job's tokens" in choice["why"]
 
 
 def test_long_answers_or_few_rows_of_choices_keep_vllms_block() -> None:
@@ -40,7 +40,9 @@ def test_long_answers_or_few_rows_of_choices_keep_vllms_block() -> None:
     spared, again = 2_880, 3_000
     at = round(spared / SPARED_SHARE) - again
     assert choose_block_size(Settings(), lambda: ([(100, 4)] * 10, at))[1]["block_size"] == 32
-    assert choose_block_size(Settings(), lambda: ([(100, 4)] * 10, at + 100))[1]["block_size"] is None
+    under = choose_block_size(Settings(), lambda: ([(100, 4)] * 10, at + 100))[1]
+    assert under["block_size"] is None
+    assert "(9.9% of the job's tokens; chosen from 10%)" in under["why"]  # 9.97%: cut, not rounded to 10.0%
 
 
 @pytest.mark.parametrize(
