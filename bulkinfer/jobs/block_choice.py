@@ -37,7 +37,9 @@ SMALL_BLOCK_TOKENS = 32
 SampledCounts = tuple[Iterable[tuple[int, int]] | None, int | None]
 
 # The smaller block is chosen when the prompt tokens it spares are at least this share of the job's tokens (prompt
-# tokens computed at the default block, and completion tokens): the 4-choice ShareGPT job spared 16% and ran 1.11x.
+# tokens computed at the default block, and completion tokens): the 4-choice ShareGPT job spared 16% and ran 1.11x;
+# rows of 2 choices sparing 7.0% ran 1.04x, the worst run at 32 under the best at 128 (AMD EPYC Zen 4,
+# bench/results/block-size-choices2-256-zen4.md).
 SPARED_SHARE = 0.1
 
 
