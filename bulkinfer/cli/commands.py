@@ -132,6 +132,7 @@ def plan(
     raw_prompts: RawPromptsOption = False,
     max_tokens: MaxTokensOption = None,
     n: NOption = None,
+    temperature: TemperatureOption = None,
     max_model_len: MaxModelLenOption = None,
     dtype: DtypeOption = None,
     enforce_eager: EnforceEagerOption = None,

@@ -503,6 +503,14 @@ def test_plan_counts_n_choices_in_the_completion_tokens(tmp_path: Path) -> None:
     src = tmp_path / "in.jsonl"
     src.write_bytes(b'{"prompt": "hi", "max_tokens": 10, "n": 3}\n{"prompt": "hi", "max_tokens": 5}\n')
     assert plan_file(src, load_settings())["max_completion_tokens"] == 35
+    # greedy, as run --temperature 0 would sample them: the row of 3 choices would fail
+    out = tmp_path / "plan.json"
+    assert runner.invoke(app, ["plan", str(src), "--temperature", "0", "--json", str(out)]).exit_code == 0
+    greedy = orjson.loads(out.read_bytes())
+    assert greedy["rows"] == {"total": 2, "valid": 1, "failed": 1, "skipped": 0}
+    assert greedy["error_examples"][0]["message"].startswith("field 'n': expected 1 at temperature 0, the [sampling]")
+    refused = runner.invoke(app, ["plan", str(src), "-n", "2", "--temperature", "0"])
+    assert refused.exit_code == 2 and "--n must be 1 at temperature 0" in refused.output
 
 
 def test_plan_takes_the_kv_block_a_run_would_choose_and_counts_shared_prefixes_in_it(
