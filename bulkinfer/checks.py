@@ -2,7 +2,8 @@
 built (:func:`bulkinfer.config.load_settings`), and the ranges that come
 from vLLM's own limits (with where in vLLM each comes from). The
 ``[sampling]`` checks are those of the request fields' table
-(:data:`bulkinfer.fields.FIELDS`), which a row's own values meet too."""
+(:data:`bulkinfer.fields.FIELDS`), which a row's own values meet too, as
+they meet the pairs of fields vLLM refuses together (:func:`pair_problem`)."""
 
 from __future__ import annotations
 
@@ -14,7 +15,6 @@ from bulkinfer.fields import (
     CONFIG,
     FIELDS,
     RESERVED_KWARGS,
-    greedy_choices_expected,
     int_ge_1,
     int_in,
     is_int,
@@ -180,6 +180,39 @@ def validate(settings: Settings, names: Mapping[str, str] | None = None) -> None
         if problem:
             name = f"sampling.{field.name}"
             raise ConfigError(f"{(names or {}).get(name, name)}: {problem}")
+
+
+# Greedy sampling is temperature 0 exactly, and a greedy request may ask for
+# one completion only: vLLM 0.32 ``SamplingParams.__post_init__`` raises a
+# temperature in (0, 0.01) to 0.01 (``_MAX_TEMP``), then one under 1e-5
+# (``_SAMPLING_EPS``: only 0 is left) calls ``_verify_greedy_sampling``,
+# which raises "n must be 1 when using greedy sampling".
+def greedy_choices_expected(n: int, temperature: float, temperature_from: str = "") -> str | None:
+    """What ``n`` must be at ``temperature`` when vLLM would refuse it
+    (several greedy completions, all the same one), or None when it takes it.
+    ``temperature_from`` follows the temperature in the text (where it was set)."""
+    if n > 1 and temperature == 0:
+        return f"1 at temperature 0{temperature_from} (greedy sampling: vLLM refuses n > 1 with it)"
+    return None
+
+
+def pair_problem(values: Mapping[str, Any], max_tokens: int, given: Mapping[str, Any]) -> tuple[str, str, Any] | None:
+    """The first two sampling fields of a request that vLLM refuses together
+    (``min_tokens`` over ``max_tokens``: ``SamplingParams._verify_args``; ``n``
+    > 1 at temperature 0: :func:`greedy_choices_expected`), as (the field's
+    name, what it must be, its value), or None. ``values``: the request's
+    fields with the ``[sampling]`` defaults filled in; ``given``: what the
+    row set itself (a field it left out is named as the default: a row must
+    not read as if it had set it)."""
+
+    def named(field: str) -> str:
+        return field if given.get(field) is not None else f"{field} (the [sampling] default)"
+
+    if values["min_tokens"] > max_tokens:
+        return named("min_tokens"), f"an integer <= max_tokens ({max_tokens})", values["min_tokens"]
+    from_defaults = "" if given.get("temperature") is not None else ", the [sampling] default"
+    greedy = greedy_choices_expected(values["n"], values["temperature"], from_defaults)
+    return (named("n"), greedy, values["n"]) if greedy else None
 
 
 def _sampling_checks(s: SamplingDefaults) -> list[tuple[str, Any, bool, str]]:

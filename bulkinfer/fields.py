@@ -123,20 +123,6 @@ def _logit_bias(value: Any) -> bool:
 SEED_RANGE: tuple[int, int] = (0, 2**63)
 
 
-# Greedy sampling is temperature 0 exactly, and a greedy request may ask for
-# one completion only: vLLM 0.32 ``SamplingParams.__post_init__`` raises a
-# temperature in (0, 0.01) to 0.01 (``_MAX_TEMP``), then one under 1e-5
-# (``_SAMPLING_EPS``: only 0 is left) calls ``_verify_greedy_sampling``,
-# which raises "n must be 1 when using greedy sampling".
-def greedy_choices_expected(n: int, temperature: float, temperature_from: str = "") -> str | None:
-    """What ``n`` must be at ``temperature`` when vLLM would refuse it
-    (several greedy completions, all the same one), or None when it takes it.
-    ``temperature_from`` follows the temperature in the text (where it was set)."""
-    if n > 1 and temperature == 0:
-        return f"1 at temperature 0{temperature_from} (greedy sampling: vLLM refuses n > 1 with it)"
-    return None
-
-
 # The most alternatives a token's ``top_logprobs`` may list: OpenAI's limit
 # (chat ``top_logprobs`` 0..20) and vLLM's default ``max_logprobs`` (20).
 MAX_TOP_LOGPROBS = 20

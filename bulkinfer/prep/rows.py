@@ -35,6 +35,7 @@ import dataclasses
 from collections.abc import Callable, Mapping
 from typing import Any
 
+from bulkinfer.checks import pair_problem
 from bulkinfer.config import SamplingDefaults, Settings
 from bulkinfer.fields import (
     CHAT,
@@ -46,7 +47,6 @@ from bulkinfer.fields import (
     InputPath,
     RequestField,
     fields_of,
-    greedy_choices_expected,
     is_int,
     schema_problem,
     shown,
@@ -149,16 +149,9 @@ def _sampling(
     stop = values.pop("stop")
     values["stop"] = (stop,) if isinstance(stop, str) else tuple(stop)
     values["temperature"], values["top_p"] = float(values["temperature"]), float(values["top_p"])
-    if values["min_tokens"] > max_tokens:
-        # the row's own min_tokens, or the [sampling] default (a row without one must not read as if it had it)
-        name = "min_tokens" if source.get("min_tokens") is not None else "min_tokens (the [sampling] default)"
-        raise field_error(name, f"an integer <= max_tokens ({max_tokens})", values["min_tokens"], row_id, openai)
-    # vLLM refuses several greedy completions; either value may be the [sampling] default
-    from_defaults = "" if source.get("temperature") is not None else ", the [sampling] default"
-    greedy = greedy_choices_expected(values["n"], values["temperature"], from_defaults)
-    if greedy:
-        name = "n" if source.get("n") is not None else "n (the [sampling] default)"
-        raise field_error(name, greedy, values["n"], row_id, openai)
+    refused = pair_problem(values, max_tokens, source)
+    if refused:
+        raise field_error(*refused, row_id, openai)
     values["stop_token_ids"] = list(values["stop_token_ids"]) or None
     bias = values["logit_bias"]
     values["logit_bias"] = {int(k): float(v) for k, v in bias.items()} if bias else None
