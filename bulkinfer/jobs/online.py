@@ -34,6 +34,7 @@ from bulkinfer.io.records import embedding_record, output_record
 from bulkinfer.prep.embeddings import parse_embed_row
 from bulkinfer.prep.planner import Planner
 from bulkinfer.prep.rows import to_request
+from bulkinfer.prep.vocabulary import Vocabulary
 from bulkinfer.schema import CHAT_URL, COMPLETIONS_URL, EMBEDDINGS_URL, Completion, Request, RowInvalid
 
 GENERATION_URLS = (CHAT_URL, COMPLETIONS_URL)
@@ -134,12 +135,14 @@ class _Parts:
 
 class OnlineRequests(_Online):
     """Online chat and text completions: ``settings`` with the chat template
-    resolved, ``tokenizer`` the model's (see :class:`_Online`)."""
+    resolved, ``tokenizer`` the model's, ``vocab`` the token ids it takes (a
+    request naming another is refused; None: left to the engine; see
+    :class:`_Online`)."""
 
     urls = GENERATION_URLS
 
-    def __init__(self, mux: EngineMux, tokenizer: Any, settings: Settings, model: str):
-        super().__init__(mux, Planner(tokenizer, settings.plan, mux.max_model_len), model)
+    def __init__(self, mux: EngineMux, tokenizer: Any, settings: Settings, model: str, vocab: Vocabulary | None = None):
+        super().__init__(mux, Planner(tokenizer, settings.plan, mux.max_model_len, vocabulary=vocab), model)
         self.settings = settings
 
     def prepare(self, url: str, body: Any) -> Request:

@@ -31,6 +31,7 @@ from bulkinfer.models import load_tokenizer, resolve_model
 from bulkinfer.prep.planner import Planner, efficiency, static_batch_tokens
 from bulkinfer.prep.prefix import CPU_BLOCK_TOKENS, GPU_BLOCK_TOKENS
 from bulkinfer.prep.rows import ROW_FIELDS_READ, to_request
+from bulkinfer.prep.vocabulary import vocabulary
 from bulkinfer.prep.windows import iter_windows
 from bulkinfer.report.calibration import load_calibrations
 from bulkinfer.report.plan_estimate import estimate
@@ -115,7 +116,8 @@ def plan_file(input_path: Path, settings: Settings, job: str = "run", truncate: 
         settings = settings.resolve_chat_template(tokenizer)
         sample = functools.partial(input_sample, input_path, tokenizer, settings, to_request)
         settings, block_choice = block_size_choice(settings, detect_device(), sample)  # as the run chooses it
-        planner = Planner(tokenizer, settings.plan, context_length(model, settings), block_tokens(settings))
+        context, vocab = context_length(model, settings), vocabulary(tokenizer, model)
+        planner = Planner(tokenizer, settings.plan, context, block_tokens(settings), vocab)
     else:
         raise ConfigError(f"--job: expected run or score, got {job!r}")
     reader = open_reader(input_path, None if settings.passthrough else consumed)

@@ -59,13 +59,15 @@ from bulkinfer.models import resolve_model
 from bulkinfer.prep.planner import Planner
 from bulkinfer.prep.prefix import prefix_block_tokens
 from bulkinfer.prep.rows import ROW_FIELDS_READ, RowParser, to_request
+from bulkinfer.prep.vocabulary import vocabulary
 from bulkinfer.report.calibration import length_prior, record_calibration
 from bulkinfer.report.html import write_run_html
 from bulkinfer.report.stats import peak_rss_bytes, write_report
 
 
 def _generation_planner(tokenizer: Any, settings: Settings, engine: Engine, model_path: str) -> Planner:
-    return Planner(tokenizer, settings.plan, engine.max_model_len, prefix_block_tokens(engine.settings))
+    block = prefix_block_tokens(engine.settings)
+    return Planner(tokenizer, settings.plan, engine.max_model_len, block, vocabulary(tokenizer, model_path))
 
 
 @dataclass(frozen=True, slots=True)

@@ -23,6 +23,7 @@ from bulkinfer.config import PlanSettings
 from bulkinfer.prep.chat_template import developer_as_system
 from bulkinfer.prep.prefix import PrefixStats, prefix_groups
 from bulkinfer.prep.rows import CONSUMED_FIELDS
+from bulkinfer.prep.vocabulary import Vocabulary
 from bulkinfer.schema import Request, RowError
 
 
@@ -140,10 +141,21 @@ class Planner:
             prefix cache is on, else None: rows sharing a first block are
             counted (:attr:`prefix`) and, with ``settings.prefix_aware``, fed
             together (:mod:`bulkinfer.prep.prefix`).
+        vocabulary: the token ids the model takes; a request naming another
+            becomes a row error (:mod:`bulkinfer.prep.vocabulary`). None:
+            left to the engine.
     """
 
-    def __init__(self, tokenizer: Any, settings: PlanSettings, max_model_len: int, block_tokens: int | None = None):
+    def __init__(
+        self,
+        tokenizer: Any,
+        settings: PlanSettings,
+        max_model_len: int,
+        block_tokens: int | None = None,
+        vocabulary: Vocabulary | None = None,
+    ):
         self.tokenizer = tokenizer
+        self.vocabulary = vocabulary
         backend = getattr(tokenizer, "backend_tokenizer", None)
         if backend is not None:
             # A tokenizer.json may carry its own padding and truncation
@@ -225,9 +237,22 @@ class Planner:
         """Tokenize ``requests`` (arrival order) and return them in feed order.
 
         Sets each request's ``prompt_token_ids`` (a row's own token ids as they
-        are) and drops its text. Rows whose chat template fails or that do not
-        fit the context come back as errors.
+        are) and drops its text. Rows that name a token id outside the
+        model's vocabulary, whose chat template fails or that do not fit the
+        context come back as errors.
         """
+        refused: list[RowError] = []
+        if self.vocabulary is not None:
+            kept = []
+            for request in requests:
+                problem = self.vocabulary.problem(request)
+                if problem is None:
+                    kept.append(request)
+                else:
+                    refused.append(
+                        RowError(request.line, request.id, "invalid_field", problem, request.openai_url is not None)
+                    )
+            requests = kept
         failed: list[tuple[Request, str, str]] = []  # (request or part, type, message)
         plain: list[tuple[Request, str]] = []
         chat: list[tuple[Request, str]] = []
@@ -265,6 +290,7 @@ class Planner:
                 continue
             planned.append(request)
         planned, errors = joined_parts(planned, failed, parents)
+        errors = [*refused, *errors]
         planned.sort(key=lambda r: r.seq)
         self.padding.add_window([part.prompt_length for r in planned for part in r.parts or [r]])
         for request in planned:

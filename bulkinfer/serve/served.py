@@ -22,6 +22,7 @@ from bulkinfer.jobs.online import Online, OnlineEmbeddings, OnlineRequests
 from bulkinfer.jobs.run import GENERATE, Job
 from bulkinfer.models import model_task, resolve_model
 from bulkinfer.prep.embeddings import EmbedPlanner
+from bulkinfer.prep.vocabulary import vocabulary
 
 
 class ServedEmbedPlanner(EmbedPlanner):
@@ -66,7 +67,8 @@ class Served:
                 ServedEmbedPlanner, False, tokenizer, settings, mux.max_model_len, model_path
             )
             return OnlineEmbeddings(mux, planner, name)
-        return OnlineRequests(mux, tokenizer, settings.resolve_chat_template(tokenizer), name)
+        resolved = settings.resolve_chat_template(tokenizer)
+        return OnlineRequests(mux, tokenizer, resolved, name, vocabulary(tokenizer, model_path))
 
 
 def served(model: str | None) -> Served:

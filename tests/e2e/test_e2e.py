@@ -55,9 +55,11 @@ def mixed(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
     rows.append({"id": "prefill", "messages": prefilled, "continue_final_message": True})
     # a prompt of token ids (the Swedish capital's question as bulkinfer renders and tokenizes it): sent as it is
     rows.append({"id": "token-ids", "prompt": capital_question_ids("sweden")})
-    # a poison row: vLLM rejects it when it is added (SamplingParams.verify against the model's
-    # vocabulary: VLLMValidationError), bulkinfer's own checks cannot; only this row fails
-    rows.append({"id": "poison-stop", "prompt": "hi", "stop_token_ids": [10**9]})
+    # a stop token outside the model's vocabulary: refused before the engine (bulkinfer.prep.vocabulary)
+    rows.append({"id": "stop-outside-vocab", "prompt": "hi", "stop_token_ids": [10**9]})
+    # a poison row: vLLM rejects it when it is added (its structured-output backend cannot compile the
+    # regex: VLLMValidationError), bulkinfer's own checks cannot; only this row fails in the engine
+    rows.append({"id": "poison-regex", "prompt": "hi", "structured_outputs": {"regex": "(("}})
     src = tmp / "mixed.jsonl"
     write_jsonl(src, rows)
     out = tmp / "res" / "out.jsonl"
@@ -253,12 +255,17 @@ def test_every_row_exactly_once(mixed: dict[str, Any]) -> None:
     assert len(outputs) + len(errors) == len(mixed["rows"])
     out_ids = [r["id"] for r in outputs]
     assert len(out_ids) == len(set(out_ids))
-    expected_ok = {r["id"] for r in mixed["rows"] if isinstance(r, dict)} - {"bad-max-tokens", "poison-stop"}
+    expected_ok = {r["id"] for r in mixed["rows"] if isinstance(r, dict)} - set(FAILING)
     assert set(out_ids) == expected_ok
     by_line = {e["line"]: e for e in errors}
+    outside = by_line[len(mixed["rows"]) - 1]
+    assert (outside["id"], outside["error"]["type"]) == ("stop-outside-vocab", "invalid_field")
+    assert outside["error"]["message"] == (
+        "field 'stop_token_ids': token id 1000000000 is outside the model's vocabulary: ids 0-49151"
+    )
     poison = by_line[len(mixed["rows"])]
-    assert poison["id"] == "poison-stop" and poison["error"]["type"] == "engine_error"
-    assert "out-of-vocab" in poison["error"]["message"]
+    assert poison["id"] == "poison-regex" and poison["error"]["type"] == "engine_error"
+    assert "regex" in poison["error"]["message"]
     assert by_line[4]["error"]["type"] == "invalid_field" and "max_tokens" in by_line[4]["error"]["message"]
     assert by_line[8]["error"]["type"] == "duplicate_id"
     assert by_line[10]["error"]["type"] == "invalid_row"
@@ -266,6 +273,7 @@ def test_every_row_exactly_once(mixed: dict[str, Any]) -> None:
 
 
 PREFILL = ("What is the capital of France?", "The capital of France is")
+FAILING = ("bad-max-tokens", "stop-outside-vocab", "poison-regex")  # the mixed run's dict rows that fail
 
 
 def capital_question_ids(country: str) -> list[int]:
@@ -323,7 +331,7 @@ def test_report_agrees_with_output(mixed: dict[str, Any]) -> None:
     assert report["request_counts"] == {
         "total": len(mixed["rows"]),
         "completed": len(outputs),
-        "failed": 4,
+        "failed": 5,  # bad max_tokens, a duplicate id, a list, a stop token outside the vocabulary, the poison
         "skipped": 0,
     }
     assert report["rows"] == len(mixed["rows"])
@@ -379,9 +387,8 @@ def test_jsonl_and_parquet_give_identical_requests(mixed: dict[str, Any], shared
     the batch and the prefix cache it met (vLLM is not batch-invariant on
     CPU; a near tie falls either way): 9 of 29 rows differed between two
     runs of this test's rows on an AMX Xeon (README, Engine settings)."""
-    failing = ("bad-max-tokens", "poison-stop")
     rows = [
-        r for r in mixed["rows"] if isinstance(r, dict) and isinstance(r.get("prompt"), str) and r["id"] not in failing
+        r for r in mixed["rows"] if isinstance(r, dict) and isinstance(r.get("prompt"), str) and r["id"] not in FAILING
     ]
     seen: set[str] = set()
     rows = [r for r in rows if not (r["id"] in seen or seen.add(r["id"]))]
