@@ -47,7 +47,8 @@ reading, ``num_accepted_tokens = len(generated_token_ids) - 1`` in
 ``Scheduler.update_from_output``), from the model runner's
 ``sample_tokens``, wrapped. vLLM's own counts
 (``SpecDecodingStats.num_draft_tokens``, ``num_accepted_tokens``) need
-``log_stats`` too.
+``log_stats`` too. The hook also counts the ranks of logprobs eagerly
+(:mod:`bulkinfer.engine.logprob_ranks`).
 """
 
 from __future__ import annotations
@@ -55,6 +56,8 @@ from __future__ import annotations
 import time
 from collections.abc import Mapping
 from typing import Any
+
+from bulkinfer.engine import logprob_ranks
 
 # Block ids compared per row: siblings that share more blocks sit closer.
 BLOCK_COLUMNS = 8
@@ -108,9 +111,10 @@ def order_by_blocks(batch: Any) -> int:
 def install(worker: Any, sort: bool = True) -> bool:
     """Run by vLLM's ``collective_rpc`` on each worker: after vLLM's own
     reordering in every step, count the step's preemptions and draft tokens
-    and, with ``sort``, :func:`order_by_blocks`. Returns False (nothing installed)
-    where the model runner has no such hook or its attention backend
-    reorders the batch itself."""
+    and, with ``sort``, :func:`order_by_blocks`; and rank logprobs eagerly
+    (:func:`bulkinfer.engine.logprob_ranks.install`). Returns False (nothing
+    installed) where the model runner has no such hook or its attention
+    backend reorders the batch itself."""
     runner: Any = getattr(worker, "model_runner", None)
     vllm_reorder = getattr(runner, "_may_reorder_batch", None)
     if vllm_reorder is None or getattr(runner, "reorder_batch_threshold", None) is not None:
@@ -142,6 +146,7 @@ def install(worker: Any, sort: bool = True) -> bool:
 
         runner.sample_tokens = sample_tokens
     runner.bulkinfer_batch_order = tally
+    logprob_ranks.install()  # in this worker's process: no compilation at the first logprobs step
     return True
 
 

@@ -16,6 +16,7 @@ from e2e_helpers import read_jsonl, write_jsonl
 from reference_types import check_openai_line
 
 import bulkinfer as api
+from bulkinfer.engine import logprob_ranks
 
 pytestmark = pytest.mark.e2e
 
@@ -152,6 +153,10 @@ def test_logprobs_have_two_alternatives_and_are_at_most_zero(structured: dict[st
     cmpl = body(structured["by_id"]["lp-cmpl"])["choices"][0]["logprobs"]
     assert len(cmpl["tokens"]) == len(cmpl["token_logprobs"]) == len(cmpl["top_logprobs"]) > 0
     assert all(len(top) <= 2 for top in cmpl["top_logprobs"])  # two alternatives (one if they decode alike)
+    if structured["report"]["engine"]["in_process"]:  # the worker's step hook ranked them without torch.compile
+        from vllm.v1.sample import sampler
+
+        assert sampler.batched_count_greater_than is logprob_ranks.eager_count
 
 
 def test_every_openai_line_validates_against_the_reference_types(structured: dict[str, Any]) -> None:
