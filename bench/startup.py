@@ -14,9 +14,12 @@ command line before the run; summary and exit after it).
 ``--base REF`` compares this checkout with the commit REF instead (both in
 bulkinfer's process, alternating; REF checked out in a temporary git
 worktree): a change to the start or the exit, measured side by side.
+``--cold-inductor-cache`` gives each run an empty ``TORCHINDUCTOR_CACHE_DIR``
+of its own: what a run compiles costs it as on a machine's first run.
 
 Usage: ``python -m bench.startup [--rows 300 --max-tokens 16 --rounds 2]
-[--base REF] [--flags "-dp 2"] [--input FILE] [--out FILE]``; writes ``bench/results/startup.{json,md}``.
+[--base REF] [--flags "-dp 2"] [--cold-inductor-cache] [--input FILE] [--out FILE]``;
+writes ``bench/results/startup.{json,md}``.
 """
 
 from __future__ import annotations
@@ -81,6 +84,7 @@ def markdown(doc: dict[str, Any]) -> str:
         "",
         f"Command: `{doc['command']}`; `bulkinfer run` at its defaults, `--max-tokens {doc['max_tokens']}`"
         + "".join(f" `{flag}`" for flag in doc.get("flags", ()))
+        + (", each run with an empty `TORCHINDUCTOR_CACHE_DIR`" if doc.get("cold_inductor_cache") else "")
         + ", "
         "alternating. Seconds; `first token` from the run's start; `outside` = wall - the report's total "
         "(interpreter, imports, command line; summary, exit).",
@@ -122,6 +126,9 @@ def main() -> None:
     parser.add_argument("--base", help="a commit to compare this checkout with (both in bulkinfer's process)")
     parser.add_argument("--flags", default="", help='more `bulkinfer run` flags for every run, e.g. "-dp 2"')
     parser.add_argument("--input", type=Path, default=ROOT / "sample_data" / "sharegpt.jsonl", help="JSONL rows")
+    parser.add_argument(
+        "--cold-inductor-cache", action="store_true", help="each run an empty TORCHINDUCTOR_CACHE_DIR of its own"
+    )
     args = parser.parse_args()
 
     work = Path(tempfile.mkdtemp(prefix="bench-startup-"))
@@ -139,6 +146,8 @@ def main() -> None:
         for layout, (env, root) in layouts.items():
             key = f"{layout.split()[0]}-{i}"
             print(f"[bench.startup] {key}", file=sys.stderr, flush=True)
+            if args.cold_inductor_cache:
+                env = {**env, "TORCHINDUCTOR_CACHE_DIR": str(work / f"inductor-{key}")}
             runs.append({**one_run(src, work, key, env, args.max_tokens, root, flags), "layout": layout})
     if args.base:
         subprocess.run(["git", "-C", str(ROOT), "worktree", "remove", "--force", str(work / "base")], check=True)
@@ -163,6 +172,7 @@ def main() -> None:
         "input": os.path.relpath(args.input, ROOT),
         "max_tokens": args.max_tokens,
         "flags": flags,
+        "cold_inductor_cache": args.cold_inductor_cache,
         "runs": runs,
         "means": means,
     }
