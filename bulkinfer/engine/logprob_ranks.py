@@ -8,8 +8,10 @@ called from ``vllm/v1/sample/sampler.py``): ``(x >= values).sum(-1)``
 under ``@torch.compile`` (so that a GPU does not hold the comparison's
 [rows, vocabulary] copy), which compiles at the first such step, even in an
 engine that runs eager. On CPU that copy is a bool per logit (200 rows x
-49,152 tokens: 9.8 MB), and the compilation costs the run a pause at its
-first logprobs step: measured with ``python -m bench.startup`` (README,
+49,152 tokens: 9.8 MB; for prompt logprobs, as the perplexity jobs ask, a
+row per prompt token of the step, a quarter of the float32 log-probabilities
+vLLM holds for them already), and the compilation costs the run a pause at
+its first logprobs step: measured with ``python -m bench.startup`` (README,
 Engine settings). :func:`install` puts the same expression, eager, in the
 sampler's place, in whatever process the worker runs (with the worker's
 step hook, :func:`bulkinfer.engine.batch_order.install`): the same counts,
