@@ -31,7 +31,7 @@ from bulkinfer.models import load_tokenizer, resolve_model
 from bulkinfer.prep.planner import Planner, efficiency, static_batch_tokens
 from bulkinfer.prep.prefix import CPU_BLOCK_TOKENS, GPU_BLOCK_TOKENS
 from bulkinfer.prep.rows import ROW_FIELDS_READ, to_request
-from bulkinfer.prep.vocabulary import vocabulary
+from bulkinfer.prep.vocabulary import check_defaults, vocabulary
 from bulkinfer.prep.windows import iter_windows
 from bulkinfer.report.calibration import load_calibrations
 from bulkinfer.report.plan_estimate import estimate
@@ -113,6 +113,7 @@ def plan_file(input_path: Path, settings: Settings, job: str = "run", truncate: 
         consumed = ROW_FIELDS_READ
         model = resolve_model(settings.model)
         tokenizer = load_tokenizer(model, settings.engine.trust_remote_code)
+        check_defaults(tokenizer, model, settings.sampling)
         settings = settings.resolve_chat_template(tokenizer)
         sample = functools.partial(input_sample, input_path, tokenizer, settings, to_request)
         settings, block_choice = block_size_choice(settings, detect_device(), sample)  # as the run chooses it

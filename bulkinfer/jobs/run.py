@@ -59,7 +59,7 @@ from bulkinfer.models import resolve_model
 from bulkinfer.prep.planner import Planner
 from bulkinfer.prep.prefix import prefix_block_tokens
 from bulkinfer.prep.rows import ROW_FIELDS_READ, RowParser, to_request
-from bulkinfer.prep.vocabulary import vocabulary
+from bulkinfer.prep.vocabulary import check_defaults, vocabulary
 from bulkinfer.report.calibration import length_prior, record_calibration
 from bulkinfer.report.html import write_run_html
 from bulkinfer.report.stats import peak_rss_bytes, write_report
@@ -287,6 +287,8 @@ def _run_locked(attempt: Attempt, job: Job, settings: Settings, context: RunCont
             model = resolve_model(settings.model)
             with no_huge_pages():  # its imports (torch, transformers) fault in heap no engine step reads
                 tokenizer = context.tokenizer_factory(model, settings.engine.trust_remote_code)
+            if job.kind == "run":
+                check_defaults(tokenizer, model, settings.sampling)
             start["tokenizer"], clock = time.monotonic() - clock, time.monotonic()
             sized = job.sized_kv_cache and not context.engine_outlives_run  # an engine that outlives the job: not sized
             sample = (

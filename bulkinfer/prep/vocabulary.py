@@ -31,7 +31,9 @@ from typing import Any
 
 import orjson
 
+from bulkinfer.errors import ConfigError
 from bulkinfer.schema import Request
+from bulkinfer.settings import SamplingDefaults
 
 # Where a multimodal model's config keeps its language model's (transformers' get_text_config: text_config first).
 _TEXT_CONFIGS = ("text_config", "language_config", "llm_config")
@@ -60,20 +62,34 @@ class Vocabulary:
         if request.prompts is not None:
             for index, prompt in enumerate(request.prompts):
                 if not isinstance(prompt, str) and (bad := _over(prompt, self.max_prompt_id)) is not None:
-                    return self._said(f"prompt[{index}]", bad, self.max_prompt_id)
+                    return self._said(f"field 'prompt[{index}]'", bad, self.max_prompt_id)
         elif request.prompt_token_ids is not None:
             if (bad := _over(request.prompt_token_ids, self.max_prompt_id)) is not None:
-                return self._said("prompt", bad, self.max_prompt_id)
+                return self._said("field 'prompt'", bad, self.max_prompt_id)
         for name in ("stop_token_ids", "logit_bias"):
             ids = request.options.get(name)
             if ids and (bad := _over(ids, self.size - 1)) is not None:
                 named = name if name in request.row_sampling else f"{name} (the [sampling] default)"
-                return self._said(named, bad, self.size - 1)
+                return self._said(f"field '{named}'", bad, self.size - 1)
+        return None
+
+    def defaults_problem(self, sampling: SamplingDefaults) -> str | None:
+        """What is wrong with the ``[sampling]`` defaults' token ids
+        (``stop_token_ids``, ``logit_bias``: set by flags or the config, so
+        every row that leaves them to the defaults would fail), naming the
+        setting (``"sampling.stop_token_ids (--stop-token-ids or the
+        config): token id 60000 is outside the model's vocabulary: ids
+        0-49151"``), or None."""
+        for name, ids in (("stop_token_ids", sampling.stop_token_ids), ("logit_bias", sampling.logit_bias or {})):
+            bad = _over((int(token_id) for token_id in ids), self.size - 1)
+            if bad is not None:
+                flag = "--" + name.replace("_", "-")
+                return self._said(f"sampling.{name} ({flag} or the config)", bad, self.size - 1)
         return None
 
     @staticmethod
-    def _said(field: str, token_id: int, highest: int) -> str:
-        return f"field '{field}': token id {token_id} is outside the model's vocabulary: ids 0-{highest}"
+    def _said(named: str, token_id: int, highest: int) -> str:
+        return f"{named}: token id {token_id} is outside the model's vocabulary: ids 0-{highest}"
 
 
 def _over(ids: Iterable[int], highest: int) -> int | None:
@@ -110,3 +126,17 @@ def vocabulary(tokenizer: Any, model_path: str) -> Vocabulary | None:
     except (AttributeError, TypeError, ValueError, NotImplementedError):
         pass  # a tokenizer without these: the model's bound alone
     return Vocabulary(size, highest)
+
+
+def check_defaults(tokenizer: Any, model_path: str, sampling: SamplingDefaults) -> None:
+    """Refuses ``[sampling]`` defaults that name a token id outside the
+    model's vocabulary (:meth:`Vocabulary.defaults_problem`), before any
+    row is read or an engine starts; nothing when the vocabulary is unknown.
+
+    Raises:
+        ConfigError: naming the setting, the id and the bound (exit 2).
+    """
+    vocab = vocabulary(tokenizer, model_path)
+    problem = vocab.defaults_problem(sampling) if vocab is not None else None
+    if problem:
+        raise ConfigError(problem)

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+import re
 from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
@@ -197,3 +198,29 @@ def test_an_online_request_naming_one_is_refused_as_a_batch_row_is(tmp_path: Pat
         assert online.prepare(CHAT_URL, {**body, "stop_token_ids": [19]}).options["stop_token_ids"] == [19]
     finally:
         mux.close()
+
+
+def test_defaults_outside_it_refuse_the_run_and_the_plan_before_a_row_or_an_engine(tmp_path: Path) -> None:
+    from bulkinfer.errors import ConfigError
+    from bulkinfer.jobs.plan import plan_file
+
+    vocab = Vocabulary(size=20, max_prompt_id=22)
+    assert vocab.defaults_problem(SamplingDefaults(stop_token_ids=(3, 19), logit_bias={"0": 1.0})) is None
+    assert vocab.defaults_problem(SamplingDefaults(logit_bias={"4": 1.0, "20": -1.0})) == (
+        "sampling.logit_bias (--logit-bias or the config): token id 20 is outside the model's vocabulary: ids 0-19"
+    )
+    src = tmp_path / "in.jsonl"
+    src.write_bytes(orjson.dumps({"id": "r", "prompt": "hi"}) + b"\n")
+    settings = dataclasses.replace(load_settings(), model=model_with_vocab(tmp_path / "home", 20))
+    settings = dataclasses.replace(settings, sampling=SamplingDefaults(stop_token_ids=(20,)))
+    said = "sampling.stop_token_ids (--stop-token-ids or the config): token id 20 is outside the model's vocabulary"
+    started: list[str] = []
+    with pytest.raises(ConfigError, match=re.escape(said)):
+        run(
+            RunPaths.build(src, tmp_path / "out.jsonl"),
+            settings,
+            RunContext(engine_factory=lambda *a: started.append("!")),
+        )
+    assert started == []
+    with pytest.raises(ConfigError, match="token id 20 is outside"):
+        plan_file(src, settings)
