@@ -113,12 +113,12 @@ def plan_file(input_path: Path, settings: Settings, job: str = "run", truncate: 
         consumed = ROW_FIELDS_READ
         model = resolve_model(settings.model)
         tokenizer = load_tokenizer(model, settings.engine.trust_remote_code)
-        check_defaults(tokenizer, model, settings.sampling)
+        vocab = vocabulary(tokenizer, model)
+        check_defaults(vocab, settings.sampling)
         settings = settings.resolve_chat_template(tokenizer)
         sample = functools.partial(input_sample, input_path, tokenizer, settings, to_request)
         settings, block_choice = block_size_choice(settings, detect_device(), sample)  # as the run chooses it
-        context, vocab = context_length(model, settings), vocabulary(tokenizer, model)
-        planner = Planner(tokenizer, settings.plan, context, block_tokens(settings), vocab)
+        planner = Planner(tokenizer, settings.plan, context_length(model, settings), block_tokens(settings), vocab)
     else:
         raise ConfigError(f"--job: expected run or score, got {job!r}")
     reader = open_reader(input_path, None if settings.passthrough else consumed)

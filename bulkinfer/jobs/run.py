@@ -288,7 +288,7 @@ def _run_locked(attempt: Attempt, job: Job, settings: Settings, context: RunCont
             with no_huge_pages():  # its imports (torch, transformers) fault in heap no engine step reads
                 tokenizer = context.tokenizer_factory(model, settings.engine.trust_remote_code)
             if job.kind == "run":
-                check_defaults(tokenizer, model, settings.sampling)
+                check_defaults(vocabulary(tokenizer, model), settings.sampling)
             start["tokenizer"], clock = time.monotonic() - clock, time.monotonic()
             sized = job.sized_kv_cache and not context.engine_outlives_run  # an engine that outlives the job: not sized
             sample = (

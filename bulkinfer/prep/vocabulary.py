@@ -128,15 +128,15 @@ def vocabulary(tokenizer: Any, model_path: str) -> Vocabulary | None:
     return Vocabulary(size, highest)
 
 
-def check_defaults(tokenizer: Any, model_path: str, sampling: SamplingDefaults) -> None:
+def check_defaults(vocab: Vocabulary | None, sampling: SamplingDefaults) -> None:
     """Refuses ``[sampling]`` defaults that name a token id outside the
-    model's vocabulary (:meth:`Vocabulary.defaults_problem`), before any
-    row is read or an engine starts; nothing when the vocabulary is unknown.
+    model's vocabulary ``vocab`` (:meth:`Vocabulary.defaults_problem`),
+    before any row is read or an engine starts; nothing when the vocabulary
+    is unknown (None).
 
     Raises:
         ConfigError: naming the setting, the id and the bound (exit 2).
     """
-    vocab = vocabulary(tokenizer, model_path)
     problem = vocab.defaults_problem(sampling) if vocab is not None else None
     if problem:
         raise ConfigError(problem)
