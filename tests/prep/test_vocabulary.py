@@ -20,6 +20,7 @@ import orjson
 import pytest
 import tiny_model
 from fakes import FakeEngine
+from reference_types import check_openai_line
 from transformers import AutoConfig
 from vllm.exceptions import VLLMValidationError
 from vllm.renderers.base import BaseRenderer
@@ -162,6 +163,7 @@ def test_a_run_refuses_them_before_the_engine_and_runs_the_rest(tmp_path: Path) 
         ("ids", "invalid_field"),
     ]
     line = next(e for e in errors if e.get("custom_id") == "line")  # an OpenAI line's error is an OpenAI record
+    check_openai_line(line)  # vLLM's BatchRequestOutput
     assert line["response"] is None and line["error"] == {
         "code": "invalid_field",
         "message": "field 'prompt[1]': token id 30 is outside the model's vocabulary: ids 0-22",
