@@ -32,7 +32,7 @@ from typing import IO, Any, NoReturn
 
 import orjson
 
-from bulkinfer.errors import ConfigError, Interrupted
+from bulkinfer.errors import ConfigError, Interrupted, OutputExistsError
 from bulkinfer.schema import Request
 
 
@@ -154,10 +154,31 @@ class StreamWriter:
         )
 
 
-def close_sinks(*sinks: IO[bytes]) -> None:
+STDOUT = Path("-")  # a stream's output or errors path that means standard output
+
+
+def open_sink(path: Path, overwrite: bool, append: bool = False) -> IO[bytes]:
+    """A binary stream for ``path``: a copy of standard output for
+    :data:`STDOUT` (taken before the engine's log takes file descriptor 1),
+    else the file, created (replaced with ``overwrite``, appended to with
+    ``append``).
+
+    Raises:
+        OutputExistsError: the file exists and neither ``overwrite`` nor ``append`` is set.
+    """
+    if path == STDOUT:
+        return os.fdopen(os.dup(1), "wb", buffering=1 << 16)
+    if path.exists() and not (overwrite or append):
+        raise OutputExistsError(f"output {path} already exists; use --overwrite to replace it or --resume to go on")
+    return open(path, "ab" if append else "wb", buffering=1 << 16)  # noqa: SIM115 (closed by close_sinks)
+
+
+def close_sinks(*sinks: IO[bytes], drop_empty: bool = False) -> None:
     """Flush and close each of ``sinks`` (one given twice: once). A reader
     that went away (a closed pipe) is no error here: :class:`StreamWriter`
-    has said so.
+    has said so. With ``drop_empty``, a file left empty is removed (a
+    stream that failed before its first record: its retry is then not
+    refused for an output that exists).
 
     Raises:
         OSError: a flush failed otherwise (a full disk).
@@ -167,6 +188,9 @@ def close_sinks(*sinks: IO[bytes]) -> None:
             out.flush()
         with contextlib.suppress(BrokenPipeError):  # the flush again, then the file is closed all the same
             out.close()
+        name = getattr(out, "name", None)  # a path for a file; standard output's copy has its descriptor
+        if drop_empty and isinstance(name, str) and os.path.isfile(name) and os.path.getsize(name) == 0:
+            os.unlink(name)
 
 
 def record_id(record: dict[str, Any]) -> str | None:

@@ -14,10 +14,13 @@ import dataclasses
 from dataclasses import dataclass
 from typing import Any
 
+from bulkinfer.config import Settings
 from bulkinfer.engine.base import EngineFactory
 from bulkinfer.engine.factory import vllm_engine
+from bulkinfer.engine.malloc import no_huge_pages
 from bulkinfer.errors import ConfigError
 from bulkinfer.models import TokenizerFactory, load_tokenizer
+from bulkinfer.prep.vocabulary import check_defaults, vocabulary
 from bulkinfer.stop import StopToken
 
 
@@ -83,6 +86,24 @@ class RunContext:
         a server's): not sized to this job, not closed by it, and its
         processes' output is not this run's to capture."""
         return bool(getattr(self.engine_factory, "outlives_run", False))
+
+    def load_tokenizer(self, model_path: str, settings: Settings, generates: bool) -> Any:
+        """The model's tokenizer from :attr:`tokenizer_factory`, its imports
+        (torch, transformers) faulted in without huge pages (they are heap
+        no engine step reads: :func:`~bulkinfer.engine.malloc.no_huge_pages`);
+        for a job that ``generates``, ``settings.sampling``'s token ids are
+        checked against the model's vocabulary before any row is read or an
+        engine starts.
+
+        Raises:
+            ConfigError: a ``[sampling]`` default names a token id outside
+                the vocabulary (:func:`~bulkinfer.prep.vocabulary.check_defaults`).
+        """
+        with no_huge_pages():
+            tokenizer = self.tokenizer_factory(model_path, settings.engine.trust_remote_code)
+        if generates:
+            check_defaults(vocabulary(tokenizer, model_path), settings.sampling)
+        return tokenizer
 
     def replace(self, **changes: Any) -> RunContext:
         """This context with ``changes`` (field name -> value)."""

@@ -28,7 +28,6 @@ from bulkinfer.default_model import DEFAULT_MODEL
 from bulkinfer.engine.args import this_machine
 from bulkinfer.engine.base import Engine, NoEngine
 from bulkinfer.engine.log import EngineLog, warn
-from bulkinfer.engine.malloc import no_huge_pages
 from bulkinfer.errors import (
     EXIT_OK,
     EXIT_PARTIAL,
@@ -59,7 +58,7 @@ from bulkinfer.models import resolve_model
 from bulkinfer.prep.planner import Planner
 from bulkinfer.prep.prefix import prefix_block_tokens
 from bulkinfer.prep.rows import ROW_FIELDS_READ, RowParser, to_request
-from bulkinfer.prep.vocabulary import check_defaults, vocabulary
+from bulkinfer.prep.vocabulary import vocabulary
 from bulkinfer.report.calibration import length_prior, record_calibration
 from bulkinfer.report.html import write_run_html
 from bulkinfer.report.stats import peak_rss_bytes, write_report
@@ -285,10 +284,7 @@ def _run_locked(attempt: Attempt, job: Job, settings: Settings, context: RunCont
         with context.stop.loading(settings.plan.start_timeout_s):  # the CLI ends a load that takes longer
             clock = time.monotonic()
             model = resolve_model(settings.model)
-            with no_huge_pages():  # its imports (torch, transformers) fault in heap no engine step reads
-                tokenizer = context.tokenizer_factory(model, settings.engine.trust_remote_code)
-            if job.kind == "run":
-                check_defaults(vocabulary(tokenizer, model), settings.sampling)
+            tokenizer = context.load_tokenizer(model, settings, generates=job.kind == "run")
             start["tokenizer"], clock = time.monotonic() - clock, time.monotonic()
             sized = job.sized_kv_cache and not context.engine_outlives_run  # an engine that outlives the job: not sized
             sample = (

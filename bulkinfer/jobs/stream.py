@@ -54,12 +54,12 @@ from bulkinfer.default_model import DEFAULT_MODEL, bulkinfer_home
 from bulkinfer.engine.feed import PENDING, FeedStopped, feed
 from bulkinfer.engine.heap import set_heap
 from bulkinfer.engine.log import EngineLog, terminal
-from bulkinfer.errors import EXIT_OK, EXIT_PARTIAL, ConfigError, EngineError, ModelError, OutputExistsError
+from bulkinfer.errors import EXIT_OK, EXIT_PARTIAL, ConfigError, EngineError, ModelError
 from bulkinfer.io import records
 from bulkinfer.io.files import keep_newest
 from bulkinfer.io.inputs import InputScan
 from bulkinfer.io.readers import RawRow, StreamReader
-from bulkinfer.io.stream_out import StreamWriter, close_sinks, done_ids
+from bulkinfer.io.stream_out import STDOUT, StreamWriter, close_sinks, done_ids, open_sink
 from bulkinfer.jobs.context import RunContext
 from bulkinfer.jobs.engine_choice import choose_engine_settings
 from bulkinfer.jobs.run import GENERATE, RunReport
@@ -71,7 +71,6 @@ from bulkinfer.schema import Completion, Request, RowError, RowInvalid
 
 QUEUE_WINDOWS = 2  # rows read ahead of the planner at most, in windows (the reading thread waits beyond)
 KEEP_LOGS = 100  # logs of streams to standard output kept in $BULKINFER_HOME/logs
-STDOUT = Path("-")
 
 
 @dataclass(frozen=True, slots=True)
@@ -262,21 +261,26 @@ def stream(
         for path in (paths.output, paths.errors):
             if path is not None:
                 done |= done_ids(path)
-    sink = _open_sink(paths.output, context.overwrite, context.resume)
-    errors = _open_sink(paths.errors, context.overwrite, context.resume) if paths.errors is not None else sink
+    sink = errors = open_sink(paths.output, context.overwrite, context.resume)
     # --verbose keeps the engine's log on the terminal: on standard error, never in the data
     saved = os.dup(1) if context.verbose and paths.output == STDOUT else None
+    failed = True
     try:
+        if paths.errors is not None:
+            errors = open_sink(paths.errors, context.overwrite, context.resume)
         if saved is not None:
             os.dup2(2, 1)
         with EngineLog(paths.log, context.verbose) as log:
             try:
                 writer = StreamWriter(sink, errors, *_order(settings), done=done)
-                return _stream(source, paths, settings, context, writer, started, heap)
+                report = _stream(source, paths, settings, context, writer, started, heap)
+                failed = False
+                return report
             except (EngineError, ModelError) as exc:
                 raise log.explain(exc) from exc
     finally:
-        close_sinks(sink, errors)
+        # a stream that failed before its first record leaves no empty file a retry would be refused for
+        close_sinks(sink, errors, drop_empty=failed and not context.resume)
         if saved is not None:
             os.dup2(saved, 1)
             os.close(saved)
@@ -286,21 +290,6 @@ def _order(settings: Settings) -> tuple[bool, int]:
     """Whether records are written in input order (``[plan] output_order``
     ``input``; completion order unless asked), and the reorder buffer's bound."""
     return settings.plan.output_order == "input", settings.plan.window_rows
-
-
-def _open_sink(path: Path, overwrite: bool, append: bool = False) -> IO[bytes]:
-    """A binary stream for ``path``: a copy of standard output for ``-`` (taken
-    before the engine's log takes file descriptor 1), else the file, created
-    (replaced with ``overwrite``, appended to with ``append``).
-
-    Raises:
-        OutputExistsError: the file exists and neither ``overwrite`` nor ``append`` is set.
-    """
-    if path == STDOUT:
-        return os.fdopen(os.dup(1), "wb", buffering=1 << 16)
-    if path.exists() and not (overwrite or append):
-        raise OutputExistsError(f"output {path} already exists; use --overwrite to replace it or --resume to go on")
-    return open(path, "ab" if append else "wb", buffering=1 << 16)  # noqa: SIM115 (closed by stream())
 
 
 def _stream(
@@ -314,7 +303,7 @@ def _stream(
 ) -> RunReport:
     with context.stop.loading(settings.plan.start_timeout_s):  # the CLI ends a load that takes longer
         model = resolve_model(settings.model)
-        tokenizer = context.tokenizer_factory(model, settings.engine.trust_remote_code)
+        tokenizer = context.load_tokenizer(model, settings, generates=True)
         scan = InputScan(rows=None, mentions_priority=True)  # rows may set priority: vLLM's priority scheduling
         settings, engine_choice = choose_engine_settings(model, settings, scan, True, False)
         engine = context.engine_factory(model, settings)

@@ -22,7 +22,7 @@ from fakes import FakeEngine
 import bulkinfer
 from bulkinfer.config import load_settings
 from bulkinfer.engine.feed import PENDING, feed
-from bulkinfer.errors import ConfigError, Interrupted, OutputExistsError
+from bulkinfer.errors import ConfigError, EngineError, Interrupted, OutputExistsError
 from bulkinfer.io.readers import RawRow
 from bulkinfer.io.stream_out import StreamWriter, done_ids
 from bulkinfer.jobs.context import RunContext
@@ -148,6 +148,34 @@ def test_resume_to_standard_output_an_errors_file_for_a_file_run_and_a_parquet_o
     (tmp_path / "o.jsonl").write_bytes(b"{}\n")
     with pytest.raises(OutputExistsError, match="use --overwrite"):
         stream(io.BytesIO(b""), StreamPaths.build(tmp_path / "o.jsonl"), settings(), RunContext())
+
+
+def test_a_stream_that_fails_before_its_first_record_leaves_no_file_its_retry_would_be_refused_for(
+    tmp_path: Path,
+) -> None:
+    out, errors = tmp_path / "out.jsonl", tmp_path / "errors.jsonl"
+
+    def no_engine(model: str, settings: Any) -> Any:
+        raise EngineError("the vLLM engine failed to start")
+
+    context = RunContext(engine_factory=no_engine, progress_plain=True)
+    for _ in range(2):  # the retry fails as the first attempt did, not for an output that exists
+        with pytest.raises(EngineError, match="failed to start"):
+            stream(io.BytesIO(b'{"prompt": "hi"}\n'), StreamPaths.build(out, errors), settings(), context)
+        assert not out.exists() and not errors.exists()
+    errors.write_bytes(b"")  # an errors file that exists: refused, and the output opened before it is not left
+    with pytest.raises(OutputExistsError, match=f"output {errors} already exists"):
+        stream(io.BytesIO(b""), StreamPaths.build(out, errors), settings(), context)
+    assert not out.exists() and errors.exists()
+    out.write_bytes(b"")  # a resumed stream keeps its files, empty or not
+    with pytest.raises(EngineError):
+        stream(
+            io.BytesIO(b'{"prompt": "hi"}\n'), StreamPaths.build(out, errors), settings(), context.replace(resume=True)
+        )
+    assert out.exists() and errors.exists()
+    ok = RunContext(engine_factory=lambda m, s: FakeEngine(), progress_plain=True, overwrite=True)
+    stream(io.BytesIO(b""), StreamPaths.build(out, errors), settings(), ok)  # no row, no failure: files kept
+    assert out.read_bytes() == b"" and errors.read_bytes() == b""
 
 
 def line_rows(*specs: tuple[str, str]) -> bytes:

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+import io
 import re
 from pathlib import Path
 from types import SimpleNamespace
@@ -33,6 +34,7 @@ from bulkinfer.config import SamplingDefaults, load_settings
 from bulkinfer.io.output_files import RunPaths
 from bulkinfer.jobs.context import RunContext
 from bulkinfer.jobs.run import run
+from bulkinfer.jobs.stream import StreamPaths, stream
 from bulkinfer.models import load_tokenizer
 from bulkinfer.prep.rows import parse_row
 from bulkinfer.prep.vocabulary import Vocabulary, model_vocab_size, vocabulary
@@ -223,6 +225,13 @@ def test_defaults_outside_it_refuse_the_run_and_the_plan_before_a_row_or_an_engi
             settings,
             RunContext(engine_factory=lambda *a: started.append("!")),
         )
-    assert started == []
+    with pytest.raises(ConfigError, match=re.escape(said)):  # a stream (`run -`) likewise, before a row is read
+        stream(
+            io.BytesIO(src.read_bytes()),
+            StreamPaths.build(tmp_path / "stream.jsonl"),
+            settings,
+            RunContext(engine_factory=lambda *a: started.append("!")),
+        )
+    assert started == [] and not (tmp_path / "stream.jsonl").exists()
     with pytest.raises(ConfigError, match="token id 20 is outside"):
         plan_file(src, settings)
