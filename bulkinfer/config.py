@@ -244,3 +244,21 @@ def _from_data(
         raise ConfigError(f"{where}: {exc}") from None
     validate(settings, names)
     return settings
+
+
+def structured_outputs_config(value: Any) -> Any:
+    """vLLM's ``StructuredOutputsConfig`` for ``[engine]
+    structured_outputs_config`` (a table of its fields; a config object is
+    returned as it is). Imports vLLM.
+
+    Raises:
+        ConfigError: a field vLLM's config refuses (pydantic's message).
+    """
+    if not isinstance(value, Mapping):
+        return value
+    from vllm.config import StructuredOutputsConfig
+
+    try:
+        return StructuredOutputsConfig(**value)
+    except Exception as exc:  # pydantic's ValidationError: vLLM's own message
+        raise ConfigError(f"engine.structured_outputs_config: {exc}") from None

@@ -45,6 +45,7 @@ class FakeEngine:
         self.step_delay = step_delay
         self.hang_at = hang_at  # from this step on, no step ever finishes (a stuck engine)
         self.queue: deque[tuple[str, Request]] = deque()
+        self.added: dict[str, list[int]] = {}  # row id -> the prompt token ids it reached the engine with
         self.reject, self.crash_at, self.signal_at = reject, crash_at, signal_at
         self.stop_at = stop_at  # (step, token): the token is set after that step, as a caller in another thread would
         self.steps = 0
@@ -55,6 +56,7 @@ class FakeEngine:
 
     def add(self, request_id: str, request: Request) -> Completion | None:
         assert request.prompt_token_ids
+        self.added[request.id] = list(request.prompt_token_ids)
         if request.id in self.reject:
             return Completion(request_id, "", "error", len(request.prompt_token_ids), 0, "ValueError: rejected")
         self.queue.append((request_id, request))
@@ -149,3 +151,30 @@ class FakeBagEncoder(FakeEncoder):
         for token in ids:
             bins[token % 64] += 1.0
         return bins
+
+
+def assert_defaults_refused(src: Any, settings: Any, said: str, tmp_path: Any) -> None:
+    """``run`` of ``src`` (a JSONL file), a stream of it (``run -``) and
+    ``plan`` each raise ConfigError (exit 2) whose message holds ``said``,
+    before an engine is built, leaving no output file."""
+    import io
+    import re
+
+    import pytest
+
+    from bulkinfer.errors import ConfigError
+    from bulkinfer.io.output_files import RunPaths
+    from bulkinfer.jobs.context import RunContext
+    from bulkinfer.jobs.plan import plan_file
+    from bulkinfer.jobs.run import run
+    from bulkinfer.jobs.stream import StreamPaths, stream
+
+    started: list[str] = []
+    context = RunContext(engine_factory=lambda *a: started.append("!"))
+    with pytest.raises(ConfigError, match=re.escape(said)):
+        run(RunPaths.build(src, tmp_path / "out.jsonl"), settings, context)
+    with pytest.raises(ConfigError, match=re.escape(said)):  # a stream likewise, before a row is read
+        stream(io.BytesIO(src.read_bytes()), StreamPaths.build(tmp_path / "stream.jsonl"), settings, context)
+    with pytest.raises(ConfigError, match=re.escape(said)):
+        plan_file(src, settings)
+    assert started == [] and not (tmp_path / "out.jsonl").exists() and not (tmp_path / "stream.jsonl").exists()

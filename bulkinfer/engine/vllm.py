@@ -17,7 +17,7 @@ from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 
-from bulkinfer.config import EngineSettings
+from bulkinfer.config import EngineSettings, structured_outputs_config
 from bulkinfer.engine import batch_order, malloc
 from bulkinfer.engine.args import (
     IN_PROCESS,
@@ -40,7 +40,7 @@ from bulkinfer.engine.processes import (
 from bulkinfer.engine.sampling import StreamedOutputs, Watcher, pooling_params, sampling_params
 from bulkinfer.engine.starts import engine_start
 from bulkinfer.engine.stepper import LIVENESS_INTERVAL_S, Stepper
-from bulkinfer.errors import BulkinferError, ConfigError, EngineError
+from bulkinfer.errors import BulkinferError, EngineError
 from bulkinfer.schema import Completion, Request
 
 # close(): how long vLLM's own shutdown may take before the processes are killed (seconds).
@@ -111,13 +111,8 @@ class VllmEngine:
         hooked = batch_order.hooked(device, args)
         if hooked:
             args["worker_extension_cls"] = batch_order.EXTENSION
-        if isinstance(args.get("structured_outputs_config"), dict):  # a TOML table: EngineArgs takes the config
-            from vllm.config import StructuredOutputsConfig
-
-            try:
-                args["structured_outputs_config"] = StructuredOutputsConfig(**args["structured_outputs_config"])
-            except Exception as exc:  # pydantic's ValidationError: vLLM's own message
-                raise ConfigError(f"engine.structured_outputs_config: {exc}") from None
+        if "structured_outputs_config" in args:  # a TOML table: EngineArgs takes the config
+            args["structured_outputs_config"] = structured_outputs_config(args["structured_outputs_config"])
         import psutil  # a dependency of vLLM
 
         from bulkinfer.engine.watchdog import Watchdog

@@ -20,6 +20,7 @@ from bulkinfer.engine.factory import vllm_engine
 from bulkinfer.engine.malloc import no_huge_pages
 from bulkinfer.errors import ConfigError
 from bulkinfer.models import TokenizerFactory, load_tokenizer
+from bulkinfer.prep.grammar import Grammars
 from bulkinfer.prep.vocabulary import check_defaults, vocabulary
 from bulkinfer.stop import StopToken
 
@@ -92,17 +93,19 @@ class RunContext:
         (torch, transformers) faulted in without huge pages (they are heap
         no engine step reads: :func:`~bulkinfer.engine.malloc.no_huge_pages`);
         for a job that ``generates``, ``settings.sampling``'s token ids are
-        checked against the model's vocabulary before any row is read or an
+        checked against the model's vocabulary, and its structured output
+        against the engine's grammar backend, before any row is read or an
         engine starts.
 
         Raises:
             ConfigError: a ``[sampling]`` default names a token id outside
-                the vocabulary (:func:`~bulkinfer.prep.vocabulary.check_defaults`).
+                the vocabulary, or a structured output vLLM refuses
+                (:func:`~bulkinfer.prep.vocabulary.check_defaults`).
         """
         with no_huge_pages():
             tokenizer = self.tokenizer_factory(model_path, settings.engine.trust_remote_code)
         if generates:
-            check_defaults(vocabulary(tokenizer, model_path), settings.sampling)
+            check_defaults(vocabulary(tokenizer, model_path), settings.sampling, Grammars(tokenizer, settings.engine))
         return tokenizer
 
     def replace(self, **changes: Any) -> RunContext:

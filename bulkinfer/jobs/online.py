@@ -32,6 +32,7 @@ from bulkinfer.engine.mux import EngineMux, Listener
 from bulkinfer.errors import EngineError
 from bulkinfer.io.records import embedding_record, output_record
 from bulkinfer.prep.embeddings import parse_embed_row
+from bulkinfer.prep.grammar import Grammars
 from bulkinfer.prep.planner import Planner
 from bulkinfer.prep.rows import to_request
 from bulkinfer.prep.vocabulary import Vocabulary
@@ -137,12 +138,15 @@ class OnlineRequests(_Online):
     """Online chat and text completions: ``settings`` with the chat template
     resolved, ``tokenizer`` the model's, ``vocab`` the token ids it takes (a
     request naming another is refused; None: left to the engine; see
-    :class:`_Online`)."""
+    :class:`_Online`); a structured output the engine's grammar backend
+    (``settings.engine``) would refuse is refused too."""
 
     urls = GENERATION_URLS
 
     def __init__(self, mux: EngineMux, tokenizer: Any, settings: Settings, model: str, vocab: Vocabulary | None = None):
-        super().__init__(mux, Planner(tokenizer, settings.plan, mux.max_model_len, vocabulary=vocab), model)
+        grammars = Grammars(tokenizer, settings.engine)
+        planner = Planner(tokenizer, settings.plan, mux.max_model_len, vocabulary=vocab, grammars=grammars)
+        super().__init__(mux, planner, model)
         self.settings = settings
 
     def prepare(self, url: str, body: Any) -> Request:

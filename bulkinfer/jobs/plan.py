@@ -28,6 +28,7 @@ from bulkinfer.io.readers import open_reader
 from bulkinfer.jobs.engine_choice import block_size_choice, input_sample
 from bulkinfer.jobs.tune import known_dtype
 from bulkinfer.models import load_tokenizer, resolve_model
+from bulkinfer.prep.grammar import Grammars
 from bulkinfer.prep.planner import Planner, efficiency, static_batch_tokens
 from bulkinfer.prep.prefix import CPU_BLOCK_TOKENS, GPU_BLOCK_TOKENS
 from bulkinfer.prep.rows import ROW_FIELDS_READ, to_request
@@ -113,12 +114,13 @@ def plan_file(input_path: Path, settings: Settings, job: str = "run", truncate: 
         consumed = ROW_FIELDS_READ
         model = resolve_model(settings.model)
         tokenizer = load_tokenizer(model, settings.engine.trust_remote_code)
-        vocab = vocabulary(tokenizer, model)
-        check_defaults(vocab, settings.sampling)
+        vocab, grammars = vocabulary(tokenizer, model), Grammars(tokenizer, settings.engine)
+        check_defaults(vocab, settings.sampling, grammars)
         settings = settings.resolve_chat_template(tokenizer)
         sample = functools.partial(input_sample, input_path, tokenizer, settings, to_request)
         settings, block_choice = block_size_choice(settings, detect_device(), sample)  # as the run chooses it
-        planner = Planner(tokenizer, settings.plan, context_length(model, settings), block_tokens(settings), vocab)
+        length = context_length(model, settings)
+        planner = Planner(tokenizer, settings.plan, length, block_tokens(settings), vocab, grammars)
     else:
         raise ConfigError(f"--job: expected run or score, got {job!r}")
     reader = open_reader(input_path, None if settings.passthrough else consumed)

@@ -55,6 +55,7 @@ from bulkinfer.jobs.context import RunContext
 from bulkinfer.jobs.engine_choice import choose_engine_settings, input_sample
 from bulkinfer.jobs.generation import Attempt, Generation
 from bulkinfer.models import resolve_model
+from bulkinfer.prep.grammar import Grammars
 from bulkinfer.prep.planner import Planner
 from bulkinfer.prep.prefix import prefix_block_tokens
 from bulkinfer.prep.rows import ROW_FIELDS_READ, RowParser, to_request
@@ -66,7 +67,8 @@ from bulkinfer.report.stats import peak_rss_bytes, write_report
 
 def _generation_planner(tokenizer: Any, settings: Settings, engine: Engine, model_path: str) -> Planner:
     block = prefix_block_tokens(engine.settings)
-    return Planner(tokenizer, settings.plan, engine.max_model_len, block, vocabulary(tokenizer, model_path))
+    vocab, grammars = vocabulary(tokenizer, model_path), Grammars(tokenizer, settings.engine)
+    return Planner(tokenizer, settings.plan, engine.max_model_len, block, vocab, grammars)
 
 
 @dataclass(frozen=True, slots=True)

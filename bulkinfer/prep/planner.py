@@ -21,6 +21,7 @@ from typing import Any
 
 from bulkinfer.config import PlanSettings
 from bulkinfer.prep.chat_template import developer_as_system
+from bulkinfer.prep.grammar import Grammars
 from bulkinfer.prep.prefix import PrefixStats, prefix_groups
 from bulkinfer.prep.rows import CONSUMED_FIELDS
 from bulkinfer.prep.vocabulary import Vocabulary
@@ -144,6 +145,9 @@ class Planner:
         vocabulary: the token ids the model takes; a request naming another
             becomes a row error (:mod:`bulkinfer.prep.vocabulary`). None:
             left to the engine.
+        grammars: the structured outputs the engine's grammar backend
+            takes; a request with another becomes a row error
+            (:mod:`bulkinfer.prep.grammar`). None: left to the engine.
     """
 
     def __init__(
@@ -153,9 +157,10 @@ class Planner:
         max_model_len: int,
         block_tokens: int | None = None,
         vocabulary: Vocabulary | None = None,
+        grammars: Grammars | None = None,
     ):
         self.tokenizer = tokenizer
-        self.vocabulary = vocabulary
+        self.checks = [check for check in (vocabulary, grammars) if check is not None]
         backend = getattr(tokenizer, "backend_tokenizer", None)
         if backend is not None:
             # A tokenizer.json may carry its own padding and truncation
@@ -238,14 +243,15 @@ class Planner:
 
         Sets each request's ``prompt_token_ids`` (a row's own token ids as they
         are) and drops its text. Rows that name a token id outside the
-        model's vocabulary, whose chat template fails or that do not fit the
-        context come back as errors.
+        model's vocabulary or a structured output vLLM's grammar backend
+        refuses, whose chat template fails or that do not fit the context
+        come back as errors.
         """
         refused: list[RowError] = []
-        if self.vocabulary is not None:
+        if self.checks:
             kept = []
             for request in requests:
-                problem = self.vocabulary.problem(request)
+                problem = next(filter(None, (check.problem(request) for check in self.checks)), None)
                 if problem is None:
                     kept.append(request)
                 else:

@@ -32,6 +32,7 @@ from typing import Any
 import orjson
 
 from bulkinfer.errors import ConfigError
+from bulkinfer.prep.grammar import Grammars
 from bulkinfer.schema import Request
 from bulkinfer.settings import SamplingDefaults
 
@@ -128,15 +129,17 @@ def vocabulary(tokenizer: Any, model_path: str) -> Vocabulary | None:
     return Vocabulary(size, highest)
 
 
-def check_defaults(vocab: Vocabulary | None, sampling: SamplingDefaults) -> None:
+def check_defaults(vocab: Vocabulary | None, sampling: SamplingDefaults, grammars: Grammars | None = None) -> None:
     """Refuses ``[sampling]`` defaults that name a token id outside the
-    model's vocabulary ``vocab`` (:meth:`Vocabulary.defaults_problem`),
-    before any row is read or an engine starts; nothing when the vocabulary
-    is unknown (None).
+    model's vocabulary ``vocab`` (:meth:`Vocabulary.defaults_problem`; none
+    checked when it is unknown, None) or a structured output the engine's
+    grammar backend refuses (:meth:`~bulkinfer.prep.grammar.Grammars.defaults_problem`),
+    before any row is read or an engine starts.
 
     Raises:
-        ConfigError: naming the setting, the id and the bound (exit 2).
+        ConfigError: naming the setting and what is wrong with it (exit 2).
     """
     problem = vocab.defaults_problem(sampling) if vocab is not None else None
+    problem = problem or (grammars.defaults_problem(sampling) if grammars is not None else None)
     if problem:
         raise ConfigError(problem)

@@ -57,14 +57,17 @@ def mixed(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
     rows.append({"id": "token-ids", "prompt": capital_question_ids("sweden")})
     # a stop token outside the model's vocabulary: refused before the engine (bulkinfer.prep.vocabulary)
     rows.append({"id": "stop-outside-vocab", "prompt": "hi", "stop_token_ids": [10**9]})
-    # a poison row: vLLM rejects it when it is added (its structured-output backend cannot compile the
-    # regex: VLLMValidationError), bulkinfer's own checks cannot; only this row fails in the engine
-    rows.append({"id": "poison-regex", "prompt": "hi", "structured_outputs": {"regex": "(("}})
+    # a regex vLLM's structured-output backend cannot compile: refused before the engine (bulkinfer.prep.grammar)
+    rows.append({"id": "bad-regex", "prompt": "hi", "structured_outputs": {"regex": "(("}})
+    # a poison row: vLLM rejects it when it is added (more logprobs than this engine's max_logprobs, 2:
+    # VLLMValidationError), bulkinfer's own checks do not; only this row fails in the engine
+    rows.append({"id": "poison-logprobs", "prompt": "hi", "logprobs": 3})
     src = tmp / "mixed.jsonl"
     write_jsonl(src, rows)
     out = tmp / "res" / "out.jsonl"
     prom = tmp / "mixed.prom"  # as node_exporter's textfile collector would read it
     flags = ("--max-tokens", "24", "--temperature", "0", "--plain-progress", "--metrics-textfile", str(prom))
+    flags += ("--engine-arg", "max_logprobs=2")
     proc = bulkinfer("run", str(src), "-o", str(out), *flags)
     return {"rows": rows, "proc": proc, "out": out, "src": src, "tmp": tmp, "prom": prom}
 
@@ -258,14 +261,18 @@ def test_every_row_exactly_once(mixed: dict[str, Any]) -> None:
     expected_ok = {r["id"] for r in mixed["rows"] if isinstance(r, dict)} - set(FAILING)
     assert set(out_ids) == expected_ok
     by_line = {e["line"]: e for e in errors}
-    outside = by_line[len(mixed["rows"]) - 1]
+    outside = by_line[len(mixed["rows"]) - 2]
     assert (outside["id"], outside["error"]["type"]) == ("stop-outside-vocab", "invalid_field")
     assert outside["error"]["message"] == (
         "field 'stop_token_ids': token id 1000000000 is outside the model's vocabulary: ids 0-49151"
     )
+    regex = by_line[len(mixed["rows"]) - 1]
+    assert (regex["id"], regex["error"]["type"]) == ("bad-regex", "invalid_field")
+    assert regex["error"]["message"].startswith("field 'structured_outputs': Grammar error: "), regex
+    assert 'invalid regex "(("' in regex["error"]["message"]
     poison = by_line[len(mixed["rows"])]
-    assert poison["id"] == "poison-regex" and poison["error"]["type"] == "engine_error"
-    assert "regex" in poison["error"]["message"]
+    assert poison["id"] == "poison-logprobs" and poison["error"]["type"] == "engine_error"
+    assert "logprobs" in poison["error"]["message"] and "2" in poison["error"]["message"], poison
     assert by_line[4]["error"]["type"] == "invalid_field" and "max_tokens" in by_line[4]["error"]["message"]
     assert by_line[8]["error"]["type"] == "duplicate_id"
     assert by_line[10]["error"]["type"] == "invalid_row"
@@ -273,7 +280,13 @@ def test_every_row_exactly_once(mixed: dict[str, Any]) -> None:
 
 
 PREFILL = ("What is the capital of France?", "The capital of France is")
-FAILING = ("bad-max-tokens", "stop-outside-vocab", "poison-regex")  # the mixed run's dict rows that fail
+# the mixed run's dict rows that fail
+FAILING = (
+    "bad-max-tokens",
+    "stop-outside-vocab",
+    "bad-regex",
+    "poison-logprobs",
+)
 
 
 def capital_question_ids(country: str) -> list[int]:
@@ -331,7 +344,8 @@ def test_report_agrees_with_output(mixed: dict[str, Any]) -> None:
     assert report["request_counts"] == {
         "total": len(mixed["rows"]),
         "completed": len(outputs),
-        "failed": 5,  # bad max_tokens, a duplicate id, a list, a stop token outside the vocabulary, the poison
+        "failed": 6,  # bad max_tokens, a duplicate id, a list, a stop token outside the vocabulary, a bad regex,
+        # the poison
         "skipped": 0,
     }
     assert report["rows"] == len(mixed["rows"])

@@ -17,26 +17,13 @@ from bulkinfer.config import load_settings
 from bulkinfer.io.output_files import RunPaths
 from bulkinfer.jobs.context import RunContext
 from bulkinfer.jobs.run import run
-from bulkinfer.schema import Request
 
 
-class Seeing(FakeEngine):
-    """Records the token ids each request reached the engine with."""
+def _run(src: Path, tmp_path: Path) -> tuple[FakeEngine, dict[str, Any], dict[str, Any]]:
+    engines: list[FakeEngine] = []
 
-    def __init__(self) -> None:
-        super().__init__()
-        self.seen: dict[str, list[int]] = {}
-
-    def add(self, request_id: str, request: Request) -> Any:
-        self.seen[request.id] = list(request.prompt_token_ids or ())
-        return super().add(request_id, request)
-
-
-def _run(src: Path, tmp_path: Path) -> tuple[Seeing, dict[str, Any], dict[str, Any]]:
-    engines: list[Seeing] = []
-
-    def factory(model: str, settings: Any) -> Seeing:
-        engines.append(Seeing())
+    def factory(model: str, settings: Any) -> FakeEngine:
+        engines.append(FakeEngine())
         return engines[0]
 
     paths = RunPaths.build(src, tmp_path / "out.jsonl")
@@ -64,9 +51,11 @@ def test_token_ids_reach_the_engine_as_they_are(tmp_path: Path) -> None:
     src.write_bytes(b"".join(orjson.dumps(r) + b"\n" for r in rows))
     engine, outputs, errors = _run(src, tmp_path)
     assert (
-        engine.seen["ids"] == [11, 12, 13] and engine.seen["one-list"] == [21, 22] and engine.seen["line"] == [31, 32]
+        engine.added["ids"] == [11, 12, 13]
+        and engine.added["one-list"] == [21, 22]
+        and engine.added["line"] == [31, 32]
     )
-    assert len(engine.seen["text"]) > 2  # rendered through the tiny model's template, then tokenized
+    assert len(engine.added["text"]) > 2  # rendered through the tiny model's template, then tokenized
     assert outputs["ids"]["prompt_tokens"] == 3 and outputs["ids"]["note"] == "kept"
     assert outputs["line"]["response"]["body"]["usage"]["prompt_tokens"] == 2
     assert (
@@ -83,5 +72,5 @@ def test_a_parquet_prompt_column_of_token_ids(tmp_path: Path) -> None:
     table = pa.table({"id": ["a", "b"], "prompt": pa.array([[3, 4, 5], [6]], type=pa.list_(pa.int32()))})
     pq.write_table(table, src)
     engine, outputs, errors = _run(src, tmp_path)
-    assert engine.seen == {"a": [3, 4, 5], "b": [6]} and not errors
+    assert engine.added == {"a": [3, 4, 5], "b": [6]} and not errors
     assert [outputs[k]["prompt_tokens"] for k in ("a", "b")] == [3, 1]

@@ -11,8 +11,6 @@ from __future__ import annotations
 
 import dataclasses
 import functools
-import io
-import re
 from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
@@ -20,7 +18,7 @@ from typing import Any
 import orjson
 import pytest
 import tiny_model
-from fakes import FakeEngine
+from fakes import FakeEngine, assert_defaults_refused
 from reference_types import check_openai_line
 from transformers import AutoConfig
 from vllm.exceptions import VLLMValidationError
@@ -34,7 +32,6 @@ from bulkinfer.config import SamplingDefaults, load_settings
 from bulkinfer.io.output_files import RunPaths
 from bulkinfer.jobs.context import RunContext
 from bulkinfer.jobs.run import run
-from bulkinfer.jobs.stream import StreamPaths, stream
 from bulkinfer.models import load_tokenizer
 from bulkinfer.prep.rows import parse_row
 from bulkinfer.prep.vocabulary import Vocabulary, model_vocab_size, vocabulary
@@ -140,13 +137,7 @@ def test_no_config_leaves_the_rows_to_the_engine(tmp_path: Path) -> None:
 
 
 def test_a_run_refuses_them_before_the_engine_and_runs_the_rest(tmp_path: Path) -> None:
-    seen: list[str] = []
-
-    class Seeing(FakeEngine):
-        def add(self, request_id: str, request: Request) -> Any:
-            seen.append(request.id)
-            return super().add(request_id, request)
-
+    engine = FakeEngine()
     rows = [
         {"id": "ok", "prompt": "hi", "stop_token_ids": [2], "logit_bias": {"19": 1}},
         {"id": "stop", "prompt": "hi", "stop_token_ids": [20]},
@@ -157,9 +148,9 @@ def test_a_run_refuses_them_before_the_engine_and_runs_the_rest(tmp_path: Path) 
     src.write_bytes(b"".join(orjson.dumps(row) + b"\n" for row in rows))
     paths = RunPaths.build(src, tmp_path / "out.jsonl")
     settings = dataclasses.replace(load_settings(), model=model_with_vocab(tmp_path / "home", 20))
-    run(paths, settings, RunContext(engine_factory=lambda model, settings: Seeing()))
+    run(paths, settings, RunContext(engine_factory=lambda model, settings: engine))
     errors = [orjson.loads(line) for line in paths.errors.read_bytes().splitlines()]
-    assert seen == ["ok"]
+    assert list(engine.added) == ["ok"]
     assert [(e["id"], e["error"]["type"]) for e in errors if "custom_id" not in e] == [
         ("stop", "invalid_field"),
         ("ids", "invalid_field"),
@@ -204,10 +195,7 @@ def test_an_online_request_naming_one_is_refused_as_a_batch_row_is(tmp_path: Pat
         mux.close()
 
 
-def test_defaults_outside_it_refuse_the_run_and_the_plan_before_a_row_or_an_engine(tmp_path: Path) -> None:
-    from bulkinfer.errors import ConfigError
-    from bulkinfer.jobs.plan import plan_file
-
+def test_defaults_outside_it_refuse_run_stream_and_plan_before_a_row_or_an_engine(tmp_path: Path) -> None:
     vocab = Vocabulary(size=20, max_prompt_id=22)
     assert vocab.defaults_problem(SamplingDefaults(stop_token_ids=(3, 19), logit_bias={"0": 1.0})) is None
     assert vocab.defaults_problem(SamplingDefaults(logit_bias={"4": 1.0, "20": -1.0})) == (
@@ -218,20 +206,4 @@ def test_defaults_outside_it_refuse_the_run_and_the_plan_before_a_row_or_an_engi
     settings = dataclasses.replace(load_settings(), model=model_with_vocab(tmp_path / "home", 20))
     settings = dataclasses.replace(settings, sampling=SamplingDefaults(stop_token_ids=(20,)))
     said = "sampling.stop_token_ids (--stop-token-ids or the config): token id 20 is outside the model's vocabulary"
-    started: list[str] = []
-    with pytest.raises(ConfigError, match=re.escape(said)):
-        run(
-            RunPaths.build(src, tmp_path / "out.jsonl"),
-            settings,
-            RunContext(engine_factory=lambda *a: started.append("!")),
-        )
-    with pytest.raises(ConfigError, match=re.escape(said)):  # a stream (`run -`) likewise, before a row is read
-        stream(
-            io.BytesIO(src.read_bytes()),
-            StreamPaths.build(tmp_path / "stream.jsonl"),
-            settings,
-            RunContext(engine_factory=lambda *a: started.append("!")),
-        )
-    assert started == [] and not (tmp_path / "stream.jsonl").exists()
-    with pytest.raises(ConfigError, match="token id 20 is outside"):
-        plan_file(src, settings)
+    assert_defaults_refused(src, settings, said, tmp_path)
