@@ -160,6 +160,8 @@ class EmbedPlanner(Planner):
             ``Normalize`` module; None leaves vLLM's default.
     """
 
+    OUTPUT_FIELDS = frozenset({"embedding", "prompt_tokens"})  # bulkinfer.io.records.embedding_record's
+
     def __init__(
         self,
         tokenizer: Any,

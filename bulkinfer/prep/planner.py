@@ -150,6 +150,12 @@ class Planner:
             (:mod:`bulkinfer.prep.grammar`). None: left to the engine.
     """
 
+    # the fields a bulkinfer row's output record writes itself (bulkinfer.io.records.output_record):
+    # a pass-through field of one of these names is replaced in the output, and said so
+    OUTPUT_FIELDS: frozenset[str] = frozenset(
+        {"completion", "finish_reason", "prompt_tokens", "completion_tokens", "logprobs", "completions"}
+    )
+
     def __init__(
         self,
         tokenizer: Any,
@@ -186,16 +192,20 @@ class Planner:
 
     def passthrough_fields(self) -> list[dict[str, Any]]:
         """The pass-through fields of the bulkinfer rows planned, most common
-        first: each ``name``, the ``rows`` that carry it, and ``did_you_mean``:
+        first: each ``name``, the ``rows`` that carry it, ``did_you_mean``:
         the field bulkinfer reads that the name nearly spells (``max_token`` ->
-        ``max_tokens``; :func:`difflib.get_close_matches`, cutoff 0.8), else None.
-        A near miss changes nothing in the output: the field is copied, not read."""
+        ``max_tokens``; :func:`difflib.get_close_matches`, cutoff 0.8), else None
+        (a near miss changes nothing in the output: the field is copied, not
+        read), and ``replaced``: whether the output record writes a field of
+        that name itself (:attr:`OUTPUT_FIELDS`: an input's ``completion`` is
+        not copied; the output's own value is written)."""
         known = sorted(CONSUMED_FIELDS)
         return [
             {
                 "name": name,
                 "rows": rows,
                 "did_you_mean": next(iter(difflib.get_close_matches(name, known, 1, 0.8)), None),
+                "replaced": name in self.OUTPUT_FIELDS,
             }
             for name, rows in sorted(self.passthrough.items(), key=lambda item: (-item[1], item[0]))
         ]

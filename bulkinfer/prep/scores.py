@@ -245,6 +245,8 @@ class ScorePlanner(EmbedPlanner):
     text cut on its own: a bi-encoder embeds the two sides of a pair
     separately), its errors naming the row's own fields."""
 
+    OUTPUT_FIELDS = frozenset({"score", "results", "prompt_tokens"})  # bulkinfer.io.records.score_record's
+
     def input_name(self, request: Request, index: int, count: int) -> str:
         """The row's field of input ``index``: ``text_1``, ``query``, ``documents[K]``, ``body.text_1[K]``, ..."""
         return str((request.similarity or {})["names"][index])

@@ -231,15 +231,8 @@ def _outcomes(r: RunReport) -> list[str]:
         note = html.escape(f"Grammar backend: {structured.backend}. " + STRUCTURED_NOTE)
         parts += ["<h2>Structured output</h2>", _table(rows, header), f'<p class="note">{note}</p>']
     if r.passthrough_fields:
-        notes = any(f.did_you_mean for f in r.passthrough_fields)  # the third column only when it says something
-        rows = [
-            [
-                f.name,
-                f.rows,
-                *([f"did you mean {f.did_you_mean}? (copied, not read)" if f.did_you_mean else ""] * notes),
-            ]
-            for f in r.passthrough_fields
-        ]
+        notes = any(f.note for f in r.passthrough_fields)  # the third column only when it says something
+        rows = [[f.name, f.rows, *([f.note] * notes)] for f in r.passthrough_fields]
         parts += ["<h2>Pass-through fields</h2>", _table(rows, ["field", "rows", *([""] * notes)])]
     return parts
 

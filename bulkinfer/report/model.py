@@ -191,12 +191,21 @@ class TokenSeries:
 
 @dataclass(frozen=True, slots=True)
 class PassthroughField:
-    """An input field copied to the output unread, with its row count and the
-    bulkinfer field it resembles (``did_you_mean``), if any."""
+    """An input field copied to the output unread, with its row count, the
+    bulkinfer field it resembles (``did_you_mean``), if any, and whether the
+    output's own field of that name replaces it (``replaced``)."""
 
     name: str
     rows: int
     did_you_mean: str | None = None
+    replaced: bool = False
+
+    @property
+    def note(self) -> str:
+        """What the summary says of it: a near miss or a replaced field, else ""."""
+        if self.replaced:
+            return "replaced by the output's own field: not copied"
+        return f"did you mean {self.did_you_mean}? copied, not read" if self.did_you_mean else ""
 
 
 @dataclass(frozen=True, slots=True)

@@ -10,7 +10,7 @@ from rich.console import Console
 from rich.table import Table
 from rich.text import Text
 
-from bulkinfer.report.model import RunReport, as_run_report
+from bulkinfer.report.model import PassthroughField, RunReport, as_run_report
 from bulkinfer.report.plan_estimate import describe
 from bulkinfer.report.units import format_bytes
 
@@ -91,7 +91,7 @@ def print_summary(report: RunReport | dict[str, Any], console: Console) -> None:
                 f"{c.valid}/{c.completions - c.unchecked} valid, {c.cut_at_max_tokens} cut at max_tokens, "
                 f"{c.invalid} invalid" + (f", {c.unchecked} not checked" if c.unchecked else ""),
             )
-    _passthrough_row(summary, [(f.name, f.rows, f.did_you_mean) for f in r.passthrough_fields])
+    _passthrough_row(summary, r.passthrough_fields)
     _sampling_rows_row(summary, r.sampling_set_by_rows)
     _replicas_row(summary, r)
     if r.engine_choice.dtype:
@@ -154,15 +154,13 @@ def _replicas_row(summary: Table, r: RunReport) -> None:
     )
 
 
-def _passthrough_row(summary: Any, fields: Sequence[tuple[str, int, str | None]]) -> None:
-    """The pass-through fields of bulkinfer rows, (name, rows, did_you_mean);
-    a near miss of a field bulkinfer reads is flagged (it is copied, not read)."""
+def _passthrough_row(summary: Any, fields: Sequence[PassthroughField]) -> None:
+    """The pass-through fields of bulkinfer rows with their row counts; a near
+    miss of a field bulkinfer reads (copied, not read) and a field the
+    output's own replaces are flagged (:attr:`PassthroughField.note`)."""
     if not fields:
         return
-    shown = [
-        f"{name} {rows}" + (f" (did you mean {near}? copied, not read)" if near else "")
-        for name, rows, near in fields[:12]
-    ]
+    shown = [f"{f.name} {f.rows}" + (f" ({f.note})" if f.note else "") for f in fields[:12]]
     more = f", and {len(fields) - 12} more" if len(fields) > 12 else ""
     summary.add_row("pass-through fields (rows)", Text(", ".join(shown) + more))
 
@@ -194,7 +192,7 @@ def print_plan(plan: dict[str, Any], console: Any) -> None:
     for error_type, count in sorted(plan["errors"].items()):
         summary.add_row(f"  {error_type}", str(count))
     fields = plan.get("passthrough_fields") or []
-    _passthrough_row(summary, [(f["name"], f["rows"], f["did_you_mean"]) for f in fields])
+    _passthrough_row(summary, [PassthroughField(**f) for f in fields])
     _sampling_rows_row(summary, plan.get("sampling_set_by_rows") or {})
     summary.add_row(
         "prompt tokens",

@@ -470,12 +470,15 @@ def test_plan_lists_pass_through_fields_and_flags_near_misses(tmp_path: Path) ->
     src.write_bytes(b"".join(orjson.dumps(r) + b"\n" for r in rows))
     plan = plan_file(src, load_settings())
     assert plan["passthrough_fields"] == [
-        {"name": "lang", "rows": 5, "did_you_mean": None},
-        {"name": "max_token", "rows": 1, "did_you_mean": "max_tokens"},
+        {"name": "lang", "rows": 5, "did_you_mean": None, "replaced": False},
+        {"name": "max_token", "rows": 1, "did_you_mean": "max_tokens", "replaced": False},
     ]
     result = runner.invoke(app, ["plan", str(src)], env={"COLUMNS": "200"})
     assert result.exit_code == 0, result.output
     assert "lang 5, max_token 1 (did you mean max_tokens? copied, not read)" in result.output
+    src.write_bytes(orjson.dumps({"id": "again", "prompt": "hi", "completion": "old"}) + b"\n")  # an output fed back
+    result = runner.invoke(app, ["plan", str(src)], env={"COLUMNS": "200"})
+    assert "completion 1 (replaced by the output's own field: not copied)" in result.output
 
 
 SET_BY_ROWS = [

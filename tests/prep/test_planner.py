@@ -360,14 +360,17 @@ def test_order_for_feed_without_token_ids_keeps_arrival_for_ties() -> None:
     assert [r.id for r in order_for_feed(rows, "descending")] == [r.id for r in rows]
 
 
-def test_pass_through_fields_are_counted_and_near_misses_flagged() -> None:
+def test_pass_through_fields_are_counted_and_near_misses_and_replaced_ones_flagged() -> None:
     plan, _ = planner()
     rows = [prompt_row(i, 2, lang="en", source="web") for i in range(3)]
     rows += [prompt_row(3, 2, lang="fr", source="web", max_token=5), prompt_row(4, 2, temprature=0.1)]
+    rows += [prompt_row(5, 2, completion="an earlier run's", finish_reason="stop")]  # an output fed back in
     plan.plan_window(rows)
     assert plan.passthrough_fields() == [
-        {"name": "lang", "rows": 4, "did_you_mean": None},
-        {"name": "source", "rows": 4, "did_you_mean": None},
-        {"name": "max_token", "rows": 1, "did_you_mean": "max_tokens"},
-        {"name": "temprature", "rows": 1, "did_you_mean": "temperature"},
+        {"name": "lang", "rows": 4, "did_you_mean": None, "replaced": False},
+        {"name": "source", "rows": 4, "did_you_mean": None, "replaced": False},
+        {"name": "completion", "rows": 1, "did_you_mean": None, "replaced": True},
+        {"name": "finish_reason", "rows": 1, "did_you_mean": None, "replaced": True},
+        {"name": "max_token", "rows": 1, "did_you_mean": "max_tokens", "replaced": False},
+        {"name": "temprature", "rows": 1, "did_you_mean": "temperature", "replaced": False},
     ]

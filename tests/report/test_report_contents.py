@@ -274,7 +274,10 @@ def test_finish_reasons_structured_checks_and_pass_through_fields_are_reported(
             "backend": "xgrammar",
             "by_kind": {"json": {"completions": 9, "valid": 7, "cut_at_max_tokens": 2, "invalid": 0, "unchecked": 0}},
         },
-        "passthrough_fields": [{"name": "max_token", "rows": 3, "did_you_mean": "max_tokens"}],
+        "passthrough_fields": [
+            {"name": "max_token", "rows": 3, "did_you_mean": "max_tokens"},  # a report from before "replaced"
+            {"name": "completion", "rows": 2, "did_you_mean": None, "replaced": True},
+        ],
     }
     page = _page(report, tmp_path / "r.html")
     reasons = page.split("<h2>Completions by finish_reason</h2>")[1].split("<h2>")[0]
@@ -282,7 +285,8 @@ def test_finish_reasons_structured_checks_and_pass_through_fields_are_reported(
     structured = page.split("<h2>Structured output</h2>")[1].split("<h2>")[0]
     assert '<td>json</td><td class="n">9</td><td class="n">7</td><td class="n">2</td>' in structured
     assert "Grammar backend: xgrammar" in structured
-    assert "did you mean max_tokens? (copied, not read)" in page
+    assert "did you mean max_tokens? copied, not read" in page
+    assert '<td>completion</td><td class="n">2</td><td>replaced by the output&#x27;s own field: not copied</td>' in page
     plain = _page(
         {**report, "passthrough_fields": [{"name": "source", "rows": 9, "did_you_mean": None}]}, tmp_path / "p.html"
     )
@@ -293,6 +297,7 @@ def test_finish_reasons_structured_checks_and_pass_through_fields_are_reported(
     text = out.getvalue()
     assert "stop 7, length 2" in text and "7/9 valid, 2 cut at max_tokens, 0 invalid" in text
     assert "max_token 3 (did you mean max_tokens? copied, not read)" in text
+    assert "completion 2 (replaced by the output's own field: not copied)" in text
 
 
 class PreemptingEngine(FakeEngine):
