@@ -40,7 +40,7 @@ from bulkinfer.engine.processes import (
 from bulkinfer.engine.sampling import StreamedOutputs, Watcher, pooling_params, sampling_params
 from bulkinfer.engine.starts import engine_start
 from bulkinfer.engine.stepper import LIVENESS_INTERVAL_S, Stepper
-from bulkinfer.errors import BulkinferError, EngineError
+from bulkinfer.errors import BulkinferError, ConfigError, EngineError
 from bulkinfer.schema import Completion, Request
 
 # close(): how long vLLM's own shutdown may take before the processes are killed (seconds).
@@ -141,6 +141,9 @@ class VllmEngine:
             IN_PROCESS.release(self)
             if isinstance(exc, BulkinferError | KeyboardInterrupt | SystemExit):
                 raise
+            if type(exc).__module__.startswith("pydantic") and type(exc).__name__ == "ValidationError":
+                # vLLM's pydantic configs refused a setting as the engine was built: the settings' fault (exit 2)
+                raise ConfigError(f"vLLM refused the engine settings ([engine], --engine-arg, flags): {exc}") from exc
             raise EngineError(f"the vLLM engine failed to start: {type(exc).__name__}: {exc}") from exc
         # vLLM's handles of its engine core processes, kept here: vLLM may drop its own once it sees the engine die
         resources = getattr(getattr(self._engine, "engine_core", None), "resources", None)

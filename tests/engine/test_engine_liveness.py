@@ -392,3 +392,19 @@ def test_the_watchdog_spawns_under_the_start_lock_and_its_failure_fails_the_star
     assert locked == [True]
     assert not processes._SPAWNING.locked()
     assert args.IN_PROCESS._owner is None  # released: the next engine may run in this process
+
+
+def test_engine_settings_vllms_config_refuses_are_a_config_error_not_a_failed_start(tmp_path: Path) -> None:
+    """``[engine] dtype = "float33"`` in a config file (the flag's choices
+    refuse it at the command line): vLLM's pydantic config refuses it as the
+    engine is built, before a process starts; that is the settings' fault
+    (exit 2, vLLM's message), not an engine that failed to start (exit 5)."""
+    import tiny_model
+
+    from bulkinfer.config import EngineSettings
+    from bulkinfer.engine import args
+    from bulkinfer.errors import ConfigError
+
+    with pytest.raises(ConfigError, match=r"vLLM refused the engine settings .*\n(.|\n)*'float33'"):
+        VllmEngine(tiny_model.build(tmp_path), EngineSettings(dtype="float33"))
+    assert args.IN_PROCESS._owner is None  # released: the next engine may run in this process
