@@ -15,6 +15,7 @@ leaves the old file or the new one, never neither.
 
 from __future__ import annotations
 
+import base64
 import errno
 import os
 import signal
@@ -122,8 +123,18 @@ def keep_newest(directory: Path, pattern: str, keep: int) -> None:
             pass
 
 
+def json_default(value: Any) -> str:
+    """The JSON text of a pass-through value orjson has no type for (orjson
+    writes datetimes and dates as RFC 3339 itself, NaN and infinities as
+    null): bytes (a Parquet binary column) as base64, anything else (a
+    Decimal) as ``str``."""
+    if isinstance(value, bytes | bytearray | memoryview):
+        return base64.b64encode(value).decode("ascii")
+    return str(value)
+
+
 def _dumps(record: dict[str, Any]) -> bytes:
-    return orjson.dumps(record, default=str, option=orjson.OPT_APPEND_NEWLINE)
+    return orjson.dumps(record, default=json_default, option=orjson.OPT_APPEND_NEWLINE)
 
 
 class JsonlAppender:
@@ -272,7 +283,7 @@ def jsonl_to_parquet(src: Path, dst: Path, vectors: Collection[str] = ()) -> Non
     def encoded(record: dict[str, Any]) -> dict[str, Any]:
         for name in as_json & record.keys():
             if record[name] is not None:
-                record[name] = orjson.dumps(record[name], default=str).decode()
+                record[name] = orjson.dumps(record[name], default=json_default).decode()
         return record
 
     with pq.ParquetWriter(dst, schema) as writer:

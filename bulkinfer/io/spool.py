@@ -29,7 +29,7 @@ from typing import Any, Literal
 
 import orjson
 
-from bulkinfer.io.files import JsonlAppender, publish, write_synced
+from bulkinfer.io.files import JsonlAppender, json_default, publish, write_synced
 
 MERGE_RUN_ROWS = 65536
 MERGE_FAN_IN = 64
@@ -45,7 +45,7 @@ class Spool(JsonlAppender):
 
     def add(self, line: int, record: dict[str, Any]) -> None:
         """Append ``record``, the result of the input's row ``line`` (1-based)."""
-        self.write_raw(orjson.dumps([line, record], default=str, option=orjson.OPT_APPEND_NEWLINE))
+        self.write_raw(orjson.dumps([line, record], default=json_default, option=orjson.OPT_APPEND_NEWLINE))
 
 
 def read_spool(path: Path) -> Generator[Keyed, None, None]:

@@ -273,3 +273,45 @@ def test_openai_output_lines_are_valid_vllm_batch_outputs_and_openai_bodies(url:
     choice = typed.choices[0]
     text = choice.message.content if chat else choice.text  # type: ignore[union-attr]
     assert (text, choice.finish_reason, typed.usage.total_tokens) == ("Hello!", "length", 15)  # type: ignore[union-attr]
+
+
+def test_parquet_pass_through_values_json_lacks_are_written_as_stated(tmp_path: Path) -> None:
+    """A Parquet input's pass-through columns of types JSON has not reach
+    the output as the README says: timestamps and dates as RFC 3339 text,
+    decimals as their digits, binary as base64 (not Python's ``b'...'``),
+    NaN and infinities as null; the types JSON has are kept."""
+    import base64
+    import datetime
+    import decimal
+
+    from fakes import FakeEngine
+
+    from bulkinfer.config import load_settings
+    from bulkinfer.io.output_files import RunPaths
+    from bulkinfer.jobs.context import RunContext
+    from bulkinfer.jobs.run import run
+
+    table = pa.table(
+        {
+            "prompt": ["a", "b"],
+            "ts": pa.array([datetime.datetime(2026, 12, 7, 9, 30), None], pa.timestamp("ms")),
+            "day": pa.array([datetime.date(2026, 12, 7), None], pa.date32()),
+            "dec": pa.array([decimal.Decimal("1.25"), None], pa.decimal128(5, 2)),
+            "bin": pa.array([b"\x00\xff", None], pa.binary()),
+            "f": pa.array([float("nan"), float("inf")], pa.float64()),
+            "tags": [["x", "y"], []],
+        }
+    )
+    src = tmp_path / "in.parquet"
+    pq.write_table(table, src)
+    for out in (tmp_path / "out.jsonl", tmp_path / "p" / "out.parquet"):
+        run(RunPaths.build(src, out), load_settings(), RunContext(engine_factory=lambda m, s: FakeEngine()))
+    rows = sorted(read_jsonl(tmp_path / "out.jsonl"), key=lambda r: r["id"])
+    kept = [{k: r[k] for k in ("ts", "day", "dec", "bin", "f", "tags")} for r in rows]
+    assert kept == [
+        {"ts": "2026-12-07T09:30:00", "day": "2026-12-07", "dec": "1.25", "bin": "AP8=", "f": None, "tags": ["x", "y"]},
+        {"ts": None, "day": None, "dec": None, "bin": None, "f": None, "tags": []},
+    ]
+    assert base64.b64decode(kept[0]["bin"]) == b"\x00\xff"
+    parquet = sorted(pq.read_table(tmp_path / "p" / "out.parquet").to_pylist(), key=lambda r: r["id"])
+    assert [{k: r[k] for k in kept[0]} for r in parquet] == kept
