@@ -45,7 +45,7 @@ class FakeEngine:
         self.step_delay = step_delay
         self.hang_at = hang_at  # from this step on, no step ever finishes (a stuck engine)
         self.queue: deque[tuple[str, Request]] = deque()
-        self.added: dict[str, list[int]] = {}  # row id -> the prompt token ids it reached the engine with
+        self.reached: dict[str, list[int]] = {}  # row id -> the prompt token ids it reached the engine with
         self.reject, self.crash_at, self.signal_at = reject, crash_at, signal_at
         self.stop_at = stop_at  # (step, token): the token is set after that step, as a caller in another thread would
         self.steps = 0
@@ -56,7 +56,7 @@ class FakeEngine:
 
     def add(self, request_id: str, request: Request) -> Completion | None:
         assert request.prompt_token_ids
-        self.added[request.id] = list(request.prompt_token_ids)
+        self.reached[request.id] = list(request.prompt_token_ids)
         if request.id in self.reject:
             return Completion(request_id, "", "error", len(request.prompt_token_ids), 0, "ValueError: rejected")
         self.queue.append((request_id, request))

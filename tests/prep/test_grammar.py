@@ -103,7 +103,7 @@ def test_a_run_fails_such_rows_before_the_engine_naming_their_field(tmp_path: Pa
     paths = RunPaths.build(src, tmp_path / "out.jsonl")
     settings = dataclasses.replace(load_settings(), model=str(tiny_model.build(tmp_path / "home")))
     run(paths, settings, RunContext(engine_factory=lambda model, settings: engine))
-    assert sorted(engine.added) == ["fallback", "ok"]
+    assert sorted(engine.reached) == ["fallback", "ok"]
     errors = {e.get("custom_id") or e["id"]: e for e in map(orjson.loads, paths.errors.read_bytes().splitlines())}
     assert errors["regex"]["error"]["type"] == "invalid_field"
     assert errors["regex"]["error"]["message"].startswith("field 'structured_outputs': Grammar error: ")

@@ -51,11 +51,11 @@ def test_token_ids_reach_the_engine_as_they_are(tmp_path: Path) -> None:
     src.write_bytes(b"".join(orjson.dumps(r) + b"\n" for r in rows))
     engine, outputs, errors = _run(src, tmp_path)
     assert (
-        engine.added["ids"] == [11, 12, 13]
-        and engine.added["one-list"] == [21, 22]
-        and engine.added["line"] == [31, 32]
+        engine.reached["ids"] == [11, 12, 13]
+        and engine.reached["one-list"] == [21, 22]
+        and engine.reached["line"] == [31, 32]
     )
-    assert len(engine.added["text"]) > 2  # rendered through the tiny model's template, then tokenized
+    assert len(engine.reached["text"]) > 2  # rendered through the tiny model's template, then tokenized
     assert outputs["ids"]["prompt_tokens"] == 3 and outputs["ids"]["note"] == "kept"
     assert outputs["line"]["response"]["body"]["usage"]["prompt_tokens"] == 2
     assert (
@@ -72,5 +72,5 @@ def test_a_parquet_prompt_column_of_token_ids(tmp_path: Path) -> None:
     table = pa.table({"id": ["a", "b"], "prompt": pa.array([[3, 4, 5], [6]], type=pa.list_(pa.int32()))})
     pq.write_table(table, src)
     engine, outputs, errors = _run(src, tmp_path)
-    assert engine.added == {"a": [3, 4, 5], "b": [6]} and not errors
+    assert engine.reached == {"a": [3, 4, 5], "b": [6]} and not errors
     assert [outputs[k]["prompt_tokens"] for k in ("a", "b")] == [3, 1]

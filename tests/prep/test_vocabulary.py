@@ -150,7 +150,7 @@ def test_a_run_refuses_them_before_the_engine_and_runs_the_rest(tmp_path: Path) 
     settings = dataclasses.replace(load_settings(), model=model_with_vocab(tmp_path / "home", 20))
     run(paths, settings, RunContext(engine_factory=lambda model, settings: engine))
     errors = [orjson.loads(line) for line in paths.errors.read_bytes().splitlines()]
-    assert list(engine.added) == ["ok"]
+    assert list(engine.reached) == ["ok"]
     assert [(e["id"], e["error"]["type"]) for e in errors if "custom_id" not in e] == [
         ("stop", "invalid_field"),
         ("ids", "invalid_field"),
