@@ -500,6 +500,27 @@ def test_eval_rows_without_reference_are_row_errors_and_the_rest_scored(
     assert f"written: {tmp_path / 'out.jsonl'}, {tmp_path / 'out.eval.json'}" in result.output
 
 
+def test_eval_a_duplicate_golden_id_is_a_row_error_and_the_first_row_wins_everywhere(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    _fake_engines(monkeypatch)  # completions are "echo ID"
+    golden = tmp_path / "g.jsonl"
+    golden.write_text(
+        '{"id": "a", "prompt": "hi", "reference": "echo a"}\n'
+        '{"id": "b", "prompt": "yo", "reference": "something else"}\n'
+        '{"id": "a", "prompt": "dup", "reference": "not it"}\n'
+    )
+    result = runner.invoke(app, ["eval", str(golden), "-o", str(tmp_path / "out.jsonl")])
+    assert result.exit_code == 3, result.output
+    errors = [orjson.loads(line) for line in (tmp_path / "out.errors.jsonl").read_bytes().splitlines()]
+    assert [(e["id"], e["line"], e["error"]["type"]) for e in errors] == [("a", 3, "duplicate_id")]
+    report = orjson.loads((tmp_path / "out.eval.json").read_bytes())
+    assert report["row_counts"]["scored"] == 2 and report["scores"]["exact_match"] == 50.0  # a once, b missed
+    assert [(r["line"], r["id"]) for r in report["row_counts"]["invalid_golden"]] == [(3, "a")]
+    scored = {r["id"]: r for r in map(orjson.loads, (tmp_path / "out.jsonl").read_bytes().splitlines())}
+    assert scored["a"]["exact_match"] == 100.0  # against the first row's reference, not the duplicate's
+
+
 @pytest.mark.parametrize("command", ["run", "eval"])
 def test_an_output_in_a_new_directory_is_written_there(
     command: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch

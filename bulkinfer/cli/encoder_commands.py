@@ -218,10 +218,12 @@ def eval_rank_command(
     """Rerank GOLDEN (or take --predictions) and score the rankings with ir-measures: nDCG, MRR, recall."""
     options = dict(locals())  # first: only the options are local yet
     import bulkinfer
+    from bulkinfer.cli.commands import invalid_golden_line
     from bulkinfer.cli.signals import fail
     from bulkinfer.errors import BulkinferError
     from bulkinfer.jobs.eval import eval_path
-    from bulkinfer.jobs.eval_rank import DEFAULT_MEASURES, parse_measures, parse_rank_bars
+    from bulkinfer.jobs.eval_rank import DEFAULT_MEASURES
+    from bulkinfer.metrics.ranking import parse_measures, parse_rank_bars
 
     names = tuple(measure or DEFAULT_MEASURES)
     try:
@@ -235,6 +237,8 @@ def eval_rank_command(
     scoring = report["scoring"]
     method = scoring.get("method", "unknown") if isinstance(scoring, dict) else scoring
     typer.echo(f"{counts['scored']} of {counts['golden']} queries scored (rankings by: {method})")
+    if counts["invalid_golden"]:
+        typer.echo(invalid_golden_line(counts["invalid_golden"]))
     for name, value in report["measures"].items():
         typer.echo(f"  {name:<12} {value:.4f}")
     typer.echo(f"written: {report['output']}, {eval_path(Path(report['output']))}")

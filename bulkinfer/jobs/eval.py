@@ -37,17 +37,20 @@ from bulkinfer.engine.log import EngineLog
 from bulkinfer.errors import (
     EXIT_BELOW_BAR,
     EXIT_OK,
+    EXIT_PARTIAL,
     ConfigError,
     EngineError,
     InputFileError,
     ModelError,
     OutputExistsError,
 )
+from bulkinfer.fields import is_int
 from bulkinfer.io import formats
 from bulkinfer.io.files import JsonlAppender, publish
 from bulkinfer.io.output_files import OutputFiles, RunPaths
+from bulkinfer.io.predictions import Predictions, check_apart, first_predictions, read_predictions
 from bulkinfer.io.readers import RawRow, open_reader
-from bulkinfer.io.records import parse_output, read_json_file, read_records
+from bulkinfer.io.records import read_json_file
 from bulkinfer.jobs.context import RunContext
 from bulkinfer.jobs.perplexity import ReferenceNLL, reference_nll
 from bulkinfer.jobs.run import RunReport, make_output_dir, run
@@ -84,20 +87,29 @@ def eval_path(out: Path) -> Path:
 
 def read_golden(path: Path, settings: Settings) -> tuple[list[GoldenRow], list[dict[str, Any]]]:
     """Golden rows in file order, and the rows that cannot be scored (bad
-    row, missing or invalid ``reference``) as ``{"line", "id", "error"}``.
+    row, missing or invalid ``reference``, an id of an earlier row) as
+    ``{"line", "id", "error"}``. As ``run`` fails them: the first row of an
+    id (a row with bad fields included) is its row, later ones are
+    duplicates, so the first wins everywhere.
 
     Raises:
         InputFileError: the file cannot be read.
     """
     rows: list[GoldenRow] = []
     invalid: list[dict[str, Any]] = []
+    seen: set[str] = set()
     for seq, raw in enumerate(open_reader(path)):
         try:
             if raw.error is not None:
                 raise raw.error
             request = to_request(raw.data, seq, raw.line, settings)
+            if request.id in seen:
+                raise RowInvalid("duplicate_id", f"id '{request.id}' already appeared earlier in the file", request.id)
             references = evaluate.references_of(raw.data.get("reference"))
+            seen.add(request.id)  # a row without a usable reference claims no id: run fails it before its id is seen
         except RowInvalid as exc:
+            if raw.error is None and exc.row_id is not None and exc.type != "duplicate_id":
+                seen.add(exc.row_id)
             invalid.append({"line": raw.line, "id": exc.row_id, "error": exc.message})
             continue
         except evaluate.InvalidReference as exc:
@@ -147,20 +159,6 @@ def check_golden(golden: Path, settings: Settings) -> None:
     )
 
 
-def read_predictions(path: Path) -> list[dict[str, Any]]:
-    """Every record of a predictions file (JSONL or Parquet output of ``run``).
-
-    Raises:
-        InputFileError: the file is missing or unreadable.
-    """
-    if not path.is_file():
-        raise InputFileError(f"predictions file not found: {path}")
-    try:
-        return list(read_records(path))
-    except OSError as exc:
-        raise InputFileError(f"cannot read the predictions file {path}: {exc.strerror or exc}") from None
-
-
 def generation_of(predictions: Path) -> dict[str, Any]:
     """What produced an existing predictions file, from the run report beside
     it (``PRED.report.json``, as ``run`` writes it): ``{"source": that
@@ -201,8 +199,13 @@ class EvalOptions:
     fail_under: Mapping[str, float] | None = None
 
     def __post_init__(self) -> None:
+        """Raises: ConfigError: ``bootstrap`` is not an integer >= 0."""
         if self.predictions is not None:  # a str from a caller of bulkinfer.evaluate
             object.__setattr__(self, "predictions", Path(self.predictions))
+        if not is_int(self.bootstrap) or self.bootstrap < 0:
+            raise ConfigError(
+                f"--bootstrap: expected 0 (no intervals) or a number of resamples, got {self.bootstrap!r}"
+            )
 
 
 def run_eval(
@@ -216,27 +219,32 @@ def run_eval(
     ``OUT`` and ``OUT.eval.json``. The exit code is :data:`EXIT_BELOW_BAR`
     when a metric is below its ``fail_under`` bar, else the generation's (0,
     or 3 when some rows failed; failed rows are listed as unmatched and not
-    scored). The engine's log is appended to ``OUT.log`` unless
-    ``context.verbose`` (see :mod:`bulkinfer.engine.log`).
+    scored; with ``predictions``, 3 when some golden rows are invalid). The
+    engine's log is appended to ``OUT.log`` unless ``context.verbose`` (see
+    :mod:`bulkinfer.engine.log`).
 
     Golden rows without a usable ``reference`` are row errors in
     ``OUT.errors.jsonl`` and are not generated; the others are scored.
 
     With ``predictions``, ``OUT`` holds only the scored records (the first
     record of each golden id, in the predictions' order); predictions
-    without a golden row and golden rows without a prediction are counted in
+    without a golden row, golden rows without a prediction, and records
+    without an id or completion or of an id already seen are counted in
     ``row_counts`` and not scored. The report's ``generation`` is what
     produced the predictions (:func:`generation_of`); ``settings`` is None then.
 
     Raises:
         the errors of :func:`bulkinfer.jobs.run.run`; InputFileError, before
         any file is written or model loaded, when no golden row has a
-        ``reference``, and for a missing or unreadable predictions file;
-        ConfigError when no prediction matches a golden id.
+        ``reference``, and for a missing, unreadable or mis-shaped
+        predictions file (naming the line); ConfigError when ``OUT`` or a
+        file beside it is the predictions file, and when no prediction
+        matches a golden id.
     """
     started = time.monotonic()
     context = context or RunContext()
     paths = RunPaths.build(golden, out)
+    check_apart(options.predictions, out, (eval_path(out), scored_spool(out)))
     check_golden(golden, settings)  # before any file is written or model loaded
     model_path = resolve_model(settings.model)  # likewise: a model that cannot be found fails here
     engines = KeptEngine(context.engine_factory)  # the perplexity pass reuses the generation's engine
@@ -253,7 +261,8 @@ def run_eval(
             rows, invalid = read_golden(golden, settings)
             predictions = options.predictions or out
             records = read_predictions(predictions)
-            by_id = _first_prediction_by_id(records)
+            found = first_predictions(predictions, records)
+            by_id = found.by_id
             matched = [row for row in rows if row.id in by_id]
             if not matched:
                 raise ConfigError(f"no prediction in {predictions} matches an id of {golden}")
@@ -278,7 +287,7 @@ def run_eval(
                 generation = {"source": str(paths.report), **{k: generated.report.get(k) for k in GENERATION_KEYS}}
             else:
                 generation = generation_of(predictions)
-            golden_ids = {row.id for row in rows}
+            golden_ids = {row.id for row in rows} | {row["id"] for row in invalid}  # invalid: not unmatched
             unmatched_golden = [row.id for row in rows if row.id not in by_id]
             report = {
                 "golden": str(golden),
@@ -296,6 +305,7 @@ def run_eval(
                     "unmatched_golden": unmatched_golden,
                     "unmatched_predictions": sorted(set(by_id) - golden_ids),
                     "invalid_golden": invalid,
+                    **_dropped(found),
                 },
                 "row_set": row_set([row.id for row in matched]),
                 "fail_under": {"bars": dict(options.fail_under or {}), "below": below},
@@ -309,7 +319,7 @@ def run_eval(
             write_report(report, eval_path(out))
             write_eval_html(report, generated.report if generated is not None else {}, records, paths.html)
             # a metric below its bar is what a nightly job must see first; then failed rows
-            run_code = generated.exit_code if generated is not None else EXIT_OK
+            run_code = generated.exit_code if generated is not None else EXIT_PARTIAL if invalid else EXIT_OK
             return EvalResult(report, EXIT_BELOW_BAR if below else run_code, below)
         except (EngineError, ModelError) as exc:
             raise log.explain(exc) from exc
@@ -333,21 +343,23 @@ def _generate(paths: RunPaths, settings: Settings, context: RunContext, predicti
     return None
 
 
-def _first_prediction_by_id(records: list[dict[str, Any]]) -> dict[str, tuple[int, str]]:
-    """Row id -> (index in ``records``, completion text) of the first output record of each id."""
-    by_id: dict[str, tuple[int, str]] = {}
-    for index, record in enumerate(records):
-        found = parse_output(record)
-        if found is not None and found.id not in by_id:
-            by_id[found.id] = (index, found.completion)
-    return by_id
+def _dropped(found: Predictions) -> dict[str, int]:
+    """The row counts of prediction records not scored for their own shape:
+    ``unusable_predictions`` (no id or no completion text) and
+    ``duplicate_predictions`` (an id of an earlier record)."""
+    return {"unusable_predictions": found.unusable, "duplicate_predictions": found.duplicates}
+
+
+def scored_spool(out: Path) -> Path:
+    """Where :func:`write_records` writes ``out`` before publishing it."""
+    return out.with_name(f".{out.name}.scored.jsonl")
 
 
 def write_records(paths: RunPaths, records: list[dict[str, Any]]) -> None:
     """Replace ``paths.output`` with ``records`` atomically, under its lock."""
     files = OutputFiles(paths.output)
     with files.locked():
-        spool = JsonlAppender(paths.output.with_name(f".{paths.output.name}.scored.jsonl"))
+        spool = JsonlAppender(scored_spool(paths.output))
         for record in records:
             spool.write(record)
         spool.close()

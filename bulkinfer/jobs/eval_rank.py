@@ -1,7 +1,7 @@
 """``bulkinfer eval-rank``: rerank a golden set of queries (or take an
 existing ``bulkinfer score`` output) and score the rankings against the
 documents known to be relevant, with ``ir-measures`` (``pytrec_eval``, the
-C implementation of ``trec_eval``, behind it).
+C implementation of ``trec_eval``, behind it; see :mod:`bulkinfer.metrics.ranking`).
 
 Golden rows are ``bulkinfer score`` rerank rows (``id``, ``query``,
 ``documents``, optional ``top_n``) with ``relevant``: the 0-based indices
@@ -33,15 +33,17 @@ from pathlib import Path
 from typing import Any
 
 from bulkinfer.config import Settings
-from bulkinfer.errors import EXIT_BELOW_BAR, EXIT_OK, ConfigError, InputFileError, OutputExistsError
+from bulkinfer.errors import EXIT_BELOW_BAR, EXIT_OK, EXIT_PARTIAL, ConfigError, InputFileError, OutputExistsError
 from bulkinfer.fields import is_int
 from bulkinfer.io.output_files import RunPaths
+from bulkinfer.io.predictions import check_apart, mis_shaped, read_predictions
 from bulkinfer.io.readers import RawRow, open_reader
 from bulkinfer.jobs.context import RunContext
-from bulkinfer.jobs.eval import EvalResult, eval_path, generation_of, read_predictions, row_set, write_records
+from bulkinfer.jobs.eval import EvalResult, eval_path, generation_of, row_set, scored_spool, write_records
 from bulkinfer.jobs.run import RunReport
 from bulkinfer.jobs.score import score
-from bulkinfer.prep.scores import parse_score_row
+from bulkinfer.metrics.ranking import parse_measures, rank_measures, versions
+from bulkinfer.prep.scores import SCORE_TEXT_COLUMNS, parse_score_row
 from bulkinfer.report.stats import write_report
 from bulkinfer.schema import RowInvalid
 
@@ -60,55 +62,6 @@ class RankEvalOptions:
     measures: Sequence[str] = DEFAULT_MEASURES
     fail_under: Mapping[str, float] | None = None
     truncate: bool = False
-
-
-def parse_measures(names: Sequence[str]) -> list[Any]:
-    """ir-measures' measure objects for ``names`` (``"nDCG@10"``, ``"MRR@10"``, ...).
-
-    Raises:
-        ConfigError: a name ir-measures does not parse (its message), or none given.
-    """
-    import ir_measures
-
-    if not names:
-        raise ConfigError("--measure: give at least one measure, e.g. nDCG@10")
-    measures = []
-    for name in names:
-        try:
-            measures.append(ir_measures.parse_measure(name))
-        except (ValueError, NameError, TypeError, SyntaxError) as exc:
-            raise ConfigError(
-                f"--measure: {name!r} is not an ir-measures measure ({exc}); e.g. nDCG@10, RR@10, R@10"
-            ) from None
-    return measures
-
-
-def parse_rank_bars(spec: str, measures: Sequence[Any]) -> dict[str, float]:
-    """``"nDCG@10=0.5,RR@10=0.6"`` -> ``{"nDCG@10": 0.5, "RR@10": 0.6}``
-    (bars on the 0-1 scale, each a measure of ``measures``, by its canonical name).
-
-    Raises:
-        ConfigError: bad syntax, a measure not among ``measures``, or a bar outside 0-1.
-    """
-    known = {str(m): str(m) for m in measures}
-    bars: dict[str, float] = {}
-    for item in (part.strip() for part in spec.split(",") if part.strip()):
-        name, sep, raw = (part.strip() for part in item.partition("="))
-        canonical = known.get(str(parse_measures([name])[0])) if sep and name else None
-        if canonical is None:
-            raise ConfigError(
-                f"--fail-under: {item!r} is not MEASURE=BAR with a measure of --measure ({', '.join(known)})"
-            )
-        try:
-            bar = float(raw)
-        except ValueError:
-            raise ConfigError(f"--fail-under: {item!r}: {raw!r} is not a number") from None
-        if not 0.0 <= bar <= 1.0:
-            raise ConfigError(f"--fail-under: {item!r}: ranking measures are on a 0-1 scale")
-        bars[canonical] = bar
-    if not bars:
-        raise ConfigError(f"--fail-under: expected MEASURE=BAR[,...], got {spec!r}")
-    return bars
 
 
 def relevance_of(data: Any, line: int) -> tuple[str, dict[int, int]]:
@@ -135,11 +88,8 @@ def relevance_of(data: Any, line: int) -> tuple[str, dict[int, int]]:
         raise RowInvalid(
             "missing_field", "field 'relevant' is required: the indices of the relevant documents", request.id
         )
-    if isinstance(value, list) and value and all(is_int(k) for k in value):
-        grades = dict.fromkeys(value, 1)
-    elif isinstance(value, dict) and value and all(str(k).isdigit() and is_int(g) and g >= 0 for k, g in value.items()):
-        grades = {int(k): int(g) for k, g in value.items()}
-    else:
+    grades = _grades(value)
+    if grades is None:
         raise RowInvalid(
             "invalid_field",
             "field 'relevant': expected a non-empty list of document indices, or an object of index -> "
@@ -154,6 +104,26 @@ def relevance_of(data: Any, line: int) -> tuple[str, dict[int, int]]:
     return request.id, grades
 
 
+def _grades(value: Any) -> dict[int, int] | None:
+    """``relevant`` as document index -> grade: a non-empty list of integer
+    indices (grade 1 each), or a non-empty object of index (ASCII digits, as
+    JSON keys are strings) -> grade (an integer >= 0), or a Parquet map
+    column's (index, grade) pairs; None for anything else."""
+    if isinstance(value, list) and value and all(isinstance(pair, tuple) and len(pair) == 2 for pair in value):
+        value = dict(value)  # a Parquet map<int, int>
+    if isinstance(value, list):
+        return dict.fromkeys(value, 1) if value and all(is_int(k) for k in value) else None
+    if not isinstance(value, dict) or not value:
+        return None
+    grades = {}
+    for key, grade in value.items():
+        digits = isinstance(key, str) and key.isascii() and key.isdigit()  # not "²", which str.isdigit() accepts
+        if not (digits or is_int(key)) or not is_int(grade) or grade < 0:
+            return None
+        grades[int(key)] = grade
+    return grades
+
+
 def relevance_error(raw: RawRow) -> RawRow:
     """``raw``, or an error row when it cannot be scored as a ranking (see
     :func:`relevance_of`): such a row is not sent to the model."""
@@ -166,68 +136,93 @@ def relevance_error(raw: RawRow) -> RawRow:
     return raw
 
 
-def read_rank_golden(path: Path) -> tuple[dict[str, dict[int, int]], list[dict[str, Any]]]:
-    """Golden id -> relevant documents (index -> grade), in file order, and
-    the rows that cannot be scored as ``{"line", "id", "error"}``.
+@dataclass(frozen=True, slots=True)
+class RankGolden:
+    """A golden rerank set: ``relevant`` (id -> index -> grade, in file
+    order), ``documents`` (id -> how many documents the row ranks) and
+    ``invalid`` (the rows that cannot be scored, as ``{"line", "id", "error"}``)."""
+
+    relevant: dict[str, dict[int, int]]
+    documents: dict[str, int]
+    invalid: list[dict[str, Any]]
+
+
+def read_rank_golden(path: Path) -> RankGolden:
+    """The :class:`RankGolden` of ``path`` (JSONL or Parquet). As ``score``
+    fails them, the first usable row of an id is its row, later ones are
+    invalid (``duplicate_id``).
 
     Raises:
         InputFileError: the file is missing or unreadable, or no row can be scored.
     """
     if not path.exists():
         raise InputFileError(f"golden file not found: {path}")
-    golden: dict[str, dict[int, int]] = {}
-    invalid: list[dict[str, Any]] = []
-    for raw in open_reader(path):
+    golden = RankGolden({}, {}, [])
+    for raw in open_reader(path, text_columns=SCORE_TEXT_COLUMNS):
         try:
             if raw.error is not None:
                 raise raw.error
             row_id, grades = relevance_of(raw.data, raw.line)
+            if row_id in golden.relevant:
+                raise RowInvalid("duplicate_id", f"id '{row_id}' already appeared earlier in the file", row_id)
         except RowInvalid as exc:
-            invalid.append({"line": raw.line, "id": exc.row_id, "error": exc.message})
+            golden.invalid.append({"line": raw.line, "id": exc.row_id, "error": exc.message})
             continue
-        golden.setdefault(row_id, grades)
-    if not golden:
+        golden.relevant[row_id], golden.documents[row_id] = grades, len(raw.data["documents"])
+    if not golden.relevant:
         raise InputFileError(
             f"golden file {path}: no row is a rerank row with a usable 'relevant' field "
-            f"({len(invalid)} rows cannot be scored); see `bulkinfer eval-rank --help`"
+            f"({len(golden.invalid)} rows cannot be scored); see `bulkinfer eval-rank --help`"
         )
-    return golden, invalid
+    return golden
 
 
 def ranking_of(record: Mapping[str, Any]) -> tuple[str, list[int]] | None:
-    """A score output record's id and ranked document indices: a rerank
-    row's ``results``, or an OpenAI-style line's ``response.body.results``;
-    None for any other record."""
+    """A score output record's id (an integer one as its decimal string)
+    and ranked document indices: a rerank row's ``results``, or an
+    OpenAI-style line's ``response.body.results``; None for any other record.
+
+    Raises:
+        ValueError: an entry of ``results`` is not an object with an integer ``index``.
+    """
     results = record.get("results")
     row_id = record.get("id")
     response = record.get("response")
     if results is None and isinstance(response, Mapping) and isinstance(response.get("body"), Mapping):
         results, row_id = response["body"].get("results"), record.get("custom_id")
-    if not isinstance(results, list) or row_id is None:
+    if not isinstance(results, list) or not (isinstance(row_id, str) or is_int(row_id)):
         return None
-    return str(row_id), [int(r["index"]) for r in results if isinstance(r, Mapping) and is_int(r.get("index"))]
+    ranked: list[int] = []
+    for k, entry in enumerate(results):
+        index = entry.get("index") if isinstance(entry, Mapping) else None
+        if not isinstance(index, int) or isinstance(index, bool):
+            raise ValueError(f"results[{k}]: expected an object with an integer 'index', got {entry!r}"[:200])
+        ranked.append(index)
+    return str(row_id), ranked
 
 
-def rank_measures(
-    golden: Mapping[str, Mapping[int, int]], rankings: Mapping[str, list[int]], measures: Sequence[Any]
-) -> tuple[dict[str, float], dict[str, dict[str, float]]]:
-    """The mean of each measure over the ids of ``rankings`` (all in
-    ``golden``), and each id's own values, by measure name, from
-    ``ir_measures`` (qrels: ``golden``'s grades; run: each ranking in order,
-    minus the position as the score)."""
-    import ir_measures
+def _rankings(golden: RankGolden, predictions: Path, records: list[dict[str, Any]]) -> dict[str, tuple[int, list[int]]]:
+    """Golden id -> (index in ``records``, ranked document indices) of its first ranking.
 
-    qrels = [ir_measures.Qrel(qid, str(k), grade) for qid in rankings for k, grade in golden[qid].items()]
-    run = [
-        ir_measures.ScoredDoc(qid, str(k), -float(pos))
-        for qid, ranked in rankings.items()
-        for pos, k in enumerate(ranked)
-    ]
-    per_query: dict[str, dict[str, float]] = {qid: {} for qid in rankings}
-    for metric in ir_measures.iter_calc(measures, qrels, run):
-        per_query[metric.query_id][str(metric.measure)] = float(metric.value)
-    means = {str(m): sum(values.get(str(m), 0.0) for values in per_query.values()) / len(per_query) for m in measures}
-    return means, per_query
+    Raises:
+        InputFileError: a ranking's ``results`` are mis-shaped, or one of a
+            golden id ranks a document its golden row does not have (naming the line).
+    """
+    first: dict[str, tuple[int, list[int]]] = {}
+    for index, record in enumerate(records):
+        try:
+            found = ranking_of(record)
+        except ValueError as exc:
+            raise mis_shaped(predictions, index, str(exc)) from None
+        if found is None or found[0] not in golden.relevant or found[0] in first:
+            continue
+        count = golden.documents[found[0]]
+        outside = [k for k in found[1] if not 0 <= k < count]
+        if outside:
+            what = f"index {outside[0]} is outside the documents (0-{count - 1}) of golden row {found[0]!r}"
+            raise mis_shaped(predictions, index, what)
+        first[found[0]] = index, found[1]
+    return first
 
 
 def run_eval_rank(
@@ -241,20 +236,25 @@ def run_eval_rank(
     ``options.predictions``), score the rankings, and write ``OUT`` and
     ``OUT.eval.json``. The exit code is :data:`EXIT_BELOW_BAR` when a measure
     is below its ``fail_under`` bar, else the score run's (0, or 3 when some
-    rows failed; a query whose row failed is not scored, and is counted).
+    rows failed; a query whose row failed is not scored, and is counted;
+    with ``predictions``, 3 when some golden rows are invalid).
 
     Raises:
         InputFileError: before any model loads, when no golden row can be
-            scored; a missing or unreadable predictions file.
-        ConfigError: a measure ir-measures does not know; no ranking matches a golden id.
+            scored; a missing, unreadable or mis-shaped predictions file
+            (naming the line; a ranking of a document its golden row lacks).
+        ConfigError: a measure :func:`~bulkinfer.metrics.ranking.parse_measures`
+            refuses; ``OUT`` or a file beside it is the predictions file; no
+            ranking matches a golden id.
         OutputExistsError: ``predictions`` given and ``OUT`` exists without overwrite.
         the errors of :func:`bulkinfer.jobs.score.score`.
     """
     started = time.monotonic()
     context = context or RunContext()
     measures = parse_measures(options.measures)
-    relevant, invalid = read_rank_golden(golden)  # before any model loads
+    gold = read_rank_golden(golden)  # before any model loads
     paths = RunPaths.build(golden, out)
+    check_apart(options.predictions, out, (eval_path(out), scored_spool(out)))
     scored: RunReport | None = None
     if options.predictions is None:
         scored = score(paths, settings, context, options.truncate, check_row=relevance_error)
@@ -262,15 +262,12 @@ def run_eval_rank(
         raise OutputExistsError(f"output {paths.output} already exists; use --overwrite to replace it")
     predictions = options.predictions or out
     records = read_predictions(predictions)
-    first: dict[str, int] = {}  # golden id -> index of its first ranking in records
-    rankings: dict[str, list[int]] = {}
-    for index, record in enumerate(records):
-        found = ranking_of(record)
-        if found is not None and found[0] in relevant and found[0] not in first:
-            first[found[0]], rankings[found[0]] = index, found[1]
+    found = _rankings(gold, predictions, records)
+    first = {row_id: index for row_id, (index, _) in found.items()}  # golden id -> index of its first ranking
+    rankings = {row_id: ranked for row_id, (_, ranked) in found.items()}
     if not rankings:
         raise ConfigError(f"no ranking in {predictions} matches an id of {golden}")
-    means, per_query = rank_measures(relevant, rankings, measures)
+    means, per_query = rank_measures(gold.relevant, rankings, measures)
     for row_id, index in first.items():
         records[index] = {**records[index], **per_query[row_id]}
     if scored is None:  # OUT is what was scored; a score run's output keeps every row, for --resume
@@ -297,19 +294,19 @@ def run_eval_rank(
         "measures": means,
         "measure_names": [str(m) for m in measures],
         "row_counts": {
-            "golden": len(relevant) + len(invalid),
+            "golden": len(gold.relevant) + len(gold.invalid),
             "scored": len(rankings),
-            "unmatched_golden": sorted(set(relevant) - set(rankings)),
-            "invalid_golden": invalid,
+            "unmatched_golden": sorted(set(gold.relevant) - set(rankings)),
+            "invalid_golden": gold.invalid,
         },
         "row_set": row_set(list(rankings)),
         "fail_under": {"bars": dict(options.fail_under or {}), "below": below},
-        "metrics_version": _versions(),
+        "metrics_version": versions(),
         "run_report": str(paths.report) if scored is not None else None,
         "seconds": time.monotonic() - started,
     }
     write_report(report, eval_path(out))
-    run_code = scored.exit_code if scored is not None else EXIT_OK
+    run_code = scored.exit_code if scored is not None else EXIT_PARTIAL if gold.invalid else EXIT_OK
     return EvalResult(report, EXIT_BELOW_BAR if below else run_code, below)
 
 
@@ -323,16 +320,3 @@ def _scoring_of(predictions: Path) -> Any:
         return orjson.loads(formats.sibling(predictions, ".report.json").read_bytes()).get("scoring", "unknown")
     except (OSError, orjson.JSONDecodeError, AttributeError):
         return "unknown"
-
-
-def _versions() -> dict[str, str]:
-    """The versions of the libraries that computed the measures."""
-    from importlib.metadata import PackageNotFoundError, version
-
-    found = {}
-    for name in ("ir-measures", "pytrec-eval-terrier"):
-        try:
-            found[name] = version(name)
-        except PackageNotFoundError:
-            found[name] = "unknown"
-    return found

@@ -37,16 +37,28 @@ def parse_fail_under(spec: str) -> dict[str, float]:
             raise FailUnderError(f"--fail-under: {item!r} is not METRIC=BAR (e.g. bleu=20)")
         if name not in METRICS:
             raise FailUnderError(f"--fail-under: unknown metric {name!r}; metrics are {', '.join(METRICS)}")
-        if name in bars:
-            raise FailUnderError(f"--fail-under: {name} is given twice")
-        try:
-            bar = float(raw)
-        except ValueError:
-            raise FailUnderError(f"--fail-under: {name}={raw!r} is not a number") from None
-        if not 0.0 <= bar <= 100.0:
-            raise FailUnderError(f"--fail-under: {name}={raw} is outside 0-100 (metrics are on a 0-100 scale)")
-        bars[name] = bar
+        add_bar(bars, name, raw, 100.0)
     return bars
+
+
+def add_bar(bars: dict[str, float], name: str, raw: str, top: float) -> None:
+    """Add ``name``'s bar, the number ``raw`` in [0, ``top``] (the metric's
+    scale: 100 for ``eval``'s text metrics, 1 for ``eval-rank``'s measures),
+    to ``bars`` (``--fail-under`` of ``eval`` and ``eval-rank``).
+
+    Raises:
+        FailUnderError: ``raw`` is not a number in [0, ``top``], or ``name``
+            (canonical: ``MRR@10`` is ``RR@10``) already has a bar.
+    """
+    try:
+        bar = float(raw)
+    except ValueError:
+        raise FailUnderError(f"--fail-under: {name}={raw!r} is not a number") from None
+    if not 0.0 <= bar <= top:
+        raise FailUnderError(f"--fail-under: {name}={raw} is outside 0-{top:g} (the metric's scale)")
+    if name in bars:
+        raise FailUnderError(f"--fail-under: {name} is given twice")
+    bars[name] = bar
 
 
 def check_fail_under(scores: Mapping[str, Any], bars: Mapping[str, float]) -> list[str]:

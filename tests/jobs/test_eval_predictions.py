@@ -138,3 +138,97 @@ def test_the_rouge_note_prints_whole_through_rich_markup(tmp_path: Path) -> None
     result, _ = _eval(tmp_path, _predictions(tmp_path, MATCHED), "scored.jsonl")
     assert "ASCII letters and digits [a-z0-9];" in ROUGE_TOKENIZER_NOTE
     assert "note: " + ROUGE_TOKENIZER_NOTE in " ".join(result.output.split())
+
+
+def _invoke(tmp_path: Path, golden: Path, predictions: Path, out: str, *more: str) -> Any:
+    result = runner.invoke(
+        app, ["eval", str(golden), "--predictions", str(predictions), "-o", str(tmp_path / out), *more]
+    )
+    assert "Traceback" not in result.output and (result.exception is None or isinstance(result.exception, SystemExit))
+    return result
+
+
+@pytest.mark.parametrize(
+    "line",
+    [
+        b'{"id":"g1","completion":"one","prompt_tokens":"x"}',
+        b'{"custom_id":"g1","response":"str"}',
+        b'{"custom_id":"g1","response":{"body":{"choices":"x"}}}',
+        b"[1,2]",
+        b'"just a string"',
+    ],
+)
+def test_a_mis_shaped_prediction_record_exits_4_naming_the_file_and_line(tmp_path: Path, line: bytes) -> None:
+    predictions = tmp_path / "pred.jsonl"
+    predictions.write_bytes(b'{"id":"g0","completion":"the number 0"}\n\n' + line + b"\n")
+    result = _invoke(tmp_path, _golden(tmp_path), predictions, "scored.jsonl")
+    assert result.exit_code == 4, result.output
+    assert f"predictions file {predictions}: line 3: " in " ".join(result.output.split())
+    assert not (tmp_path / "scored.jsonl").exists()
+
+
+def test_bootstrap_below_0_exits_2_before_any_model_loads(tmp_path: Path) -> None:
+    result = runner.invoke(app, ["eval", str(_golden(tmp_path)), "--bootstrap", "-1", "--model", "no/such-model"])
+    assert result.exit_code == 2, result.output
+    assert "--bootstrap: expected 0 (no intervals) or a number of resamples, got -1" in result.output
+
+
+@pytest.mark.parametrize("name", ["scored.jsonl", "scored.eval.json", "scored.log"])
+def test_an_output_that_would_overwrite_the_predictions_exits_2(tmp_path: Path, name: str) -> None:
+    """``-o`` is the predictions file, or writes a file beside it that is (``OUT.eval.json``, ``OUT.log``)."""
+    predictions = _predictions(tmp_path, MATCHED, name)
+    before = predictions.read_bytes()
+    out = "scored.jsonl"
+    result = _invoke(tmp_path, _golden(tmp_path), predictions, out, "--overwrite")
+    assert result.exit_code == 2, result.output
+    assert f"would overwrite the predictions {predictions}; choose another -o" in " ".join(result.output.split())
+    assert predictions.read_bytes() == before
+
+
+def test_the_first_golden_row_of_an_id_wins_and_invalid_golden_rows_are_reported_with_exit_3(tmp_path: Path) -> None:
+    golden = _jsonl(
+        tmp_path / "golden.jsonl",
+        [
+            {"id": "a", "prompt": "x", "reference": "hi there"},
+            {"id": "c", "prompt": "x", "reference": None},
+            {"id": "d", "prompt": "x"},
+            {"id": "e", "prompt": "x", "reference": 42},
+            {"id": "a", "prompt": "dup", "reference": "dup ref"},
+            {"id": "g", "prompt": "x", "reference": []},
+            {"id": "h", "prompt": "x", "reference": ["ok", 5]},
+        ],
+    )
+    predictions = _jsonl(tmp_path / "pred.jsonl", [{"id": i, "completion": "hi there"} for i in "acdegh"])
+    result = _invoke(tmp_path, golden, predictions, "scored.jsonl")
+    assert result.exit_code == 3, result.output  # as `eval` exits when it generates and rows fail
+    report = orjson.loads(eval_path(tmp_path / "scored.jsonl").read_bytes())
+    counts = report["row_counts"]
+    assert counts["scored"] == 1 and report["scores"]["exact_match"] == 100.0  # a's first reference, once
+    invalid = [(r["line"], r["id"]) for r in counts["invalid_golden"]]
+    assert invalid == [(2, "c"), (3, "d"), (4, "e"), (5, "a"), (6, "g"), (7, "h")]
+    assert "already appeared earlier" in counts["invalid_golden"][3]["error"]
+    assert counts["unmatched_predictions"] == [] and counts["golden"] == 7
+    out = " ".join(result.output.split())
+    assert "predictions without a golden row" not in out
+    assert "6 invalid golden rows (not scored, listed in invalid_golden of OUT.eval.json): line 2 (c):" in out
+    records = [orjson.loads(line) for line in (tmp_path / "scored.jsonl").read_bytes().splitlines()]
+    assert [(r["id"], r["exact_match"]) for r in records] == [("a", 100.0)]
+
+
+def test_integer_ids_match_and_unusable_and_repeated_records_are_counted(tmp_path: Path) -> None:
+    rows = [{"id": 1, "prompt": "a", "reference": "one"}, {"id": "2", "prompt": "b", "reference": "two"}]
+    golden = _jsonl(tmp_path / "golden.jsonl", rows)
+    records = [
+        {"id": 1, "completion": "one"},
+        {"id": "2", "completion": None},
+        {"completion": "no id"},
+        {"id": "1", "completion": "different"},
+    ]
+    result = _invoke(tmp_path, golden, _jsonl(tmp_path / "pred.jsonl", records), "scored.jsonl")
+    assert result.exit_code == 0, result.output
+    counts = orjson.loads(eval_path(tmp_path / "scored.jsonl").read_bytes())["row_counts"]
+    assert (counts["scored"], counts["unmatched_golden"]) == (1, ["2"])
+    assert (counts["unusable_predictions"], counts["duplicate_predictions"]) == (2, 1)
+    out = " ".join(result.output.split())
+    assert "2 prediction records without an id or a completion text (not scored)" in out
+    assert "1 prediction records of an id an earlier record has (not scored)" in out

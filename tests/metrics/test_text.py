@@ -421,7 +421,7 @@ def test_parse_fail_under() -> None:
         ("rouge=20", "unknown metric 'rouge'"),
         ("ROUGEL=20", "unknown metric"),
         ("bleu=twenty", "not a number"),
-        ("bleu=nan", "outside 0-100"),
+        ("bleu=nan", "outside 0-100 "),
         ("bleu=120", "outside 0-100"),
         ("bleu=20,bleu=30", "given twice"),
     ],
