@@ -289,36 +289,49 @@ def report(
     """Re-render the terminal summary and the HTML report (OUT.report.html) from a saved report."""
     from rich.console import Console
 
+    from bulkinfer.io.output_files import same_file
     from bulkinfer.report.eval_model import EvalReport
     from bulkinfer.report.model import RunReport
     from bulkinfer.report.saved import beside, load_report
 
+    stem = path.name.removesuffix(".json").removesuffix(".report").removesuffix(".eval")
+    html_path = path.with_name(stem + ".report.html")
+    scores: dict[str, Any] | None = None  # the eval's report, when the page is an eval's
     run_report: dict[str, Any] = {}  # the run report of an eval's generation, when it is found
     try:
         saved, data = load_report(path)
-        if isinstance(saved, EvalReport) and (run_path := beside(saved.run_report, path)):
-            generated, run_report = load_report(run_path)
-            if not isinstance(generated, RunReport):
-                raise InputFileError(f"{run_path} (the run_report of {path}) is no OUT.report.json")
+        if isinstance(saved, EvalReport):
+            scores, eval_path = data, path
+            if run_path := beside(saved.run_report, path):
+                generated, run_report = load_report(run_path)
+                if not isinstance(generated, RunReport):
+                    raise InputFileError(f"{run_path} (the run_report of {path}) is no OUT.report.json")
+        elif (eval_path := path.with_name(stem + ".eval.json")).is_file():  # an eval's run: its page is the eval's
+            scored, found = load_report(eval_path)
+            generated_by = beside(scored.run_report, eval_path) if isinstance(scored, EvalReport) else None
+            if generated_by is not None and same_file(generated_by, path):
+                scores, run_report = found, data
     except BulkinferError as exc:
         fail(exc)
-    html_path = path.with_name(
-        path.name.removesuffix(".json").removesuffix(".report").removesuffix(".eval") + ".report.html"
-    )
-    if isinstance(saved, EvalReport):
-        from bulkinfer.jobs.eval import read_predictions
-        from bulkinfer.report.eval_view import print_eval, write_eval_html
-
-        output = beside(saved.output, path)
-        records = read_predictions(output) if output else []
-        print_eval(data, None, Console())  # jobs.eval reads the dicts
-        write_eval_html(data, run_report, records, html_path)
-    else:
+    if scores is None:
         from bulkinfer.report.html import write_run_html
         from bulkinfer.report.terminal import print_summary
 
+        assert isinstance(saved, RunReport)
         print_summary(saved, Console())
         write_run_html(saved, html_path)
+    else:
+        from bulkinfer.io.predictions import read_predictions
+        from bulkinfer.report.eval_view import print_eval, write_eval_html
+        from bulkinfer.report.terminal import print_summary
+
+        output = beside(scores.get("output"), eval_path)
+        records = read_predictions(output) if output else []
+        if isinstance(saved, RunReport):  # the run's summary, and the eval's page that holds the run's
+            print_summary(saved, Console())
+        else:
+            print_eval(scores, None, Console())  # jobs.eval reads the dicts
+        write_eval_html(scores, run_report, records, html_path)
     typer.echo(f"written: {html_path}")
 
 

@@ -125,6 +125,25 @@ def test_an_eval_report_finds_its_run_report_and_scored_rows_beside_it(tmp_path:
     assert "<h2>Sampling settings</h2>" in page and 'alt="tokens over time"' in page
 
 
+def test_the_run_report_of_an_eval_rerenders_the_evals_page_not_a_run_page_over_it(tmp_path: Path) -> None:
+    """``golden.out.report.json`` is the run of ``golden.out.eval.json``; both
+    render to ``golden.out.report.html``: re-rendering the run report keeps
+    the eval's page (its scores and the run's sections), printing the run's
+    summary; a run report whose eval names another run gets the run's page."""
+    shutil.copytree(FIXTURES, tmp_path / "r")
+    result = runner.invoke(app, ["report", str(tmp_path / "r" / "golden.out.report.json")], env={"COLUMNS": "200"})
+    assert result.exit_code == 0, result.output
+    assert "5 (5 completed, 0 failed)" in _squeezed(result.output)  # the run's summary
+    page = (tmp_path / "r" / "golden.out.report.html").read_text(encoding="utf-8")
+    assert "<h2>Scores</h2>" in page and 'alt="per-row rougeL"' in page and "<h2>Sampling settings</h2>" in page
+    scores = orjson.loads((tmp_path / "r" / "golden.out.eval.json").read_bytes())
+    (tmp_path / "r" / "golden.out.eval.json").write_bytes(orjson.dumps({**scores, "run_report": "other.report.json"}))
+    (tmp_path / "r" / "other.report.json").write_bytes((tmp_path / "r" / "golden.out.report.json").read_bytes())
+    assert runner.invoke(app, ["report", str(tmp_path / "r" / "golden.out.report.json")]).exit_code == 0
+    page = (tmp_path / "r" / "golden.out.report.html").read_text(encoding="utf-8")
+    assert "<h2>Scores</h2>" not in page and "<h2>Throughput</h2>" in page
+
+
 def test_an_embed_report_draws_no_completion_lengths(tmp_path: Path) -> None:
     """The release counted each embedded row's 0 completion tokens in the bin
     '1-1' (texts.out.report.json): no completion-length chart for embed."""
