@@ -20,7 +20,8 @@ import errno
 import os
 import signal
 import time
-from collections.abc import Collection, Iterable, Iterator
+from collections.abc import Iterable, Iterator
+from dataclasses import dataclass
 from pathlib import Path
 from typing import IO, Any
 
@@ -29,14 +30,27 @@ import orjson
 from bulkinfer.errors import InputFileError
 from bulkinfer.io.formats import PARQUET, output_format
 
-# Columns of an output with no rows (an empty input): a bulkinfer output row's own.
-EMPTY_OUTPUT_FIELDS = (
-    ("id", "string"),
-    ("completion", "string"),
-    ("finish_reason", "string"),
-    ("prompt_tokens", "int64"),
-    ("completion_tokens", "int64"),
-)
+
+@dataclass(frozen=True, slots=True)
+class OutputColumns:
+    """What a job's Parquet output knows of its columns before its rows:
+    ``vectors``, the embedding columns (written as
+    ``fixed_size_list<float32>[dim]``), and ``empty``, the columns (name,
+    Arrow type name) of an output with no rows (an empty input), its own
+    record's, so a reader of a day's empty output finds the columns of any
+    other day's. The default is a generation's (``bulkinfer run``)."""
+
+    vectors: tuple[str, ...] = ()
+    empty: tuple[tuple[str, str], ...] = (
+        ("id", "string"),
+        ("completion", "string"),
+        ("finish_reason", "string"),
+        ("prompt_tokens", "int64"),
+        ("completion_tokens", "int64"),
+    )
+
+
+GENERATION_COLUMNS = OutputColumns()
 FSYNC_INTERVAL_S = 2.0
 PARQUET_CHUNK_ROWS = 4096
 
@@ -192,15 +206,15 @@ def fsync_path(path: Path) -> None:
         os.close(fd)
 
 
-def publish(spool: Path, out: Path, vectors: Collection[str] = ()) -> None:
+def publish(spool: Path, out: Path, columns: OutputColumns = GENERATION_COLUMNS) -> None:
     """Make ``spool`` (complete JSONL, fsync'd) the final ``out`` atomically:
     a rename for JSONL output, a conversion to a temporary Parquet file
-    (fsync'd; ``vectors`` as :func:`jsonl_to_parquet` takes them) then a
+    (fsync'd; ``columns`` as :func:`jsonl_to_parquet` takes them) then a
     rename for Parquet. The spool is gone afterwards."""
     if output_format(out) == PARQUET:
         tmp = out.with_name(f".{out.name}.tmp")
         try:
-            jsonl_to_parquet(spool, tmp, vectors)
+            jsonl_to_parquet(spool, tmp, columns)
             publish_path(tmp, out)
         except BaseException:
             tmp.unlink(missing_ok=True)
@@ -242,21 +256,22 @@ def iter_jsonl_chunks(path: Path, rows: int | None = None) -> Iterator[list[dict
         yield chunk
 
 
-def jsonl_to_parquet(src: Path, dst: Path, vectors: Collection[str] = ()) -> None:
+def jsonl_to_parquet(src: Path, dst: Path, columns: OutputColumns = GENERATION_COLUMNS) -> None:
     """Write the records of the JSONL file ``src`` to the Parquet file ``dst`` (fsync'd) in
     two streaming passes over ``src``: infer one Arrow type per column over
     all rows, then write. A column whose values have no common Arrow type (a
     pass-through field that is a number in one row and text in another) is
-    written as JSON text, so no row is lost. A column named in ``vectors``
-    (an embedding) whose values are lists of numbers of one length ``dim``
-    is written as ``fixed_size_list<float32>[dim]`` (``list<float32>`` when
-    the lengths differ)."""
+    written as JSON text, so no row is lost. A column named in
+    ``columns.vectors`` (an embedding) whose values are lists of numbers of
+    one length ``dim`` is written as ``fixed_size_list<float32>[dim]``
+    (``list<float32>`` when the lengths differ; so is such a column of an
+    output with no rows, whose columns are ``columns.empty``)."""
     import pyarrow as pa
     import pyarrow.parquet as pq
 
     seen: dict[str, list[pa.DataType]] = {}
     as_json: set[str] = set()
-    lengths: dict[str, set[int]] = {name: set() for name in vectors}
+    lengths: dict[str, set[int]] = {name: set() for name in columns.vectors}
     for chunk in iter_jsonl_chunks(src):
         for name, found in lengths.items():
             found.update(len(r[name]) for r in chunk if isinstance(r.get(name), list))
@@ -265,7 +280,8 @@ def jsonl_to_parquet(src: Path, dst: Path, vectors: Collection[str] = ()) -> Non
                 seen.setdefault(name, []).append(pa.array([r.get(name) for r in chunk]).type)
             except (pa.ArrowInvalid, pa.ArrowTypeError):
                 as_json.add(name)
-    fields = [] if seen else [pa.field(name, type_) for name, type_ in EMPTY_OUTPUT_FIELDS]
+    vector = pa.list_(pa.float32())
+    fields = [] if seen else [pa.field(n, vector if n in lengths else t) for n, t in columns.empty]
     for name, types in seen.items():
         try:
             unified = pa.unify_schemas([pa.schema([(name, t)]) for t in types], promote_options="permissive")

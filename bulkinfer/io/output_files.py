@@ -44,7 +44,7 @@ import orjson
 from bulkinfer.config import OutputOrder
 from bulkinfer.errors import ConfigError, LockHeldError, OutputExistsError, write_error
 from bulkinfer.io import formats
-from bulkinfer.io.files import atomic_write, failpoint, publish_path
+from bulkinfer.io.files import GENERATION_COLUMNS, OutputColumns, atomic_write, failpoint, publish_path
 from bulkinfer.io.journal import check_same_results, results_record
 from bulkinfer.io.records import parse_output, read_records
 from bulkinfer.io.spool import Spool, ordered_path, publish_spool, run_paths, spool_records
@@ -75,9 +75,9 @@ class OutputFiles:
     """The files of one output ``out`` and the rules for starting, resuming
     and finishing a run on it."""
 
-    def __init__(self, out: Path, vectors: tuple[str, ...] = ()):
+    def __init__(self, out: Path, columns: OutputColumns = GENERATION_COLUMNS):
         self.out = out
-        self.vectors = vectors  # embedding columns: fixed_size_list<float32> in Parquet
+        self.columns = columns  # what a Parquet output knows of its columns before its rows
         self.errors = formats.sibling(out, ".errors.jsonl")
         self.report = formats.sibling(out, ".report.json")
         self.html = formats.sibling(out, ".report.html")
@@ -286,7 +286,7 @@ class OutputFiles:
         failpoint("before_publish")
         publish_spool(self.errors_spool, self.errors, order)
         failpoint("between_publish")
-        publish_spool(self.spool, self.out, order, vectors=self.vectors)
+        publish_spool(self.spool, self.out, order, columns=self.columns)
         failpoint("after_publish")
         self.journal.unlink(missing_ok=True)
 

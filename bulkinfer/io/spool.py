@@ -22,14 +22,14 @@ spilled. Completion order is one streaming pass, nothing sorted or spilled.
 from __future__ import annotations
 
 import heapq
-from collections.abc import Collection, Generator, Iterable, Iterator
+from collections.abc import Generator, Iterable, Iterator
 from operator import itemgetter
 from pathlib import Path
 from typing import Any, Literal
 
 import orjson
 
-from bulkinfer.io.files import JsonlAppender, json_default, publish, write_synced
+from bulkinfer.io.files import GENERATION_COLUMNS, JsonlAppender, OutputColumns, json_default, publish, write_synced
 
 MERGE_RUN_ROWS = 65536
 MERGE_FAN_IN = 64
@@ -87,7 +87,7 @@ def spool_records(path: Path) -> Iterator[tuple[int, dict[str, Any]]]:
 
 
 def publish_spool(
-    spool: Path, out: Path, order: Order, run_rows: int | None = None, vectors: Collection[str] = ()
+    spool: Path, out: Path, order: Order, run_rows: int | None = None, columns: OutputColumns = GENERATION_COLUMNS
 ) -> None:
     """Make ``spool`` the final ``out`` (JSONL or Parquet, by its name)
     atomically, its records in input ``order`` (an external merge sort in
@@ -95,8 +95,8 @@ def publish_spool(
     :data:`MERGE_RUN_ROWS`; see the module docstring) or in completion order (as
     they are in the spool). The records go to ``.OUT.ordered.tmp`` (JSONL,
     fsync'd), which :func:`~bulkinfer.io.files.publish` makes ``out`` (a
-    rename, or a conversion to Parquet: ``vectors`` names the embedding
-    columns, written as ``fixed_size_list<float32>``). The spool is gone afterwards; so
+    rename, or a conversion to Parquet of the job's ``columns``:
+    :class:`~bulkinfer.io.files.OutputColumns`). The spool is gone afterwards; so
     are the temporaries, also when a write fails.
 
     Raises:
@@ -106,7 +106,7 @@ def publish_spool(
     records = sorted_records(spool, run_rows) if order == "input" else read_spool(spool)
     try:
         write_synced(ordered, (body + b"\n" for _, body in records))
-        publish(ordered, out, vectors)
+        publish(ordered, out, columns)
     except BaseException:
         ordered.unlink(missing_ok=True)
         raise

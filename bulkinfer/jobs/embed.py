@@ -23,6 +23,7 @@ from typing import Any
 from bulkinfer.config import Settings
 from bulkinfer.default_model import DEFAULT_ENCODER
 from bulkinfer.engine.base import Engine
+from bulkinfer.io.files import OutputColumns
 from bulkinfer.io.output_files import RunPaths
 from bulkinfer.jobs.context import RunContext
 from bulkinfer.jobs.run import Job, RunReport, run
@@ -61,7 +62,9 @@ def embed_job(truncate: bool, kind: type[EmbedPlanner] = EmbedPlanner) -> Job:
         parse=to_embed_request,
         planner=functools.partial(encoder_planner, kind, truncate),
         journal={"embed": {"truncate": truncate}},
-        vectors=("embedding",),
+        columns=OutputColumns(  # an embedding row's own columns (bulkinfer.io.records.embedding_record)
+            ("embedding",), (("id", "string"), ("embedding", "list<float32>"), ("prompt_tokens", "int64"))
+        ),
         calibrate=False,
         kind="embed",
         describe=functools.partial(_describe, truncate),

@@ -39,6 +39,7 @@ from bulkinfer.errors import (
     os_reason,
     write_error,
 )
+from bulkinfer.io.files import GENERATION_COLUMNS, OutputColumns
 from bulkinfer.io.inputs import scan_input
 from bulkinfer.io.journal import (
     changed_while_read,
@@ -82,7 +83,9 @@ class Job:
     - ``planner(tokenizer, settings, engine, model_path)``: the window planner;
     - ``journal``: settings of the job beyond :class:`Settings` that shape its
       results (``--resume`` refuses others);
-    - ``vectors``: output columns written as ``fixed_size_list<float32>`` in Parquet;
+    - ``columns``: what its Parquet output knows of its columns before its
+      rows: embedding columns, the columns of an output with no rows
+      (:class:`~bulkinfer.io.files.OutputColumns`);
     - ``calibrate``: record the run as a calibration of the model, and run it
       with the dtype and scheduler limits measured for the model
       (:func:`~bulkinfer.jobs.tune.measured_settings`; generation only);
@@ -101,7 +104,7 @@ class Job:
     parse: RowParser = to_request
     planner: Callable[[Any, Settings, Engine, str], Planner] = _generation_planner
     journal: Mapping[str, Any] = dataclasses.field(default_factory=dict)
-    vectors: tuple[str, ...] = ()
+    columns: OutputColumns = GENERATION_COLUMNS
     calibrate: bool = True
     kind: str = "run"
     describe: Callable[[Planner], dict[str, Any]] | None = None
@@ -197,7 +200,7 @@ def run(
     reader = open_reader(paths.input, None if settings.passthrough else job.consumed, job.text_columns)
     if settings.model not in (None, DEFAULT_MODEL):
         resolve_model(settings.model)  # a model that cannot be found fails here, before any file is written
-    files = OutputFiles(paths.output, job.vectors)
+    files = OutputFiles(paths.output, job.columns)
     make_output_dir(paths.output)
     with files.locked():
         try:

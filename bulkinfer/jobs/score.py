@@ -27,6 +27,7 @@ from typing import Any
 
 from bulkinfer.config import Settings
 from bulkinfer.errors import ConfigError
+from bulkinfer.io.files import OutputColumns
 from bulkinfer.io.output_files import RunPaths
 from bulkinfer.io.readers import RawRow
 from bulkinfer.jobs.context import RunContext
@@ -91,6 +92,8 @@ def score(
         parse=to_score_request,
         planner=functools.partial(encoder_planner, kind, truncate),
         journal={"score": {"method": method, "truncate": truncate}},
+        # a score row's own column is its shape's (score or results): an output with no rows has neither
+        columns=OutputColumns(empty=(("id", "string"), ("prompt_tokens", "int64"))),
         calibrate=False,
         kind="score",
         describe=functools.partial(_describe, truncate),

@@ -11,7 +11,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 from reference_types import check_embeddings_line, decode_base64
 
-from bulkinfer.io.files import jsonl_to_parquet
+from bulkinfer.io.files import OutputColumns, jsonl_to_parquet
 from bulkinfer.io.records import error_record, output_record, parse_output
 from bulkinfer.prep.embeddings import parse_embed_row
 from bulkinfer.schema import EMBEDDINGS_URL, Completion, RowError
@@ -78,7 +78,7 @@ def test_the_embedding_column_is_a_fixed_size_list_of_float32(tmp_path: Path) ->
             {"id": "b", "embedding": VECTORS[1], "prompt_tokens": 4},
         ],
     )
-    jsonl_to_parquet(src, tmp_path / "o.parquet", vectors=("embedding",))
+    jsonl_to_parquet(src, tmp_path / "o.parquet", OutputColumns(("embedding",)))
     table = pq.read_table(tmp_path / "o.parquet")
     assert table.schema.field("embedding").type == pa.list_(pa.float32(), 3)
     assert table.column("embedding").to_pylist() == list(VECTORS)
@@ -88,7 +88,7 @@ def test_the_embedding_column_is_a_fixed_size_list_of_float32(tmp_path: Path) ->
 
 def test_vectors_of_different_lengths_are_a_plain_list_and_other_outputs_are_untouched(tmp_path: Path) -> None:
     src = write_jsonl(tmp_path / "s.jsonl", [{"id": "a", "embedding": [1.0]}, {"id": "b", "embedding": [1.0, 2.0]}])
-    jsonl_to_parquet(src, tmp_path / "o.parquet", vectors=("embedding",))
+    jsonl_to_parquet(src, tmp_path / "o.parquet", OutputColumns(("embedding",)))
     assert pq.read_schema(tmp_path / "o.parquet").field("embedding").type == pa.list_(pa.float32())
     jsonl_to_parquet(src, tmp_path / "p.parquet")
     assert pq.read_schema(tmp_path / "p.parquet").field("embedding").type == pa.list_(pa.float64())

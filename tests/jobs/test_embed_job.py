@@ -65,3 +65,29 @@ def test_resume_refuses_another_truncate_and_completes_with_the_same(tmp_path: P
     assert (result.completed, result.failed) == (3, 2)
     ids = [r.get("custom_id") or r.get("id") for r in map(orjson.loads, paths.output.read_bytes().splitlines())]
     assert ids == ["a", "c", "e"]
+
+
+def test_an_empty_input_gets_each_jobs_own_columns(tmp_path: Path) -> None:
+    """A day's empty input (a Parquet file of no rows) to Parquet: the output
+    has the columns its job's rows have (no engine starts), so a reader of
+    the daily files finds the same columns in every one."""
+    from bulkinfer.jobs.run import run
+    from bulkinfer.jobs.score import score
+
+    pq.write_table(pa.table({"text": pa.array([], pa.string())}), tmp_path / "texts.parquet")
+    pq.write_table(pa.table({"prompt": pa.array([], pa.string())}), tmp_path / "prompts.parquet")
+    pq.write_table(
+        pa.table({"text_1": pa.array([], pa.string()), "text_2": pa.array([], pa.string())}), tmp_path / "pairs.parquet"
+    )
+    never = RunContext(engine_factory=lambda model, settings: pytest.fail("no engine for no rows"))
+    for job, src, columns in [
+        (embed, "texts", {"id": pa.string(), "embedding": pa.list_(pa.float32()), "prompt_tokens": pa.int64()}),
+        (score, "pairs", {"id": pa.string(), "prompt_tokens": pa.int64()}),
+        (run, "prompts", {"id": pa.string(), "completion": pa.string(), "finish_reason": pa.string(),
+                          "prompt_tokens": pa.int64(), "completion_tokens": pa.int64()}),
+    ]:  # fmt: skip
+        out = tmp_path / job.__name__ / "out.parquet"
+        result = job(RunPaths.build(tmp_path / f"{src}.parquet", out), Settings(), never)
+        assert result.exit_code == 0
+        table = pq.read_table(out)
+        assert table.num_rows == 0 and dict(zip(table.schema.names, table.schema.types, strict=True)) == columns
