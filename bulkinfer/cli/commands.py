@@ -41,7 +41,7 @@ from bulkinfer.cli.options import (
     settings_from_flags,
 )
 from bulkinfer.cli.signals import StopSignals, fail, invoke
-from bulkinfer.errors import EXIT_PARTIAL, BulkinferError, InputFileError
+from bulkinfer.errors import EXIT_PARTIAL, BulkinferError, ConfigError, InputFileError
 
 EVAL_EXAMPLES = (
     "bulkinfer eval golden.jsonl",
@@ -117,6 +117,14 @@ def invalid_golden_line(invalid: list[dict[str, Any]]) -> str:
     return f"{len(invalid)} invalid golden rows (not scored, listed in invalid_golden of OUT.eval.json): {shown}{more}"
 
 
+# plan's flags only a generation (--job run) reads: option -> flag
+GENERATION_FLAGS = {
+    "apply_chat_template": "--apply-chat-template",
+    "raw_prompts": "--raw-prompts",
+    "max_tokens": "--max-tokens",
+    "n": "-n",
+    "temperature": "--temperature",
+}
 PLAN_EXAMPLES = (
     "bulkinfer plan prompts.jsonl",
     "bulkinfer plan prompts.jsonl --max-tokens 128 --json plan.json",
@@ -184,7 +192,14 @@ def plan(
     from bulkinfer.report.stats import write_json
     from bulkinfer.report.terminal import print_plan
 
+    # a flag the planned job would not read: refused, not dropped
+    unread = GENERATION_FLAGS if job == "score" else {"truncate": "--truncate"} if job == "run" else {}
+    given = [flag for name, flag in unread.items() if options[name] not in (None, False)]
     try:
+        if given:
+            raise ConfigError(
+                f"{', '.join(given)}: --job {job} does not read it (`bulkinfer {job}` takes no such flag)"
+            )
         result = plan_file(input_path, settings_from_flags(config, options), job, truncate)
     except BulkinferError as exc:
         fail(exc)

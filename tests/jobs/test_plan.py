@@ -216,6 +216,19 @@ def test_plan_takes_the_flags_of_run_that_change_its_estimate(tmp_path: Path, mo
     assert (estimate["completion_tokens"], estimate["calibrations"]) == (10 * 50 * 2, [compiled])
 
 
+@pytest.mark.parametrize(
+    ("flags", "said"),
+    [
+        (["--job", "score", "--max-tokens", "5", "-n", "2"], "--max-tokens, -n: --job score does not read it"),
+        (["--job", "score", "--raw-prompts"], "--raw-prompts: --job score does not read it"),
+        (["--truncate"], "--truncate: --job run does not read it"),
+    ],
+)
+def test_plan_refuses_a_flag_the_planned_job_would_not_read(tmp_path: Path, flags: list[str], said: str) -> None:
+    result = runner.invoke(app, ["plan", str(_ten_rows(tmp_path)), *flags], env={"COLUMNS": "250"})
+    assert result.exit_code == 2 and said in " ".join(result.output.split()), result.output
+
+
 def test_plan_without_an_adequate_calibration_says_so_instead_of_a_number(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
