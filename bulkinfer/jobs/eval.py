@@ -23,7 +23,7 @@ from __future__ import annotations
 
 import hashlib
 import time
-from collections.abc import Mapping
+from collections.abc import Collection, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -175,6 +175,8 @@ def generation_of(predictions: Path) -> dict[str, Any]:
     return {"source": str(path), **{key: report.get(key, UNKNOWN) for key in GENERATION_KEYS}}
 
 
+# the fields eval writes into each scored record (metrics.text.row_scores, jobs.perplexity.ReferenceNLL.row_fields)
+ROW_SCORE_FIELDS = frozenset({"bleu", "rougeL", "exact_match", "perplexity", "perplexity_error"})
 GENERATION_KEYS = ("model", "model_path", "sampling", "sampling_set_by_rows", "engine", "chat_template_applied")
 
 
@@ -275,6 +277,7 @@ def run_eval(
                 engine = engines.get(model_path, settings)
                 nll = reference_nll(pairs, tokenizer, engine, settings, context.progress_plain, context.stop)
             scored_index = {index: row_id for row_id, (index, _) in by_id.items() if row_id in per_row}
+            records = without(records, ROW_SCORE_FIELDS)  # an earlier scoring's: the rows scored now get theirs
             for index, row_id in scored_index.items():  # the first record of each id gets the scores
                 records[index] = {**records[index], **per_row[row_id], **nll.row_fields(row_id)}
             if generated is None:  # OUT is what was scored; a run's output keeps every row, for --resume
@@ -353,6 +356,12 @@ def _dropped(found: Predictions) -> dict[str, int]:
 def scored_spool(out: Path) -> Path:
     """Where :func:`write_records` writes ``out`` before publishing it."""
     return out.with_name(f".{out.name}.scored.jsonl")
+
+
+def without(records: list[dict[str, Any]], fields: Collection[str]) -> list[dict[str, Any]]:
+    """``records`` without ``fields`` (an earlier scoring's per-row scores,
+    gone when OUT is scored again with other metrics or measures)."""
+    return [{k: v for k, v in record.items() if k not in fields} for record in records]
 
 
 def write_records(paths: RunPaths, records: list[dict[str, Any]]) -> None:

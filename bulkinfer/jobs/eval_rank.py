@@ -39,7 +39,7 @@ from bulkinfer.io.output_files import RunPaths
 from bulkinfer.io.predictions import check_apart, mis_shaped, read_predictions
 from bulkinfer.io.readers import RawRow, open_reader
 from bulkinfer.jobs.context import RunContext
-from bulkinfer.jobs.eval import EvalResult, eval_path, generation_of, row_set, scored_spool, write_records
+from bulkinfer.jobs.eval import EvalResult, eval_path, generation_of, row_set, scored_spool, without, write_records
 from bulkinfer.jobs.run import RunReport
 from bulkinfer.jobs.score import score
 from bulkinfer.metrics.ranking import parse_measures, rank_measures, versions
@@ -268,6 +268,8 @@ def run_eval_rank(
     if not rankings:
         raise ConfigError(f"no ranking in {predictions} matches an id of {golden}")
     means, per_query = rank_measures(gold.relevant, rankings, measures)
+    earlier = earlier_measures(eval_path(out)) | earlier_measures(eval_path(predictions))  # OUT's, or an eval's OUT
+    records = without(records, earlier | set(means))
     for row_id, index in first.items():
         records[index] = {**records[index], **per_query[row_id]}
     if scored is None:  # OUT is what was scored; a score run's output keeps every row, for --resume
@@ -320,3 +322,16 @@ def _scoring_of(predictions: Path) -> Any:
         return orjson.loads(formats.sibling(predictions, ".report.json").read_bytes()).get("scoring", "unknown")
     except (OSError, orjson.JSONDecodeError, AttributeError):
         return "unknown"
+
+
+def earlier_measures(saved: Path) -> set[str]:
+    """The measures an earlier ``eval-rank`` wrote into the rows of its OUT
+    (the ``measures`` of ``saved``, its ``OUT.eval.json``; none without
+    one): gone from the rows scored again, with other measures."""
+    import orjson
+
+    try:
+        measures = orjson.loads(saved.read_bytes()).get("measures")
+    except (OSError, orjson.JSONDecodeError, AttributeError):
+        return set()
+    return set(measures) if isinstance(measures, dict) else set()

@@ -232,3 +232,16 @@ def test_integer_ids_match_and_unusable_and_repeated_records_are_counted(tmp_pat
     out = " ".join(result.output.split())
     assert "2 prediction records without an id or a completion text (not scored)" in out
     assert "1 prediction records of an id an earlier record has (not scored)" in out
+
+
+def test_scoring_an_output_again_drops_the_earlier_scorings_row_fields(tmp_path: Path) -> None:
+    """An eval's output fed back (or an OUT scored again) holds an earlier
+    scoring's per-row fields: the rows get this scoring's, and a perplexity
+    this scoring did not compute is not left beside them."""
+    usage = {"finish_reason": "stop", "prompt_tokens": 3, "completion_tokens": 3}
+    stale = {"bleu": 1.0, "rougeL": 2.0, "exact_match": 0.0, "perplexity": 9.9, "perplexity_error": "x"}
+    earlier = _jsonl(tmp_path / "earlier.jsonl", [{"id": "g1", "completion": "the number 1", **usage, **stale}])
+    _eval(tmp_path, earlier, "again.jsonl")
+    (record,) = [orjson.loads(line) for line in (tmp_path / "again.jsonl").read_bytes().splitlines()]
+    assert record["bleu"] == pytest.approx(100.0) and record["exact_match"] == 100.0
+    assert "perplexity" not in record and "perplexity_error" not in record

@@ -266,3 +266,15 @@ def test_a_parquet_golden_file_is_read_with_lists_and_maps_of_relevance(tmp_path
     pq.write_table(table.set_column(3, "relevant", pa.array([[0], [1]])), tmp_path / "l.parquet")
     assert read_rank_golden(tmp_path / "g.parquet").relevant == {"q1": {0: 1}, "q2": {1: 2}}
     assert read_rank_golden(tmp_path / "l.parquet").relevant == {"q1": {0: 1}, "q2": {1: 1}}
+
+
+def test_scoring_an_output_again_with_other_measures_drops_the_earlier_ones(tmp_path: Path) -> None:
+    src = write(tmp_path / "g.jsonl", GOLDEN[:2])
+    ranked = [{"id": "q2", "results": [{"index": 1, "relevance_score": 0.9}, {"index": 0, "relevance_score": 0.1}]}]
+    predictions = write(tmp_path / "ranked.jsonl", ranked)
+    scored = [tmp_path / "out.jsonl", tmp_path / "again.jsonl", tmp_path / "out.jsonl"]
+    for measure, out, given in zip(("nDCG@10", "P@1", "R@10"), scored, (predictions, *scored[:2]), strict=True):
+        options = RankEvalOptions(predictions=given, measures=[measure])  # then an eval-rank's OUT, scored again
+        run_eval_rank(src, out, Settings(), RunContext(overwrite=True), options)
+        (record,) = map(orjson.loads, out.read_bytes().splitlines())
+        assert [k for k in record if "@" in k] == [measure]
