@@ -35,6 +35,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from bulkinfer.config import Settings, load_settings
+from bulkinfer.errors import ConfigError
 from bulkinfer.stop import StopToken
 
 if TYPE_CHECKING:
@@ -73,9 +74,24 @@ def _settings(
     """
     from bulkinfer.config import option_overrides, with_overrides
 
+    _check_types(settings, engine_args)
     options = {**overrides, **{f"engine.{name}": value for name, value in (engine_args or {}).items()}}
     dotted, origins = option_overrides(options, _named)
     return with_overrides(settings or load_settings(), dotted, origins)
+
+
+def _check_types(settings: Any, engine_args: Any) -> None:
+    """Refuse a ``settings`` that is not a :class:`Settings` (a TOML path is
+    :func:`load_settings`'s) or ``engine_args`` that are not a mapping.
+
+    Raises:
+        ConfigError: naming the argument and the type given.
+    """
+    if settings is not None and not isinstance(settings, Settings):
+        hint = ": bulkinfer.load_settings(path) reads a TOML file" if isinstance(settings, str | Path) else ""
+        raise ConfigError(f"settings= takes a bulkinfer.Settings, got {type(settings).__name__}{hint}")
+    if engine_args is not None and not isinstance(engine_args, Mapping):
+        raise ConfigError(f"engine_args= takes a mapping of vLLM EngineArgs fields, got {type(engine_args).__name__}")
 
 
 def _named(option: str) -> str:
@@ -110,14 +126,32 @@ def _prepare(
     (:data:`CONTEXT_OPTIONS`) and the settings overrides; the engine is
     ``engine`` (whose settings a run may not change) or the run's own.
 
+    ``stop`` is the :class:`StopToken` that stops the run, or, given as
+    anything else (``stop="###"``, ``stop=["\\n\\n"]``), the sampling stop
+    strings, as ``--stop``.
+
     Raises:
         ConfigError: an unknown option; an engine setting with ``engine``;
-            both ``overwrite`` and ``resume``.
+            both ``overwrite`` and ``resume``; an argument of the wrong type
+            (``settings`` not a :class:`Settings`, ``observer`` not a
+            :class:`~bulkinfer.jobs.context.RunObserver`, ``engine`` not an
+            engine from :func:`open_engine`, ``engine_args`` not a mapping).
     """
-    from bulkinfer.jobs.context import RunContext
+    from bulkinfer.jobs.context import RunContext, RunObserver
+    from bulkinfer.jobs.shared_engine import SharedEngine
 
-    given = {name: options[name] for name in CONTEXT_OPTIONS if options.get(name) is not None}
-    overrides = {name: value for name, value in options.items() if name not in CONTEXT_OPTIONS}
+    _check_types(settings, engine_args)
+    options = dict(options)
+    token = options.get("stop")
+    context_names = [n for n in CONTEXT_OPTIONS if n != "stop" or token is None or isinstance(token, StopToken)]
+    given = {name: options.pop(name) for name in context_names if options.get(name) is not None}
+    overrides = {name: value for name, value in options.items() if name not in CONTEXT_OPTIONS or name == "stop"}
+    for name, value, kind, what in (
+        ("observer", given.get("observer"), RunObserver, "a bulkinfer.RunObserver"),
+        ("engine", engine, SharedEngine, "an engine from bulkinfer.open_engine()"),
+    ):
+        if value is not None and not isinstance(value, kind):
+            raise ConfigError(f"{name}= takes {what}, got {type(value).__name__}")
     if engine is None:
         return _settings(settings, overrides, engine_args), RunContext(**given)
     run_only = {n: v for n, v in overrides.items() if n not in _engine_overrides(overrides, None)}
@@ -181,7 +215,9 @@ def run(
             :class:`~bulkinfer.jobs.context.RunContext`): ``overwrite`` and
             ``resume`` as ``--overwrite`` / ``--resume``; ``stop``, a
             :class:`StopToken` to set (from any thread) to stop the run
-            cleanly (finished rows stay on disk, resume with ``resume=True``);
+            cleanly (finished rows stay on disk, resume with ``resume=True``;
+            given as strings instead, ``stop="###"``, the sampling stop
+            strings, as ``--stop``);
             ``verbose``, ``progress_plain``; ``observer``, a
             :class:`~bulkinfer.jobs.context.RunObserver` told when the engine
             is ready and rows finish. Any other: a ``bulkinfer run`` option
@@ -212,8 +248,6 @@ def run(
         )
         return stream(sys.stdin.buffer, out, run_settings, context)
     if errors_path is not None:
-        from bulkinfer.errors import ConfigError
-
         raise ConfigError(f"--errors is for a stream (INPUT -); a run of {input_path} writes OUT.errors.jsonl")
     paths = RunPaths.build(Path(input_path), Path(output_path) if output_path is not None else None)
     return run_job(paths, run_settings, context)

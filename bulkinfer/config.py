@@ -103,7 +103,9 @@ def option_overrides(
             key = keys[name]
         else:
             raise ConfigError(f"unknown option {name!r}{closest(name, keys, '; known: ' + ', '.join(sorted(keys)))}")
-        dotted[key] = tuple(value) if name in _TUPLE_OPTIONS else value
+        if name in _TUPLE_OPTIONS:  # one stop string is that string, as in a row (not its characters)
+            value = (value,) if isinstance(value, str) else tuple(value)
+        dotted[key] = value
         origins[key] = origin(name)
     return dotted, origins
 

@@ -3,6 +3,7 @@ engine (the real runs are in tests/e2e/)."""
 
 from __future__ import annotations
 
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -98,3 +99,47 @@ def test_passthrough_is_a_run_option_on_a_shared_engine_and_a_flag(tmp_path: Pat
     assert "note" not in _lines(tmp_path / "off.jsonl")[0] and _lines(tmp_path / "on.jsonl")[0]["note"] == "kept?"
     both = CliRunner().invoke(app, ["run", str(src), "--passthrough", "--no-passthrough"])
     assert both.exit_code == 2 and "give --passthrough or --no-passthrough, not both" in both.output
+
+
+class FcfsEngine(FakeEngine):
+    settings = {"fake": True, "scheduling_policy": "fcfs"}  # vLLM's default policy: priorities ignored
+
+
+def test_stop_strings_the_stop_token_and_arguments_of_the_wrong_type(tmp_path: Path) -> None:
+    """``stop=`` is the run's StopToken, or given as strings the sampling stop
+    strings (``--stop``); an argument of the wrong type is a ConfigError
+    before any file is made, never an AttributeError from deep inside."""
+    src = tmp_path / "in.jsonl"
+    src.write_bytes(orjson.dumps({"id": "r", "prompt": "hi"}) + b"\n")
+    with SharedEngine(load_settings(), engine_factory=lambda m, s: FakeEngine()) as shared:
+        report = bulkinfer.run(src, tmp_path / "s.jsonl", engine=shared, stop="###")
+        assert report.exit_code == 0 and tuple(report.report["sampling"]["stop"]) == ("###",)
+        token = bulkinfer.StopToken()
+        assert bulkinfer.run(src, tmp_path / "t.jsonl", engine=shared, stop=token).exit_code == 0
+        for kwargs, said in [
+            (
+                {"settings": "configs/demo.toml"},
+                "settings= takes a bulkinfer.Settings, got str: bulkinfer.load_settings",
+            ),
+            ({"engine_args": "x"}, "engine_args= takes a mapping"),
+            ({"observer": 5}, "observer= takes a bulkinfer.RunObserver, got int"),
+            ({"engine": "x"}, "engine= takes an engine from bulkinfer.open_engine(), got str"),
+        ]:
+            with pytest.raises(ConfigError, match=re.escape(said)):
+                bulkinfer.run(src, tmp_path / "bad.jsonl", **({"engine": shared} | kwargs))  # type: ignore[arg-type]
+    assert sorted(p.name for p in tmp_path.iterdir() if "bad" in p.name) == []  # no journal, lock or log left
+
+
+def test_a_row_priority_on_an_engine_that_ignores_priorities_is_the_rows_error(tmp_path: Path) -> None:
+    src = tmp_path / "in.jsonl"
+    src.write_bytes(
+        b"".join(
+            orjson.dumps(r) + b"\n" for r in [{"id": "a", "prompt": "hi"}, {"id": "b", "prompt": "hi", "priority": 1}]
+        )
+    )
+    with SharedEngine(load_settings(), engine_factory=lambda m, s: FcfsEngine()) as shared:
+        report = bulkinfer.run(src, tmp_path / "out.jsonl", engine=shared)
+    assert report.exit_code == 3 and [r["id"] for r in _lines(tmp_path / "out.jsonl")] == ["a"]
+    (error,) = _lines(tmp_path / "out.errors.jsonl")
+    assert error["id"] == "b" and error["error"]["type"] == "invalid_field"
+    assert error["error"]["message"].startswith("field 'priority': this engine schedules first come, first served")

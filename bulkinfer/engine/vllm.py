@@ -168,6 +168,7 @@ class VllmEngine:
             "max_model_len": self.max_model_len,
             "max_num_seqs": self.max_num_seqs,
             "max_num_batched_tokens": vllm_config.scheduler_config.max_num_batched_tokens,
+            "scheduling_policy": vllm_config.scheduler_config.policy,
             "enable_prefix_caching": vllm_config.cache_config.enable_prefix_caching,
             "block_size": vllm_config.cache_config.block_size,
             # vLLM's setting ("auto") until a structured request shows the backend it chose

@@ -57,7 +57,7 @@ from bulkinfer.jobs.engine_choice import choose_engine_settings, input_sample
 from bulkinfer.jobs.generation import Attempt, Generation
 from bulkinfer.models import resolve_model
 from bulkinfer.prep.grammar import Grammars
-from bulkinfer.prep.planner import Planner
+from bulkinfer.prep.planner import Planner, UnscheduledPriority
 from bulkinfer.prep.prefix import prefix_block_tokens
 from bulkinfer.prep.rows import ROW_FIELDS_READ, RowParser, to_request
 from bulkinfer.prep.vocabulary import vocabulary
@@ -69,7 +69,10 @@ from bulkinfer.report.stats import peak_rss_bytes, write_report
 def _generation_planner(tokenizer: Any, settings: Settings, engine: Engine, model_path: str) -> Planner:
     block = prefix_block_tokens(engine.settings)
     vocab, grammars = vocabulary(tokenizer, model_path), Grammars(tokenizer, settings.engine)
-    return Planner(tokenizer, settings.plan, engine.max_model_len, block, vocab, grammars)
+    planner = Planner(tokenizer, settings.plan, engine.max_model_len, block, vocab, grammars)
+    if engine.settings.get("scheduling_policy") not in (None, "priority"):  # an engine opened before the run
+        planner.checks.append(UnscheduledPriority())
+    return planner
 
 
 @dataclass(frozen=True, slots=True)

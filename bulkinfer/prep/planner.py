@@ -17,7 +17,7 @@ import difflib
 from collections import Counter
 from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass, field, replace
-from typing import Any
+from typing import Any, Protocol
 
 from bulkinfer.config import PlanSettings
 from bulkinfer.prep.chat_template import developer_as_system
@@ -26,6 +26,31 @@ from bulkinfer.prep.prefix import PrefixStats, prefix_groups
 from bulkinfer.prep.rows import CONSUMED_FIELDS
 from bulkinfer.prep.vocabulary import Vocabulary
 from bulkinfer.schema import Request, RowError
+
+
+class RowCheck(Protocol):
+    """A check of a request before it is tokenized: its error message, or None."""
+
+    def problem(self, request: Request) -> str | None: ...
+
+
+class UnscheduledPriority:
+    """Rows that set a ``priority`` (or leave a ``[sampling] priority`` to
+    the default) for an engine that schedules first come, first served
+    (vLLM's ``scheduling_policy = "fcfs"``, which ignores a request's
+    priority without a word: vLLM 0.32's ``Scheduler``); a run on its own
+    engine starts it with priority scheduling when rows set one, an engine
+    opened before the run (:func:`bulkinfer.open_engine`) keeps its own."""
+
+    def problem(self, request: Request) -> str | None:
+        """The error of a request that sets a priority, or None."""
+        if not request.priority:
+            return None
+        named = "priority" if "priority" in request.row_sampling else "priority (the [sampling] default)"
+        return (
+            f"field '{named}': this engine schedules first come, first served and would ignore it; open it with "
+            "engine_args={'scheduling_policy': 'priority'} (bulkinfer.open_engine)"
+        )
 
 
 def bucket_index(prompt_tokens: int, bounds: Sequence[int]) -> int:
@@ -166,7 +191,8 @@ class Planner:
         grammars: Grammars | None = None,
     ):
         self.tokenizer = tokenizer
-        self.checks = [check for check in (vocabulary, grammars) if check is not None]
+        # each request's checks before it is tokenized (a job may add its own)
+        self.checks: list[RowCheck] = [check for check in (vocabulary, grammars) if check is not None]
         backend = getattr(tokenizer, "backend_tokenizer", None)
         if backend is not None:
             # A tokenizer.json may carry its own padding and truncation
