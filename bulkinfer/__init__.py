@@ -34,12 +34,13 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from bulkinfer.arguments import EVAL_OPTIONS, RANK_EVAL_OPTIONS, prepare, settings_with
 from bulkinfer.config import Settings, load_settings
 from bulkinfer.errors import ConfigError
 from bulkinfer.stop import StopToken
 
 if TYPE_CHECKING:
-    from bulkinfer.jobs.context import RunContext, RunObserver
+    from bulkinfer.jobs.context import RunObserver
     from bulkinfer.jobs.eval import EvalResult
     from bulkinfer.jobs.run import RunReport
     from bulkinfer.jobs.shared_engine import SharedEngine
@@ -63,102 +64,6 @@ __all__ = [
 ]
 
 
-def _settings(
-    settings: Settings | None, overrides: Mapping[str, Any], engine_args: Mapping[str, Any] | None
-) -> Settings:
-    """``settings`` (default: the built-in defaults) with flat option overrides
-    (:func:`bulkinfer.config.option_overrides`).
-
-    Raises:
-        ConfigError: an unknown option name (naming the closest), or an invalid value.
-    """
-    from bulkinfer.config import option_overrides, with_overrides
-
-    _check_types(settings, engine_args)
-    options = {**overrides, **{f"engine.{name}": value for name, value in (engine_args or {}).items()}}
-    dotted, origins = option_overrides(options, _named)
-    return with_overrides(settings or load_settings(), dotted, origins)
-
-
-def _check_types(settings: Any, engine_args: Any) -> None:
-    """Refuse a ``settings`` that is not a :class:`Settings` (a TOML path is
-    :func:`load_settings`'s) or ``engine_args`` that are not a mapping.
-
-    Raises:
-        ConfigError: naming the argument and the type given.
-    """
-    if settings is not None and not isinstance(settings, Settings):
-        hint = ": bulkinfer.load_settings(path) reads a TOML file" if isinstance(settings, str | Path) else ""
-        raise ConfigError(f"settings= takes a bulkinfer.Settings, got {type(settings).__name__}{hint}")
-    if engine_args is not None and not isinstance(engine_args, Mapping):
-        raise ConfigError(f"engine_args= takes a mapping of vLLM EngineArgs fields, got {type(engine_args).__name__}")
-
-
-def _named(option: str) -> str:
-    """How a caller of this module named an option: its keyword, or ``engine_args['KEY']``."""
-    return f"engine_args[{option.removeprefix('engine.')!r}]" if option.startswith("engine.") else option
-
-
-def _engine_overrides(overrides: Mapping[str, Any], engine_args: Mapping[str, Any] | None) -> dict[str, Any]:
-    """The options among ``overrides`` and ``engine_args`` that set the model or the engine."""
-    from bulkinfer.config import option_keys
-
-    keys = option_keys()
-    found = {n: v for n, v in overrides.items() if keys.get(n, "").split(".")[0] in ("model", "engine")}
-    return {**found, **{f"engine_args[{n!r}]": v for n, v in (engine_args or {}).items()}}
-
-
-# Keyword arguments of evaluate that say how to score: EvalOptions' fields.
-EVAL_OPTIONS = ("predictions", "perplexity", "bootstrap", "fail_under")
-RANK_EVAL_OPTIONS = ("predictions", "measures", "fail_under", "truncate")
-# Keyword arguments of run, embed and evaluate that are about the invocation: RunContext's fields.
-CONTEXT_OPTIONS = ("overwrite", "resume", "stop", "verbose", "progress_plain", "observer")
-
-
-def _prepare(
-    settings: Settings | None,
-    options: Mapping[str, Any],
-    engine_args: Mapping[str, Any] | None,
-    engine: SharedEngine | None,
-) -> tuple[Settings, RunContext]:
-    """A job's settings and :class:`~bulkinfer.jobs.context.RunContext` from
-    a public function's arguments: ``options`` holds the context's fields
-    (:data:`CONTEXT_OPTIONS`) and the settings overrides; the engine is
-    ``engine`` (whose settings a run may not change) or the run's own.
-
-    ``stop`` is the :class:`StopToken` that stops the run, or, given as
-    anything else (``stop="###"``, ``stop=["\\n\\n"]``), the sampling stop
-    strings, as ``--stop``.
-
-    Raises:
-        ConfigError: an unknown option; an engine setting with ``engine``;
-            both ``overwrite`` and ``resume``; an argument of the wrong type
-            (``settings`` not a :class:`Settings`, ``observer`` not a
-            :class:`~bulkinfer.jobs.context.RunObserver`, ``engine`` not an
-            engine from :func:`open_engine`, ``engine_args`` not a mapping).
-    """
-    from bulkinfer.jobs.context import RunContext, RunObserver
-    from bulkinfer.jobs.shared_engine import SharedEngine
-
-    _check_types(settings, engine_args)
-    options = dict(options)
-    token = options.get("stop")
-    context_names = [n for n in CONTEXT_OPTIONS if n != "stop" or token is None or isinstance(token, StopToken)]
-    given = {name: options.pop(name) for name in context_names if options.get(name) is not None}
-    overrides = {name: value for name, value in options.items() if name not in CONTEXT_OPTIONS or name == "stop"}
-    for name, value, kind, what in (
-        ("observer", given.get("observer"), RunObserver, "a bulkinfer.RunObserver"),
-        ("engine", engine, SharedEngine, "an engine from bulkinfer.open_engine()"),
-    ):
-        if value is not None and not isinstance(value, kind):
-            raise ConfigError(f"{name}= takes {what}, got {type(value).__name__}")
-    if engine is None:
-        return _settings(settings, overrides, engine_args), RunContext(**given)
-    run_only = {n: v for n, v in overrides.items() if n not in _engine_overrides(overrides, None)}
-    base = engine.settings_for(settings, _engine_overrides(overrides, engine_args))
-    return _settings(base, run_only, None), RunContext(**given, engine_factory=engine)
-
-
 def open_engine(
     settings: Settings | None = None, *, engine_args: Mapping[str, Any] | None = None, **overrides: Any
 ) -> SharedEngine:
@@ -179,7 +84,7 @@ def open_engine(
     """
     from bulkinfer.jobs.shared_engine import SharedEngine
 
-    return SharedEngine(_settings(settings, overrides, engine_args))
+    return SharedEngine(settings_with(settings, overrides, engine_args))
 
 
 def run(
@@ -211,7 +116,7 @@ def run(
             (``{"enable_prefix_caching": False}``), as ``--engine-arg``.
         engine: an engine from :func:`open_engine` to run on instead of
             starting one; the run then takes no model or engine option.
-        **options: the invocation's choices (:data:`CONTEXT_OPTIONS`, see
+        **options: the invocation's choices (:data:`~bulkinfer.arguments.CONTEXT_OPTIONS`, see
             :class:`~bulkinfer.jobs.context.RunContext`): ``overwrite`` and
             ``resume`` as ``--overwrite`` / ``--resume``; ``stop``, a
             :class:`StopToken` to set (from any thread) to stop the run
@@ -236,7 +141,7 @@ def run(
     from bulkinfer.io.output_files import RunPaths
     from bulkinfer.jobs.run import run as run_job
 
-    run_settings, context = _prepare(settings, options, engine_args, engine)
+    run_settings, context = prepare(settings, options, engine_args, engine)
     if str(input_path) == "-":
         import sys
 
@@ -340,7 +245,7 @@ def _encoder_job(
     from bulkinfer.io.output_files import RunPaths
 
     input_path, output_path, settings, truncate = given
-    job_settings, context = _prepare(settings, options, engine_args, None)
+    job_settings, context = prepare(settings, options, engine_args, None)
     out = Path(output_path) if output_path is not None else None
     report: RunReport = job(RunPaths.build(Path(input_path), out, suffix), job_settings, context, truncate)
     return report
@@ -383,7 +288,7 @@ def evaluate_rank(
 
     golden = Path(golden)
     ranking = RankEvalOptions(**{name: options.pop(name) for name in RANK_EVAL_OPTIONS if name in options})
-    rank_settings, context = _prepare(settings, options, engine_args, None)
+    rank_settings, context = prepare(settings, options, engine_args, None)
     out = Path(output_path) if output_path is not None else default_output(golden, DEFAULT_SUFFIX)
     return run_eval_rank(golden, out, rank_settings, context, ranking)
 
@@ -410,7 +315,7 @@ def plan(
     """
     from bulkinfer.jobs.plan import plan_file
 
-    return plan_file(Path(input_path), _settings(settings, overrides, None), job, truncate)
+    return plan_file(Path(input_path), settings_with(settings, overrides, None), job, truncate)
 
 
 def evaluate(
@@ -428,7 +333,7 @@ def evaluate(
 
     Args:
         engine: as :func:`run` (the perplexity pass uses it too).
-        **options: the scoring options (:data:`EVAL_OPTIONS`, see
+        **options: the scoring options (:data:`~bulkinfer.arguments.EVAL_OPTIONS`, see
             :class:`~bulkinfer.jobs.eval.EvalOptions`): ``predictions`` (a
             file to score instead of generating), ``perplexity`` (also the
             perplexity of each reference given its prompt), ``bootstrap``
@@ -449,7 +354,7 @@ def evaluate(
 
     golden = Path(golden)
     scoring = EvalOptions(**{name: options.pop(name) for name in EVAL_OPTIONS if name in options})
-    eval_settings, context = _prepare(settings, options, engine_args, engine)
+    eval_settings, context = prepare(settings, options, engine_args, engine)
     out = Path(output_path) if output_path is not None else default_output(golden)
     return run_eval(golden, out, eval_settings, context, scoring)
 

@@ -20,7 +20,7 @@ from bulkinfer.jobs.shared_engine import SharedEngine
 
 def test_overrides_are_run_options_by_name() -> None:
     base = load_settings(None, {"sampling.temperature": 0.5})
-    settings = bulkinfer._settings(
+    settings = bulkinfer.arguments.settings_with(
         base,
         {"max_tokens": 7, "stop": ["END"], "max_num_seqs": 4, "order": "ascending"},
         {"enable_prefix_caching": False},
@@ -28,14 +28,14 @@ def test_overrides_are_run_options_by_name() -> None:
     assert (settings.sampling.max_tokens, settings.sampling.temperature, settings.sampling.stop) == (7, 0.5, ("END",))
     assert (settings.engine.max_num_seqs, settings.plan.order) == (4, "ascending")
     assert settings.engine.extra_args == {"enable_prefix_caching": False}
-    assert bulkinfer._settings(None, {}, None) == load_settings()
+    assert bulkinfer.arguments.settings_with(None, {}, None) == load_settings()
 
 
 def test_an_unknown_option_is_named_with_the_closest() -> None:
     with pytest.raises(ConfigError, match="'max_token'; did you mean max_tokens"):
-        bulkinfer._settings(None, {"max_token": 5}, None)
+        bulkinfer.arguments.settings_with(None, {"max_token": 5}, None)
     with pytest.raises(ConfigError, match="max_tokens"):
-        bulkinfer._settings(None, {"max_tokens": 0}, None)  # checked like a flag's value
+        bulkinfer.arguments.settings_with(None, {"max_tokens": 0}, None)  # checked like a flag's value
 
 
 def test_importing_bulkinfer_imports_no_engine() -> None:
