@@ -21,6 +21,7 @@ from __future__ import annotations
 import sqlite3
 from collections.abc import AsyncGenerator, Callable, Iterator, Mapping
 from dataclasses import dataclass
+from http import HTTPStatus
 from typing import Any, BinaryIO
 
 from fastapi import FastAPI, Request
@@ -30,12 +31,13 @@ from fastapi.responses import FileResponse, JSONResponse, Response
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 from pydantic import BaseModel, ConfigDict
 from starlette.datastructures import FormData, UploadFile
+from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.formparsers import MultiPartException, MultiPartParser
 
 from bulkinfer.errors import disk_full, os_reason
 from bulkinfer.jobs.online import GENERATION_URLS
 from bulkinfer.serve.access import AccessLog
-from bulkinfer.serve.http import ApiError, Tenant, found, not_found
+from bulkinfer.serve.http import ApiError, Tenant, found, not_found, not_json
 from bulkinfer.serve.objects import batch_object, error_body, file_object, list_object
 from bulkinfer.serve.online import online_router
 from bulkinfer.serve.pages import pages_router
@@ -46,6 +48,8 @@ from bulkinfer.serve.tables import WINDOWS_S
 from bulkinfer.serve.worker import Runner
 
 ENDPOINTS = GENERATION_URLS  # a generative model's batch endpoints (the default)
+# OpenAI's metadata limits (the openai SDK's BatchCreateParams.metadata): pairs, key and value characters
+METADATA_PAIRS, METADATA_KEY_CHARS, METADATA_VALUE_CHARS = 16, 64, 512
 CHUNK_BYTES = 1 << 20
 MULTIPART_SLACK_BYTES = 64 * 1024  # boundaries and part headers around the file in a multipart body
 
@@ -116,10 +120,21 @@ def create_app(
     @app.exception_handler(RequestValidationError)
     async def _invalid(request: Request, exc: RequestValidationError) -> JSONResponse:
         first = exc.errors()[0] if exc.errors() else {}
+        if first.get("type") == "json_invalid":
+            why = first.get("ctx", {}).get("error", first.get("msg", ""))
+            return JSONResponse(error_body(not_json(why), "invalid_request_error"), status_code=400)
         param = ".".join(str(p) for p in first.get("loc", ())[1:]) or None
         return JSONResponse(
             error_body(f"{param}: {first.get('msg', 'invalid request')}", "invalid_request_error", None, param),
             status_code=400,
+        )
+
+    @app.exception_handler(StarletteHTTPException)
+    async def _http(request: Request, exc: StarletteHTTPException) -> JSONResponse:
+        """Starlette's errors (an unknown route: 404, as OpenAI's ``Invalid URL (GET /path)``;
+        a wrong method: 405, with ``Allow``; a page's own) in OpenAI's error shape."""
+        return JSONResponse(
+            error_body(_http_message(request, exc), "invalid_request_error"), exc.status_code, exc.headers
         )
 
     @app.get("/health")
@@ -205,8 +220,7 @@ def create_app(
             raise ApiError(400, f"endpoint must be one of {served}: what this server's model serves", param="endpoint")
         if body.completion_window not in WINDOWS_S:
             raise ApiError(400, "completion_window must be '24h'", param="completion_window")
-        if body.metadata is not None and len(body.metadata) > 16:
-            raise ApiError(400, "metadata holds at most 16 pairs", param="metadata")
+        _check_metadata(body.metadata)
         file = store.file(who, body.input_file_id)
         if file is None:
             raise ApiError(404, f"No such file: '{body.input_file_id}'", code="not_found", param="input_file_id")
@@ -269,6 +283,36 @@ async def _upload_form(request: Request, max_bytes: int) -> FormData:
         raise _too_large(max_bytes) from None
     except MultiPartException as exc:
         raise ApiError(400, exc.message, param="file") from None
+
+
+def _http_message(request: Request, exc: StarletteHTTPException) -> str:
+    """The message of a Starlette error: its own detail, or for routing's bare
+    404 and 405 what was asked (OpenAI's words for a 404)."""
+    if exc.detail != HTTPStatus(exc.status_code).phrase:
+        return str(exc.detail)
+    asked = f"{request.method} {request.url.path}"
+    if exc.status_code == 404:
+        return f"Invalid URL ({asked})"
+    if exc.status_code == 405:
+        return f"Method not allowed ({asked}); the Allow header names the methods this URL takes"
+    return str(exc.detail)
+
+
+def _check_metadata(metadata: dict[str, str] | None) -> None:
+    """Raises ApiError 400 (``param`` ``metadata``) when ``metadata`` passes
+    OpenAI's limits: :data:`METADATA_PAIRS` pairs, keys of at most
+    :data:`METADATA_KEY_CHARS` characters, values of at most :data:`METADATA_VALUE_CHARS`."""
+    if metadata is None:
+        return
+    if len(metadata) > METADATA_PAIRS:
+        raise ApiError(400, f"metadata holds at most {METADATA_PAIRS} pairs", param="metadata")
+    for key, value in metadata.items():
+        if len(key) > METADATA_KEY_CHARS:
+            raise ApiError(400, f"metadata keys are at most {METADATA_KEY_CHARS} characters: "
+                           f"'{key[:20]}...' has {len(key)}", param="metadata")  # fmt: skip
+        if len(value) > METADATA_VALUE_CHARS:
+            raise ApiError(400, f"metadata values are at most {METADATA_VALUE_CHARS} characters: "
+                           f"the value of '{key}' has {len(value)}", param="metadata")  # fmt: skip
 
 
 def _chunks(f: BinaryIO) -> Iterator[bytes]:

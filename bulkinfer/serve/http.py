@@ -33,6 +33,11 @@ def not_found(what: str, id_: str) -> ApiError:
     return ApiError(404, f"No such {what}: '{id_}'", code="not_found")
 
 
+def not_json(why: object) -> str:
+    """The message of a request body that is not JSON (``why``: the parser's reason)."""
+    return f"the request body is not valid JSON: {why}"
+
+
 def found(row: dict[str, Any] | None, what: str, id_: str) -> dict[str, Any]:
     """``row``, the tenant's ``what`` (file, batch) ``id_``.
 

@@ -79,16 +79,19 @@ def error_body(message: str, type_: str, code: str | None = None, param: str | N
 
 def finished_columns(report: dict[str, Any]) -> dict[str, Any]:
     """The columns a finished run's report gives its batch: OpenAI's
-    ``request_counts`` and ``usage`` (the report's ``tokens``: the completed
-    rows', resumed ones included), and ``throughput``.
+    ``request_counts`` (``total``: the requests, ``completed`` + ``failed``;
+    the report's ``total`` also counts the blank lines skipped) and ``usage``
+    (the report's ``tokens``: the completed rows', resumed ones included),
+    and ``throughput``.
 
     Raises:
         InputFileError: ``report`` is no run report (the batch fails).
     """
     typed = as_run_report(report)
     counts, tokens = typed.request_counts, typed.tokens
+    completed, failed = counts.completed, counts.failed
     return {
-        "request_counts": {"total": counts.total, "completed": counts.completed, "failed": counts.failed},
+        "request_counts": {"total": completed + failed, "completed": completed, "failed": failed},
         "usage": usage_object(tokens.prompt, tokens.completion),
         "throughput": report_throughput(typed),
     }

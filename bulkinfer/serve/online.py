@@ -11,7 +11,8 @@ a URL the model does not serve is a 400 (``model_not_supported``).
 - while no engine is ready (starting, restarting after a death, failed)
   a request gets 503 with ``Retry-After``; so does one whose engine dies
   under it (a streamed one ends with an ``error`` event);
-- a body the batch lines would refuse gets 400 naming the field.
+- a body the batch lines would refuse gets 400 naming the field (in the
+  message and as ``param``).
 
 Each request's time to first token and latency feed ``/metrics``
 (:class:`~bulkinfer.serve.prometheus.OnlineMetrics`).
@@ -20,6 +21,7 @@ Each request's time to first token and latency feed ``/metrics``
 from __future__ import annotations
 
 import asyncio
+import re
 import time
 from collections.abc import AsyncIterator
 from typing import Any
@@ -33,11 +35,13 @@ from bulkinfer.errors import EngineError
 from bulkinfer.jobs.online import ONLINE_URLS, Chunks, Online, wants_stream
 from bulkinfer.schema import Choice, Completion, RowInvalid
 from bulkinfer.schema import Request as EngineRequest
-from bulkinfer.serve.http import ApiError, Tenant
+from bulkinfer.serve.http import ApiError, Tenant, not_json
 from bulkinfer.serve.objects import error_body
 from bulkinfer.serve.prometheus import OnlineMetrics
 from bulkinfer.serve.worker import Runner
 
+# The field a row error names: "field 'max_tokens': ...", "field 'messages[0].role' ..."
+_NAMED_FIELD = re.compile(r"\bfield '([^']+)'")
 BUSY_RETRY_AFTER_S = 1  # Retry-After of a 429: online requests finish in seconds
 STARTING_RETRY_AFTER_S = 5  # Retry-After of a 503: an engine starts in tens of seconds on CPU
 
@@ -66,6 +70,13 @@ class Events:
         self._put("failed", error)
 
 
+def named_field(message: str) -> str | None:
+    """The field a request body's error ``message`` names (OpenAI's ``param``:
+    ``max_tokens``, ``messages[0].role``), or None when it names none."""
+    found = _NAMED_FIELD.search(message)
+    return found.group(1) if found else None
+
+
 def unavailable(message: str) -> ApiError:
     return ApiError(
         503, message, "service_unavailable", "engine_unavailable", headers={"Retry-After": str(STARTING_RETRY_AFTER_S)}
@@ -81,7 +92,7 @@ def online_router(runner: Runner, max_online: int, metrics: OnlineMetrics) -> AP
         try:
             body = orjson.loads(await request.body())
         except orjson.JSONDecodeError as exc:
-            raise ApiError(400, f"the request body is not JSON: {exc}") from None
+            raise ApiError(400, not_json(exc)) from None
         online = runner.online
         if online is None:
             metrics.ended(url, 503)
@@ -101,7 +112,7 @@ def online_router(runner: Runner, max_online: int, metrics: OnlineMetrics) -> AP
             prepared = await run_in_threadpool(online.prepare, url, body)
         except RowInvalid as exc:
             _left(in_flight, metrics, url, 400)
-            raise ApiError(400, exc.message, code=exc.type) from None
+            raise ApiError(400, exc.message, code=exc.type, param=named_field(exc.message)) from None
         events = Events(asyncio.get_running_loop())
         try:
             online.start(prepared, events)

@@ -1,9 +1,10 @@
 """A batch's run published as its files: the output and errors files
 registered (purpose ``batch_output``) as its tenant's, and the batch moved
-to its final status; a cancelled or expired batch's spools finished first
-(for ``expired``, a ``batch_expired`` error for each request not finished,
-as OpenAI's). :class:`~bulkinfer.serve.worker.BatchWorker` and the API's
-cancel both publish: one batch at a time."""
+to its final status; a cancelled or expired batch's spools finished first,
+then an error for each request not finished (``batch_expired``, as
+OpenAI's; ``batch_cancelled``), so every ``custom_id`` is in the output or
+the errors file exactly once. :class:`~bulkinfer.serve.worker.BatchWorker`
+and the API's cancel both publish: one batch at a time."""
 
 from __future__ import annotations
 
@@ -19,6 +20,9 @@ from bulkinfer.serve.validate import custom_ids
 from bulkinfer.settings import OutputOrder
 
 EXPIRED_MESSAGE = "This request could not be executed before the completion window expired."  # OpenAI's
+CANCELLED_MESSAGE = "This request was not executed: the batch was cancelled."
+# status -> (code, message) of the error of each request a stopped batch did not finish
+UNFINISHED = {"expired": ("batch_expired", EXPIRED_MESSAGE), "cancelled": ("batch_cancelled", CANCELLED_MESSAGE)}
 
 
 class Publisher:
@@ -36,16 +40,22 @@ class Publisher:
 
     def partial(self, batch_id: str, status: str, from_: tuple[str, ...]) -> None:
         """When the batch is in one of ``from_``: publish the spools of its run
-        (under the output's lock), and for ``expired`` a ``batch_expired`` error
-        for each request not finished; count the lines and tokens, register
-        the files, move it to ``status``."""
+        (under the output's lock), and for ``expired`` or ``cancelled`` an
+        error for each request of the input not finished (:data:`UNFINISHED`;
+        none when the input was deleted); count the lines and tokens
+        (``request_counts``: ``completed`` + ``failed`` == ``total`` while the
+        input is there), register the files, move it to ``status``.
+
+        Raises:
+            OSError: a file cannot be read or written (the batch keeps its status).
+        """
         with self._lock:  # the API's cancel and the worker may both publish one batch
             batch = self.store.batch(None, batch_id)
             if batch is None or batch["status"] not in from_:
                 return
             out = self.store.batch_dir(batch_id) / "output.jsonl"
             files = OutputFiles(out)
-            if status == "expired":
+            if status in UNFINISHED:
                 out.parent.mkdir(parents=True, exist_ok=True)
             if not out.parent.exists():
                 self.store.move(batch_id, from_, status)
@@ -55,9 +65,9 @@ class Publisher:
                     for spool in (files.spool, files.errors_spool):
                         spool.touch()
                     files.finish(self.output_order)
-                if status == "expired":
+                if status in UNFINISHED and self.input_path(batch).exists():
                     requests = custom_ids(self.input_path(batch))
-                    add_unfinished_errors(files.out, files.errors, requests, "batch_expired", EXPIRED_MESSAGE)
+                    add_unfinished_errors(files.out, files.errors, requests, *UNFINISHED[status])
             total = batch["request_counts"]["total"] if batch["request_counts"] else 0
             published = files.published()
             self.store.update(batch_id, **published_columns(published, total or published.completed + published.failed))

@@ -4,8 +4,12 @@ the checks OpenAI's Batch API makes before it runs a line.
 Each line must be a JSON object with a string ``custom_id`` unique in the
 file, ``method`` ``"POST"``, ``url`` equal to the batch's ``endpoint`` and a
 ``body`` object; the file holds at most ``max_lines`` requests (OpenAI's
-50,000). Problems come back as OpenAI's ``BatchError`` objects (``code``,
-``message``, ``param``, ``line``: 1-based) — never as an exception.
+50,000). Lines are read as ``bulkinfer run`` reads them
+(:func:`~bulkinfer.io.readers.line_row`: a UTF-8 BOM on the first line is
+dropped, CRLF endings and blank lines are fine). Top-level keys besides
+those four are ignored, as ``bulkinfer run`` ignores them. Problems come
+back as OpenAI's ``BatchError`` objects (``code``, ``message``, ``param``,
+``line``: 1-based) — never as an exception.
 """
 
 from __future__ import annotations
@@ -14,7 +18,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-import orjson
+from bulkinfer.io.readers import RawRow, line_row
 
 MAX_LINES = 50_000  # OpenAI's requests per batch
 MAX_ERRORS = 100  # errors listed in a failed batch's ``errors.data``
@@ -34,12 +38,13 @@ def validate_input(path: Path, endpoint: str, max_lines: int = MAX_LINES) -> tup
     count = 0
     with open(path, "rb") as f:
         for number, raw in enumerate(f, start=1):
-            if not raw.strip():
+            row = line_row(raw, len(raw), number)
+            if row is None:
                 continue
             count += 1
             if count > max_lines:
                 return count, [batch_error("too_many_requests", f"the file has more than {max_lines} requests")]
-            problem = _line_problem(raw, endpoint, seen)
+            problem = _line_problem(row, endpoint, seen)
             if problem is not None and len(errors) < MAX_ERRORS:
                 errors.append(batch_error(problem[0], problem[1], number, problem[2]))
     if count == 0:
@@ -47,12 +52,11 @@ def validate_input(path: Path, endpoint: str, max_lines: int = MAX_LINES) -> tup
     return count, errors
 
 
-def _line_problem(raw: bytes, endpoint: str, seen: set[str]) -> tuple[str, str, str | None] | None:
-    """``(code, message, param)`` of what is wrong with one line, or None."""
-    try:
-        line = orjson.loads(raw)
-    except orjson.JSONDecodeError as exc:
-        return "invalid_json_line", f"not valid JSON: {exc}", None
+def _line_problem(row: RawRow, endpoint: str, seen: set[str]) -> tuple[str, str, str | None] | None:
+    """``(code, message, param)`` of what is wrong with one line's row, or None."""
+    if row.error is not None:
+        return "invalid_json_line", row.error.message, None
+    line = row.data
     if not isinstance(line, dict):
         return "invalid_json_line", "not a JSON object", None
     custom_id = line.get("custom_id")
@@ -72,14 +76,12 @@ def _line_problem(raw: bytes, endpoint: str, seen: set[str]) -> tuple[str, str, 
 
 def custom_ids(path: Path) -> Iterator[tuple[int, str]]:
     """``(line, custom_id)`` of each line of ``path`` that is a JSON object
-    with a non-empty string ``custom_id`` (1-based lines; others skipped).
-    Streams the file."""
+    with a non-empty string ``custom_id`` (1-based lines; others skipped;
+    read as :func:`validate_input` reads them). Streams the file."""
     with open(path, "rb") as f:
         for number, raw in enumerate(f, start=1):
-            try:
-                line = orjson.loads(raw) if raw.strip() else None
-            except orjson.JSONDecodeError:
-                continue
+            row = line_row(raw, len(raw), number)
+            line = row.data if row is not None else None
             custom_id = line.get("custom_id") if isinstance(line, dict) else None
             if isinstance(custom_id, str) and custom_id:
                 yield number, custom_id

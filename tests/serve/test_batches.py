@@ -181,6 +181,10 @@ def test_counts_grow_while_a_batch_runs_and_cancel_publishes_the_finished_rows(s
     finished = [r["custom_id"] for r in records(client, done.output_file_id)]
     assert 0 < len(finished) < len(ids) and len(set(finished)) == len(finished) and set(finished) <= set(ids)
     assert done.request_counts is not None and done.request_counts.completed == len(finished)
+    unrun = records(client, done.error_file_id)  # every request not run: batch_cancelled, once
+    assert {e["error"]["code"] for e in unrun} == {"batch_cancelled"}
+    assert sorted(finished + [e["custom_id"] for e in unrun]) == sorted(ids)
+    assert (done.request_counts.failed, done.request_counts.total) == (len(unrun), len(ids))
     assert done.usage is not None and (done.usage.input_tokens, done.usage.output_tokens) == usage_of(
         records(client, done.output_file_id)
     )
@@ -203,6 +207,9 @@ def test_a_queued_batch_cancels_without_running_or_expires_when_picked_up_late(s
     assert client.batches.cancel(queued.id).status == "cancelled"
     done = client.batches.retrieve(queued.id)
     assert done.in_progress_at is None and done.output_file_id is None
+    unrun = records(client, done.error_file_id)  # cancelled while validating: every request batch_cancelled
+    assert [(e["custom_id"], e["error"]["code"]) for e in unrun] == [(f"r{i}", "batch_cancelled") for i in range(20)]
+    assert done.request_counts is not None and (done.request_counts.failed, done.request_counts.total) == (20, 20)
     expired = wait_done(client, late.id)
     assert expired.status == "expired" and expired.expired_at is not None and expired.output_file_id is None
     assert expired.in_progress_at is None  # never run
@@ -222,3 +229,15 @@ def test_a_batch_left_in_progress_resumes_at_the_next_start_and_every_custom_id_
     assert sorted(r["custom_id"] for r in records(client, done.output_file_id)) == sorted(ids)
     assert done.request_counts is not None and (done.request_counts.total, done.request_counts.completed) == (30, 30)
     assert again.engines[0].steps < 15  # the resumed run ran only the rest (2 rows a step)
+
+
+def test_a_bom_blank_lines_and_an_unknown_top_level_key_run_as_bulkinfer_run_reads_them(
+    serve: Callable[..., Server],
+) -> None:
+    client = serve().client()
+    a, b = batch_lines(["a"]), batch_lines(["b"])
+    b = b.replace(b'{"custom_id"', b'{"foo":1,"custom_id"')  # run ignores a top-level key it does not read
+    batch = wait_done(client, create(client, upload(client, b"\xef\xbb\xbf" + a + b"\n\r\n" + b + b"\n").id).id)
+    assert batch.status == "completed", batch.errors
+    assert sorted(r["custom_id"] for r in records(client, batch.output_file_id)) == ["a", "b"]
+    assert batch.request_counts is not None and batch.request_counts.total == 2  # the blank lines are no requests

@@ -1,6 +1,7 @@
 """Limits and corners of the server: the lines-per-batch limit, the
 declared-size check of an upload, and the keyless mode
-(any bearer is the tenant ``default``)."""
+(any bearer is the tenant ``default``), metadata limits, and the error
+shape of unknown routes, wrong methods and bodies that are not JSON."""
 
 from __future__ import annotations
 
@@ -127,4 +128,51 @@ def test_a_data_directory_that_cannot_be_written_is_an_openai_error_not_a_bare_5
     error = failed.value.body
     assert failed.value.status_code == status and isinstance(error, dict)
     assert error["type"] == "server_error" and error["code"] == code and says in error["message"], error
+    store.close()
+
+
+def test_metadata_past_openais_limits_is_a_400_naming_metadata(tmp_path: Path) -> None:
+    store = Store(tmp_path)
+    client = openai.OpenAI(
+        base_url="http://testserver/v1",
+        api_key="k",
+        http_client=TestClient(create_app(store, {}, NoRunner(), model="tiny")),
+        max_retries=0,
+    )
+    file = upload(client, batch_lines(["a"]))
+    fits = {"k" * 64: "v" * 512, **{f"k{i}": "v" for i in range(15)}}
+    for metadata in ({"k" * 65: "v"}, {"k": "v" * 513}, {**fits, "one-more": "v"}):
+        with pytest.raises(openai.BadRequestError) as bad:
+            client.batches.create(input_file_id=file.id, endpoint="/v1/chat/completions", completion_window="24h",
+                                  metadata=metadata)  # fmt: skip
+        assert bad.value.param == "metadata"
+    batch = client.batches.create(
+        input_file_id=file.id, endpoint="/v1/chat/completions", completion_window="24h", metadata=fits
+    )
+    assert batch.metadata == fits
+    store.close()
+
+
+def test_unknown_routes_wrong_methods_and_bad_json_answer_in_openais_error_shape(tmp_path: Path) -> None:
+    store = Store(tmp_path)
+    http = TestClient(create_app(store, {}, NoRunner(), model="tiny"))
+    client = openai.OpenAI(base_url="http://testserver/v1", api_key="k", http_client=http, max_retries=0)
+    with pytest.raises(openai.NotFoundError) as missing:
+        client.get("/nowhere", cast_to=object)
+    assert missing.value.body == {
+        "message": "Invalid URL (GET /v1/nowhere)",
+        "type": "invalid_request_error",
+        "param": None,
+        "code": None,
+    }
+    with pytest.raises(openai.APIStatusError) as wrong:
+        client.delete("/batches", cast_to=object)
+    assert wrong.value.status_code == 405 and "DELETE /v1/batches" in wrong.value.message
+    assert wrong.value.response.headers["allow"]  # the methods it takes
+    bad = http.post(
+        "/v1/batches", headers={"Authorization": "Bearer k", "Content-Type": "application/json"}, content=b"{bad"
+    )
+    error = bad.json()["error"]
+    assert bad.status_code == 400 and error["param"] is None
+    assert error["message"].startswith("the request body is not valid JSON: ")
     store.close()

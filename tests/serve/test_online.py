@@ -100,7 +100,14 @@ def test_a_field_the_batch_lines_refuse_is_a_400_naming_it(serve: Callable[..., 
     client = serve().client()
     with pytest.raises(openai.BadRequestError, match="'temperature'") as bad:
         client.chat.completions.create(model="tiny", messages=CHAT, temperature="hot")  # type: ignore[arg-type]
-    assert "body." not in str(bad.value)
+    assert "body." not in str(bad.value) and bad.value.param == "temperature"
+    for wrong, param in (
+        ({"max_tokens": 0}, "max_tokens"),
+        ({"messages": [{"role": "usr", "content": "x"}]}, "messages[0].role"),
+    ):
+        with pytest.raises(openai.BadRequestError) as named:
+            client.chat.completions.create(**{"model": "tiny", "messages": CHAT, **wrong})  # type: ignore[call-overload]
+        assert named.value.param == param, named.value.message
     with pytest.raises(openai.BadRequestError, match="'tools' is not supported"):
         client.chat.completions.create(model="tiny", messages=CHAT, tools=[])  # type: ignore[arg-type]
     with pytest.raises(openai.BadRequestError, match="context"):
