@@ -475,25 +475,30 @@ def test_eval_without_any_reference_stops_before_the_engine(tmp_path: Path, monk
     assert again.exit_code == 4  # the next try is not "output exists" (6)
 
 
+def _eval_of(tmp_path: Path, golden_lines: str) -> tuple[Any, list[dict[str, Any]], dict[str, Any]]:
+    """``bulkinfer eval`` of a golden file of ``golden_lines`` to ``OUT`` =
+    ``out.jsonl`` on the fake engines: the result, the error records, the eval report."""
+    golden = tmp_path / "g.jsonl"
+    golden.write_text(golden_lines)
+    result = runner.invoke(app, ["eval", str(golden), "-o", str(tmp_path / "out.jsonl")])
+    errors = [orjson.loads(line) for line in (tmp_path / "out.errors.jsonl").read_bytes().splitlines()]
+    return result, errors, orjson.loads((tmp_path / "out.eval.json").read_bytes())
+
+
 def test_eval_rows_without_reference_are_row_errors_and_the_rest_scored(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    import orjson
-
     built = _fake_engines(monkeypatch)
-    golden = tmp_path / "g.jsonl"
-    golden.write_text(
+    result, errors, report = _eval_of(
+        tmp_path,
         '{"id": "a", "prompt": "hi", "reference": "hello"}\n'
         '{"id": "b", "prompt": "yo"}\n'
-        '{"id": "c", "prompt": "hey", "reference": ["hey there"]}\n'
+        '{"id": "c", "prompt": "hey", "reference": ["hey there"]}\n',
     )
-    result = runner.invoke(app, ["eval", str(golden), "-o", str(tmp_path / "out.jsonl")])
     assert result.exit_code == 3, result.output  # finished, some rows failed
     assert len(built) == 1
-    errors = [orjson.loads(line) for line in (tmp_path / "out.errors.jsonl").read_bytes().splitlines()]
     assert [(e["id"], e["line"], e["error"]["type"]) for e in errors] == [("b", 2, "missing_field")]
     assert "'reference'" in errors[0]["error"]["message"]
-    report = orjson.loads((tmp_path / "out.eval.json").read_bytes())
     assert report["row_counts"]["scored"] == 2
     outputs = [orjson.loads(line)["id"] for line in (tmp_path / "out.jsonl").read_bytes().splitlines()]
     assert sorted(outputs) == ["a", "c"]  # the row without a reference was not generated
@@ -504,17 +509,14 @@ def test_eval_a_duplicate_golden_id_is_a_row_error_and_the_first_row_wins_everyw
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     _fake_engines(monkeypatch)  # completions are "echo ID"
-    golden = tmp_path / "g.jsonl"
-    golden.write_text(
+    result, errors, report = _eval_of(
+        tmp_path,
         '{"id": "a", "prompt": "hi", "reference": "echo a"}\n'
         '{"id": "b", "prompt": "yo", "reference": "something else"}\n'
-        '{"id": "a", "prompt": "dup", "reference": "not it"}\n'
+        '{"id": "a", "prompt": "dup", "reference": "not it"}\n',
     )
-    result = runner.invoke(app, ["eval", str(golden), "-o", str(tmp_path / "out.jsonl")])
     assert result.exit_code == 3, result.output
-    errors = [orjson.loads(line) for line in (tmp_path / "out.errors.jsonl").read_bytes().splitlines()]
     assert [(e["id"], e["line"], e["error"]["type"]) for e in errors] == [("a", 3, "duplicate_id")]
-    report = orjson.loads((tmp_path / "out.eval.json").read_bytes())
     assert report["row_counts"]["scored"] == 2 and report["scores"]["exact_match"] == 50.0  # a once, b missed
     assert [(r["line"], r["id"]) for r in report["row_counts"]["invalid_golden"]] == [(3, "a")]
     scored = {r["id"]: r for r in map(orjson.loads, (tmp_path / "out.jsonl").read_bytes().splitlines())}
