@@ -31,6 +31,7 @@ Importing this module imports neither vLLM nor torch.
 from __future__ import annotations
 
 from collections.abc import Mapping
+from contextlib import AbstractContextManager, nullcontext
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -151,11 +152,13 @@ def run(
             Path(output_path) if output_path is not None else None,
             Path(errors_path) if errors_path is not None else None,
         )
-        return stream(sys.stdin.buffer, out, run_settings, context)
+        with _turn(engine, context.stop):
+            return stream(sys.stdin.buffer, out, run_settings, context)
     if errors_path is not None:
         raise ConfigError(f"--errors is for a stream (INPUT -); a run of {input_path} writes OUT.errors.jsonl")
     paths = RunPaths.build(Path(input_path), Path(output_path) if output_path is not None else None)
-    return run_job(paths, run_settings, context)
+    with _turn(engine, context.stop):
+        return run_job(paths, run_settings, context)
 
 
 def embed(
@@ -356,7 +359,13 @@ def evaluate(
     scoring = EvalOptions(**{name: options.pop(name) for name in EVAL_OPTIONS if name in options})
     eval_settings, context = prepare(settings, options, engine_args, engine)
     out = Path(output_path) if output_path is not None else default_output(golden)
-    return run_eval(golden, out, eval_settings, context, scoring)
+    with _turn(engine, context.stop):
+        return run_eval(golden, out, eval_settings, context, scoring)
+
+
+def _turn(engine: SharedEngine | None, stop: StopToken) -> AbstractContextManager[None]:
+    """The job's turn on a shared ``engine`` (:meth:`SharedEngine.turn`); no wait without one."""
+    return engine.turn(stop) if engine is not None else nullcontext()
 
 
 def __getattr__(name: str) -> Any:

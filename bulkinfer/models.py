@@ -9,6 +9,7 @@ import functools
 import os
 import re
 import stat
+import threading
 from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import datetime
@@ -27,9 +28,11 @@ from bulkinfer.errors import BulkinferError, ModelError
 
 # (model path, trust_remote_code) -> a Hugging Face tokenizer: load_tokenizer, or a test's own
 TokenizerFactory = Callable[[str, bool], Any]
-"""The name users see for the default model."""
 
-"""Bump when the conversion changes; older prepared directories are rebuilt."""
+# transformers' lazy module is not safe to import from two threads at once (two
+# runs of the Python API: "cannot import name 'AutoTokenizer' from 'transformers'");
+# tokenizers load one at a time.
+_TRANSFORMERS_IMPORT = threading.Lock()
 
 # Weight files vLLM's default loader picks up from a directory ("hf" format:
 # *.safetensors, *.bin; *.pt as a fallback), see DefaultModelLoader in
@@ -303,10 +306,11 @@ def load_tokenizer(model: str, trust_remote_code: bool = False) -> Any:
     Raises:
         ModelError: transformers cannot load a tokenizer from ``model``.
     """
-    from transformers import AutoTokenizer
-
     try:
-        return AutoTokenizer.from_pretrained(model, trust_remote_code=trust_remote_code)
+        with _TRANSFORMERS_IMPORT:
+            from transformers import AutoTokenizer
+
+            return AutoTokenizer.from_pretrained(model, trust_remote_code=trust_remote_code)
     except BulkinferError:  # a stop signal's Interrupted, raised wherever the load was: not the tokenizer's fault
         raise
     except Exception as exc:  # OSError, ValueError, KeyError, ImportError, the hub transport's own errors

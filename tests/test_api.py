@@ -6,6 +6,7 @@ from __future__ import annotations
 import re
 import subprocess
 import sys
+import threading
 from pathlib import Path
 
 import orjson
@@ -16,6 +17,7 @@ import bulkinfer
 from bulkinfer.config import Settings, load_settings
 from bulkinfer.errors import ConfigError
 from bulkinfer.jobs.shared_engine import SharedEngine
+from bulkinfer.schema import Completion, Request
 
 
 def test_overrides_are_run_options_by_name() -> None:
@@ -143,3 +145,81 @@ def test_a_row_priority_on_an_engine_that_ignores_priorities_is_the_rows_error(t
     (error,) = _lines(tmp_path / "out.errors.jsonl")
     assert error["id"] == "b" and error["error"]["type"] == "invalid_field"
     assert error["error"]["message"].startswith("field 'priority': this engine schedules first come, first served")
+
+
+class OneRunAtATime(FakeEngine):
+    """Fails a request added while another run's requests are in the engine."""
+
+    def add(self, request_id: str, request: Request) -> Completion | None:
+        runs = {rid.split("-")[0] for rid in self.reached} if self.queue else set()
+        assert runs <= {request.id.split("-")[0]}, f"{request.id} joined the requests of run {runs}"
+        if not self.queue:
+            self.reached.clear()
+        return super().add(request_id, request)
+
+
+def test_runs_in_two_threads_on_one_shared_engine_take_turns(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Two threads' ``bulkinfer.run`` on one engine: each job has the engine to
+    itself in turn (together, each took the other's finished requests from
+    the steps: KeyError); a job waiting for its turn stops on its token."""
+    for k in range(2):
+        (tmp_path / f"in{k}.jsonl").write_bytes(
+            b"".join(orjson.dumps({"id": f"{k}-{i}", "prompt": "hello there"}) + b"\n" for i in range(12))
+        )
+    results: dict[int, object] = {}
+
+    def go(shared: SharedEngine, k: int, **options: object) -> None:
+        try:
+            results[k] = bulkinfer.run(tmp_path / f"in{k}.jsonl", engine=shared, max_tokens=8, **options).exit_code
+        except Exception as exc:  # the assertion below shows it
+            results[k] = exc
+
+    with SharedEngine(load_settings(), engine_factory=lambda m, s: OneRunAtATime(step_delay=0.01)) as shared:
+        threads = [threading.Thread(target=go, args=(shared, k)) for k in range(2)]
+        for thread in threads:
+            thread.start()
+        for thread in threads:
+            thread.join(60)
+        assert results == {0: 0, 1: 0}
+        for k in range(2):
+            assert sorted(r["completion"] for r in _lines(tmp_path / f"in{k}.out.jsonl")) == sorted(
+                f"echo {k}-{i}" for i in range(12)
+            )
+        assert "waiting for the shared engine: another run in this process is using it" in capsys.readouterr().err
+
+        token = bulkinfer.StopToken()
+        with shared.turn(bulkinfer.StopToken()):  # another job has the engine
+            waiting = threading.Thread(target=go, args=(shared, 2), kwargs={"stop": token})
+            (tmp_path / "in2.jsonl").write_bytes(orjson.dumps({"id": "2-0", "prompt": "hi"}) + b"\n")
+            waiting.start()
+            token.stop("stopped by the caller")
+            waiting.join(10)
+        assert isinstance(results[2], bulkinfer.errors.Interrupted)
+        assert "waiting for the shared engine" in str(results[2])
+    assert not list(tmp_path.glob("in2.out*"))  # nothing was run
+
+
+def test_tokenizers_load_in_several_threads_at_once(tiny_home: Path) -> None:
+    """transformers' lazy module, imported by two threads at once, raised
+    "cannot import name 'AutoTokenizer'" in some of them (about one fresh
+    process in five, eight threads loading at the same moment): three such
+    processes side by side."""
+    code = f"""
+import threading
+from bulkinfer.models import load_tokenizer
+start, failed = threading.Barrier(8), []
+def load():
+    start.wait()
+    try:
+        load_tokenizer({str(tiny_home / "models" / "smollm2-135m-instruct")!r})
+    except Exception as exc:
+        failed.append(repr(exc))
+threads = [threading.Thread(target=load) for _ in range(8)]
+[t.start() for t in threads]
+[t.join() for t in threads]
+print(failed)
+"""
+    processes = [subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, text=True) for _ in range(3)]
+    assert [p.communicate()[0].strip() for p in processes] == ["[]"] * 3

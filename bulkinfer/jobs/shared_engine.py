@@ -13,6 +13,9 @@ giving one is an error, never silently dropped.
 from __future__ import annotations
 
 import dataclasses
+import threading
+from collections.abc import Iterator
+from contextlib import contextmanager
 from typing import Any
 
 from bulkinfer.config import Settings
@@ -22,6 +25,9 @@ from bulkinfer.engine.factory import vllm_engine
 from bulkinfer.errors import ConfigError
 from bulkinfer.jobs.tune import measured_settings, print_to_stderr
 from bulkinfer.models import resolve_model
+from bulkinfer.stop import StopToken
+
+TURN_CHECK_S = 0.2  # a run waiting for its turn on the engine checks its stop token this often (seconds)
 
 
 class SharedEngine:
@@ -50,6 +56,7 @@ class SharedEngine:
         )
         self._kept = KeptEngine(engine_factory)
         self._kept.get(self.model, self.settings)
+        self._turn = threading.Lock()
 
     def __call__(self, model: str, settings: Settings) -> Engine:
         """The kept engine for a run (its ``settings`` were checked by
@@ -79,6 +86,29 @@ class SharedEngine:
                     "settings to bulkinfer.open_engine() and leave them out of the run"
                 )
         return dataclasses.replace(base, model=self.requested.model, engine=self.requested.engine)
+
+    @contextmanager
+    def turn(self, stop: StopToken) -> Iterator[None]:
+        """One job at a time on this engine: the ``with`` body runs once no
+        other job (another thread's ``bulkinfer.run`` or ``evaluate`` on it)
+        is inside its own ``turn``, which it waits for, saying so on stderr.
+        Two jobs at once would each take the other's finished requests from
+        the engine's steps, and the engine's token counts (throughput, the
+        ETA) would be both jobs'.
+
+        Raises:
+            Interrupted: ``stop`` was set while the job waited (no file was
+                written; checked every :data:`TURN_CHECK_S` seconds).
+        """
+        if not self._turn.acquire(blocking=False):
+            print_to_stderr("waiting for the shared engine: another run in this process is using it")
+            while not self._turn.acquire(timeout=TURN_CHECK_S):
+                if stop.is_set():
+                    raise stop.interrupted("it was waiting for the shared engine (another run had it): nothing was run")
+        try:
+            yield
+        finally:
+            self._turn.release()
 
     def close(self) -> None:
         """Close the engine (its processes end)."""
