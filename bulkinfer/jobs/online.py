@@ -165,6 +165,8 @@ class OnlineRequests(_Online):
         options = body.get("stream_options")
         if options is not None and (not isinstance(options, dict) or set(options) - {"include_usage"}):
             raise RowInvalid("unsupported_field", "field 'stream_options': only include_usage is supported")
+        if options and not stream:  # as vLLM's and OpenAI's servers
+            raise RowInvalid("invalid_field", "field 'stream_options': only with stream true")
         if stream and body.get("logprobs") not in (None, False):
             raise RowInvalid("unsupported_field", "field 'logprobs' is not streamed here: ask with stream false")
         prefix = "chatcmpl" if url == CHAT_URL else "cmpl"

@@ -33,6 +33,7 @@ from pydantic import BaseModel, ConfigDict
 from starlette.datastructures import FormData, UploadFile
 from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.formparsers import MultiPartException, MultiPartParser
+from starlette.routing import Match, Route
 
 from bulkinfer.errors import disk_full, os_reason
 from bulkinfer.jobs.online import GENERATION_URLS
@@ -133,9 +134,10 @@ def create_app(
     async def _http(request: Request, exc: StarletteHTTPException) -> JSONResponse:
         """Starlette's errors (an unknown route: 404, as OpenAI's ``Invalid URL (GET /path)``;
         a wrong method: 405, with ``Allow``; a page's own) in OpenAI's error shape."""
-        return JSONResponse(
-            error_body(_http_message(request, exc), "invalid_request_error"), exc.status_code, exc.headers
-        )
+        headers = exc.headers
+        if exc.status_code == 405:  # Starlette's Allow names only the first route of the path
+            headers = {**(exc.headers or {}), "Allow": ", ".join(_allowed(request))}
+        return JSONResponse(error_body(_http_message(request, exc), "invalid_request_error"), exc.status_code, headers)
 
     @app.get("/health")
     def health() -> JSONResponse:
@@ -283,6 +285,16 @@ async def _upload_form(request: Request, max_bytes: int) -> FormData:
         raise _too_large(max_bytes) from None
     except MultiPartException as exc:
         raise ApiError(400, exc.message, param="file") from None
+
+
+def _allowed(request: Request) -> list[str]:
+    """Every method some route of ``request``'s path takes (a path may have a
+    route per method: ``GET`` and ``POST /v1/batches``)."""
+    methods: set[str] = set()
+    for route in request.app.routes:
+        if isinstance(route, Route) and route.methods and route.matches(request.scope)[0] is not Match.NONE:
+            methods |= route.methods
+    return sorted(methods)
 
 
 def _http_message(request: Request, exc: StarletteHTTPException) -> str:

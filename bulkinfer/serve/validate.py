@@ -18,6 +18,8 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+from bulkinfer.errors import InputFileError
+from bulkinfer.io.inputs import inspect_input
 from bulkinfer.io.readers import RawRow, line_row
 
 MAX_LINES = 50_000  # OpenAI's requests per batch
@@ -32,7 +34,17 @@ def batch_error(code: str, message: str, line: int | None = None, param: str | N
 def validate_input(path: Path, endpoint: str, max_lines: int = MAX_LINES) -> tuple[int, list[dict[str, Any]]]:
     """The number of requests in ``path`` (non-blank lines) and the
     ``BatchError`` of each bad line (at most :data:`MAX_ERRORS`); an empty
-    error list means the file may run. Streams the file: memory is one line."""
+    error list means the file may run. A compressed file or an archive is one
+    ``invalid_file`` error (0 requests): OpenAI's Batch API takes plain
+    JSONL, and its bytes read as lines would each be "not valid UTF-8".
+    Streams the file: memory is one line."""
+    try:
+        compression = inspect_input(path)
+    except InputFileError as exc:  # a zip, bzip2, xz, ... file
+        return 0, [batch_error("invalid_file", f"{exc}; a batch's input file is plain JSONL")]
+    if compression is not None:
+        message = f"the file is {compression}-compressed; a batch's input file is plain JSONL: upload it decompressed"
+        return 0, [batch_error("invalid_file", message)]
     errors: list[dict[str, Any]] = []
     seen: set[str] = set()
     count = 0

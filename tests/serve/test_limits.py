@@ -6,6 +6,7 @@ shape of unknown routes, wrong methods and bodies that are not JSON."""
 from __future__ import annotations
 
 import errno
+import gzip
 import sqlite3
 import subprocess
 import sys
@@ -34,6 +35,25 @@ def test_a_file_over_the_lines_limit_is_refused_at_validation(tmp_path: Path) ->
     empty = tmp_path / "empty.jsonl"
     empty.write_bytes(b"\n")
     assert [e["code"] for e in validate_input(empty, "/v1/completions")[1]] == ["empty_file"]
+
+
+def test_a_compressed_file_or_an_archive_is_one_error_not_a_line_each(tmp_path: Path) -> None:
+    packed = tmp_path / "in.jsonl"
+    packed.write_bytes(gzip.compress(batch_lines([f"r{i}" for i in range(50)])))
+    assert validate_input(packed, "/v1/chat/completions") == (
+        0,
+        [
+            {
+                "code": "invalid_file",
+                "message": "the file is gzip-compressed; a batch's input file is plain JSONL: upload it decompressed",
+                "param": None,
+                "line": None,
+            }
+        ],
+    )
+    packed.write_bytes(b"PK\x03\x04" + bytes(100))
+    (error,) = validate_input(packed, "/v1/chat/completions")[1]
+    assert error["code"] == "invalid_file" and "is a zip archive" in error["message"]
 
 
 def test_an_upload_declared_over_the_limit_is_413_before_its_body_is_read(serve: Callable[..., Server]) -> None:
@@ -168,7 +188,7 @@ def test_unknown_routes_wrong_methods_and_bad_json_answer_in_openais_error_shape
     with pytest.raises(openai.APIStatusError) as wrong:
         client.delete("/batches", cast_to=object)
     assert wrong.value.status_code == 405 and "DELETE /v1/batches" in wrong.value.message
-    assert wrong.value.response.headers["allow"]  # the methods it takes
+    assert wrong.value.response.headers["allow"] == "GET, POST"  # every route's of the path, not the first's
     bad = http.post(
         "/v1/batches", headers={"Authorization": "Bearer k", "Content-Type": "application/json"}, content=b"{bad"
     )

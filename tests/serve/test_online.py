@@ -104,6 +104,7 @@ def test_a_field_the_batch_lines_refuse_is_a_400_naming_it(serve: Callable[..., 
     for wrong, param in (
         ({"max_tokens": 0}, "max_tokens"),
         ({"messages": [{"role": "usr", "content": "x"}]}, "messages[0].role"),
+        ({"stream_options": {"include_usage": True}}, "stream_options"),  # without stream, as vLLM's server
     ):
         with pytest.raises(openai.BadRequestError) as named:
             client.chat.completions.create(**{"model": "tiny", "messages": CHAT, **wrong})  # type: ignore[call-overload]
