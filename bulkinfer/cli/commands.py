@@ -95,26 +95,10 @@ def eval_command(
     scoring = {"predictions": predictions, "perplexity": perplexity, "bootstrap": bootstrap, "fail_under": bars}
     result = invoke(options, bulkinfer.evaluate, golden, output, **scoring)
     print_eval(result.report, previous, Console())
-    counts = result.report["row_counts"]
-    if counts["invalid_golden"]:
-        typer.echo(invalid_golden_line(counts["invalid_golden"]))
-    for key, what in (
-        ("unusable_predictions", "without an id or a completion text"),
-        ("duplicate_predictions", "of an id an earlier record has"),
-    ):
-        if counts.get(key):
-            typer.echo(f"{counts[key]} prediction records {what} (not scored)")
     typer.echo(f"written: {result.report['output']}, {eval_path(Path(result.report['output']))}")
     for line in result.below_bar:
         typer.echo(f"bulkinfer: below the bar: {line}", err=True)
     raise typer.Exit(code=result.exit_code)
-
-
-def invalid_golden_line(invalid: list[dict[str, Any]]) -> str:
-    """The terminal line for golden rows that cannot be scored (``row_counts.invalid_golden``)."""
-    shown = "; ".join(f"line {row['line']} ({row['id']}): {row['error']}" for row in invalid[:5])
-    more = f"; and {len(invalid) - 5} more" if len(invalid) > 5 else ""
-    return f"{len(invalid)} invalid golden rows (not scored, listed in invalid_golden of OUT.eval.json): {shown}{more}"
 
 
 # plan's flags only a generation (--job run) reads: option -> flag

@@ -218,12 +218,12 @@ def eval_rank_command(
     """Rerank GOLDEN (or take --predictions) and score the rankings with ir-measures: nDCG, MRR, recall."""
     options = dict(locals())  # first: only the options are local yet
     import bulkinfer
-    from bulkinfer.cli.commands import invalid_golden_line
     from bulkinfer.cli.signals import fail
     from bulkinfer.errors import BulkinferError
     from bulkinfer.jobs.eval import eval_path
     from bulkinfer.jobs.eval_rank import DEFAULT_MEASURES
     from bulkinfer.metrics.ranking import parse_measures, parse_rank_bars
+    from bulkinfer.report.eval_view import invalid_golden_line
 
     names = tuple(measure or DEFAULT_MEASURES)
     try:

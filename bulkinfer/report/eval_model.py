@@ -15,13 +15,20 @@ from bulkinfer.report.model import REPORT_VERSION, typed_report
 @dataclass(frozen=True, slots=True)
 class EvalRowCounts:
     """Golden rows (``golden``, invalid ones included), predictions with an id,
-    and ``scored`` (both); the ids of the unmatched ones."""
+    and ``scored`` (both); the ids of the unmatched ones; the golden rows
+    that cannot be scored (``invalid_golden``: ``line``, ``id``, ``error``
+    each) and the prediction records not scored for their own shape
+    (``unusable_predictions``: no id or no completion text;
+    ``duplicate_predictions``: an id of an earlier record)."""
 
     scored: int
     golden: int | None = None
     predictions: int | None = None
     unmatched_golden: list[str] = field(default_factory=list)
     unmatched_predictions: list[str] = field(default_factory=list)
+    invalid_golden: list[dict[str, Any]] = field(default_factory=list)
+    unusable_predictions: int = 0
+    duplicate_predictions: int = 0
 
 
 @dataclass(frozen=True, slots=True)

@@ -211,6 +211,8 @@ def test_the_first_golden_row_of_an_id_wins_and_invalid_golden_rows_are_reported
     out = " ".join(result.output.split())
     assert "predictions without a golden row" not in out
     assert "6 invalid golden rows (not scored, listed in invalid_golden of OUT.eval.json): line 2 (c):" in out
+    shown = runner.invoke(app, ["report", str(eval_path(tmp_path / "scored.jsonl"))])
+    assert "6 invalid golden rows" in shown.output and shown.exit_code == 0
     records = [orjson.loads(line) for line in (tmp_path / "scored.jsonl").read_bytes().splitlines()]
     assert [(r["id"], r["exact_match"]) for r in records] == [("a", 100.0)]
 
@@ -230,8 +232,10 @@ def test_integer_ids_match_and_unusable_and_repeated_records_are_counted(tmp_pat
     assert (counts["scored"], counts["unmatched_golden"]) == (1, ["2"])
     assert (counts["unusable_predictions"], counts["duplicate_predictions"]) == (2, 1)
     out = " ".join(result.output.split())
-    assert "2 prediction records without an id or a completion text (not scored)" in out
-    assert "1 prediction records of an id an earlier record has (not scored)" in out
+    shown = runner.invoke(app, ["report", str(eval_path(tmp_path / "scored.jsonl"))])  # the saved eval, again
+    for said in (out, " ".join(shown.output.split())):
+        assert "2 prediction records without an id or a completion text (not scored)" in said
+        assert "1 prediction records of an id an earlier record has (not scored)" in said
 
 
 def test_scoring_an_output_again_drops_the_earlier_scorings_row_fields(tmp_path: Path) -> None:
