@@ -25,7 +25,7 @@ from typing import Any, cast
 
 from bulkinfer.config import PlanSettings, Settings
 from bulkinfer.prep.planner import Planner, order_for_feed
-from bulkinfer.prep.rows import field_error, openai_line, row_id_of, token_ids
+from bulkinfer.prep.rows import field_error, is_openai_line, openai_line, row_id_of, token_ids
 from bulkinfer.prep.unapplied import EMBEDDING, check_unapplied
 from bulkinfer.schema import CHAT_URL, COMPLETIONS_URL, EMBEDDINGS_URL, Request, RowError, RowInvalid
 
@@ -51,7 +51,7 @@ def parse_embed_row(data: Any, seq: int, line: int) -> Request:
     """
     if not isinstance(data, dict):
         raise RowInvalid("invalid_row", f"expected a JSON object, got {type(data).__name__}")
-    if "custom_id" in data and "body" in data:
+    if is_openai_line(data, TEXT_FIELDS):
         return _parse_openai(data, seq, line)
     row_id = row_id_of(data, line)
     check_unapplied(data, EMBEDDING, row_id)

@@ -274,7 +274,7 @@ def parse_row(data: Any, seq: int, line: int, defaults: SamplingDefaults) -> Req
     """
     if not isinstance(data, dict):
         raise RowInvalid("invalid_row", f"expected a JSON object, got {type(data).__name__}")
-    if "custom_id" in data and "body" in data:
+    if is_openai_line(data, ("prompt", "messages")):
         row_id, url, body = openai_line(data, BODY_FIELDS, {EMBEDDINGS_URL: "bulkinfer embed"})
         prompt, messages = _openai_content(url, body, row_id)
         source, path = body, CHAT if url == CHAT_URL else COMPLETIONS
@@ -353,6 +353,17 @@ def _prompt(value: Any, name: str, row_id: str | None, openai: bool, several: bo
     raise field_error(name, "a non-empty string or a list of token ids (integers >= 0)", value, row_id, openai)
 
 
+def is_openai_line(data: dict[str, Any], content: tuple[str, ...]) -> bool:
+    """Whether the object ``data`` is an OpenAI batch line: ``custom_id`` with
+    a ``body``, or with a ``url`` and none of the job's bulkinfer row fields
+    ``content`` (a line whose ``body`` is missing is then told so, rather than
+    asked for a ``prompt``; a dataset row with ``custom_id`` and ``url``
+    columns and a prompt stays a row)."""
+    if "custom_id" not in data:
+        return False
+    return "body" in data or ("url" in data and not any(data.get(name) is not None for name in content))
+
+
 def openai_line(
     data: dict[str, Any], endpoints: Mapping[str, frozenset[str]], elsewhere: Mapping[str, str]
 ) -> tuple[str, str, dict[str, Any]]:
@@ -383,6 +394,9 @@ def openai_line(
     if method != "POST":
         raise field_error("method", "POST", method, custom_id, True)
     body = data.get("body")
+    if body is None:
+        message = "field 'body' is required: an OpenAI batch line carries its request there; the row was not run"
+        raise RowInvalid("missing_field", message, custom_id, True)
     if not isinstance(body, dict):
         raise field_error("body", "an object", body, custom_id, True)
     for name in body:

@@ -44,7 +44,7 @@ from bulkinfer.config import Settings
 from bulkinfer.fields import is_int
 from bulkinfer.prep.embeddings import EmbedPlanner, encoder_request
 from bulkinfer.prep.planner import order_for_feed
-from bulkinfer.prep.rows import field_error, openai_line, row_id_of
+from bulkinfer.prep.rows import field_error, is_openai_line, openai_line, row_id_of
 from bulkinfer.prep.unapplied import SCORING, check_unapplied
 from bulkinfer.schema import CHAT_URL, COMPLETIONS_URL, EMBEDDINGS_URL, Request, RowError, RowInvalid
 
@@ -87,7 +87,7 @@ def parse_score_row(data: Any, seq: int, line: int) -> Request:
     """
     if not isinstance(data, dict):
         raise RowInvalid("invalid_row", f"expected a JSON object, got {type(data).__name__}")
-    if "custom_id" in data and "body" in data:
+    if is_openai_line(data, SCORE_FIELDS):
         return _parse_openai(data, seq, line)
     row_id = row_id_of(data, line)
     check_unapplied(data, SCORING, row_id)

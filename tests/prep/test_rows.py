@@ -282,6 +282,15 @@ def test_openai_body_not_an_object() -> None:
     assert "'body'" in err.message
 
 
+def test_a_line_with_custom_id_and_url_but_no_body_is_an_openai_line_missing_it() -> None:
+    err = invalid({"custom_id": "req-1", "method": "POST", "url": CHAT_URL})
+    assert (err.type, err.row_id, err.openai) == ("missing_field", "req-1", True)
+    assert err.message.startswith("field 'body' is required")
+    # a dataset row with columns of those names and a prompt is a bulkinfer row
+    row = parse({"custom_id": "c", "url": "https://example.com/a", "prompt": "hi"})
+    assert row.prompt == "hi" and row.passthrough == {"custom_id": "c", "url": "https://example.com/a"}
+
+
 def test_openai_bad_custom_id() -> None:
     err = invalid({"custom_id": "", "url": CHAT_URL, "body": {"messages": [{"role": "user", "content": "x"}]}})
     assert err.type == "invalid_field"
