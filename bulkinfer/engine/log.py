@@ -15,6 +15,7 @@ from __future__ import annotations
 import os
 import re
 import sys
+import threading
 from pathlib import Path
 from typing import IO, cast
 
@@ -22,6 +23,9 @@ from bulkinfer.errors import BulkinferError
 
 # Where bulkinfer's own lines go while a capture is active (None: sys.stderr).
 _terminal: IO[str] | None = None
+# One capture at a time: the check that none is active and the file descriptors
+# it moves are the process's, so two threads' runs must not interleave them.
+_CAPTURE = threading.Lock()
 # The last line of a Python traceback: "SomeError: message" (vLLM prefixes its
 # worker processes' lines with "(EngineCore pid=N) ").
 _EXCEPTION_LINE = re.compile(r"^(?:\([^)]*\) )?(?:[\w.]+\.)?\w*(?:Error|Exception|Exit)\b:? .*")
@@ -94,7 +98,10 @@ class EngineLog:
             (they are shared, see :meth:`_open`).
         verbose: capture nothing: the engine's log stays on the terminal.
 
-    A capture inside an active one does nothing (``eval`` runs ``run``).
+    A capture inside an active one does nothing (``eval`` runs ``run``), as
+    does one while another thread's is active (two runs of the Python API:
+    the second's engine writes where the process's output goes); the check
+    and the move are one step (:data:`_CAPTURE`).
     """
 
     def __init__(self, path: Path, verbose: bool = False, append: bool = False):
@@ -107,6 +114,10 @@ class EngineLog:
         self._start = 0
 
     def __enter__(self) -> EngineLog:
+        with _CAPTURE:
+            return self._capture()
+
+    def _capture(self) -> EngineLog:
         global _terminal
         if self._verbose or _terminal is not None:
             return self
@@ -146,6 +157,10 @@ class EngineLog:
         return os.open(self.path, flags, 0o644)
 
     def __exit__(self, *exc: object) -> None:
+        with _CAPTURE:
+            self._release()
+
+    def _release(self) -> None:
         global _terminal
         if not self.active or self._saved is None:
             return

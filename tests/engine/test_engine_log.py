@@ -117,3 +117,32 @@ def test_a_reader_that_went_away_loses_bulkinfers_lines_never_the_command() -> N
     stream.flush()  # the pipe's error comes at the flush: the stream is gone from then on
     assert stream.gone and stream.write("the summary\n") == 12
     stream.close()
+
+
+THREADS = """
+import os, random, sys, threading, time
+from pathlib import Path
+import bulkinfer.engine.log as log
+before = [os.fstat(fd)[1:3] for fd in (1, 2)]
+start = threading.Barrier(8)
+def captures(k):
+    start.wait()
+    for _ in range(40):
+        with log.EngineLog(Path(sys.argv[1]) / f"{k}.log"):
+            time.sleep(random.random() / 1000)
+threads = [threading.Thread(target=captures, args=(k,)) for k in range(8)]
+[t.start() for t in threads]
+[t.join() for t in threads]
+restored = [os.fstat(fd)[1:3] for fd in (1, 2)] == before and log._terminal is None
+print("restored" if restored else "not restored")
+"""
+
+
+def test_captures_in_several_threads_at_once_leave_the_descriptors_as_they_were(tmp_path: Path) -> None:
+    """Eight threads capturing at once (runs of the Python API each with its
+    own engine): the check that no capture is active and the move of the
+    file descriptors are one step, so every capture's exit puts back what it
+    moved (interleaved, a thread restored another's log as standard output,
+    and an exit found no terminal: AssertionError)."""
+    proc = subprocess.run([sys.executable, "-c", THREADS, str(tmp_path)], capture_output=True, text=True)
+    assert (proc.returncode, proc.stdout.strip(), proc.stderr) == (0, "restored", "")
