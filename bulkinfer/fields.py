@@ -12,6 +12,7 @@ Importing this module imports nothing of bulkinfer's.
 from __future__ import annotations
 
 import json
+import os
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any, Literal
@@ -64,6 +65,11 @@ def is_number(value: Any) -> bool:
     return isinstance(value, int | float) and not isinstance(value, bool)
 
 
+# vLLM's bound on a request's n (the environment variable its SamplingParams
+# reads; the engine's processes inherit it), read once.
+MAX_N_SEQUENCES = int(os.environ.get("VLLM_MAX_N_SEQUENCES", "16384"))
+
+
 def int_in(value: Any, bounds: tuple[int, int], optional: bool = False) -> bool:
     """An integer (not a bool) with ``low <= value < high``, or None when ``optional``."""
     if value is None:
@@ -99,9 +105,10 @@ def _token_ids(value: Any) -> bool:
 
 def _logit_bias(value: Any) -> bool:
     """OpenAI's ``logit_bias``: token id (a JSON object key, so a string of
-    digits; an int from Python) -> a bias in [-100, 100]."""
+    digits, read by ``int``: ``isdecimal``, not ``isdigit``, which "²" passes;
+    an int from Python) -> a bias in [-100, 100]."""
     return isinstance(value, Mapping) and all(
-        (is_int(k) and k >= 0 or isinstance(k, str) and k.isdigit()) and is_number(v) and -100 <= v <= 100
+        (is_int(k) and k >= 0 or isinstance(k, str) and k.isdecimal()) and is_number(v) and -100 <= v <= 100
         for k, v in value.items()
     )
 
@@ -318,7 +325,13 @@ FIELDS: dict[str, RequestField] = {
             "true or false",
             "vLLM SamplingParams.ignore_eos (vLLM's extension of the OpenAI API)",
         ),
-        _field("n", "integer", int_ge_1, "an integer >= 1", f"OpenAI API reference; {_VERIFY_ARGS}: n >= 1"),
+        _field(
+            "n",
+            "integer",
+            lambda v: int_in(v, (1, MAX_N_SEQUENCES + 1)),
+            f"an integer in [1, {MAX_N_SEQUENCES}]",
+            "OpenAI API reference; vLLM 0.32 _verify_num_sequences: 1 <= n <= VLLM_MAX_N_SEQUENCES (default 16384)",
+        ),
         *(
             _field(
                 name,

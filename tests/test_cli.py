@@ -717,7 +717,7 @@ def test_structured_flags_become_the_structured_outputs_default(
         (["--json-schema", "bad.json"], 2, "--json-schema: json: not a valid JSON schema"),
         (["--logit-bias", "50"], 2, "--logit-bias takes TOKEN_ID=BIAS"),
         (["--logit-bias", "x=1"], 2, "--logit-bias must be an object of token id"),
-        (["--n", "0"], 2, "--n must be an integer >= 1, got 0"),
+        (["--n", "0"], 2, "--n must be an integer in [1, 16384], got 0"),
         (["--logprobs", "21"], 2, "--logprobs must be the top log-probabilities"),
         (["--top-k", "-2"], 2, "--top-k must be an integer >= 1, or 0 or -1"),
     ],

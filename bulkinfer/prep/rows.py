@@ -52,7 +52,7 @@ from bulkinfer.fields import (
     shown,
 )
 from bulkinfer.prep.chat_template import TEMPLATE_FIELDS, needs_template, template_kwargs
-from bulkinfer.prep.unapplied import GENERATION, HARMLESS, check_unapplied
+from bulkinfer.prep.unapplied import GENERATION, HARMLESS, check_unapplied, not_asked
 from bulkinfer.schema import CHAT_URL, COMPLETIONS_URL, EMBEDDINGS_URL, Request, RowInvalid
 
 ROLES = frozenset({"system", "developer", "user", "assistant", "tool"})
@@ -119,7 +119,7 @@ def _parse_messages(value: Any, row_id: str | None, openai: bool) -> list[dict[s
         if not isinstance(message, dict):
             raise field_error(f"messages[{i}]", "an object with role and content", message, row_id, openai)
         role = message.get("role")
-        if role not in ROLES:
+        if not isinstance(role, str) or role not in ROLES:
             raise field_error(f"messages[{i}].role", f"one of {', '.join(sorted(ROLES))}", role, row_id, openai)
         text = _text_content(message.get("content"))
         if text is None:
@@ -194,6 +194,9 @@ def _logprobs(source: dict[str, Any], defaults: SamplingDefaults, path: InputPat
     A bulkinfer row may also give ``logprobs: k`` directly."""
     openai = path != ROW
     logprobs, top = source.get("logprobs"), source.get("top_logprobs")
+    if path == ROW and is_int(logprobs) and top is not None:  # two counts of alternatives: which?
+        expected = "used with logprobs: true (an integer logprobs is the count)"
+        raise field_error("top_logprobs", expected, top, row_id, False)
     if path == COMPLETIONS or (path == ROW and is_int(logprobs)):
         return defaults.logprobs if logprobs is None else int(checked(FIELDS["logprobs"], logprobs, row_id, openai))
     if top is not None and logprobs is not True:
@@ -380,6 +383,8 @@ def openai_line(
     if not isinstance(custom_id, str) or not custom_id:
         raise field_error("custom_id", "a non-empty string", custom_id, None, True)
     url = data.get("url", CHAT_URL)
+    if not isinstance(url, str):
+        raise field_error("url", " or ".join(endpoints), url, custom_id, True)
     if url in elsewhere:
         raise RowInvalid(
             "invalid_field",
@@ -399,14 +404,16 @@ def openai_line(
         raise RowInvalid("missing_field", message, custom_id, True)
     if not isinstance(body, dict):
         raise field_error("body", "an object", body, custom_id, True)
-    for name in body:
-        if name in endpoints[url] or (name in HARMLESS and (name != "stream" or body[name] in (None, False))):
+    for name, value in body.items():
+        if name in endpoints[url] or name in HARMLESS or not_asked(name, value):
             continue
-        why = (
-            "streaming is not supported: each line gets one whole response"
-            if name == "stream"
-            else ("bulkinfer does not implement it, and it would change the output")
-        )
+        elsewhere_read = [other for other, names in endpoints.items() if name in names]
+        if name == "stream":
+            why = "streaming is not supported: each line gets one whole response"
+        elif elsewhere_read:
+            why = f"it is read in {' and '.join(elsewhere_read)} lines, and this line's url is {url}"
+        else:
+            why = "bulkinfer does not implement it, and it would change the output"
         raise RowInvalid(
             "unsupported_field", f"field 'body.{name}' is not supported: {why}; the row was not run", custom_id, True
         )

@@ -26,7 +26,7 @@ from bulkinfer.schema import RowInvalid
 # Request fields that do not change a completion or a vector (a user, caching,
 # routing, tracing, a predicted output; a priority, where a job does not read
 # it): accepted and not used in an OpenAI body, passed through in a bulkinfer
-# row. ``stream`` only when false.
+# row.
 HARMLESS = frozenset(
     {
         "model",
@@ -35,7 +35,6 @@ HARMLESS = frozenset(
         "store",
         "service_tier",
         "safety_identifier",
-        "stream",
         "prediction",
         "prompt_cache_key",
         "prompt_cache_retention",
@@ -50,8 +49,16 @@ HARMLESS = frozenset(
     }
 )
 
-# Values that ask for what bulkinfer does anyway: accepted wherever the name is refused.
-ANYWAY: dict[str, Any] = {"stream": False, "encoding_format": "float"}
+# Values that ask for what bulkinfer does anyway: accepted wherever the name is
+# refused (a completions ``echo`` false, no tool called).
+ANYWAY: dict[str, Any] = {"stream": False, "encoding_format": "float", "echo": False, "tool_choice": "none"}
+
+
+def not_asked(name: str, value: Any) -> bool:
+    """Whether request field ``name`` given ``value`` asks for nothing
+    bulkinfer would have to do: None (JSON null, a Parquet null: not given,
+    as OpenAI reads null) or its :data:`ANYWAY` value."""
+    return value is None or (name in ANYWAY and type(value) is type(ANYWAY[name]) and value == ANYWAY[name])
 # Refused in every job's rows (but as ANYWAY).
 _EVERY_JOB = {"stream": "each row gets one whole response"}
 
@@ -173,9 +180,7 @@ def check_unapplied(data: Mapping[str, Any], unapplied: Mapping[str, str], row_i
             must be renamed.
     """
     for name, value in data.items():
-        if name not in unapplied or value is None:  # null: not given (OpenAI reads null so)
-            continue
-        if name in ANYWAY and type(value) is type(ANYWAY[name]) and value == ANYWAY[name]:
+        if name not in unapplied or not_asked(name, value):
             continue
         raise RowInvalid(
             "unsupported_field",

@@ -107,7 +107,7 @@ def test_logprobs_in_each_shape(line: dict[str, Any], top: int | None) -> None:
 @pytest.mark.parametrize(
     ("line", "field", "says"),
     [
-        (chat(n=0), "'n'", "integer >= 1"),
+        (chat(n=0), "'n'", "integer in [1, 16384]"),
         (chat(top_logprobs=2), "'top_logprobs'", "logprobs: true"),
         (chat(logprobs=True, top_logprobs=50), "'top_logprobs'", "[0, 20]"),
         (chat(logprobs=3), "'logprobs'", "true or false"),
@@ -126,7 +126,9 @@ def test_logprobs_in_each_shape(line: dict[str, Any], top: int | None) -> None:
         (chat(logit_bias={"5": 101}), "'logit_bias'", "[-100, 100]"),
         (chat(priority=1.5), "'priority'", "integer"),
         (chat(ignore_eos="yes"), "'ignore_eos'", "true or false"),
-        ({"prompt": "Hi", "n": True}, "'n'", "integer >= 1"),
+        ({"prompt": "Hi", "n": True}, "'n'", "integer in [1, 16384]"),
+        (chat(n=16385), "'n'", "integer in [1, 16384]"),  # vLLM's VLLM_MAX_N_SEQUENCES, refused in the engine before
+        ({"prompt": "Hi", "logprobs": 5, "top_logprobs": 2}, "'top_logprobs'", "an integer logprobs is the count"),
     ],
 )
 def test_an_out_of_range_value_is_a_row_error_naming_the_field(line: dict[str, Any], field: str, says: str) -> None:

@@ -291,6 +291,21 @@ def test_a_line_with_custom_id_and_url_but_no_body_is_an_openai_line_missing_it(
     assert row.prompt == "hi" and row.passthrough == {"custom_id": "c", "url": "https://example.com/a"}
 
 
+def test_values_of_the_wrong_kind_in_a_role_a_url_or_a_logit_bias_key_are_the_rows_error() -> None:
+    """Each was a traceback that ended the whole run (TypeError: unhashable
+    type; ValueError from ``int("²")``, a key ``str.isdigit`` accepts)."""
+    for line, field in [
+        ({"id": "r", "messages": [{"role": ["user"], "content": "hi"}]}, "messages[0].role"),
+        ({"id": "r", "messages": [{"role": {"r": 1}, "content": "hi"}]}, "messages[0].role"),
+        ({"custom_id": "c", "url": ["/v1/chat/completions"], "body": {}}, "url"),
+        ({"custom_id": "c", "url": {"a": 1}, "body": {}}, "url"),
+        ({"id": "r", "prompt": "hi", "logit_bias": {"²": 5}}, "logit_bias"),
+    ]:
+        err = invalid(line)
+        assert err.type == "invalid_field" and f"'{field}'" in err.message, err.message
+    assert parse({"id": "r", "prompt": "hi", "logit_bias": {"12": 5}}).options["logit_bias"] == {12: 5.0}
+
+
 def test_openai_bad_custom_id() -> None:
     err = invalid({"custom_id": "", "url": CHAT_URL, "body": {"messages": [{"role": "user", "content": "x"}]}})
     assert err.type == "invalid_field"

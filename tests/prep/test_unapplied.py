@@ -102,6 +102,33 @@ def test_a_run_row_naming_a_parameter_bulkinfer_does_not_apply_is_refused_with_t
     assert kept.passthrough == {"stream": False, "prediction": "x", "category": 3}
 
 
+def test_an_openai_body_reads_null_as_not_given_and_names_the_endpoint_a_field_belongs_to() -> None:
+    """A body dumped with its unset fields (``model_dump()``: ``tools: null``)
+    asks for nothing; nor does ``echo: false`` or ``tool_choice: "none"``; a
+    field of the other endpoint is named as such, not as unimplemented."""
+    chat = {"custom_id": "c", "url": "/v1/chat/completions"}
+    messages = [{"role": "user", "content": "hi"}]
+    nulls = dict.fromkeys(("tools", "tool_choice", "functions", "suffix", "stream_options", "reasoning_effort"))
+    kept = parse_row({**chat, "body": {"messages": messages, **nulls, "stream": None}}, 0, 1, SamplingDefaults())
+    assert kept.messages == messages
+    text = {"custom_id": "t", "url": "/v1/completions", "body": {"prompt": "hi", "echo": False}}
+    assert parse_row(text, 0, 1, SamplingDefaults()).prompt == "hi"
+    assert parse_row({**chat, "body": {"messages": messages, "tool_choice": "none"}}, 0, 1, SamplingDefaults())
+
+    def refused(line: dict[str, Any]) -> str:
+        with pytest.raises(RowInvalid) as info:
+            parse_row(line, 0, 1, SamplingDefaults())
+        assert info.value.type == "unsupported_field" and info.value.openai
+        return info.value.message
+
+    assert "'body.tools' is not supported" in refused({**chat, "body": {"messages": messages, "tools": []}})
+    assert "'body.echo'" in refused({**text, "body": {"prompt": "hi", "echo": True}})
+    said = refused({**chat, "body": {"prompt": "hi"}})
+    assert "'body.prompt' is not supported: it is read in /v1/completions lines" in said
+    said = refused({**text, "body": {"prompt": "hi", "max_completion_tokens": 4}})
+    assert "read in /v1/chat/completions lines, and this line's url is /v1/completions" in said
+
+
 def test_embed_and_score_rows_refuse_the_parameters_of_their_jobs() -> None:
     with pytest.raises(RowInvalid) as info:
         parse_embed_row({"id": "e", "text": "hello", "dimensions": 8}, 0, 1)
