@@ -59,6 +59,8 @@ def not_asked(name: str, value: Any) -> bool:
     bulkinfer would have to do: None (JSON null, a Parquet null: not given,
     as OpenAI reads null) or its :data:`ANYWAY` value."""
     return value is None or (name in ANYWAY and type(value) is type(ANYWAY[name]) and value == ANYWAY[name])
+
+
 # Refused in every job's rows (but as ANYWAY).
 _EVERY_JOB = {"stream": "each row gets one whole response"}
 
