@@ -100,15 +100,33 @@ def checked(field: RequestField, value: Any, row_id: str | None, openai: bool, n
     return value
 
 
-def _text_content(content: Any) -> str | None:
-    """A message's content as text: a string, or OpenAI text parts joined."""
+# The content parts vLLM 0.32 reads as text (vllm/renderers/chat_utils.py,
+# TEXT_PART_TYPES and MM_PARSER_MAP): type -> the key that holds the text.
+TEXT_PARTS = {"text": "text", "input_text": "text", "output_text": "text", "refusal": "refusal", "thinking": "thinking"}
+_CONTENT = "a string or a list of text parts (" + ", ".join(TEXT_PARTS) + "; text models: no media)"
+
+
+def _text_content(content: Any, role: str) -> str | None:
+    """A message's content as text, as vLLM's chat API reads it for a
+    template that takes string content (``_parse_chat_message_content``):
+    a string; content parts (strings, or parts of :data:`TEXT_PARTS`) joined
+    with ``"\n"``; an assistant's null content (its ``tool_calls`` carry the
+    turn) ``""``. None when the content is none of these."""
     if isinstance(content, str):
         return content
-    if isinstance(content, list) and all(
-        isinstance(p, dict) and p.get("type") == "text" and isinstance(p.get("text"), str) for p in content
-    ):
-        return "".join(p["text"] for p in content)
-    return None
+    if content is None and role == "assistant":
+        return ""
+    if not isinstance(content, list):
+        return None
+    texts = []
+    for part in content:
+        kind = part.get("type") if isinstance(part, dict) else None
+        key = TEXT_PARTS.get(kind) if isinstance(kind, str) else None
+        text = part if isinstance(part, str) else part.get(key) if key is not None else None
+        if not isinstance(text, str):
+            return None
+        texts.append(text)
+    return "\n".join(texts)
 
 
 def _parse_messages(value: Any, row_id: str | None, openai: bool) -> list[dict[str, Any]]:
@@ -121,11 +139,9 @@ def _parse_messages(value: Any, row_id: str | None, openai: bool) -> list[dict[s
         role = message.get("role")
         if not isinstance(role, str) or role not in ROLES:
             raise field_error(f"messages[{i}].role", f"one of {', '.join(sorted(ROLES))}", role, row_id, openai)
-        text = _text_content(message.get("content"))
+        text = _text_content(message.get("content"), role)
         if text is None:
-            raise field_error(
-                f"messages[{i}].content", "a string or a list of text parts", message.get("content"), row_id, openai
-            )
+            raise field_error(f"messages[{i}].content", _CONTENT, message.get("content"), row_id, openai)
         messages.append({**message, "content": text})
     return messages
 

@@ -49,7 +49,7 @@ def test_messages_row_with_string_content() -> None:
 def test_messages_row_with_text_parts_joined() -> None:
     content = [{"type": "text", "text": "Hello, "}, {"type": "text", "text": "world"}]
     req = parse({"messages": [{"role": "user", "content": content, "name": "bob"}]})
-    assert req.messages == [{"role": "user", "content": "Hello, world", "name": "bob"}]
+    assert req.messages == [{"role": "user", "content": "Hello, \nworld", "name": "bob"}]  # as vLLM joins them
 
 
 def test_id_defaults_to_line_number() -> None:
