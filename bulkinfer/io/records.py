@@ -265,7 +265,13 @@ def _row_choice(choice: Choice) -> dict[str, Any]:
 
 
 def _openai_choice(choice: Choice, chat: bool) -> dict[str, Any]:
-    """One of an OpenAI body's ``choices``: chat ``message`` or completions ``text``."""
+    """One of an OpenAI body's ``choices``: chat ``message`` or completions ``text``.
+
+    A completions choice's ``top_logprobs`` hold the sampled token first, then
+    the top alternatives (at most ``logprobs`` + 1 entries: OpenAI's legacy
+    completions "always return the logprob of the sampled token"; vLLM's
+    ``_create_completion_logprobs`` alike); a chat choice's are the top
+    alternatives alone, as OpenAI's."""
     logprobs: dict[str, Any] | None = None
     if chat:
         out: dict[str, Any] = {"index": choice.index, "message": {"role": "assistant", "content": choice.text}}
@@ -282,7 +288,10 @@ def _openai_choice(choice: Choice, chat: bool) -> dict[str, Any]:
                 "text_offset": offsets,
                 "token_logprobs": [e["logprob"] for e in choice.logprobs],
                 "tokens": [e["token"] for e in choice.logprobs],
-                "top_logprobs": [{t["token"]: t["logprob"] for t in e["top_logprobs"]} for e in choice.logprobs],
+                "top_logprobs": [
+                    {e["token"]: e["logprob"], **{t["token"]: t["logprob"] for t in e["top_logprobs"]}}
+                    for e in choice.logprobs
+                ],
             }
     out.update(logprobs=logprobs, finish_reason=choice.finish_reason)
     return out

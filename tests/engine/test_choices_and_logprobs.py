@@ -191,6 +191,9 @@ def test_openai_lines_with_n_and_logprobs_validate_against_the_reference_types(u
         assert first.token_logprobs == [-0.25, -0.01]  # type: ignore[union-attr]
         assert first.text_offset == [0, 4]  # type: ignore[union-attr]
         assert first.top_logprobs == [{" Par": -0.25, " the": -2.0}, {"is": -0.01, "ma": -5.5}]  # type: ignore[union-attr]
+        # the sampled token is always there, first, as OpenAI's and vLLM's completions give it
+        assert typed.choices[1].logprobs.top_logprobs == [{" Lyon": -3.0, " Par": -0.25, " the": -2.0}]  # type: ignore[union-attr]
+        assert list(typed.choices[1].logprobs.top_logprobs[0]) == [" Lyon", " Par", " the"]  # type: ignore[union-attr,index]
         assert typed.choices[1].text == " Lyon"  # type: ignore[union-attr]
     assert parse_output(record).completion == " Paris"  # resume and eval read the first choice
 
