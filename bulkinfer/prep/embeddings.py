@@ -24,8 +24,9 @@ from collections.abc import Sequence
 from typing import Any, cast
 
 from bulkinfer.config import PlanSettings, Settings
+from bulkinfer.prep.envelope import field_error, is_openai_line, openai_line
 from bulkinfer.prep.planner import Planner, order_for_feed
-from bulkinfer.prep.rows import field_error, is_openai_line, openai_line, row_id_of, token_ids
+from bulkinfer.prep.rows import row_id_of, token_ids
 from bulkinfer.prep.unapplied import EMBEDDING, check_unapplied
 from bulkinfer.schema import CHAT_URL, COMPLETIONS_URL, EMBEDDINGS_URL, Request, RowError, RowInvalid
 

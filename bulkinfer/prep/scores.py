@@ -43,8 +43,9 @@ from typing import Any
 from bulkinfer.config import Settings
 from bulkinfer.fields import is_int
 from bulkinfer.prep.embeddings import EmbedPlanner, encoder_request
+from bulkinfer.prep.envelope import field_error, is_openai_line, openai_line
 from bulkinfer.prep.planner import order_for_feed
-from bulkinfer.prep.rows import field_error, is_openai_line, openai_line, row_id_of
+from bulkinfer.prep.rows import row_id_of
 from bulkinfer.prep.unapplied import SCORING, check_unapplied
 from bulkinfer.schema import CHAT_URL, COMPLETIONS_URL, EMBEDDINGS_URL, Request, RowError, RowInvalid
 
