@@ -90,6 +90,11 @@ def atomic_write(path: Path, data: bytes) -> None:
         write_synced(tmp, [data])
         failpoint("atomic_write", path)
         publish_path(tmp, path)
+    except OSError as exc:  # named by the file asked for, not the temporary one
+        tmp.unlink(missing_ok=True)
+        if exc.errno is None or os.fsdecode(exc.filename or "") != str(tmp):
+            raise
+        raise type(exc)(exc.errno, exc.strerror, str(path)) from exc
     except BaseException:
         tmp.unlink(missing_ok=True)
         raise

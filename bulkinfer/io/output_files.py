@@ -275,10 +275,13 @@ class OutputFiles:
         for path in (self.spool, self.errors_spool, self.journal, self.tmp, self.ordered, self.errors_ordered, *runs):
             path.unlink(missing_ok=True)
 
-    def finish(self, order: OutputOrder = "input") -> None:
+    def finish(self, order: OutputOrder = "input", reported: bool = True) -> None:
         """Publish errors, then the output (its rename marks the run complete),
         each in ``order`` (see :func:`bulkinfer.io.spool.publish_spool`), then
-        drop the journal.
+        drop the journal, unless a report is still to be written
+        (``reported`` false: :meth:`reported` drops it then, so that a
+        ``--resume`` of a complete output whose report was never written
+        can still check its input and settings against the journal).
 
         Raises:
             OSError: a file cannot be written; the spools stay for ``--resume``.
@@ -288,6 +291,11 @@ class OutputFiles:
         failpoint("between_publish")
         publish_spool(self.spool, self.out, order, columns=self.columns)
         failpoint("after_publish")
+        if reported:
+            self.reported()
+
+    def reported(self) -> None:
+        """The run's report is written: its journal goes."""
         self.journal.unlink(missing_ok=True)
 
     def published(self) -> Published:

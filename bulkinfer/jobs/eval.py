@@ -43,6 +43,7 @@ from bulkinfer.errors import (
     InputFileError,
     ModelError,
     OutputExistsError,
+    write_error,
 )
 from bulkinfer.fields import is_int
 from bulkinfer.io import formats
@@ -252,7 +253,7 @@ def run_eval(
     engines = KeptEngine(context.engine_factory)  # the perplexity pass reuses the generation's engine
     if options.perplexity and not context.engine_outlives_run:  # a shared engine is reused as it is
         context = context.replace(engine_factory=engines)
-    make_output_dir(out)  # OUT's directory, for the log opened next
+    make_output_dir(out, eval_path(out), paths.html)  # OUT's directory, for the log opened next
     # appended to: opened before the generation checks that it may write OUT
     quiet = context.verbose or context.engine_outlives_run
     with EngineLog(OutputFiles(out).log, quiet, append=True) as log:
@@ -326,6 +327,8 @@ def run_eval(
             return EvalResult(report, EXIT_BELOW_BAR if below else run_code, below)
         except (EngineError, ModelError) as exc:
             raise log.explain(exc) from exc
+        except OSError as exc:  # the scored rows, OUT.eval.json or the page cannot be written
+            raise write_error(exc) from exc
         finally:
             engines.close()
 

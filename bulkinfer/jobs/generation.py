@@ -144,7 +144,7 @@ class Generation:
         self._counts = self._step_counts()  # now: an engine in processes of its own is closed before the report
         with self.stats.timed("write"):
             self._close()
-            self.files.finish(self.settings.plan.file_output_order)
+            self.files.finish(self.settings.plan.file_output_order, reported=False)  # the run writes the report
         self.planner.padding.finish()
 
     def _requests(self, windows: Iterator[list[Request]]) -> Iterator[Request]:

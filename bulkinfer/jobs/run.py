@@ -32,6 +32,7 @@ from bulkinfer.errors import (
     EXIT_OK,
     EXIT_PARTIAL,
     BulkinferError,
+    ConfigError,
     EngineError,
     InputFileError,
     ModelError,
@@ -204,16 +205,13 @@ def run(
     if settings.model not in (None, DEFAULT_MODEL):
         resolve_model(settings.model)  # a model that cannot be found fails here, before any file is written
     files = OutputFiles(paths.output, job.columns)
-    make_output_dir(paths.output)
+    make_output_dir(paths.output, files.errors, paths.report, paths.html)
     with files.locked():
         try:
             identity, results = input_identity(paths.input), {**results_settings(settings), **job.journal}
             key = file_key(paths.input)
             if resume and files.is_complete():  # resume excludes overwrite (RunContext)
-                report = orjson.loads(paths.report.read_bytes()) if paths.report.exists() else {}
-                if report.get("results_of"):  # reports before 2026-12-05 did not record it
-                    check_same_results(paths.output, report["results_of"], identity, results, complete=True)
-                files.discard_partial()
+                report = _complete(paths, files, identity, results)
                 return RunReport({**report, "already_complete": True}, EXIT_OK, paths.output)
             done = files.start(identity, results, resume, overwrite)
             context.observer.started(done.completed, done.failed)
@@ -239,17 +237,52 @@ def run(
     return RunReport(report, code, paths.output)
 
 
-def make_output_dir(out: Path) -> None:
+def _complete(paths: RunPaths, files: OutputFiles, identity: dict[str, Any], results: dict[str, Any]) -> dict[str, Any]:
+    """The report of the complete output a ``--resume`` found, once it is
+    checked to be this input's and these settings' (by its report's
+    ``results_of``, or by the journal a run keeps until its report is
+    written); an HTML report that was not written is drawn from it.
+
+    Raises:
+        ConfigError: another input or other settings than the run that wrote
+            it; or neither its report nor a journal is there to say which.
+        OSError: the HTML report cannot be written.
+    """
+    report = orjson.loads(paths.report.read_bytes()) if paths.report.exists() else {}
+    if report.get("results_of"):
+        check_same_results(paths.output, report["results_of"], identity, results, complete=True)
+        if not paths.html.exists():
+            write_run_html(report, paths.html)
+        files.discard_partial()
+        files.reported()
+    elif files.journal.exists():  # published, then stopped before its report was written
+        check_same_results(paths.output, orjson.loads(files.journal.read_bytes()), identity, results, complete=True)
+        warn(
+            f"{paths.output} is complete, but the run that wrote it stopped before writing its report "
+            f"{paths.report}: there is none (--overwrite runs it again, with one)"
+        )
+    elif not report:
+        raise ConfigError(
+            f"cannot resume {paths.output}: it is complete, but its report {paths.report} is missing, so whether "
+            "it is this input's and these settings' cannot be checked; use --overwrite to run it again"
+        )
+    # else a report from before 2026-12-05, which did not record its input and settings
+    return report
+
+
+def make_output_dir(out: Path, *beside: Path) -> None:
     """Create the directory of the output file ``out`` (and its parents)
     before anything is written there.
 
     Raises:
-        OutputWriteError: ``out`` is a directory, a component of its path is
-            an existing non-directory, or the directory cannot be created
-            (exit 9).
+        OutputWriteError: ``out`` or a file written ``beside`` it (the
+            errors file, the reports) is a directory, a component of its
+            path is an existing non-directory, or the directory cannot be
+            created (exit 9).
     """
-    if out.is_dir():
-        raise write_error(IsADirectoryError(errno.EISDIR, os.strerror(errno.EISDIR)), out)
+    for path in (out, *beside):
+        if path.is_dir():
+            raise write_error(IsADirectoryError(errno.EISDIR, os.strerror(errno.EISDIR)), path)
     for parent in out.parents:
         if parent.exists():
             if not parent.is_dir():
@@ -336,6 +369,7 @@ def _run_locked(attempt: Attempt, job: Job, settings: Settings, context: RunCont
         report.update(job.describe(planner))
     write_report(report, paths.report)
     write_run_html(report, paths.html)
+    attempt.files.reported()
     if job.calibrate:
         work = generation.progress.work
         lengths, fit = work.length_quantiles(), work.fitted_step_cost()

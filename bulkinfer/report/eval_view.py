@@ -53,18 +53,22 @@ def write_eval_html(
     report: dict[str, Any], run_report: dict[str, Any], records: list[dict[str, Any]], path: Path
 ) -> None:
     """HTML: the eval's scores and per-row distributions, after the run's charts
-    when this eval generated. Never fails the eval."""
+    when this eval generated. A failure to draw it never fails the eval.
+
+    Raises:
+        OSError: the page cannot be written, as any file of the eval.
+    """
+    from bulkinfer.report.html import eval_sections, run_sections, write_html
 
     try:
-        from bulkinfer.report.html import eval_sections, run_sections, write_html
-
         sections = [
             *eval_sections(report, evaluate.METRICS, records),
             *(run_sections(run_report) if "seconds" in run_report else []),
         ]
-        write_html(f"bulkinfer eval: {report['golden']}", sections, path)
     except Exception as exc:
-        print(f"bulkinfer: warning: HTML report not written: {type(exc).__name__}: {exc}", file=terminal())
+        print(f"bulkinfer: warning: HTML report not drawn: {type(exc).__name__}: {exc}", file=terminal())
+        return
+    write_html(f"bulkinfer eval: {report['golden']}", sections, path)
 
 
 def invalid_golden_line(invalid: list[dict[str, Any]]) -> str:

@@ -434,9 +434,16 @@ def write_run_html(report: RunReport | dict[str, Any], path: Path) -> None:
     """The self-contained HTML report of a run, embed or score report (typed, or the
     dict a run builds) at ``path``. A failure to draw it (a dict that is no
     report included) is reported on stderr and never fails the run (the JSON
-    report has it all)."""
+    report has it all).
+
+    Raises:
+        OSError: the page cannot be written (a full disk, a directory in the
+            way), as any file of the run.
+    """
     try:
         r = as_run_report(report)
-        write_html(f"bulkinfer: {r.input}", run_sections(r), path)
+        sections = run_sections(r)
     except Exception as exc:  # matplotlib missing, a font problem, ...
-        print(f"bulkinfer: warning: HTML report not written: {type(exc).__name__}: {exc}", file=terminal())
+        print(f"bulkinfer: warning: HTML report not drawn: {type(exc).__name__}: {exc}", file=terminal())
+        return
+    write_html(f"bulkinfer: {r.input}", sections, path)

@@ -249,3 +249,12 @@ def test_scoring_an_output_again_drops_the_earlier_scorings_row_fields(tmp_path:
     (record,) = [orjson.loads(line) for line in (tmp_path / "again.jsonl").read_bytes().splitlines()]
     assert record["bleu"] == pytest.approx(100.0) and record["exact_match"] == 100.0
     assert "perplexity" not in record and "perplexity_error" not in record
+
+
+def test_a_directory_where_the_eval_report_goes_is_exit_9_naming_it_before_scoring(tmp_path: Path) -> None:
+    golden = _jsonl(tmp_path / "golden.jsonl", [{"id": "a", "prompt": "x", "reference": "hello"}])
+    predictions = _jsonl(tmp_path / "pred.jsonl", [{"id": "a", "completion": "hello"}])
+    eval_path(tmp_path / "scored.jsonl").mkdir()
+    result = _invoke(tmp_path, golden, predictions, "scored.jsonl")
+    assert result.exit_code == 9 and "scored.eval.json: Is a directory (EISDIR)" in result.output
+    assert not (tmp_path / "scored.jsonl").exists()  # refused before scoring (it was a traceback, after)

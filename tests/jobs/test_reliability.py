@@ -278,15 +278,59 @@ def test_a_read_only_file_system_at_the_journal_exits_9_without_debris(
     assert hidden(tmp_path) == [".out.lock"]
 
 
-def test_disk_full_at_the_html_report_warns_and_leaves_no_temporary(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capfd: pytest.CaptureFixture[str]
+def test_disk_full_at_the_html_report_is_exit_9_and_a_resume_draws_it(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
+    """A run that cannot write its HTML report fails as for any file of its
+    own (exit 9, naming it, not its temporary file); its ``--resume`` draws
+    the page from the JSON report and ends the job."""
     paths = RunPaths.build(write_rows(tmp_path / "in.jsonl", 3), tmp_path / "out.jsonl")
     monkeypatch.setenv("BULKINFER_FAILPOINT", "atomic_write:ENOSPC:.report.html")
-    result = run(paths, settings(), RunContext(engine_factory=lambda m, s: FakeEngine()))
-    assert result.exit_code == EXIT_OK and paths.report.exists() and not paths.html.exists()
-    assert "HTML report not written" in capfd.readouterr().err  # on the terminal, not in out.log
+    with pytest.raises(OutputWriteError, match=f"cannot write {paths.html}: No space left on device"):
+        run(paths, settings(), RunContext(engine_factory=lambda m, s: FakeEngine()))
+    assert paths.report.exists() and not paths.html.exists()
     assert not [p for p in tmp_path.iterdir() if p.name.endswith(".tmp")]
+    monkeypatch.delenv("BULKINFER_FAILPOINT")
+    again = run(paths, settings(), RunContext(engine_factory=lambda m, s: FakeEngine(), resume=True))
+    assert again.exit_code == EXIT_OK and again.report["already_complete"] and paths.html.exists()
+    assert hidden(tmp_path) == [".out.lock"]  # the journal went with the report written
+
+
+def test_a_complete_output_without_its_report_is_checked_by_its_journal_or_refused(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capfd: pytest.CaptureFixture[str]
+) -> None:
+    """The rows were published, then the report could not be written: a
+    ``--resume`` with another input is refused (the journal, kept until the
+    report is written, says what ran), the same one ends with a warning; a
+    report deleted later leaves nothing to check by: refused. (Each used to
+    be "already complete; nothing to do", exit 0, for any input.)"""
+    paths = RunPaths.build(write_rows(tmp_path / "in.jsonl", 3), tmp_path / "out.jsonl")
+    monkeypatch.setenv("BULKINFER_FAILPOINT", "atomic_write:ENOSPC:.report.json")
+    with pytest.raises(OutputWriteError, match=f"cannot write {paths.report}"):
+        run(paths, settings(), RunContext(engine_factory=lambda m, s: FakeEngine()))
+    monkeypatch.delenv("BULKINFER_FAILPOINT")
+    assert ids(paths.output) == ["r0", "r1", "r2"] and not paths.report.exists()
+    write_rows(tmp_path / "other.jsonl", 5)
+    other = RunPaths.build(tmp_path / "other.jsonl", paths.output)
+    with pytest.raises(ConfigError, match="it is complete, but the input .*other.jsonl changed"):
+        run(other, settings(), RunContext(engine_factory=lambda m, s: FakeEngine(), resume=True))
+    same = run(paths, settings(), RunContext(engine_factory=lambda m, s: FakeEngine(), resume=True))
+    assert same.exit_code == EXIT_OK and same.report["already_complete"]
+    assert "stopped before writing its report" in capfd.readouterr().err
+    done = RunPaths.build(paths.input, tmp_path / "done.jsonl")
+    assert run(done, settings(), RunContext(engine_factory=lambda m, s: FakeEngine())).exit_code == EXIT_OK
+    done.report.unlink()
+    with pytest.raises(ConfigError, match="its report .* is missing, so whether it is this input's"):
+        run(done, settings(), RunContext(engine_factory=lambda m, s: FakeEngine(), resume=True))
+
+
+def test_a_directory_where_a_report_goes_is_exit_9_before_any_row(tmp_path: Path) -> None:
+    paths = RunPaths.build(write_rows(tmp_path / "in.jsonl", 3), tmp_path / "out.jsonl")
+    paths.report.mkdir()
+    engine = FakeEngine()
+    with pytest.raises(OutputWriteError, match=f"cannot write {paths.report}: Is a directory"):
+        run(paths, settings(), RunContext(engine_factory=lambda m, s: engine))
+    assert engine.reached == {} and not paths.output.exists()
 
 
 def test_a_read_only_calibration_store_only_warns_a_finished_run(
