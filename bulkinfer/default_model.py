@@ -371,7 +371,7 @@ def _remove_stale(models_dir: Path, *, block: bool | None) -> None:
         try:
             with _locked(models_dir, block=False):
                 _remove_stale(models_dir, block=None)
-        except BlockingIOError:
+        except OSError:  # another process holds the lock, or a read-only home: nothing to clean there
             pass
         return
     for entry in models_dir.iterdir():

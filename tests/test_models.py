@@ -109,6 +109,20 @@ def test_second_call_reuses_without_converting(home: Path, model_dir: Path, monk
     assert {p.name: p.stat().st_mtime_ns for p in model_dir.iterdir()} == before
 
 
+def test_a_prepared_model_in_a_read_only_home_is_used(
+    home: Path, model_dir: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The reuse's clean-up of interrupted conversions takes the models lock,
+    which a read-only home cannot open (EROFS): it is skipped, never the
+    run's failure (it was exit 9, "finished rows are kept", before any row)."""
+
+    def read_only(models_dir: Path, *, block: bool) -> Any:
+        raise OSError(errno.EROFS, os.strerror(errno.EROFS), str(models_dir / ".lock"))
+
+    monkeypatch.setattr(default_model, "_locked", read_only)
+    assert default_model.prepare_default_model(home) == model_dir
+
+
 def test_reuse_does_not_import_torch(home: Path, model_dir: Path) -> None:
     code = (
         "import sys; from pathlib import Path; from bulkinfer import models; "

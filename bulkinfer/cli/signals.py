@@ -61,6 +61,8 @@ class StopSignals:
     flush yet) the first signal raises :class:`Interrupted` at once, wherever
     the main thread is; the engine start cleans its processes up. Only the
     CLI installs these handlers (the main thread's): the core never does.
+    A signal the process was started ignoring stays ignored (``nohup``:
+    SIGHUP; a script's ``cmd &``: SIGINT), as the caller asked.
 
     The job's load deadline (:meth:`StopToken.loading`,
     ``plan.start_timeout_s``) is enforced here, by a thread: past it, it
@@ -81,7 +83,9 @@ class StopSignals:
         self._done = threading.Event()
 
     def __enter__(self) -> StopToken:
-        self._previous = {s: signal.signal(s, self._handle) for s in self.SIGNALS}
+        # a signal the process was started ignoring (nohup: SIGHUP; `cmd &` in a script: SIGINT) stays ignored
+        asked = [s for s in self.SIGNALS if signal.getsignal(s) != signal.SIG_IGN]
+        self._previous = {s: signal.signal(s, self._handle) for s in asked}
         threading.Thread(target=self._watch_load, name="bulkinfer-load-deadline", daemon=True).start()
         return self.token
 

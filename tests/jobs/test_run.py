@@ -136,6 +136,19 @@ def test_sigterm_stops_feeding_flushes_and_exits_143(tmp_path: Path) -> None:
     assert signal.getsignal(signal.SIGTERM) == handler_before  # handlers restored
 
 
+def test_a_signal_the_process_ignores_stays_ignored() -> None:
+    """``nohup bulkinfer run ...`` starts it ignoring SIGHUP: a closed ssh
+    session must not stop the run (its handler used to replace SIG_IGN)."""
+    before = signal.signal(signal.SIGHUP, signal.SIG_IGN)
+    try:
+        with StopSignals():
+            assert signal.getsignal(signal.SIGHUP) == signal.SIG_IGN
+            assert signal.getsignal(signal.SIGTERM) not in (signal.SIG_IGN, signal.SIG_DFL)  # still handled
+        assert signal.getsignal(signal.SIGHUP) == signal.SIG_IGN
+    finally:
+        signal.signal(signal.SIGHUP, before)
+
+
 class SignalBeforeAnyRowEnds(FakeEngine):
     """SIGTERM in its first step, which finishes no row."""
 
