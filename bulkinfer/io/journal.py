@@ -43,7 +43,8 @@ def changed_while_read(
     appending, as a cron line started before it finished finds it), and
     ``read_whole`` says whether the run read it to its present end
     (``read_to`` is its size: every row has its record) or rows written
-    after the reader passed them have none. GNU tar reports the same case
+    after the reader passed them have none (or the file was cut shorter than
+    what was read: the message says so). GNU tar reports the same case
     ("file changed as we read it") with exit 1."""
     try:
         now, now_key = input_identity(path), file_key(path)
@@ -59,6 +60,11 @@ def changed_while_read(
         message = f"{said} ({'; '.join(changes)}): the output is of the file it read"
     elif read_whole:
         message = f"{said} ({'; '.join(changes)}), and the run read it to its end: every row has its record"
+    elif read_to is not None and now and now["size"] < read_to:
+        message = (
+            f"{said} ({'; '.join(changes)}): it is now shorter than the {read_to} bytes the run read, so the "
+            "output holds rows the file no longer has; write an input elsewhere and move it into place when complete"
+        )
     else:
         message = (
             f"{said} ({'; '.join(changes)}): rows written to it after the run read past them have no record; "

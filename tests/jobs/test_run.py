@@ -517,13 +517,16 @@ class WritesTheInput(FakeEngine):
     """At its first step, appends a row to the input (a writer still at work
     when a cron line started the run) or moves a new file over it."""
 
-    def __init__(self, src: Path, replace: bool):
+    def __init__(self, src: Path, case: str):
         super().__init__()
-        self.src, self.replace = src, replace
+        self.src, self.replace = src, case == "replaced"
+        self.truncate = case == "truncated"
 
     def step(self, wait: float | None = None) -> list[Completion]:
         if self.steps == 0:
-            if self.replace:
+            if self.truncate:
+                os.truncate(self.src, self.src.stat().st_size // 2)
+            elif self.replace:
                 (self.src.parent / "next.jsonl").write_bytes(b'{"id": "new", "prompt": "tomorrow"}\n')
                 os.replace(self.src.parent / "next.jsonl", self.src)
             else:
@@ -535,7 +538,7 @@ class WritesTheInput(FakeEngine):
 @pytest.mark.parametrize(
     ("case", "window_rows", "code", "late_row_ran"),
     [("appended after it was read", 8192, EXIT_PARTIAL, False), ("appended before its end", 2, EXIT_OK, True)]
-    + [("replaced", 8192, EXIT_OK, False)],
+    + [("replaced", 8192, EXIT_OK, False), ("truncated", 8192, EXIT_PARTIAL, False)],
 )
 def test_an_input_written_while_it_was_read_is_reported_and_exits_3_where_rows_were_missed(
     tmp_path: Path, case: str, window_rows: int, code: int, late_row_ran: bool, capfd: pytest.CaptureFixture[str]
@@ -544,10 +547,11 @@ def test_an_input_written_while_it_was_read_is_reported_and_exits_3_where_rows_w
     start): the late row has no record, so the run says so and exits 3 (the
     report's input_changed); appended while the reader (2-row windows, 2
     rows in flight) was still short of its end: the late row ran, said, exit 0; moved over after
-    it was opened: the run read the old file, said, exit 0."""
+    it was opened: the run read the old file, said, exit 0; cut to half after it was read:
+    the rows read ran, and the message says the file is now shorter than that, exit 3."""
     src = make_input(tmp_path, 12)
     paths = RunPaths.build(src, tmp_path / "out.jsonl")
-    engine = WritesTheInput(src, case == "replaced")
+    engine = WritesTheInput(src, case)
     plan = settings(window_rows=window_rows, max_in_flight=2)
     result = run(paths, plan, RunContext(engine_factory=lambda m, s: engine))
     expected = [f"r{i}" for i in range(12)] + (["late"] if late_row_ran else [])
@@ -556,6 +560,8 @@ def test_an_input_written_while_it_was_read_is_reported_and_exits_3_where_rows_w
     assert (changed["replaced"], changed["read_whole"]) == (case == "replaced", code == EXIT_OK)
     assert any(change.startswith("size ") for change in changed["changes"])
     assert changed["message"] in capfd.readouterr().err
+    # cut shorter than what was read: no row was written late, the rows read are gone from the file
+    assert ("it is now shorter than the" in changed["message"]) == (case == "truncated")
     saved = orjson.loads(paths.report.read_bytes())
     jsonschema.Draft202012Validator(orjson.loads(SCHEMA.read_bytes())).validate(saved)
     assert saved["input_changed"] == changed
