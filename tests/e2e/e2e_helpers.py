@@ -4,6 +4,7 @@ the engine processes of a run, and ``kill -9`` of a real run then ``--resume``."
 from __future__ import annotations
 
 import os
+import signal
 import subprocess
 import sys
 import time
@@ -58,7 +59,10 @@ def bulkinfer(
 
 def start(*args: str, env: Mapping[str, str] | None = None) -> subprocess.Popen[str]:
     """``python -m bulkinfer ARGS`` in the background, with ``env`` added to
-    the environment; standard error kept (read it once it ended)."""
+    the environment; standard error kept (read it once it ended). Its SIGINT
+    and SIGHUP are the default, as a terminal's job has them: the tests may
+    run as a background job of a script, which ignores SIGINT, and
+    bulkinfer keeps a signal it was started ignoring (nohup)."""
     return subprocess.Popen(
         [sys.executable, "-m", "bulkinfer", *args],
         stdout=subprocess.DEVNULL,
@@ -66,7 +70,14 @@ def start(*args: str, env: Mapping[str, str] | None = None) -> subprocess.Popen[
         text=True,
         cwd=ROOT,
         env={**os.environ, "PYTHONUNBUFFERED": "1", **(env or {})},
+        preexec_fn=_default_stop_signals,
     )
+
+
+def _default_stop_signals() -> None:
+    """In the child before it runs bulkinfer: SIGINT and SIGHUP not ignored."""
+    for sig in (signal.SIGINT, signal.SIGHUP):
+        signal.signal(sig, signal.SIG_DFL)
 
 
 def wait_until(predicate: Callable[[], bool], proc: subprocess.Popen[str], timeout: float = 600) -> None:
