@@ -60,6 +60,13 @@ def is_int(value: Any) -> bool:
     return isinstance(value, int) and not isinstance(value, bool)
 
 
+def integral(value: Any) -> Any:
+    """``value`` as an int when it is a float with no fraction (``8.0`` -> 8),
+    as vLLM's OpenAI server reads an integer field (pydantic's lax mode; pandas
+    writes a nullable integer column as float64); anything else unchanged."""
+    return int(value) if isinstance(value, float) and value.is_integer() else value
+
+
 def is_number(value: Any) -> bool:
     """An int or float and not a bool."""
     return isinstance(value, int | float) and not isinstance(value, bool)

@@ -17,9 +17,11 @@ from typing import Any
 
 
 def exit_description(code: int | None) -> str:
-    """How a process with exit code ``code`` ended, in words (a negative code: killed by that signal)."""
+    """How a process with exit code ``code`` ended, in words (a negative code:
+    killed by that signal; None: unknown, as for vLLM's workers, which are the
+    engine core's children, not bulkinfer's)."""
     if code is None:
-        return "exited"
+        return "ended; how is not known here (a kill by the out-of-memory killer shows in `dmesg`)"
     if code < 0:
         name = signal.Signals(-code).name if -code in signal.Signals.__members__.values() else str(-code)
         hint = " (the out-of-memory killer sends this: see `dmesg`)" if -code == signal.SIGKILL else ""

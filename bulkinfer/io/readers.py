@@ -261,12 +261,16 @@ def _decode_error(raw: bytes, line: int, exc: orjson.JSONDecodeError) -> RowInva
     return RowInvalid("invalid_json", message, row_id=recovered[0], openai=recovered[1], id_recovered=True)
 
 
-def _is_token_ids(type_: Any) -> bool:
-    """Whether an Arrow type is a list (list, large_list, fixed_size_list) of integers."""
+def _is_prompt_list(type_: Any) -> bool:
+    """Whether an Arrow type is a list (list, large_list, fixed_size_list) of
+    integers (token ids) or of text (OpenAI's list of prompts, which each row
+    reads: one prompt is that prompt)."""
     import pyarrow as pa
 
     lists = (pa.types.is_list, pa.types.is_large_list, pa.types.is_fixed_size_list)
-    return any(is_list(type_) for is_list in lists) and pa.types.is_integer(type_.value_type)
+    return any(is_list(type_) for is_list in lists) and (
+        pa.types.is_integer(type_.value_type) or _is_text(type_.value_type)
+    )
 
 
 def _is_text(type_: Any) -> bool:
@@ -327,10 +331,10 @@ class ParquetReader:
         if not (set(text_columns) & set(names) or {"custom_id", "body"} <= set(names)):
             wanted = " or ".join(f"'{name}'" for name in text_columns)
             raise InputFileError(f"{path}: no {wanted} column; columns found: {', '.join(names) or '(none)'}")
-        if "prompt" in names and not (_is_text(prompt := schema.field("prompt").type) or _is_token_ids(prompt)):
+        if "prompt" in names and not (_is_text(prompt := schema.field("prompt").type) or _is_prompt_list(prompt)):
             raise InputFileError(
                 f"{path}: column 'prompt' has type {prompt}, expected string (string, large_string, "
-                "string_view or dictionary-encoded string) or token ids (a list of integers)"
+                "string_view or dictionary-encoded string), token ids (a list of integers) or a list of strings"
             )
         # ``columns``: the fields the job reads from a row (its other fields are not passed through)
         read = None if columns is None else {*columns, *text_columns, *BATCH_COLUMNS}

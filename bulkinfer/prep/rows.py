@@ -47,6 +47,7 @@ from bulkinfer.fields import (
     InputPath,
     RequestField,
     fields_of,
+    integral,
     is_int,
     schema_problem,
 )
@@ -81,12 +82,17 @@ _PLAIN = tuple(
 
 def checked(field: RequestField, value: Any, row_id: str | None, openai: bool, name: str | None = None) -> Any:
     """``value``, when it is valid as ``field`` (its range in the table of
-    request fields).
+    request fields); an integer field's integral float as the int (``8.0`` -> 8,
+    :func:`bulkinfer.fields.integral`).
 
     Raises:
         RowInvalid: ``invalid_field``, naming the field (as ``name``, when given).
     """
     name = name or field.name
+    if field.type == "integer":
+        value = integral(value)
+    elif field.type == "array of integers" and isinstance(value, list | tuple):
+        value = [integral(v) for v in value]
     problem = field.problem(value) if field.problem is not None else None
     if problem:
         raise RowInvalid("invalid_field", f"field '{name}': {problem}", row_id, openai)

@@ -32,6 +32,7 @@ the expected one was within 23% and 35% all along.
 from __future__ import annotations
 
 import datetime as dt
+import math
 import os
 import time
 from collections.abc import Callable, Sequence
@@ -42,6 +43,7 @@ from bulkinfer.report.calibration import LengthPrior
 from bulkinfer.report.eta import EtaRange, WorkEstimate
 
 PLAIN_INTERVAL_S = 10.0
+INTERVAL_ENV = "BULKINFER_PROGRESS_INTERVAL_S"
 # No ETA before this much generation time (seconds).
 ETA_AFTER_S = 2.0
 
@@ -109,7 +111,7 @@ class Progress:
             step_cost_same_job=prior.step_cost_same_job,
         )
         self._last_line = self._start
-        self._interval = _plain_interval()
+        self._interval = _plain_interval(self.stream)
         # (when, ETA range, expected final completion tok/s): computed at most once a second
         self._outlook: tuple[float, EtaRange | None, float | None] = (-1.0, None, None)
         # [seconds since the start, low, point, high]: each ETA as it was estimated (seconds)
@@ -342,9 +344,21 @@ def eta_text(eta: EtaRange) -> str:
     return f"{dt.timedelta(seconds=round(eta.low))}-{dt.timedelta(seconds=round(eta.high))}"
 
 
-def _plain_interval() -> float:
-    """Seconds between plain progress lines: ``BULKINFER_PROGRESS_INTERVAL_S``, else :data:`PLAIN_INTERVAL_S`."""
-    try:
-        return max(float(os.environ.get("BULKINFER_PROGRESS_INTERVAL_S", PLAIN_INTERVAL_S)), 0.1)
-    except ValueError:
+def _plain_interval(stream: IO[str]) -> float:
+    """Seconds between plain progress lines: ``BULKINFER_PROGRESS_INTERVAL_S``
+    (at least 0.1), else :data:`PLAIN_INTERVAL_S`; a value that is no finite
+    number is said on ``stream`` and the default kept."""
+    value = os.environ.get(INTERVAL_ENV)
+    if value is None:
         return PLAIN_INTERVAL_S
+    try:
+        seconds = float(value)
+    except ValueError:
+        seconds = math.nan
+    if not math.isfinite(seconds):
+        print(
+            f"warning: {INTERVAL_ENV}={value!r} is not a number of seconds; a line every {PLAIN_INTERVAL_S:g} s",
+            file=stream,
+        )
+        return PLAIN_INTERVAL_S
+    return max(seconds, 0.1)

@@ -64,7 +64,9 @@ def test_a_dead_engine_process_ends_a_blocked_step_within_a_second(engine_proces
     engine = stand_in_engine(lambda: never.wait(), engine_process)  # like vLLM's get_output after its core died
     threading.Timer(0.5, engine_process.kill).start()
     started = time.monotonic()
-    with pytest.raises(EngineError, match=r"engine process VLLM::EngineCore \(pid \d+\) exited.*--resume"):
+    with pytest.raises(
+        EngineError, match=r"engine process VLLM::EngineCore \(pid \d+\) ended; how is not known here .*dmesg.*--resume"
+    ):
         engine.step()
     assert time.monotonic() - started < 1.5  # killed at 0.5 s; processes are checked every 0.2 s
 

@@ -215,6 +215,16 @@ def test_parquet_int_prompt_column(tmp_path: Path) -> None:
         ParquetReader(write_parquet(tmp_path / "in.parquet", table))
 
 
+def test_a_parquet_list_of_strings_prompt_is_read_by_each_row(tmp_path: Path) -> None:
+    """As a JSONL ``"prompt": ["one prompt"]``: one prompt is that prompt; more
+    is that row's error, the rest of the file runs."""
+    table = pa.table({"prompt": pa.array([["one"], ["a", "b"]], pa.list_(pa.string()))})
+    rows = list(ParquetReader(write_parquet(tmp_path / "in.parquet", table)))
+    assert parse_row(rows[0].data, seq=0, line=1, defaults=SamplingDefaults()).prompt == "one"
+    with pytest.raises(RowInvalid, match="give each prompt its own row"):
+        parse_row(rows[1].data, seq=1, line=2, defaults=SamplingDefaults())
+
+
 def test_parquet_large_string_prompt_is_accepted(tmp_path: Path) -> None:
     table = pa.table({"prompt": pa.array(["a", "b"], pa.large_string())})
     rows = list(ParquetReader(write_parquet(tmp_path / "in.parquet", table)))

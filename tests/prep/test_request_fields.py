@@ -76,6 +76,30 @@ def test_every_field_reaches_the_request_in_vllms_names(shape: str) -> None:
     assert "n" not in req.passthrough and "priority" not in req.passthrough
 
 
+def test_an_integral_float_is_the_integer_as_vllms_server_reads_it() -> None:
+    """``max_tokens: 8.0`` (pandas writes a nullable integer column as float64)
+    is 8, as vLLM's pydantic ``ChatCompletionRequest`` reads it; 8.5 stays refused."""
+    from vllm.entrypoints.openai.chat_completion.protocol import ChatCompletionRequest
+
+    ints = {"max_tokens": 8, "n": 2, "seed": 3, "top_k": 5, "min_tokens": 1, "priority": -1, "top_logprobs": 2}
+    floats = {name: float(value) for name, value in ints.items()} | {"stop_token_ids": [2.0, 7.0]}
+    req = parse(chat(**floats, logprobs=True, temperature=0.5))
+    got = {
+        "max_tokens": req.max_tokens,
+        "n": req.options["n"],
+        "seed": req.seed,
+        "top_k": req.options["top_k"],
+        "min_tokens": req.options["min_tokens"],
+        "priority": req.priority,
+        "top_logprobs": req.options["logprobs"],
+    }
+    vllm = ChatCompletionRequest(model="m", messages=[{"role": "user", "content": "Hi"}], logprobs=True, **floats)
+    assert got == ints == {name: getattr(vllm, name) for name in ints}
+    assert all(type(value) is int for value in got.values())
+    assert req.options["stop_token_ids"] == [2, 7] == vllm.stop_token_ids
+    assert "'max_tokens'" in invalid(chat(max_tokens=8.5)).message
+
+
 def test_defaults_fill_the_fields_a_row_does_not_set() -> None:
     defaults = SamplingDefaults(n=2, top_k=40, logprobs=1, priority=4, structured_outputs={"choice": ["a", "b"]})
     req = parse({"prompt": "Hi"}, defaults)

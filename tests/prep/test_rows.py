@@ -141,7 +141,7 @@ def test_null_sampling_fields_take_defaults() -> None:
         ({"id": "r", "prompt": "x", "top_p": 0}, "invalid_field", "'top_p'"),
         ({"id": "r", "prompt": "x", "top_p": 1.5}, "invalid_field", "'top_p'"),
         ({"id": "r", "prompt": "x", "seed": "1"}, "invalid_field", "'seed'"),
-        ({"id": "r", "prompt": "x", "seed": 1.0}, "invalid_field", "'seed'"),
+        ({"id": "r", "prompt": "x", "seed": 1.5}, "invalid_field", "'seed'"),
         ({"id": "r", "prompt": "x", "stop": ["a", 1]}, "invalid_field", "'stop'"),
         ({"id": "r", "prompt": "x", "stop": 5}, "invalid_field", "'stop'"),
         # vLLM refuses an empty stop string ("stop cannot contain an empty string."), as [sampling] stop does

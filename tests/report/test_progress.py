@@ -187,6 +187,20 @@ def test_plain_lines_show_eta_and_tokens(monkeypatch: pytest.MonkeyPatch) -> Non
     assert lines[-1].split("bulkinfer: ")[1].startswith("40/40 rows (0 failed), ")
 
 
+@pytest.mark.parametrize(
+    ("value", "interval", "warned"), [("2.5", 2.5, False), ("0", 0.1, False), ("abc", 10.0, True), ("nan", 10.0, True)]
+)
+def test_the_interval_variable_is_read_or_its_bad_value_said(
+    monkeypatch: pytest.MonkeyPatch, value: str, interval: float, warned: bool
+) -> None:
+    monkeypatch.setenv("BULKINFER_PROGRESS_INTERVAL_S", value)
+    stream = io.StringIO()
+    progress = Progress(4, stream=stream, force_plain=True)
+    assert progress._interval == interval
+    said = stream.getvalue()
+    assert (f"warning: BULKINFER_PROGRESS_INTERVAL_S='{value}' is not a number of seconds" in said) == warned, said
+
+
 def test_lengths_too_few_rows_reach_count_as_max_tokens() -> None:
     """Where fewer than MIN_AT_RISK rows are known to reach a length, one more
     row ending there would swing the estimate: the rows left are taken to run
