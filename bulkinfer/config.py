@@ -22,7 +22,7 @@ from pathlib import Path
 from typing import Any
 
 from bulkinfer.checks import validate
-from bulkinfer.errors import ConfigError, InputFileError, closest
+from bulkinfer.errors import ConfigError, closest, read_whole
 from bulkinfer.settings import (
     DEFAULT_BUCKETS,
     EngineSettings,
@@ -156,24 +156,17 @@ def load_settings(
             from the config file as ``KEY in FILE`` (``plan.order in c.toml``).
 
     Raises:
-        InputFileError: the config file does not exist (exit 4, as for every
-            missing file).
-        ConfigError: a config file that is a directory, unreadable (any other
-            ``OSError``) or not valid TOML (with its line and column);
+        InputFileError: the config file does not exist, cannot be read or
+            is no regular file (a directory, a FIFO: exit 4, as for every
+            file a command reads).
+        ConfigError: a config file that is not valid TOML (with its line and column);
             unknown keys; invalid values (naming the flag or the key and file).
     """
     data: dict[str, Any] = {}
     names: dict[str, str] = {}
     if config_path is not None:
         try:
-            data = tomllib.loads(Path(config_path).read_text(encoding="utf-8"))
-        except FileNotFoundError:
-            raise InputFileError(f"config file not found: {config_path}") from None
-        except IsADirectoryError:
-            raise ConfigError(f"config file {config_path} is a directory; give a TOML file") from None
-        except OSError as exc:  # EACCES, ENOTDIR, ELOOP, EIO, ...
-            reason = exc.strerror or str(exc)
-            raise ConfigError(f"cannot read config file {config_path}: {reason}") from None
+            data = tomllib.loads(read_whole(Path(config_path), "config file").decode("utf-8"))
         except (tomllib.TOMLDecodeError, UnicodeDecodeError) as exc:
             raise ConfigError(f"{config_path}: not valid TOML: {exc}") from None
         names = {key: f"{key} in {config_path}" for key in _dotted_keys(data)}

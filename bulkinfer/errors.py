@@ -28,7 +28,9 @@ from __future__ import annotations
 
 import errno
 import os
+import stat
 from collections.abc import Iterable
+from pathlib import Path
 
 EXIT_OK = 0
 EXIT_USAGE = 2
@@ -184,3 +186,55 @@ def write_error(exc: OSError, path: object = None) -> OutputWriteError:
     )
     what = f"cannot write {where}: {os_reason(exc)}"
     return OutputWriteError(f"{what}; {hint}", what)
+
+
+# What a file that is no regular file is, by its stat mode.
+_NOT_REGULAR = (
+    (stat.S_ISDIR, "a directory"),
+    (stat.S_ISFIFO, "a named pipe (FIFO)"),
+    (stat.S_ISSOCK, "a socket"),
+    (stat.S_ISCHR, "a character device"),
+    (stat.S_ISBLK, "a block device"),
+)
+
+
+def file_kind(mode: int) -> str | None:
+    """What a file of stat ``mode`` is when it is no regular file (``"a
+    directory"``, ``"a named pipe (FIFO)"``, ...); None for a regular file."""
+    if stat.S_ISREG(mode):
+        return None
+    return next((name for test, name in _NOT_REGULAR if test(mode)), "a special file")
+
+
+def check_readable(path: Path, what: str) -> None:
+    """Check that ``path`` is a regular file, by ``os.stat`` (a FIFO is never
+    opened: that would block until a writer appears); ``what`` names it in
+    errors (``"config file"``).
+
+    Raises:
+        InputFileError: ``WHAT not found: PATH``; it cannot be stat'ed
+            (permission, a loop); it is a directory, FIFO, socket or device.
+    """
+    try:
+        mode = os.stat(path).st_mode
+    except FileNotFoundError:
+        raise InputFileError(f"{what} not found: {path}") from None
+    except OSError as exc:
+        raise InputFileError(f"cannot read the {what} {path}: {exc.strerror or exc}") from None
+    kind = file_kind(mode)
+    if kind is not None:
+        raise InputFileError(f"the {what} {path} is {kind}, not a file")
+
+
+def read_whole(path: Path, what: str) -> bytes:
+    """The bytes of ``path``, a small file read whole (a config, a saved
+    report, a JSON schema), after :func:`check_readable`.
+
+    Raises:
+        InputFileError: as :func:`check_readable`; the read fails.
+    """
+    check_readable(path, what)
+    try:
+        return Path(path).read_bytes()
+    except OSError as exc:
+        raise InputFileError(f"cannot read the {what} {path}: {exc.strerror or exc}") from None

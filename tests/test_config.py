@@ -7,13 +7,12 @@ import errno
 import os
 import re
 from pathlib import Path
-from typing import Any
 
 import orjson
 import pytest
 
 from bulkinfer.config import DEFAULT_BUCKETS, EngineSettings, PlanSettings, SamplingDefaults, Settings, load_settings
-from bulkinfer.errors import EXIT_USAGE, ConfigError, InputFileError
+from bulkinfer.errors import EXIT_INPUT, EXIT_USAGE, ConfigError, InputFileError
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -314,44 +313,53 @@ def test_optional_engine_settings_accept_their_types() -> None:
 
 
 def test_config_that_is_a_directory(tmp_path: Path) -> None:
-    with pytest.raises(ConfigError) as info:
+    with pytest.raises(InputFileError) as info:
         load_settings(tmp_path)
-    assert str(info.value) == f"config file {tmp_path} is a directory; give a TOML file"
-    assert info.value.exit_code == EXIT_USAGE
+    assert str(info.value) == f"the config file {tmp_path} is a directory, not a file"
+    assert info.value.exit_code == EXIT_INPUT
+
+
+def test_a_config_that_is_a_fifo_is_refused_without_opening_it(tmp_path: Path) -> None:
+    """Opening a FIFO would block until a writer comes: exit 4 at once."""
+    fifo = tmp_path / "c.toml"
+    os.mkfifo(fifo)
+    with pytest.raises(InputFileError) as info:
+        load_settings(fifo)
+    assert str(info.value) == f"the config file {fifo} is a named pipe (FIFO), not a file"
 
 
 def test_unreadable_config_file(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     path = write_toml(tmp_path, "[sampling]\nmax_tokens = 5\n")
     path.chmod(0)
     if os.geteuid() == 0:  # root reads through permission bits: refuse as the kernel would for others
-        read_text = Path.read_text
+        read_bytes = Path.read_bytes
 
-        def denied(self: Path, *args: Any, **kwargs: Any) -> str:
+        def denied(self: Path) -> bytes:
             if self == path:
                 raise PermissionError(errno.EACCES, os.strerror(errno.EACCES), str(self))
-            return read_text(self, *args, **kwargs)
+            return read_bytes(self)
 
-        monkeypatch.setattr(Path, "read_text", denied)
+        monkeypatch.setattr(Path, "read_bytes", denied)
     try:
-        with pytest.raises(ConfigError) as info:
+        with pytest.raises(InputFileError) as info:
             load_settings(path)
     finally:
         path.chmod(0o644)
-    assert str(info.value) == f"cannot read config file {path}: Permission denied"
-    assert info.value.exit_code == EXIT_USAGE
+    assert str(info.value) == f"cannot read the config file {path}: Permission denied"
+    assert info.value.exit_code == EXIT_INPUT
 
 
 def test_other_os_errors_name_the_path_and_reason(tmp_path: Path) -> None:
     below_a_file = write_toml(tmp_path, "") / "settings.toml"
-    with pytest.raises(ConfigError) as info:
+    with pytest.raises(InputFileError) as info:
         load_settings(below_a_file)
-    assert str(info.value) == f"cannot read config file {below_a_file}: Not a directory"
+    assert str(info.value) == f"cannot read the config file {below_a_file}: Not a directory"
 
     loop = tmp_path / "loop.toml"
     loop.symlink_to(loop)
-    with pytest.raises(ConfigError) as info:
+    with pytest.raises(InputFileError) as info:
         load_settings(loop)
-    assert str(info.value) == f"cannot read config file {loop}: Too many levels of symbolic links"
+    assert str(info.value) == f"cannot read the config file {loop}: Too many levels of symbolic links"
 
 
 def test_boundary_values_are_accepted() -> None:

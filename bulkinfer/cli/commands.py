@@ -19,6 +19,7 @@ from bulkinfer.cli.options import (
     EngineArgOption,
     EvalOutputOption,
     FailUnderOption,
+    FileOutputOrderOption,
     GoldenArgument,
     InputArgument,
     MaxModelLenOption,
@@ -27,7 +28,6 @@ from bulkinfer.cli.options import (
     ModelOption,
     NoEnforceEagerOption,
     NOption,
-    OutputOrderOption,
     OverwriteOption,
     PaddingBatchSizeOption,
     PerplexityOption,
@@ -76,7 +76,7 @@ def eval_command(
     verbose: VerboseOption = False,
     metrics_textfile: MetricsTextfileOption = None,
     engine_arg: EngineArgOption = None,
-    output_order: OutputOrderOption = None,
+    output_order: FileOutputOrderOption = None,
 ) -> None:
     """Run GOLDEN through the model (or take --predictions) and score it: BLEU, chrF, ROUGE, exact match, perplexity."""
     options = dict(locals())  # first: only the options are local yet

@@ -19,13 +19,13 @@ from bulkinfer.cli.options import (
     ConfigOption,
     DtypeOption,
     EngineArgOption,
+    FileOutputOrderOption,
     MaxInFlightOption,
     MaxNumBatchedTokensOption,
     MaxNumSeqsOption,
     MetricsTextfileOption,
     NoPassthroughOption,
     OrderOption,
-    OutputOrderOption,
     OverwriteOption,
     PassthroughOption,
     PlainProgressOption,
@@ -82,7 +82,7 @@ def encoder_command(spec: EncoderCommand) -> None:
         order: OrderOption = None,
         window_rows: WindowRowsOption = None,
         max_in_flight: MaxInFlightOption = None,
-        output_order: OutputOrderOption = None,
+        output_order: FileOutputOrderOption = None,
     ) -> None:
         import bulkinfer
 

@@ -826,6 +826,19 @@ OutputOrderOption = Annotated[
         rich_help_panel=PLAN,
     ),
 ]
+# The same for the commands that read a file only (eval, embed, score).
+FileOutputOrderOption = Annotated[
+    Literal["input", "completion"] | None,
+    typer.Option(
+        "--output-order",
+        metavar="ORDER",
+        help=described(
+            "Order of OUT's rows: input (restored when the run ends) or completion (no sort: the largest files).",
+            "input",
+        ),
+        rich_help_panel=PLAN,
+    ),
+]
 
 
 # `bulkinfer eval`'s own options.

@@ -13,7 +13,7 @@ import stat
 from dataclasses import dataclass
 from pathlib import Path
 
-from bulkinfer.errors import InputFileError
+from bulkinfer.errors import InputFileError, file_kind
 from bulkinfer.io.formats import PARQUET, SUFFIXES, format_suffix
 
 # Magic bytes of the compressions read transparently...
@@ -33,14 +33,6 @@ _REFUSED = (
     (b"\x04\x22\x4d\x18", "lz4-compressed", _DECOMPRESS_OR_RECOMPRESS),
     (b"PK\x03\x04", "a zip archive", "extract the file first, or compress it with gzip or zstd"),
     (b"7z\xbc\xaf\x27\x1c", "a 7z archive", "extract the file first, or compress it with gzip or zstd"),
-)
-
-
-_NOT_REGULAR = (
-    (stat.S_ISFIFO, "a named pipe (FIFO)"),
-    (stat.S_ISSOCK, "a socket"),
-    (stat.S_ISCHR, "a character device"),
-    (stat.S_ISBLK, "a block device"),
 )
 
 
@@ -69,8 +61,8 @@ def inspect_input(path: Path) -> str | None:
         raise InputFileError(f"{path}: cannot read the input file: {exc.strerror or exc}") from None
     if stat.S_ISDIR(mode):
         raise InputFileError(f"{path} is a directory; give a .jsonl or .parquet file")
-    if not stat.S_ISREG(mode):
-        kind = next((name for test, name in _NOT_REGULAR if test(mode)), "a special file")
+    kind = file_kind(mode)
+    if kind is not None:
         raise InputFileError(
             f"{path} is {kind}, not a regular file: bulkinfer reads its input more than once "
             "(row count, --resume); write the rows to a file first, or stream JSONL rows into "

@@ -12,11 +12,11 @@ from itertools import islice
 from pathlib import Path
 from typing import Any
 
-from bulkinfer.errors import ConfigError, InputFileError
+from bulkinfer.errors import ConfigError, InputFileError, check_readable
 from bulkinfer.fields import is_int
-from bulkinfer.io.formats import PARQUET, output_format
+from bulkinfer.io.formats import PARQUET, SUFFIXES, output_format
 from bulkinfer.io.output_files import OutputFiles, same_file
-from bulkinfer.io.records import parse_output, read_records
+from bulkinfer.io.records import is_batch_record, parse_output, read_records
 
 
 def read_predictions(path: Path) -> list[dict[str, Any]]:
@@ -26,8 +26,12 @@ def read_predictions(path: Path) -> list[dict[str, Any]]:
         InputFileError: the file is missing or unreadable, a line is not
             valid JSON, or a line is not a JSON object (naming the line).
     """
-    if not path.is_file():
-        raise InputFileError(f"predictions file not found: {path}")
+    check_readable(path, "predictions file")
+    if path.suffix.lower() not in SUFFIXES:
+        raise InputFileError(
+            f"predictions file {path}: unknown format '{path.suffix}'; give the .jsonl or .parquet output of "
+            "`bulkinfer run` (decompress a compressed one first)"
+        )
     try:
         records = list(read_records(path))
     except OSError as exc:
@@ -98,7 +102,7 @@ def first_predictions(path: Path, records: list[dict[str, Any]]) -> Predictions:
     """
     found = Predictions()
     for index, record in enumerate(records):
-        key = "custom_id" if "custom_id" in record else "id"
+        key = "custom_id" if is_batch_record(record) else "id"
         if is_int(record.get(key)):
             record = {**record, key: str(record[key])}
         try:

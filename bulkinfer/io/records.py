@@ -30,7 +30,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from bulkinfer.errors import InputFileError
+from bulkinfer.errors import InputFileError, read_whole
 from bulkinfer.io.files import iter_jsonl_chunks
 from bulkinfer.io.formats import PARQUET, output_format
 from bulkinfer.schema import CHAT_URL, Choice, Completion, Request, RowError
@@ -329,11 +329,18 @@ class OutputRow:
     completion_tokens: int = 0
 
 
+def is_batch_record(record: dict[str, Any]) -> bool:
+    """Whether an output or error record is an OpenAI batch line's (``custom_id``
+    and ``response``, no ``completion`` or encoder result): a bulkinfer row's
+    record keeps its ``id``, even with ``custom_id`` or ``response`` columns passed through."""
+    return "custom_id" in record and "response" in record and "completion" not in record and _ENCODED.isdisjoint(record)
+
+
 def parse_output(record: dict[str, Any]) -> OutputRow | None:
     """The :class:`OutputRow` of an output record in either shape (what
     :func:`output_record` writes; an embedding or score record has the text ``""``);
     None when the record has no string id or no completion text."""
-    if "custom_id" in record:
+    if is_batch_record(record):
         body = ((record.get("response") or {}).get("body")) or {}
         if body.get("object") == "list":  # an embedding response
             return _embedded(record["custom_id"], body.get("usage") or {})
@@ -389,17 +396,14 @@ def read_json_file(path: Path, what: str) -> dict[str, Any]:
     in errors (``"report file"``).
 
     Raises:
-        InputFileError: ``WHAT not found: PATH``; unreadable; not valid JSON
-            (with the line and column); not a JSON object.
+        InputFileError: ``WHAT not found: PATH``; unreadable, or no regular
+            file (:func:`bulkinfer.errors.read_whole`); not valid JSON (with the
+            line and column); not a JSON object.
     """
     import orjson
 
     try:
-        data = orjson.loads(path.read_bytes())
-    except FileNotFoundError:
-        raise InputFileError(f"{what} not found: {path}") from None
-    except OSError as exc:
-        raise InputFileError(f"cannot read the {what} {path}: {exc.strerror or exc}") from None
+        data = orjson.loads(read_whole(path, what))
     except orjson.JSONDecodeError as exc:
         raise InputFileError(
             f"{path}: line {exc.lineno}, column {exc.colno}: not valid JSON: {exc.msg}; give a saved {what}"

@@ -33,6 +33,7 @@ from typing import IO, Any, NoReturn
 import orjson
 
 from bulkinfer.errors import ConfigError, Interrupted, OutputExistsError
+from bulkinfer.io.records import is_batch_record
 from bulkinfer.schema import Request
 
 
@@ -195,7 +196,7 @@ def close_sinks(*sinks: IO[bytes], drop_empty: bool = False) -> None:
 
 def record_id(record: dict[str, Any]) -> str | None:
     """The row id of an output or error record: ``custom_id`` for OpenAI lines, else ``id``."""
-    row_id = record["custom_id"] if "custom_id" in record else record.get("id")
+    row_id = record["custom_id"] if is_batch_record(record) else record.get("id")
     return row_id if isinstance(row_id, str) else None
 
 

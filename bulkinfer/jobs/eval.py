@@ -241,13 +241,17 @@ def run_eval(
         any file is written or model loaded, when no golden row has a
         ``reference``, and for a missing, unreadable or mis-shaped
         predictions file (naming the line); ConfigError when ``OUT`` or a
-        file beside it is the predictions file, and when no prediction
-        matches a golden id.
+        file beside it is the predictions file, when no prediction
+        matches a golden id, and for ``--resume`` with ``predictions``.
     """
     started = time.monotonic()
     context = context or RunContext()
     paths = RunPaths.build(golden, out)
     check_apart(options.predictions, out, (eval_path(out), scored_spool(out)))
+    if options.predictions is not None and context.resume:
+        raise ConfigError(
+            "--resume continues a generation; --predictions generates nothing: to score again, --overwrite"
+        )
     check_golden(golden, settings)  # before any file is written or model loaded
     model_path = resolve_model(settings.model)  # likewise: a model that cannot be found fails here
     engines = KeptEngine(context.engine_factory)  # the perplexity pass reuses the generation's engine

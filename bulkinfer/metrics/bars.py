@@ -85,7 +85,7 @@ def compare(
     current: Mapping[str, Any], previous: Mapping[str, Any]
 ) -> list[tuple[str, float | None, float, float | None]]:
     """Each metric's change from a previous eval: ``(name, previous, current,
-    current - previous)`` in :data:`METRICS` order, for every metric in
+    current - previous)`` in :data:`METRICS` order, then perplexity, for every metric in
     ``current``; ``previous`` and the change are ``None`` when the previous
     eval lacks that metric. Both are :meth:`EvalScores.to_dict` dicts (0-100).
 
@@ -100,7 +100,7 @@ def compare(
     if not any(number(previous, name) is not None for name in METRICS):
         raise ValueError(f"previous results hold none of the metrics {', '.join(METRICS)}; is it an eval result?")
     changes = []
-    for name in METRICS:
+    for name in (*METRICS, "perplexity"):
         cur = number(current, name)
         if cur is None:
             continue

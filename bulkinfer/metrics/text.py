@@ -286,7 +286,8 @@ def score(
     if share > NON_LATIN_WARN_SHARE:
         warnings.append(
             f"{100 * share:.0f}% of the reference letters are not Latin: rouge-score's tokenizer keeps only "
-            "ASCII letters and digits, so ROUGE is near 0 and meaningless here; use chrF (or BLEU) instead"
+            "ASCII letters and digits, so ROUGE is near 0 and meaningless here; use chrF instead (BLEU's 13a "
+            "tokenizer splits only at spaces and punctuation: CJK text, which has no spaces, scores near 0 too)"
         )
     return EvalScores(
         bleu=bleu_score,

@@ -9,7 +9,9 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
+from bulkinfer.metrics.text import METRICS
 from bulkinfer.report.model import REPORT_VERSION, typed_report
+from bulkinfer.report.typed_json import Where
 
 
 @dataclass(frozen=True, slots=True)
@@ -58,9 +60,24 @@ class EvalReport:
         """An eval report from its JSON object, version 1 or 2.
 
         Raises:
-            InputFileError: as :meth:`RunReport.from_dict`.
+            InputFileError: as :meth:`RunReport.from_dict`; a metric of
+                ``scores`` that is not a number, an interval of ``scores.ci``
+                that is not two.
         """
-        return typed_report(cls, data, source, "OUT.eval.json")
+        report = typed_report(cls, data, source, "OUT.eval.json")
+        where = Where(source, "OUT.eval.json", "scores")
+        for name in (*METRICS, "perplexity"):
+            value = report.scores.get(name)
+            if not (_number(value) or (value is None and name == "perplexity")):
+                raise where.at(name).error("is missing" if name not in report.scores else f"is {value!r}, not a number")
+        for name, interval in (report.scores.get("ci") or {}).items():
+            if not (isinstance(interval, list) and len(interval) == 2 and all(map(_number, interval))):
+                raise where.at(f"ci.{name}").error(f"is {interval!r}, not [low, high]")
+        return report
+
+
+def _number(value: Any) -> bool:
+    return isinstance(value, int | float) and not isinstance(value, bool)
 
 
 @dataclass(frozen=True, slots=True)
@@ -93,3 +110,15 @@ class RankEvalReport:
             InputFileError: as :meth:`RunReport.from_dict`.
         """
         return typed_report(cls, data, source, "OUT.eval.json of eval-rank")
+
+
+def score_remarks(scores: dict[str, Any]) -> list[str]:
+    """What an eval's ``scores`` say besides the numbers, one line each, for
+    the terminal and the page: its warnings (``warning: ...``), notes
+    (``note: ...``) and the rows whose perplexity could not be scored."""
+    lines = [f"warning: {line}" for line in scores.get("warnings", [])]
+    lines += [f"note: {line}" for line in scores.get("notes", [])]
+    failed = scores.get("perplexity_failed")
+    if failed:
+        lines.append(f"perplexity: {failed} rows not scored (each record's perplexity_error says why)")
+    return lines

@@ -10,7 +10,7 @@ from typing import Any
 from bulkinfer.engine.log import terminal
 from bulkinfer.metrics import bars
 from bulkinfer.metrics import text as evaluate
-from bulkinfer.report.eval_model import EvalReport, EvalRowCounts
+from bulkinfer.report.eval_model import EvalReport, EvalRowCounts, score_remarks
 
 UNKNOWN = "unknown"
 
@@ -127,8 +127,8 @@ def print_eval(report: EvalReport | dict[str, Any], previous: dict[str, Any] | N
     console.print(table)
     for name, signature in typed.signatures.items():
         console.print(f"{name} signature: {signature}", markup=False)
-    for line in [*scores.get("warnings", []), *scores.get("notes", [])]:
-        console.print(f"note: {line}", markup=False)
+    for line in score_remarks(scores):
+        console.print(line, markup=False)
     for ids, what in (
         (typed.row_counts.unmatched_golden, "golden rows without a prediction"),
         (typed.row_counts.unmatched_predictions, "predictions without a golden row"),

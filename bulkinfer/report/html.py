@@ -25,6 +25,7 @@ from pathlib import Path
 from typing import Any
 
 from bulkinfer.engine.log import terminal
+from bulkinfer.report.eval_model import score_remarks
 from bulkinfer.report.model import Bucket, LengthBin, RunReport, TokenSeries, as_run_report
 from bulkinfer.report.units import format_bytes
 
@@ -386,14 +387,11 @@ def eval_sections(report: dict[str, Any], metrics: Sequence[str], rows: Sequence
     scores = report["scores"]
     ci = scores.get("ci") or {}
     names = [*metrics, *(["perplexity"] if scores.get("perplexity") is not None else [])]
-    if ci:  # resampled (--bootstrap)
-        table = _table(
-            [[n, scores[n], " - ".join(f"{v:.2f}" for v in ci[n]) if n in ci else ""] for n in names],
-            header=["metric", "score", "95% interval"],
-        )
-    else:
-        table = _table([[n, scores[n]] for n in names], header=["metric", "score"])
+    interval = [" - ".join(f"{v:.2f}" for v in ci.get(n, [])) for n in names] if ci else None  # --bootstrap
+    table_rows = [[n, scores[n], *([interval[k]] if interval else [])] for k, n in enumerate(names)]
+    table = _table(table_rows, header=["metric", "score", *(["95% interval"] if interval else [])])
     parts = ["<h2>Scores</h2>", table, _table([[k, v] for k, v in scores["signatures"].items()], ["signature", ""])]
+    parts += [f"<p>{html.escape(line)}</p>" for line in score_remarks(scores)]
     counts = report.get("row_counts") or {}
     if counts:
         # lists of ids as their counts; `unmatched` ({golden, predictions}) repeats the two lists' counts

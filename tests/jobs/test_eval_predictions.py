@@ -5,6 +5,7 @@ engine: --predictions generates nothing and perplexity is off."""
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 from typing import Any
 
@@ -167,6 +168,39 @@ def test_a_mis_shaped_prediction_record_exits_4_naming_the_file_and_line(tmp_pat
     assert not (tmp_path / "scored.jsonl").exists()
 
 
+@pytest.mark.parametrize("which", ["--predictions", "--compare", "--config", "report"])
+@pytest.mark.parametrize("kind", ["fifo", "directory"])
+def test_a_fifo_or_directory_given_as_a_file_exits_4_at_once(tmp_path: Path, which: str, kind: str) -> None:
+    """A FIFO is never opened (it would block until a writer came): exit 4 naming it."""
+    special = tmp_path / "special.json"
+    os.mkfifo(special) if kind == "fifo" else special.mkdir()
+    predictions = _predictions(tmp_path, MATCHED)
+    if which == "report":
+        result = runner.invoke(app, ["report", str(special)])
+    elif which == "--predictions":
+        result = _invoke(tmp_path, _golden(tmp_path), special, "scored.jsonl")
+    else:
+        result = _invoke(tmp_path, _golden(tmp_path), predictions, "scored.jsonl", which, str(special))
+    assert result.exit_code == 4, result.output
+    said = "a named pipe (FIFO)" if kind == "fifo" else "a directory"
+    assert f"{special} is {said}, not a file" in " ".join(result.output.split())
+
+
+def test_a_predictions_file_of_an_unknown_format_exits_4_naming_it(tmp_path: Path) -> None:
+    predictions = tmp_path / "pred.jsonl.gz"
+    predictions.write_bytes(b"")
+    result = _invoke(tmp_path, _golden(tmp_path), predictions, "scored.jsonl")
+    assert result.exit_code == 4, result.output
+    assert f"predictions file {predictions}: unknown format '.gz'" in " ".join(result.output.split())
+
+
+def test_resume_with_predictions_is_refused_as_there_is_nothing_to_resume(tmp_path: Path) -> None:
+    predictions = _predictions(tmp_path, MATCHED)
+    result = _invoke(tmp_path, _golden(tmp_path), predictions, "scored.jsonl", "--resume")
+    assert result.exit_code == 2, result.output
+    assert "--predictions generates nothing: to score again, --overwrite" in " ".join(result.output.split())
+
+
 def test_bootstrap_below_0_exits_2_before_any_model_loads(tmp_path: Path) -> None:
     result = runner.invoke(app, ["eval", str(_golden(tmp_path)), "--bootstrap", "-1", "--model", "no/such-model"])
     assert result.exit_code == 2, result.output
@@ -236,6 +270,25 @@ def test_integer_ids_match_and_unusable_and_repeated_records_are_counted(tmp_pat
     for said in (out, " ".join(shown.output.split())):
         assert "2 prediction records without an id or a completion text (not scored)" in said
         assert "1 prediction records of an id an earlier record has (not scored)" in said
+
+
+def test_a_rows_custom_id_and_response_columns_pass_through_and_it_is_matched_by_id(tmp_path: Path) -> None:
+    """A bulkinfer row with ``custom_id`` (and a ``response`` column, a dataset's
+    reference answer) keeps its ``id`` in its record: its prediction is found
+    by that; an OpenAI line's record (``custom_id`` + ``response``) by ``custom_id``."""
+    rows = [{"id": "a", "prompt": "x", "reference": "Paris"}, {"id": "b", "prompt": "y", "reference": "Blue"}]
+    golden = _jsonl(tmp_path / "golden.jsonl", rows)
+    body = {"choices": [{"index": 0, "message": {"role": "assistant", "content": "Blue"}}], "usage": {}}
+    records = [
+        {"id": "a", "completion": "Paris", "custom_id": "ticket-1", "response": "the reference answer"},
+        {"id": "batch_req_1", "custom_id": "b", "response": {"status_code": 200, "body": body}, "error": None},
+    ]
+    result = _invoke(tmp_path, golden, _jsonl(tmp_path / "pred.jsonl", records), "scored.jsonl")
+    assert result.exit_code == 0, result.output
+    counts = orjson.loads(eval_path(tmp_path / "scored.jsonl").read_bytes())["row_counts"]
+    assert (counts["scored"], counts["unusable_predictions"]) == (2, 0)
+    scored = [orjson.loads(line) for line in (tmp_path / "scored.jsonl").read_bytes().splitlines()]
+    assert [r["exact_match"] for r in scored] == [100.0, 100.0]
 
 
 def test_scoring_an_output_again_drops_the_earlier_scorings_row_fields(tmp_path: Path) -> None:

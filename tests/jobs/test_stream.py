@@ -245,6 +245,17 @@ def test_a_stream_to_a_file_resumes_by_id_after_cutting_a_torn_line(tmp_path: Pa
     assert done_ids(out) == {"r0", "r1", "r2", "r3", "r4"}
 
 
+def test_a_rows_custom_id_column_does_not_stand_for_its_id_on_resume(tmp_path: Path) -> None:
+    """A bulkinfer row's record with a ``custom_id`` column passed through is
+    done under its ``id``; an OpenAI line's records (``response``) under ``custom_id``."""
+    out = tmp_path / "out.jsonl"
+    out.write_bytes(
+        b'{"id":"r0","completion":"c","custom_id":"ticket-1"}\n'
+        b'{"id":"batch_req_1","custom_id":"c1","response":null,"error":{"code":"invalid_field","message":"m"}}\n'
+    )
+    assert done_ids(out) == {"r0", "c1"}
+
+
 def test_a_resumed_output_that_is_not_records_is_refused_naming_its_line(tmp_path: Path) -> None:
     out = tmp_path / "out.jsonl"
     out.write_bytes(b'{"id":"r0"}\nvLLM log line\n')

@@ -453,6 +453,9 @@ def test_compare(single, multi) -> None:
         ("bleu", 25.0, 30.0, 5.0),
         ("chrf", None, 50.0, None),
     ]
+    assert compare({"bleu": 30.0, "perplexity": 3.7}, {"bleu": 30.0, "perplexity": 10.0})[-1] == pytest.approx(
+        ("perplexity", 10.0, 3.7, -6.3)
+    )
     with pytest.raises(ValueError, match="none of the metrics"):
         compare({"bleu": 30.0}, {"rows": 3})
 

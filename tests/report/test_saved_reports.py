@@ -249,6 +249,24 @@ def test_a_run_report_that_is_no_report_names_the_file_and_the_key(change: Any, 
 
 
 @pytest.mark.parametrize(
+    ("change", "message"),
+    [
+        (lambda s: s.pop("bleu"), "key 'scores.bleu' is missing"),
+        (lambda s: s.update(bleu=None), "key 'scores.bleu' is None, not a number"),
+        (lambda s: s.update(chrf="high"), "key 'scores.chrf' is 'high', not a number"),
+        (lambda s: s.update(perplexity="3"), "key 'scores.perplexity' is '3', not a number"),
+        (lambda s: s.update(ci={"bleu": [1]}), "key 'scores.ci.bleu' is [1], not [low, high]"),
+    ],
+)
+def test_an_eval_report_whose_scores_are_no_numbers_names_the_key(change: Any, message: str) -> None:
+    data = orjson.loads((FIXTURES / "golden.out.eval.json").read_bytes())
+    change(data["scores"])
+    with pytest.raises(InputFileError) as raised:
+        EvalReport.from_dict(data, "x.eval.json")
+    assert f"x.eval.json: not a saved OUT.eval.json: {message}" == str(raised.value)
+
+
+@pytest.mark.parametrize(
     ("text", "expected"),
     [
         ('{"request_counts": {"total": 1}}', "x.report.json: not a saved OUT.report.json: key 'input' is missing"),
@@ -299,3 +317,24 @@ def test_the_eval_tables_title_stays_on_one_line_where_it_fits() -> None:
     shown = io.StringIO()
     print_eval(report, None, Console(file=shown, width=80))
     assert "bulkinfer eval: /work/main/sample_data/golden.jsonl (5 rows scored)" in shown.getvalue()
+
+
+def test_an_evals_warnings_notes_and_unscored_perplexity_rows_are_on_the_terminal_and_the_page() -> None:
+    from rich.console import Console
+
+    from bulkinfer.metrics.text import METRICS
+    from bulkinfer.report.eval_view import print_eval
+    from bulkinfer.report.html import eval_sections
+
+    report = orjson.loads((FIXTURES / "golden.out.eval.json").read_bytes())
+    report["scores"].update(
+        warnings=["90% of the reference letters are not Latin"], perplexity=None, perplexity_failed=3
+    )
+    shown = io.StringIO()
+    print_eval(report, None, Console(file=shown, width=300))
+    page = "".join(eval_sections(report, METRICS))
+    for said in (shown.getvalue(), page):
+        assert "warning: 90% of the reference letters are not Latin" in said
+        assert "note: ROUGE (rouge-score): the tokenizer lowercases" in said
+        unescaped = said.replace("&#x27;", "'")  # html.escape's quote
+        assert "perplexity: 3 rows not scored (each record's perplexity_error says why)" in unescaped
