@@ -475,6 +475,14 @@ def test_eval_without_any_reference_stops_before_the_engine(tmp_path: Path, monk
     assert again.exit_code == 4  # the next try is not "output exists" (6)
 
 
+def test_eval_of_a_golden_file_of_no_readable_row_quotes_the_first_rows_error(tmp_path: Path) -> None:
+    golden = tmp_path / "g.jsonl"
+    golden.write_text('{"id": "a", "reference": "x"\nnot json\n')
+    message = " ".join(_plain_error(runner.invoke(app, ["eval", str(golden)]), 4).split())
+    assert f"golden file {golden}: none of its 2 rows can be read (line 1, column 29: " in message
+    assert "not valid JSON" in message, message
+
+
 def _eval_of(tmp_path: Path, golden_lines: str) -> tuple[Any, list[dict[str, Any]], dict[str, Any]]:
     """``bulkinfer eval`` of a golden file of ``golden_lines`` to ``OUT`` =
     ``out.jsonl`` on the fake engines: the result, the error records, the eval report."""

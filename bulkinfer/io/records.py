@@ -28,7 +28,7 @@ import uuid
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, NoReturn
 
 from bulkinfer.errors import InputFileError, read_whole
 from bulkinfer.io.files import iter_jsonl_chunks
@@ -341,7 +341,8 @@ def parse_output(record: dict[str, Any]) -> OutputRow | None:
     :func:`output_record` writes; an embedding or score record has the text ``""``);
     None when the record has no string id or no completion text."""
     if is_batch_record(record):
-        body = ((record.get("response") or {}).get("body")) or {}
+        response = record.get("response") or {}
+        body = (response.get("body") if isinstance(response, dict) else _not(response, "response", "an object")) or {}
         if body.get("object") == "list":  # an embedding response
             return _embedded(record["custom_id"], body.get("usage") or {})
         choice = (body.get("choices") or [{}])[0]
@@ -354,7 +355,24 @@ def parse_output(record: dict[str, Any]) -> OutputRow | None:
         text, usage, row_id = record.get("completion"), record, record.get("id")
     if not isinstance(row_id, str) or not isinstance(text, str):
         return None
-    return OutputRow(row_id, text, int(usage.get("prompt_tokens") or 0), int(usage.get("completion_tokens") or 0))
+    return OutputRow(row_id, text, _count(usage, "prompt_tokens"), _count(usage, "completion_tokens"))
+
+
+def _not(value: Any, name: str, expected: str) -> NoReturn:
+    """Raises ValueError: the field ``name`` is ``value``, not ``expected``."""
+    raise ValueError(f"'{name}' is {value!r}, not {expected}"[:200])
+
+
+def _count(usage: dict[str, Any], name: str) -> int:
+    """``usage[name]`` as a token count (0 when absent).
+
+    Raises:
+        ValueError: it is no integer, naming it."""
+    value = usage.get(name) or 0
+    try:
+        return int(value)
+    except (TypeError, ValueError):
+        _not(value, name, "a token count")
 
 
 # The result fields of an encoder's records: embed's and score's (pair, rerank).
@@ -365,7 +383,7 @@ def _embedded(row_id: Any, usage: dict[str, Any]) -> OutputRow | None:
     """The :class:`OutputRow` of an embedding or score record: no text, its prompt tokens."""
     if not isinstance(row_id, str):
         return None
-    return OutputRow(row_id, "", int(usage.get("prompt_tokens") or 0), 0)
+    return OutputRow(row_id, "", _count(usage, "prompt_tokens"), 0)
 
 
 def error_line(record: dict[str, Any]) -> int:

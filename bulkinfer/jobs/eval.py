@@ -142,18 +142,25 @@ def check_golden(golden: Path, settings: Settings) -> None:
 
     Raises:
         InputFileError: the file is missing or unreadable (as
-            :func:`bulkinfer.io.readers.open_reader`), has no rows, or no row
-            has a usable ``reference``.
+            :func:`bulkinfer.io.readers.open_reader`), has no rows, no row it
+            can read (the first row's error quoted), or no row with a usable ``reference``.
     """
     if not golden.exists() and not golden.is_symlink():
         raise InputFileError(f"golden file not found: {golden}")
     rows = 0
+    unread: list[str] = []  # the rows that are not even rows (not JSON, ...)
     for raw in open_reader(golden):
         rows += 1
-        if reference_error(raw, settings) is raw and raw.error is None:
+        if raw.error is not None:
+            unread.append(raw.error.message)
+        elif reference_error(raw, settings) is raw:
             return
     if not rows:
         raise InputFileError(f"golden file {golden} has no rows: nothing to score")
+    if len(unread) == rows:
+        raise InputFileError(
+            f"golden file {golden}: none of its {rows} rows can be read ({unread[0]}), so nothing can be scored"
+        )
     raise InputFileError(
         f"golden file {golden}: none of its {rows} rows has a usable 'reference' field (a string, or a list "
         "of strings), so nothing can be scored; add one to each row, or use `bulkinfer run` to only generate"

@@ -150,21 +150,24 @@ def _invoke(tmp_path: Path, golden: Path, predictions: Path, out: str, *more: st
 
 
 @pytest.mark.parametrize(
-    "line",
+    ("line", "says"),
     [
-        b'{"id":"g1","completion":"one","prompt_tokens":"x"}',
-        b'{"custom_id":"g1","response":"str"}',
-        b'{"custom_id":"g1","response":{"body":{"choices":"x"}}}',
-        b"[1,2]",
-        b'"just a string"',
+        (b'{"id":"g1","completion":"one","prompt_tokens":"x"}', "'prompt_tokens' is 'x', not a token count"),
+        (b'{"custom_id":"g1","response":"str"}', "'response' is 'str', not an object"),
+        (b'{"custom_id":"g1","response":{"body":{"choices":"x"}}}', ""),
+        (b"[1,2]", "a JSON list"),
+        (b'"just a string"', "a JSON str"),
     ],
 )
-def test_a_mis_shaped_prediction_record_exits_4_naming_the_file_and_line(tmp_path: Path, line: bytes) -> None:
+def test_a_mis_shaped_prediction_record_exits_4_naming_the_file_and_line(
+    tmp_path: Path, line: bytes, says: str
+) -> None:
     predictions = tmp_path / "pred.jsonl"
     predictions.write_bytes(b'{"id":"g0","completion":"the number 0"}\n\n' + line + b"\n")
     result = _invoke(tmp_path, _golden(tmp_path), predictions, "scored.jsonl")
     assert result.exit_code == 4, result.output
     assert f"predictions file {predictions}: line 3: " in " ".join(result.output.split())
+    assert says in " ".join(result.output.split())
     assert not (tmp_path / "scored.jsonl").exists()
 
 
