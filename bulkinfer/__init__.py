@@ -152,6 +152,7 @@ def run(
             Path(output_path) if output_path is not None else None,
             Path(errors_path) if errors_path is not None else None,
         )
+        _check_stdio(out)
         with _turn(engine, context.stop):
             return stream(sys.stdin.buffer, out, run_settings, context)
     if errors_path is not None:
@@ -319,6 +320,24 @@ def plan(
     from bulkinfer.jobs.plan import plan_file
 
     return plan_file(Path(input_path), settings_with(settings, overrides, None), job, truncate)
+
+
+def _check_stdio(paths: Any) -> None:
+    """A stream's standard input and the standard output it writes to were
+    not closed when bulkinfer started (``<&-``, ``>&-``: :func:`bulkinfer.engine.log.closed_stdio`).
+
+    Raises:
+        InputFileError: standard input was closed (exit 4).
+        OutputWriteError: standard output was closed and records go there (exit 9).
+    """
+    from bulkinfer.engine.log import closed_stdio
+    from bulkinfer.errors import InputFileError, OutputWriteError
+
+    closed = closed_stdio()
+    if 0 in closed:
+        raise InputFileError("standard input was closed (<&-): a stream (INPUT -) has no rows to read")
+    if 1 in closed and Path("-") in (paths.output, paths.errors):
+        raise OutputWriteError("standard output was closed (>&-): a stream's records go there; give -o OUT.jsonl")
 
 
 def evaluate(

@@ -135,6 +135,12 @@ def validate(settings: Settings, names: Mapping[str, str] | None = None) -> None
         ),
         ("plan.padding_batch_size", p.padding_batch_size, int_ge_1(p.padding_batch_size), "an integer >= 1"),
         (
+            "plan.max_wait_s",
+            p.max_wait_s,
+            is_number(p.max_wait_s) and 0 <= p.max_wait_s < float("inf"),
+            "a number of seconds >= 0",
+        ),
+        (
             "plan.output_order",
             p.output_order,
             p.output_order is None or p.output_order in OUTPUT_ORDERS,

@@ -23,7 +23,9 @@ class StopToken:
 
     ``starting`` is True while the job has nothing to flush (model load,
     engine start); the job sets it to False when it starts feeding rows. A
-    signal handler may then stop at once instead of asking.
+    signal handler may then stop at once instead of asking. So it may while
+    ``writing`` (:meth:`blocking_write`): a write to a reader that does not
+    read would block the stop forever.
 
     ``load_deadline`` (:func:`time.monotonic` seconds, or None) is when the
     job's model load and engine start, under :meth:`loading`, count as
@@ -36,6 +38,7 @@ class StopToken:
         self.reason = ""
         self.signum: int | None = None
         self.starting = True
+        self.writing = False
         self.load_deadline: float | None = None
         self.load_timeout_s: float | None = None
 
@@ -49,6 +52,16 @@ class StopToken:
             yield
         finally:
             self.load_deadline = None
+
+    @contextmanager
+    def blocking_write(self) -> Iterator[None]:
+        """The ``with`` body writes to a pipe whose reader may not read (a
+        stream's standard output): :attr:`writing` while it runs."""
+        self.writing = True
+        try:
+            yield
+        finally:
+            self.writing = False
 
     def stop(self, reason: str = "stopped", signum: int | None = None) -> None:
         """Ask the job to stop; ``signum``: the signal that asked (sets the exit code 128 + N)."""

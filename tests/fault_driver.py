@@ -1,7 +1,7 @@
 """Runs `bulkinfer run` logic with a slow fake engine in its own process, so
 tests can kill it (SIGKILL, SIGTERM) at chosen moments.
 
-Usage: python tests/fault_driver.py INPUT OUTPUT [--resume] [--step-delay S] [--hang-at N] [--slow-start S]
+Usage: python tests/fault_driver.py INPUT|- OUTPUT|- [--resume] [--step-delay S] [--hang-at N] [--slow-start S]
 [--start-timeout S]
 (--hang-at: from step N on no step finishes; --slow-start: the engine takes S seconds to start, like a model load;
 --start-timeout: plan.start_timeout_s)
@@ -24,6 +24,7 @@ from bulkinfer.errors import BulkinferError
 from bulkinfer.io.output_files import RunPaths
 from bulkinfer.jobs.context import RunContext
 from bulkinfer.jobs.run import run
+from bulkinfer.jobs.stream import StreamPaths, stream
 
 
 def main() -> int:
@@ -48,11 +49,11 @@ def main() -> int:
 
     try:
         with StopSignals() as stop:  # as the CLI does
-            result = run(
-                RunPaths.build(args.input, args.output),
-                settings,
-                RunContext(resume=args.resume, engine_factory=factory, progress_plain=True, stop=stop),
-            )
+            context = RunContext(resume=args.resume, engine_factory=factory, progress_plain=True, stop=stop)
+            if str(args.input) == "-":  # a stream: rows from standard input, records to standard output
+                result = stream(sys.stdin.buffer, StreamPaths.build(None), settings, context)
+            else:
+                result = run(RunPaths.build(args.input, args.output), settings, context)
     except BulkinferError as exc:
         print(f"bulkinfer: error: {exc}", file=sys.stderr)
         return exc.exit_code

@@ -572,6 +572,8 @@ def test_a_model_that_cannot_be_found_is_exit_5_at_once(
     ("args", "named"),
     [
         (["--window-rows", "0"], "--window-rows must be an integer >= 1, got 0"),
+        (["--max-wait", "nan"], "--max-wait must be a number of seconds >= 0, got nan"),
+        (["--max-wait", "-1"], "--max-wait must be a number of seconds >= 0, got -1.0"),
         (["--max-tokens", "0"], "--max-tokens must be an integer >= 1, got 0"),
         (["--temperature", "3"], "--temperature must be a number in [0, 2], got 3.0"),
         (["--engine-arg", "max_num_seqs=0"], "--engine-arg max_num_seqs must be an integer >= 1, got 0"),
@@ -768,3 +770,25 @@ def test_score_help_names_its_output_truncate_both_ways_and_the_two_kinds_of_mod
     assert "cross-encoder's pair longest first" in text and "/v1/rerank" in text
     assert "ForSequenceClassification" in text
     assert "score" in runner.invoke(app, ["--help"]).output
+
+
+def test_a_closed_standard_descriptor_gets_dev_null_and_a_stream_on_it_is_refused(tmp_path: Path) -> None:
+    """A file opened while fd 1 is closed would take its number, and what vLLM
+    prints would land in it; a stream to a closed standard output would lose every record."""
+    probe = (
+        "import os; os.close(1); os.close(0)\n"
+        "from bulkinfer.engine.log import open_closed_stdio, closed_stdio\n"
+        "open_closed_stdio()\n"
+        f"f = open({str(tmp_path / 'x')!r}, 'w')\n"
+        "import sys; print(f.fileno(), sorted(closed_stdio()), os.path.realpath('/proc/self/fd/1'), file=sys.stderr)\n"
+    )
+    proc = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, check=True)
+    assert proc.stderr.split() == ["3", "[0,", "1]", "/dev/null"]
+    for redirect, code, said in [
+        ("<&-", 4, "standard input was closed (<&-)"),
+        (">&- </dev/null", 9, "standard output was closed (>&-)"),
+    ]:
+        command = f"exec {sys.executable} -m bulkinfer run - {redirect}"
+        proc = subprocess.run(["bash", "-c", command], capture_output=True, text=True, cwd=tmp_path)
+        assert proc.returncode == code, proc.stderr
+        assert said in proc.stderr and "Traceback" not in proc.stderr

@@ -25,7 +25,7 @@ from bulkinfer.cli import serve_command  # noqa: F401
 # isort: on
 from bulkinfer.cli.options import NEGATIONS, OVERRIDES, settings_from_flags
 from bulkinfer.cli.signals import StopSignals, _stopped_by_signal
-from bulkinfer.engine.log import tolerate_readers_gone
+from bulkinfer.engine.log import open_closed_stdio, tolerate_readers_gone
 from bulkinfer.engine.malloc import restart_tuned
 
 __all__ = ["NEGATIONS", "OVERRIDES", "StopSignals", "app", "main", "run", "settings_from_flags"]
@@ -60,6 +60,7 @@ def main() -> None:
     under glibc malloc tunables that spare each engine step its page
     faults (:mod:`bulkinfer.engine.malloc`; ``BULKINFER_MALLOC_TUNABLES=0``:
     glibc's defaults)."""
+    open_closed_stdio()  # first: a file opened while one is closed would take its number
     restart_tuned()
     tolerate_readers_gone()  # a closed pipe on the terminal's streams loses lines, never the run or its exit code
     atexit.register(_exit_without_teardown)

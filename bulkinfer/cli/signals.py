@@ -59,7 +59,9 @@ class StopSignals:
 
     While the job is ``starting`` (model load and engine start: nothing to
     flush yet) the first signal raises :class:`Interrupted` at once, wherever
-    the main thread is; the engine start cleans its processes up. Only the
+    the main thread is; the engine start cleans its processes up. So it does
+    while a stream writes to its reader (:meth:`StopToken.blocking_write`):
+    a reader that stopped reading would block the stop forever. Only the
     CLI installs these handlers (the main thread's): the core never does.
     A signal the process was started ignoring stays ignored (``nohup``:
     SIGHUP; a script's ``cmd &``: SIGINT), as the caller asked.
@@ -102,6 +104,8 @@ class StopSignals:
         if self.token.starting:
             kill_all_now()  # an engine being started dies now, not after vLLM's graceful shutdown
             raise Interrupted(signum, f"stopped by {name} before any row was run")
+        if self.token.writing:  # blocked on a reader that does not read: the write is abandoned
+            raise Interrupted(signum, f"stopped by {name} while the output's reader was not reading")
 
     def _watch_load(self) -> None:
         """Polls the job's load deadline every 0.5 s while the command runs;

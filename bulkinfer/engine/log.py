@@ -77,6 +77,41 @@ def tolerate_readers_gone() -> None:
             setattr(sys, name, ReaderGone(stream))
 
 
+# The standard file descriptors that were closed when bulkinfer started (``>&-``), by number,
+# comma-separated: kept in the environment across the malloc restart (bulkinfer.engine.malloc).
+CLOSED_STDIO_ENV = "BULKINFER_CLOSED_STDIO"
+
+
+def open_closed_stdio() -> None:
+    """Give a standard file descriptor closed at start (``<&-``, ``>&-``)
+    ``/dev/null``, and ``sys.stdin``/``stdout``/``stderr`` (None then) a
+    stream on it: else the next file opened takes its number, and what vLLM
+    or a library prints to standard output lands in that file. Which were
+    closed is kept in :data:`CLOSED_STDIO_ENV` (see :func:`closed_stdio`)."""
+    closed = set(closed_stdio())
+    for fd in (0, 1, 2):
+        try:
+            os.fstat(fd)
+        except OSError:
+            null = os.open(os.devnull, os.O_RDONLY if fd == 0 else os.O_WRONLY)
+            if null != fd:  # the lowest free number: fd itself unless a lower one was closed too
+                os.dup2(null, fd)
+                os.close(null)
+            os.set_inheritable(fd, True)
+            closed.add(fd)
+    if closed:
+        os.environ[CLOSED_STDIO_ENV] = ",".join(map(str, sorted(closed)))
+    for fd, name in enumerate(("stdin", "stdout", "stderr")):
+        if getattr(sys, name) is None:
+            setattr(sys, name, open(fd, "r" if fd == 0 else "w", closefd=False))  # noqa: SIM115 (the process's)
+
+
+def closed_stdio() -> frozenset[int]:
+    """The standard file descriptors closed when bulkinfer started (:func:`open_closed_stdio`)."""
+    value = os.environ.get(CLOSED_STDIO_ENV, "")
+    return frozenset(int(fd) for fd in value.split(",") if fd in ("0", "1", "2"))
+
+
 def terminal() -> IO[str]:
     """The stream for bulkinfer's own lines: the real standard error, also
     while an :class:`EngineLog` captures file descriptor 2."""

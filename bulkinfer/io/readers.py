@@ -16,7 +16,9 @@ Parquet.
 from __future__ import annotations
 
 import io
+import queue
 import re
+import threading
 import zlib
 from collections.abc import Callable, Collection, Iterator
 from dataclasses import dataclass
@@ -384,3 +386,44 @@ def open_reader(
     if input_format(path) == JSONL:
         return JsonlReader(path)
     return ParquetReader(path, columns=columns, text_columns=text_columns)
+
+
+class RowQueue:
+    """The rows of ``reader`` (a :class:`StreamReader`), read on a daemon
+    thread into a queue of at most ``capacity`` rows: the stream's writer
+    blocks while the queue is full."""
+
+    _END = object()
+
+    def __init__(self, reader: StreamReader, capacity: int):
+        self._queue: queue.Queue[Any] = queue.Queue(maxsize=max(capacity, 1))
+        self.ended = False
+        self.blank_lines = lambda: reader.blank_lines
+        threading.Thread(target=self._read, args=(reader,), name="bulkinfer-stdin", daemon=True).start()
+
+    def _read(self, reader: StreamReader) -> None:
+        try:
+            for row in reader:
+                self._queue.put(row)
+        except BaseException as exc:  # noqa: BLE001 (handed to the main thread, raised there)
+            self._queue.put(exc)
+        self._queue.put(self._END)
+
+    def get(self) -> RawRow | None:
+        """The next row read, or None when none is there now (or the stream ended: :attr:`ended`).
+
+        Raises:
+            InputFileError: reading the stream failed.
+        """
+        if self.ended:
+            return None
+        try:
+            item = self._queue.get_nowait()
+        except queue.Empty:
+            return None
+        if item is self._END:
+            self.ended = True
+            return None
+        if isinstance(item, BaseException):
+            raise item
+        return item  # type: ignore[no-any-return]

@@ -167,7 +167,9 @@ def score_record(request: Request, completion: Completion, model: str) -> dict[s
     scores = pair_scores(similarity, completion.embeddings or ())
     tokens = completion.prompt_tokens
     if request.openai_url is None:
-        row: dict[str, Any] = {**request.passthrough, "id": request.id}
+        # an input's score or results is replaced, in either shape (prep.scores's OUTPUT_FIELDS say so)
+        row: dict[str, Any] = {k: v for k, v in request.passthrough.items() if k not in ("score", "results")}
+        row["id"] = request.id
         if similarity["shape"] == "pair":
             row["score"] = scores[0]
         else:

@@ -24,15 +24,21 @@ from __future__ import annotations
 
 import contextlib
 import os
+import select
 import signal
+import stat
+import time
 from collections import deque
-from collections.abc import Collection, Iterator
+from collections.abc import Callable, Collection, Iterator
+from contextlib import AbstractContextManager
 from pathlib import Path
 from typing import IO, Any, NoReturn
 
 import orjson
 
-from bulkinfer.errors import ConfigError, Interrupted, OutputExistsError
+from bulkinfer.errors import ConfigError, Interrupted, OutputExistsError, write_error
+from bulkinfer.io.journal import check_same_results
+from bulkinfer.io.output_files import OutputFiles
 from bulkinfer.io.records import is_batch_record
 from bulkinfer.schema import Request
 
@@ -45,9 +51,16 @@ class StreamWriter:
     the ids a resumed stream has records of (:func:`done_ids`)."""
 
     def __init__(
-        self, sink: IO[bytes], errors: IO[bytes], input_order: bool, bound: int, done: Collection[str] = ()
+        self,
+        sink: IO[bytes],
+        errors: IO[bytes],
+        input_order: bool,
+        bound: int,
+        done: Collection[str] = (),
+        guard: Callable[[], AbstractContextManager[Any]] = contextlib.nullcontext,
     ) -> None:
         self.sink, self.errors = sink, errors
+        self._guard = guard  # around each write and flush (StopToken.blocking_write: a stop may abandon it)
         self.done = done
         self.input_order = input_order
         self.bound = max(bound, 1)
@@ -123,9 +136,10 @@ class StreamWriter:
         if self._gone:
             return
         try:
-            self.sink.flush()
-            if self.errors is not self.sink:
-                self.errors.flush()
+            with self._guard():
+                self.sink.flush()
+                if self.errors is not self.sink:
+                    self.errors.flush()
         except BrokenPipeError:
             self._reader_gone()
         self.flushed = self._written
@@ -141,7 +155,8 @@ class StreamWriter:
         if self._gone:
             return
         try:
-            out.write(data)
+            with self._guard():
+                out.write(data)
         except BrokenPipeError:
             self._reader_gone()
         self._written += 1
@@ -158,6 +173,36 @@ class StreamWriter:
 STDOUT = Path("-")  # a stream's output or errors path that means standard output
 
 
+# A stream's input in the record of what an output is the result of: standard input, read once.
+STREAM_INPUT = {"path": "-"}
+
+
+def check_resumable(state: OutputFiles, settings: dict[str, Any]) -> str | None:
+    """Refuse to resume the stream to ``state.out`` with other settings than
+    those it was written with (its journal, which a stream keeps), or an
+    output a ``run FILE`` wrote (its journal or its report's ``results_of``).
+    ``settings``: :func:`~bulkinfer.io.journal.results_settings`. Returns
+    what to warn of for an output with neither (a bulkinfer before
+    2026-12-07): not checked.
+
+    Raises:
+        ConfigError: the settings differ, or another input wrote it (naming it).
+    """
+    if state.journal.exists():
+        recorded, complete = orjson.loads(state.journal.read_bytes()), False
+    elif state.report.exists() and "results_of" in (report := orjson.loads(state.report.read_bytes())):
+        recorded, complete = report["results_of"], True
+    else:
+        return f"{state.out} has no record of the settings that wrote it: not checked"
+    if recorded.get("input", {}).get("path") != "-":
+        raise ConfigError(
+            f"cannot resume {state.out} with a stream: `bulkinfer run {recorded['input'].get('path')}` wrote it; "
+            "resume it with that input, or give the stream another -o"
+        )
+    check_same_results(state.out, recorded, STREAM_INPUT, settings, complete=complete)
+    return None
+
+
 def open_sink(path: Path, overwrite: bool, append: bool = False) -> IO[bytes]:
     """A binary stream for ``path``: a copy of standard output for
     :data:`STDOUT` (taken before the engine's log takes file descriptor 1),
@@ -166,25 +211,35 @@ def open_sink(path: Path, overwrite: bool, append: bool = False) -> IO[bytes]:
 
     Raises:
         OutputExistsError: the file exists and neither ``overwrite`` nor ``append`` is set.
+        OutputWriteError: the file cannot be opened (exit 9).
     """
     if path == STDOUT:
         return os.fdopen(os.dup(1), "wb", buffering=1 << 16)
     if path.exists() and not (overwrite or append):
         raise OutputExistsError(f"output {path} already exists; use --overwrite to replace it or --resume to go on")
-    return open(path, "ab" if append else "wb", buffering=1 << 16)  # noqa: SIM115 (closed by close_sinks)
+    try:
+        return open(path, "ab" if append else "wb", buffering=1 << 16)  # noqa: SIM115 (closed by close_sinks)
+    except OSError as exc:
+        raise write_error(exc, path) from None
 
 
-def close_sinks(*sinks: IO[bytes], drop_empty: bool = False) -> None:
+def close_sinks(*sinks: IO[bytes], drop_empty: bool = False, wait_s: float | None = None) -> bool:
     """Flush and close each of ``sinks`` (one given twice: once). A reader
     that went away (a closed pipe) is no error here: :class:`StreamWriter`
     has said so. With ``drop_empty``, a file left empty is removed (a
     stream that failed before its first record: its retry is then not
-    refused for an output that exists).
+    refused for an output that exists). With ``wait_s`` (a stopped stream),
+    a pipe's reader gets that many seconds to take what is buffered, the
+    rest is dropped: a reader that stopped reading must not hold the stop.
+    Returns whether records were dropped so.
 
     Raises:
         OSError: a flush failed otherwise (a full disk).
     """
+    dropped = False
     for out in {id(out): out for out in sinks}.values():
+        if wait_s is not None and not stat.S_ISREG(os.fstat(out.fileno()).st_mode):
+            dropped = _flush_within(out, wait_s) or dropped
         with contextlib.suppress(BrokenPipeError):
             out.flush()
         with contextlib.suppress(BrokenPipeError):  # the flush again, then the file is closed all the same
@@ -192,6 +247,36 @@ def close_sinks(*sinks: IO[bytes], drop_empty: bool = False) -> None:
         name = getattr(out, "name", None)  # a path for a file; standard output's copy has its descriptor
         if drop_empty and isinstance(name, str) and os.path.isfile(name) and os.path.getsize(name) == 0:
             os.unlink(name)
+    return dropped
+
+
+def _flush_within(out: IO[bytes], wait_s: float) -> bool:
+    """Flush ``out`` (a pipe's or terminal's writer) without blocking for
+    more than ``wait_s`` seconds; what is left unwritten then is discarded
+    (its descriptor then points at ``/dev/null``). Returns whether something
+    was. The descriptor is non-blocking only meanwhile: its open file is
+    shared with standard output."""
+    fd = out.fileno()
+    deadline = time.monotonic() + wait_s
+    os.set_blocking(fd, False)
+    try:
+        while True:
+            try:
+                out.flush()
+                return False
+            except BlockingIOError:
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    break
+                select.select([], [fd], [], min(left, 0.2))
+            except BrokenPipeError:
+                return False
+    finally:
+        os.set_blocking(fd, True)
+    null = os.open(os.devnull, os.O_WRONLY)
+    os.dup2(null, fd)
+    os.close(null)
+    return True
 
 
 def record_id(record: dict[str, Any]) -> str | None:

@@ -40,29 +40,40 @@ original standard output, so no log line enters the data.
 
 from __future__ import annotations
 
+import contextlib
 import os
-import queue
-import threading
 import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import IO, Any
 
+import orjson
+
 from bulkinfer.config import Settings
 from bulkinfer.default_model import DEFAULT_MODEL, bulkinfer_home
 from bulkinfer.engine.feed import PENDING, FeedStopped, feed
 from bulkinfer.engine.heap import set_heap
-from bulkinfer.engine.log import EngineLog, terminal
+from bulkinfer.engine.log import EngineLog, terminal, warn
 from bulkinfer.errors import EXIT_OK, EXIT_PARTIAL, ConfigError, EngineError, ModelError
 from bulkinfer.io import records
-from bulkinfer.io.files import keep_newest
+from bulkinfer.io.files import atomic_write, keep_newest
 from bulkinfer.io.inputs import InputScan
-from bulkinfer.io.readers import RawRow, StreamReader
-from bulkinfer.io.stream_out import STDOUT, StreamWriter, close_sinks, done_ids, open_sink
+from bulkinfer.io.journal import results_record, results_settings
+from bulkinfer.io.output_files import OutputFiles, same_file
+from bulkinfer.io.readers import RowQueue, StreamReader
+from bulkinfer.io.stream_out import (
+    STDOUT,
+    STREAM_INPUT,
+    StreamWriter,
+    check_resumable,
+    close_sinks,
+    done_ids,
+    open_sink,
+)
 from bulkinfer.jobs.context import RunContext
 from bulkinfer.jobs.engine_choice import choose_engine_settings
-from bulkinfer.jobs.run import GENERATE, RunReport
+from bulkinfer.jobs.run import GENERATE, RunReport, make_output_dir
 from bulkinfer.models import resolve_model
 from bulkinfer.prep.planner import Planner
 from bulkinfer.prep.rows import to_request
@@ -71,6 +82,7 @@ from bulkinfer.schema import Completion, Request, RowError, RowInvalid
 
 QUEUE_WINDOWS = 2  # rows read ahead of the planner at most, in windows (the reading thread waits beyond)
 KEEP_LOGS = 100  # logs of streams to standard output kept in $BULKINFER_HOME/logs
+STOP_WAIT_S = 5.0  # how long a stopped stream waits for a pipe's reader to take what is buffered
 
 
 @dataclass(frozen=True, slots=True)
@@ -89,12 +101,22 @@ class StreamPaths:
         cron line's streams would fill the disk); a file logs beside it (``OUT.log``).
 
         Raises:
-            ConfigError: an output or errors file that is not JSONL (Parquet cannot be appended to).
+            ConfigError: an output or errors file that is not JSONL (Parquet
+                cannot be appended to); ``errors`` names the output file (one
+                file opened twice would lose records: leave ``--errors`` out
+                to have them there).
         """
         output = output or STDOUT
         for path in (output, errors):
             if path is not None and path != STDOUT and path.suffix.lower() not in (".jsonl", ".ndjson"):
                 raise ConfigError(f"{path}: a stream's records are written as they finish: give a .jsonl file or -")
+        if errors is not None and (errors == output or (output != STDOUT and same_file(errors, output))):
+            if output != STDOUT:
+                raise ConfigError(
+                    f"--errors {errors} is the output file: leave --errors out to write the error records "
+                    "there, or give another file"
+                )
+            errors = None  # both standard output: the records' default
         if output == STDOUT:
             logs = bulkinfer_home() / "logs"
             logs.mkdir(parents=True, exist_ok=True)
@@ -103,47 +125,6 @@ class StreamPaths:
         else:
             log = output.with_name(output.stem + ".log")
         return cls(output, errors, log)
-
-
-class RowQueue:
-    """The rows of ``reader`` (a :class:`StreamReader`), read on a daemon
-    thread into a queue of at most ``capacity`` rows: the stream's writer
-    blocks while the queue is full."""
-
-    _END = object()
-
-    def __init__(self, reader: StreamReader, capacity: int):
-        self._queue: queue.Queue[Any] = queue.Queue(maxsize=max(capacity, 1))
-        self.ended = False
-        self.blank_lines = lambda: reader.blank_lines
-        threading.Thread(target=self._read, args=(reader,), name="bulkinfer-stdin", daemon=True).start()
-
-    def _read(self, reader: StreamReader) -> None:
-        try:
-            for row in reader:
-                self._queue.put(row)
-        except BaseException as exc:  # noqa: BLE001 (handed to the main thread, raised there)
-            self._queue.put(exc)
-        self._queue.put(self._END)
-
-    def get(self) -> RawRow | None:
-        """The next row read, or None when none is there now (or the stream ended: :attr:`ended`).
-
-        Raises:
-            InputFileError: reading the stream failed.
-        """
-        if self.ended:
-            return None
-        try:
-            item = self._queue.get_nowait()
-        except queue.Empty:
-            return None
-        if item is self._END:
-            self.ended = True
-            return None
-        if isinstance(item, BaseException):
-            raise item
-        return item  # type: ignore[no-any-return]
 
 
 def stream_requests(
@@ -237,9 +218,12 @@ def stream(
 
     Raises:
         ConfigError: ``--resume`` with standard output (nothing to resume
-            from); an output to resume from that is not JSONL records;
+            from); an output to resume from that is not JSONL records, was
+            written with other settings or by a file's run
+            (:func:`~bulkinfer.io.stream_out.check_resumable`);
             ``BULKINFER_HEAP`` other than ``arenas``, ``flat`` or ``glibc``.
         OutputExistsError: a file output exists, without ``overwrite``.
+        LockHeldError: another run or stream writes the file output (exit 7).
         Interrupted: a stop signal (every row finished so far is written).
         EngineError, ModelError: the engine failed (likewise).
         OSError: the output cannot be written.
@@ -250,17 +234,38 @@ def stream(
         heap = set_heap()  # a long stream's C heap levels off (bulkinfer/engine/heap.py)
     except ValueError as exc:
         raise ConfigError(str(exc)) from None
-    done: set[str] = set()
-    if context.resume:
-        if paths.output == STDOUT:
-            raise ConfigError(
-                "--resume is not offered for standard input to standard output: a stream cannot be read again "
-                "and standard output keeps nothing; give -o OUT.jsonl, and a stream to a file can be resumed by "
-                "id (rows whose id has a record there are skipped)"
-            )
-        for path in (paths.output, paths.errors):
-            if path is not None:
-                done |= done_ids(path)
+    if context.resume and paths.output == STDOUT:
+        raise ConfigError(
+            "--resume is not offered for standard input to standard output: a stream cannot be read again "
+            "and standard output keeps nothing; give -o OUT.jsonl, and a stream to a file can be resumed by "
+            "id (rows whose id has a record there are skipped)"
+        )
+    for path in (paths.output, paths.errors):
+        if path is not None and path != STDOUT:
+            make_output_dir(path)
+    with contextlib.ExitStack() as held:
+        done: set[str] = set()
+        if paths.output != STDOUT:
+            state = OutputFiles(paths.output)
+            held.enter_context(state.locked())  # another run or stream writing OUT: exit 7
+            if context.resume:
+                unchecked = check_resumable(state, results_settings(settings))
+                if unchecked:
+                    warn(unchecked)
+                done = set().union(*(done_ids(path) for path in (paths.output, paths.errors) if path is not None))
+            atomic_write(state.journal, orjson.dumps(results_record(STREAM_INPUT, results_settings(settings))))
+        return _open_and_stream(source, paths, settings, context, done, (started, heap))
+
+
+def _open_and_stream(
+    source: IO[bytes],
+    paths: StreamPaths,
+    settings: Settings,
+    context: RunContext,
+    done: set[str],
+    started_heap: tuple[float, str],
+) -> RunReport:
+    """:func:`stream` once its files may be written: opens them and runs."""
     sink = errors = open_sink(paths.output, context.overwrite, context.resume)
     # --verbose keeps the engine's log on the terminal: on standard error, never in the data
     saved = os.dup(1) if context.verbose and paths.output == STDOUT else None
@@ -272,15 +277,20 @@ def stream(
             os.dup2(2, 1)
         with EngineLog(paths.log, context.verbose) as log:
             try:
-                writer = StreamWriter(sink, errors, *_order(settings), done=done)
-                report = _stream(source, paths, settings, context, writer, started, heap)
+                writer = StreamWriter(sink, errors, *_order(settings), done=done, guard=context.stop.blocking_write)
+                report = _stream(source, paths, settings, context, writer, *started_heap)
                 failed = False
                 return report
             except (EngineError, ModelError) as exc:
                 raise log.explain(exc) from exc
     finally:
-        # a stream that failed before its first record leaves no empty file a retry would be refused for
-        close_sinks(sink, errors, drop_empty=failed and not context.resume)
+        # a stream that failed before its first record leaves no empty file a retry would be refused for;
+        # a stopped one waits STOP_WAIT_S at most for a reader that stopped reading
+        wait_s = STOP_WAIT_S if context.stop.is_set() else None
+        if close_sinks(sink, errors, drop_empty=failed and not context.resume, wait_s=wait_s):
+            warn(f"records the output's reader did not take in {STOP_WAIT_S:g} s were dropped")
+        if paths.output != STDOUT and not paths.output.exists():
+            OutputFiles(paths.output).journal.unlink(missing_ok=True)
         if saved is not None:
             os.dup2(saved, 1)
             os.close(saved)

@@ -119,3 +119,29 @@ def test_second_run_is_refused_at_once_and_lock_freed_by_sigkill(tmp_path: Path)
     first.wait()
     resume(src, out)  # the kernel freed the lock of the killed holder
     assert_every_row_once(out)
+
+
+def test_sigterm_stops_a_stream_whose_reader_stopped_reading(tmp_path: Path) -> None:
+    """Records fill the pipe to a reader that never reads: the writer blocks in
+    write(2). A SIGTERM there ends the stream (143) at once, not after SIGKILL."""
+    proc = subprocess.Popen(
+        [sys.executable, str(HERE / "fault_driver.py"), "-", "-", "--step-delay", "0"],
+        env={**os.environ, "BULKINFER_HOME": str(tmp_path)},
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,  # never read
+        stderr=subprocess.PIPE,
+    )
+    assert proc.stdin is not None
+    rows = [orjson.dumps({"id": f"r{i}", "prompt": "hi", "padding": "x" * 100_000}) + b"\n" for i in range(6)]
+    proc.stdin.write(b"".join(rows))
+    proc.stdin.flush()  # left open: the stream goes on
+    wchan = Path(f"/proc/{proc.pid}/wchan")
+    wait_for(lambda: "pipe_write" in wchan.read_text(), timeout=60)
+    proc.send_signal(signal.SIGTERM)
+    try:
+        code = proc.wait(timeout=20)
+    finally:
+        proc.kill()
+    stderr = proc.stderr.read().decode() if proc.stderr else ""
+    assert code == 143, stderr
+    assert "stopped by SIGTERM while the output's reader was not reading" in stderr

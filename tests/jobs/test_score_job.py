@@ -155,6 +155,20 @@ def test_parquet_output_types_score_double_and_results_a_list_of_structs(tmp_pat
     assert [r["index"] for r in rows[1]["results"]] == [1, 0, 2]
 
 
+def test_an_inputs_score_or_results_field_is_replaced_in_either_shape(tmp_path: Path) -> None:
+    """The report says an input's ``score`` and ``results`` are not copied: a
+    pair row writes its own ``score`` and no ``results``, a rerank row the reverse."""
+    rows = [{**ROWS[0], "results": "old", "score": "high"}, {**ROWS[1], "score": 0.1, "results": "old"}]
+    paths = RunPaths(write(tmp_path / "in.jsonl", rows), tmp_path / "out.parquet")
+    score(paths, Settings(), fake())
+    table = pq.read_table(paths.output)
+    assert table.schema.field("score").type == pa.float64()
+    assert pa.types.is_list(table.schema.field("results").type)
+    pair, rerank = table.to_pylist()
+    assert pair["results"] is None and isinstance(pair["score"], float) and pair["lang"] == "en"
+    assert rerank["score"] is None and [r["index"] for r in rerank["results"]] == [1, 0, 2]
+
+
 def test_a_parquet_input_with_pair_and_rerank_columns(tmp_path: Path) -> None:
     src = tmp_path / "in.parquet"
     names = dict.fromkeys(key for row in ROWS[:2] for key in row)

@@ -22,10 +22,12 @@ from fakes import FakeEngine
 import bulkinfer
 from bulkinfer.config import load_settings
 from bulkinfer.engine.feed import PENDING, feed
-from bulkinfer.errors import ConfigError, EngineError, Interrupted, OutputExistsError
+from bulkinfer.errors import ConfigError, EngineError, Interrupted, LockHeldError, OutputExistsError, OutputWriteError
+from bulkinfer.io.output_files import OutputFiles, RunPaths
 from bulkinfer.io.readers import RawRow
 from bulkinfer.io.stream_out import StreamWriter, done_ids
 from bulkinfer.jobs.context import RunContext
+from bulkinfer.jobs.run import run
 from bulkinfer.jobs.stream import KEEP_LOGS as STREAM_KEEP_LOGS
 from bulkinfer.jobs.stream import StreamPaths, stream, stream_requests
 from bulkinfer.schema import Request, RowError
@@ -323,3 +325,44 @@ def test_a_stream_whose_reader_went_away_stops_as_a_closed_pipe_would_end_it() -
         reader.join()
     assert stopped.value.exit_code == 141 and "the output's reader went away (a closed pipe)" in str(stopped.value)
     assert engines[0].closed
+
+
+def test_errors_naming_the_output_file_is_refused_and_both_standard_output_is_the_default(tmp_path: Path) -> None:
+    """One file opened twice would lose the records written first."""
+    out = tmp_path / "out.jsonl"
+    with pytest.raises(ConfigError, match=f"--errors {out} is the output file: leave --errors out"):
+        StreamPaths.build(out, out)
+    (tmp_path / "link.jsonl").symlink_to(out)
+    with pytest.raises(ConfigError, match="is the output file"):
+        StreamPaths.build(out, tmp_path / "link.jsonl")
+    assert StreamPaths.build(Path("-"), Path("-")).errors is None
+
+
+def test_a_streams_output_directory_is_made_and_a_file_in_its_way_is_exit_9(tmp_path: Path) -> None:
+    context = RunContext(engine_factory=lambda m, s: FakeEngine(), progress_plain=True)
+    out = tmp_path / "new" / "sub" / "out.jsonl"
+    stream(io.BytesIO(line_rows(("a", "hi"))), StreamPaths.build(out), settings(), context)
+    assert [orjson.loads(line)["id"] for line in out.read_bytes().splitlines()] == ["a"]
+    (tmp_path / "file").write_bytes(b"")
+    with pytest.raises(OutputWriteError, match="not a directory|Not a directory") as raised:
+        stream(io.BytesIO(b""), StreamPaths.build(tmp_path / "file" / "o.jsonl"), settings(), context)
+    assert raised.value.exit_code == 9
+
+
+def test_a_stream_resumes_only_with_its_own_settings_and_never_onto_a_file_runs_output(tmp_path: Path) -> None:
+    out = tmp_path / "out.jsonl"
+    context = RunContext(engine_factory=lambda m, s: FakeEngine(), progress_plain=True)
+    stream(io.BytesIO(line_rows(("a", "hi"))), StreamPaths.build(out), settings(), context)
+    resume = context.replace(resume=True)
+    other = load_settings(None, {"sampling.max_tokens": 5}).resolve_chat_template(None)
+    with pytest.raises(ConfigError, match=r"settings differ from the interrupted run's: .*max_tokens\): 256 -> 5"):
+        stream(io.BytesIO(line_rows(("b", "yo"))), StreamPaths.build(out), other, resume)
+    result = stream(io.BytesIO(line_rows(("a", "hi"), ("b", "yo"))), StreamPaths.build(out), settings(), resume)
+    assert result.report["request_counts"] == {"completed": 1, "failed": 0, "resumed": 1}
+    src, ran = tmp_path / "in.jsonl", tmp_path / "ran.jsonl"
+    src.write_bytes(line_rows(("a", "hi")))
+    run(RunPaths.build(src, ran), settings(), context)
+    with pytest.raises(ConfigError, match=f"cannot resume {ran} with a stream: `bulkinfer run {src}` wrote it"):
+        stream(io.BytesIO(line_rows(("b", "yo"))), StreamPaths.build(ran), settings(), resume)
+    with OutputFiles(out).locked(), pytest.raises(LockHeldError):  # another stream or run writing OUT
+        stream(io.BytesIO(b""), StreamPaths.build(out), settings(), resume)
