@@ -101,10 +101,8 @@ class StreamPaths:
         cron line's streams would fill the disk); a file logs beside it (``OUT.log``).
 
         Raises:
-            ConfigError: an output or errors file that is not JSONL (Parquet
-                cannot be appended to); ``errors`` names the output file (one
-                file opened twice would lose records: leave ``--errors`` out
-                to have them there).
+            ConfigError: an output or errors file that is not JSONL (Parquet cannot be
+                appended to); ``errors`` is the output (opened twice, it would lose records).
         """
         output = output or STDOUT
         for path in (output, errors):
@@ -253,7 +251,6 @@ def stream(
                 if unchecked:
                     warn(unchecked)
                 done = set().union(*(done_ids(path) for path in (paths.output, paths.errors) if path is not None))
-            atomic_write(state.journal, orjson.dumps(results_record(STREAM_INPUT, results_settings(settings))))
         return _open_and_stream(source, paths, settings, context, done, (started, heap))
 
 
@@ -273,6 +270,9 @@ def _open_and_stream(
     try:
         if paths.errors is not None:
             errors = open_sink(paths.errors, context.overwrite, context.resume)
+        if paths.output != STDOUT:  # once it may be written: the settings it is the result of, for --resume
+            record = results_record(STREAM_INPUT, results_settings(settings))
+            atomic_write(OutputFiles(paths.output).journal, orjson.dumps(record))
         if saved is not None:
             os.dup2(2, 1)
         with EngineLog(paths.log, context.verbose) as log:

@@ -366,3 +366,14 @@ def test_a_stream_resumes_only_with_its_own_settings_and_never_onto_a_file_runs_
         stream(io.BytesIO(line_rows(("b", "yo"))), StreamPaths.build(ran), settings(), resume)
     with OutputFiles(out).locked(), pytest.raises(LockHeldError):  # another stream or run writing OUT
         stream(io.BytesIO(b""), StreamPaths.build(out), settings(), resume)
+
+
+def test_a_stream_refused_for_an_existing_output_leaves_that_outputs_settings_record_alone(tmp_path: Path) -> None:
+    out = tmp_path / "out.jsonl"
+    context = RunContext(engine_factory=lambda m, s: FakeEngine(), progress_plain=True)
+    stream(io.BytesIO(line_rows(("a", "hi"))), StreamPaths.build(out), settings(), context)
+    before = OutputFiles(out).journal.read_bytes()
+    other = load_settings(None, {"sampling.max_tokens": 5}).resolve_chat_template(None)
+    with pytest.raises(OutputExistsError):
+        stream(io.BytesIO(line_rows(("b", "yo"))), StreamPaths.build(out), other, context)
+    assert OutputFiles(out).journal.read_bytes() == before
