@@ -37,7 +37,10 @@ def check_extra_args(extra: Mapping[str, Any], known: Collection[str]) -> None:
             raise ConfigError(f"engine argument {name!r} cannot be set: {RESERVED_ENGINE_ARGS[name]}")
         if name not in known:
             hint = closest(name, known)
-            raise ConfigError(f"unknown vLLM engine argument {name!r} (not a field of vllm.EngineArgs){hint}")
+            raise ConfigError(
+                f"unknown vLLM engine argument {name!r} (`{name} = ...` under [engine] in the config, or "
+                f"--engine-arg {name}=...): not a field of vllm.EngineArgs{hint}"
+            )
 
 
 # Tail speculation (EngineSettings.speculative_tail): vLLM's n-gram prompt lookup, NGRAM_DRAFT_TOKENS drafts a step

@@ -365,6 +365,9 @@ def _run_locked(attempt: Attempt, job: Job, settings: Settings, context: RunCont
     if changed:
         report["input_changed"] = changed
         warn(changed["message"])
+        now = input_identity(paths.input) if changed["read_whole"] and not changed["replaced"] else {}
+        if read_to is not None and now.get("size") == read_to:  # grown, and read to its end: of this file
+            report["results_of"] = {**attempt.results_of, "input": now}
     if job.describe is not None:
         report.update(job.describe(planner))
     write_report(report, paths.report)

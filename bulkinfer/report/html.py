@@ -337,7 +337,7 @@ def run_sections(report: RunReport | dict[str, Any]) -> list[str]:
         _img(
             _bar_chart(
                 f"padding efficiency overall if batched statically (B={pad.batch_size})",
-                ["arrival order", "length-sorted"],
+                ["arrival order", "bucketed (as fed)"],
                 {"overall": [100 * pad.arrival, 100 * pad.sorted]},
                 "% of padded positions that are real",
                 _percent,

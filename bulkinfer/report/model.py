@@ -94,7 +94,9 @@ class Throughput:
 @dataclass(frozen=True, slots=True)
 class Padding:
     """Real / padded prompt tokens (0-1) if batches of ``batch_size`` rows were
-    padded, cut in ``arrival`` order and in length-``sorted`` order."""
+    padded, cut in ``arrival`` order and in length-sorted order within each
+    length bucket, as bulkinfer feeds them (the key ``sorted``; ``plan`` calls
+    it ``bucketed``, and its ``sorted`` is one global sort)."""
 
     batch_size: int
     arrival: float

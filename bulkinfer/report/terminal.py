@@ -122,7 +122,7 @@ def print_summary(report: RunReport | dict[str, Any], console: Console) -> None:
     pad = r.padding_efficiency
     summary.add_row(
         f"padding if batched statically (B={pad.batch_size})",
-        f"arrival {_pct(pad.arrival)}, sorted {_pct(pad.sorted)}; vLLM does not pad",
+        f"arrival {_pct(pad.arrival)}, bucketed {_pct(pad.sorted)}; vLLM does not pad",
     )
     summary.add_row("output", r.output)
     if counts.failed:

@@ -42,7 +42,10 @@ def test_extra_args_reach_the_engine_args_and_win(engine_args_fields: set[str]) 
     [
         ("enable_prefix_cachng", "did you mean enable_prefix_caching"),
         ("kv_cache_dtyp", "did you mean kv_cache_dtype"),
-        ("no_such_thing_at_all", "not a field of vllm.EngineArgs"),
+        (
+            "no_such_thing_at_all",
+            r"under \[engine\] in the config, or --engine-arg no_such_thing_at_all=...\): not a field",
+        ),
         ("model", "--model"),
         ("tokenizer", "cannot be set"),
     ],

@@ -568,6 +568,13 @@ def test_an_input_written_while_it_was_read_is_reported_and_exits_3_where_rows_w
     shown = CliRunner().invoke(app, ["report", str(paths.report)], env={"COLUMNS": "400"})
     assert f"input changed {changed['message']}" in " ".join(shown.output.replace("│", " ").split())
     assert html.escape(changed["message"]) in paths.html.read_text()
+    # read to its end as it grew: the output is of the file as it is now, and --resume finds it complete
+    resume = RunContext(engine_factory=lambda m, s: FakeEngine(), resume=True)
+    if case == "appended before its end":
+        assert run(paths, plan, resume).report.get("already_complete")
+    else:  # rows it missed, or another file now: refused
+        with pytest.raises(ConfigError, match="changed since the run that wrote it"):
+            run(paths, plan, resume)
 
 
 def test_the_report_says_which_sampling_fields_rows_set_themselves(tmp_path: Path) -> None:
