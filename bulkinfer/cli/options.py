@@ -1002,8 +1002,12 @@ def _structured(options: dict[str, Any]) -> dict[str, Any] | None:
     return {"choice": choices}
 
 
+# The setting flags not named after their setting.
+_FLAG_NAMES = {"max_wait_s": "--max-wait"}
+
+
 def _flag(name: str) -> str:
-    return "--" + name.replace("_", "-")
+    return _FLAG_NAMES.get(name) or "--" + name.replace("_", "-")
 
 
 def settings_from_flags(config: Path | None, options: dict[str, Any]) -> Settings:
@@ -1058,8 +1062,6 @@ def _flag_options(options: dict[str, Any]) -> tuple[dict[str, Any], dict[str, st
         flat[f"engine.{key}"], typed[f"engine.{key}"] = value, f"--engine-arg {key}"
     if options.get("quantization") is not None:
         flat["engine.quantization"], typed["engine.quantization"] = options["quantization"], "--quantization"
-    if options.get("max_wait_s") is not None:  # the one setting flag not named after its setting
-        typed["max_wait_s"] = "--max-wait"
     for name in ("stop", "stop_token_ids"):
         flat[name] = flat.get(name) or None  # an empty list: not given
     flat["logit_bias"] = _logit_bias(flat.get("logit_bias"))
