@@ -20,7 +20,7 @@ cd "$(dirname "$0")/.."
 py=${PY:-.venv/bin/python}
 bulkinfer=${BULKINFER:-.venv/bin/bulkinfer}
 log=bench/results/cpu-round-$tag.log
-cpu="$(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2 | xargs), family $(grep -m1 'cpu family' /proc/cpuinfo | cut -d: -f2 | xargs) model $(grep -m1 '^model\s' /proc/cpuinfo | cut -d: -f2 | xargs), $(nproc) cores, $(grep -o -E 'avx512_bf16|amx_bf16' /proc/cpuinfo | sort -u | xargs)"
+cpu="$(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2 | xargs), family $(grep -m1 'cpu family' /proc/cpuinfo | cut -d: -f2 | xargs) model $(grep -m1 '^model\s' /proc/cpuinfo | cut -d: -f2 | xargs), $(nproc) cores, $( (grep -o -E 'avx512_bf16|amx_bf16' /proc/cpuinfo || true) | sort -u | xargs)"
 
 out=$(mktemp)
 run() {  # a command, its output's last 40 lines and its exit status into the log; stops the round if it fails
