@@ -10,7 +10,8 @@ planned and publishes at the end; a stream never ends on its own schedule
   ``max_in_flight`` requests however long the stream runs;
 - a window goes to the planner (tokenized, sorted by length, as a file's)
   when it holds ``[plan] window_rows`` rows or its oldest row has waited
-  ``[plan] max_wait_s`` seconds (``--max-wait``), or the input ended; its
+  ``[plan] max_wait_s`` seconds (``--max-wait``), or the input ended
+  (:func:`~bulkinfer.jobs.stream_windows.stream_requests`); its
   requests join the engine while earlier ones generate (the one feed loop,
   :func:`bulkinfer.engine.feed.feed`, which steps the engine while no
   request is ready);
@@ -43,7 +44,6 @@ from __future__ import annotations
 import contextlib
 import os
 import time
-from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import IO, Any
@@ -74,11 +74,10 @@ from bulkinfer.io.stream_out import (
 from bulkinfer.jobs.context import RunContext
 from bulkinfer.jobs.engine_choice import choose_engine_settings
 from bulkinfer.jobs.run import GENERATE, RunReport, make_output_dir
+from bulkinfer.jobs.stream_windows import stream_requests
 from bulkinfer.models import resolve_model
-from bulkinfer.prep.planner import Planner
-from bulkinfer.prep.rows import to_request
 from bulkinfer.report.progress import Progress
-from bulkinfer.schema import Completion, Request, RowError, RowInvalid
+from bulkinfer.schema import Completion, Request, RowError
 
 QUEUE_WINDOWS = 2  # rows read ahead of the planner at most, in windows (the reading thread waits beyond)
 KEEP_LOGS = 100  # logs of streams to standard output kept in $BULKINFER_HOME/logs
@@ -123,79 +122,6 @@ class StreamPaths:
         else:
             log = output.with_name(output.stem + ".log")
         return cls(output, errors, log)
-
-
-def stream_requests(
-    rows: RowQueue,
-    settings: Settings,
-    planner: Planner,
-    on_error: Callable[[RowError], None],
-    on_planned: Callable[[Request], None],
-    clock: Callable[[], float] = time.monotonic,
-    on_window: Callable[[int], None] | None = None,
-    writer: StreamWriter | None = None,
-) -> Iterator[Request | Any]:
-    """Planned requests of ``rows`` a window at a time, :data:`PENDING` while
-    the next window is not due: a window is due when it holds
-    ``settings.plan.window_rows`` rows, its oldest row has waited
-    ``settings.plan.max_wait_s`` seconds (``clock``), or the stream ended.
-    Rows that cannot be parsed or planned go to ``on_error``; each window
-    planned is told to ``on_window`` (its rows). Each row read is told to
-    ``writer`` (:meth:`StreamWriter.read`); a row whose id is in its
-    ``done`` (a resumed stream's) is skipped (:meth:`StreamWriter.skip`)."""
-    done = writer.done if writer is not None else ()
-    window: list[Request] = []
-    oldest = 0.0
-    seq = 0
-    size, wait = settings.plan.window_rows, settings.plan.max_wait_s
-    while True:
-        while len(window) < size:
-            raw = rows.get()
-            if raw is None:
-                break
-            if writer is not None:
-                writer.read(raw.line)
-            try:
-                if raw.error is not None:
-                    raise raw.error
-                request = to_request(raw.data, seq, raw.line, settings)
-            except RowInvalid as exc:
-                error = exc.to_error(raw.line)
-                if error.id in done:
-                    _skip(writer, raw.line)
-                else:
-                    on_error(error)
-                continue
-            finally:
-                seq += 1
-            if request.id in done:
-                _skip(writer, raw.line)
-                continue
-            if not settings.passthrough and request.openai_url is None:
-                request.passthrough = {}
-            if not window:
-                oldest = clock()
-            window.append(request)
-        if window and (len(window) >= size or rows.ended or clock() - oldest >= wait):
-            if on_window is not None:
-                on_window(len(window))
-            planned, errors = planner.plan_window(window)
-            window = []
-            for error in errors:
-                on_error(error)
-            for request in planned:
-                on_planned(request)
-            yield from planned
-        elif rows.ended:
-            return
-        else:
-            yield PENDING
-
-
-def _skip(writer: StreamWriter | None, line: int) -> None:
-    """Row ``line`` has its record from before a resume: nothing is written for it."""
-    if writer is not None:
-        writer.skip(line)
 
 
 def stream(

@@ -29,7 +29,8 @@ from bulkinfer.io.stream_out import StreamWriter, done_ids
 from bulkinfer.jobs.context import RunContext
 from bulkinfer.jobs.run import run
 from bulkinfer.jobs.stream import KEEP_LOGS as STREAM_KEEP_LOGS
-from bulkinfer.jobs.stream import StreamPaths, stream, stream_requests
+from bulkinfer.jobs.stream import StreamPaths, stream
+from bulkinfer.jobs.stream_windows import stream_requests
 from bulkinfer.schema import Request, RowError
 
 
