@@ -30,7 +30,8 @@ def compare(tmp_path: Path, systems: str, *extra: str) -> tuple[dict[str, Any], 
     cmd = [
         sys.executable, "-m", "bench.compare", "--workload", "fixed", "--n", str(ROWS), "--max-output",
         str(MAX_OUTPUT), "--systems", systems, "--orders", "descending", "--hf-subset", str(ROWS),
-        "--kv-cache-gib", "1", "--out-dir", str(tmp_path / "results"), "--work-dir", str(tmp_path / "work"), *extra,
+        "--kv-cache-gib", "1", "--no-warmup", "--out-dir", str(tmp_path / "results"), "--work-dir",
+        str(tmp_path / "work"), *extra,
     ]  # fmt: skip
     proc = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=900)
     assert proc.returncode == 0, proc.stderr[-4000:]

@@ -106,9 +106,10 @@ ROWS: list[Any] = [*PAIRS[:100], *BAD[:3], *RERANKS, TIE, *LINES, *PAIRS[100:], 
 
 @pytest.fixture(scope="module")
 def scored(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
-    """The job, killed once five rows are on disk, then resumed to the end (exit 3: the bad rows)."""
+    """The job, killed once five rows are on disk, then resumed to the end (exit 3: the bad rows) without
+    the killed run's ``--max-in-flight`` (there only so that the kill lands mid-run)."""
     killed = kill_9_mid_run(tmp_path_factory.mktemp("score"), "--truncate", command="score", data=ROWS, engines=None)
-    return {**resume_to_the_end(killed, exit_code=3), "rows": ROWS}
+    return {**resume_to_the_end(killed, exit_code=3, flight_limit=False), "rows": ROWS}
 
 
 @pytest.fixture(scope="module")
