@@ -183,8 +183,8 @@ def generation_of(predictions: Path) -> dict[str, Any]:
     return {"source": str(path), **{key: report.get(key, UNKNOWN) for key in GENERATION_KEYS}}
 
 
-# the fields eval writes into each scored record (metrics.text.row_scores, jobs.perplexity.ReferenceNLL.row_fields)
-ROW_SCORE_FIELDS = frozenset({"bleu", "rougeL", "exact_match", "perplexity", "perplexity_error"})
+# the fields eval writes into each scored record (metrics.text.ROW_FIELDS, jobs.perplexity.ReferenceNLL.row_fields)
+ROW_SCORE_FIELDS = frozenset({*evaluate.ROW_FIELDS, "perplexity", "perplexity_error"})
 GENERATION_KEYS = ("model", "model_path", "sampling", "sampling_set_by_rows", "engine", "chat_template_applied")
 
 
@@ -281,8 +281,10 @@ def run_eval(
             if not matched:
                 raise ConfigError(f"no prediction in {predictions} matches an id of {golden}")
             texts = [by_id[row.id][1] for row in matched]
-            scores = evaluate.score(texts, [row.references for row in matched], bootstrap=options.bootstrap)
-            per_row = {row.id: evaluate.row_scores(by_id[row.id][1], row.references) for row in matched}
+            references = [row.references for row in matched]
+            scored = evaluate.score_rows(texts, references)  # ROUGE once per row, for the records and the corpus
+            scores = evaluate.score(texts, references, bootstrap=options.bootstrap, rows=scored)
+            per_row = {row.id: {k: s[k] for k in evaluate.ROW_FIELDS} for row, s in zip(matched, scored, strict=True)}
             nll = ReferenceNLL()
             if options.perplexity:
                 pairs = [(row.request, row.references[0]) for row in matched]

@@ -68,6 +68,25 @@ def test_out_holds_only_the_scored_rows_and_unmatched_rows_are_counted_and_shown
     assert "13 predictions without a golden row (not scored): x0, x1, x10, x11, x12, x2" in out
 
 
+def test_rouge_is_computed_once_per_scored_row(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The records' rougeL and the corpus ROUGE come from one pass over the
+    rows (before 2026-12-07 each row was scored twice: half of an
+    evaluation's time)."""
+    from bulkinfer.metrics import text
+
+    calls = []
+    scorer = text._rouge_scorer()
+
+    class Counted:
+        def score_multi(self, targets: list[str], prediction: str) -> Any:
+            calls.append(prediction)
+            return scorer.score_multi(targets, prediction)
+
+    monkeypatch.setattr(text, "_rouge_scorer", Counted)
+    _, report = _eval(tmp_path, _predictions(tmp_path, PREDICTED), "scored.jsonl")
+    assert report["row_counts"]["scored"] == len(calls) == 17
+
+
 def test_the_settings_recorded_are_those_of_the_predictions_own_report(tmp_path: Path) -> None:
     predictions = _predictions(tmp_path, MATCHED)
     sampling = {"max_tokens": 64, "temperature": 0.0, "top_p": 0.9, "seed": 0}

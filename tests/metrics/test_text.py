@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import itertools
 import json
+import math
 import random
 from importlib import metadata
 from pathlib import Path
@@ -27,6 +28,7 @@ from bulkinfer.metrics.text import (
     references_of,
     row_scores,
     score,
+    score_rows,
 )
 
 GOLDEN = Path(__file__).resolve().parents[2] / "sample_data" / "golden.jsonl"
@@ -222,6 +224,20 @@ def test_row_scores_equal_direct() -> None:
     assert row_scores("", ["The dog bit the man."]) == {"bleu": 0.0, "rougeL": 0.0, "exact_match": 0.0}
     same = row_scores("The dog bit the man.", ["A cat.", " The dog bit the man. "])
     assert same == {"bleu": pytest.approx(100.0), "rougeL": pytest.approx(100.0), "exact_match": 100.0}
+
+
+def test_the_corpus_scores_from_given_rows_equal_those_computed_anew(multi) -> None:
+    rows = score_rows(PREDS, MULTI)
+    assert score(PREDS, MULTI, rows=rows) == multi
+    assert score(PREDS, MULTI, bootstrap=50, rows=rows) == score(PREDS, MULTI, bootstrap=50)
+    assert [{k: r[k] for k in ("bleu", "rougeL", "exact_match")} for r in rows] == [
+        row_scores(p, r) for p, r in zip(PREDS, MULTI, strict=True)
+    ]
+    assert math.fsum(r["rouge2"] for r in rows) / len(rows) == pytest.approx(multi.rouge2)
+    with pytest.raises(ValueError, match="29 rows of scores for 30 predictions"):
+        score(PREDS, MULTI, rows=rows[:-1])
+    with pytest.raises(ValueError, match="30 predictions but 29 rows of references"):
+        score_rows(PREDS, MULTI[:-1])
 
 
 @pytest.mark.parametrize("refs", ["just a string", [], [1]])
