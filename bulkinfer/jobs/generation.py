@@ -61,7 +61,9 @@ class Generation:
     Rows an earlier attempt finished (``done``) are skipped. ``length_prior``:
     an earlier run's completion lengths and whether it was this job, for the progress line's ETA (see
     :class:`~bulkinfer.report.eta.WorkEstimate`). ``parse`` turns each row
-    into a request (``embed`` gives its own).
+    into a request (``embed`` gives its own); ``generates``: the job
+    generates text (embed and score do not: the progress line counts their
+    prompt tokens).
     """
 
     def __init__(
@@ -74,6 +76,7 @@ class Generation:
         input_rows: int | None = None,
         length_prior: LengthPrior | None = None,
         parse: RowParser = to_request,
+        generates: bool = True,
     ):
         self.paths, self.files, self.done = attempt.paths, attempt.files, attempt.done
         self.reader, self.settings, self.parse = attempt.reader, settings, parse
@@ -88,7 +91,11 @@ class Generation:
         if total is not None:  # rows left for this attempt (blank lines included: an estimate)
             total = max(total - done.completed - done.failed, 0)
         self.progress = Progress(
-            total, force_plain=context.progress_plain, prior=length_prior, max_running=engine.max_num_seqs
+            total,
+            force_plain=context.progress_plain,
+            tokens="completion" if generates else "prompt",
+            prior=length_prior,
+            max_running=engine.max_num_seqs,
         )
         # rows ended and not yet told to the observer: completed, failed, completion tokens
         self._untold = [0, 0, 0]

@@ -74,8 +74,10 @@ class Progress:
         force_plain: plain lines even on a terminal.
         task: what is counted, shown before the rows (``generating``; the
             eval's perplexity pass shows ``perplexity``).
-        tokens: which tokens the tokens/s counts (``completion``, or
-            ``reference`` for the perplexity pass).
+        tokens: which tokens the tokens/s counts (``completion``;
+            ``reference`` for the perplexity pass; ``prompt`` for a job that
+            generates nothing, embed and score: the prompt tokens the engine
+            processed, and no expected completion tok/s after the ETA).
         clock: seconds, monotonic (tests pass a fake one).
         prior, max_running: for the ETA, see :class:`WorkEstimate` (an
             earlier run's completion lengths, and whether it was this job).
@@ -143,9 +145,14 @@ class Progress:
 
     def tokens_per_s(self) -> float:
         """Tokens generated so far (finished rows or, once :meth:`tick` is
-        called, the engine's live count) per second since the start."""
+        called, the engine's live count) per second since the start; with
+        ``tokens="prompt"``, the prompt tokens processed so far (the engine's
+        live count, as usage counts them)."""
         elapsed = self.elapsed()
-        tokens = max(self.completion_tokens, self.work.generated_tokens)
+        if self.tokens == "prompt":
+            tokens = self.usage_prompt_tokens(self.work.prefilled_tokens)
+        else:
+            tokens = max(self.completion_tokens, self.work.generated_tokens)
         return tokens / elapsed if elapsed > 0 else 0.0
 
     def total_tokens_per_s(self) -> float | None:
@@ -207,6 +214,8 @@ class Progress:
             outlook = self.work.outlook(self.total, self._failed_unplanned)
             if outlook is None:
                 return None, None
+            if self.tokens == "prompt":  # nothing generated: no completion tok/s to expect
+                return outlook, None
             expected = (self.work.generated_tokens + outlook.completion_tokens) / (elapsed + outlook.point)
             return outlook, expected
         if self.done >= max(1, self.total // 20):  # rows finish in bursts: not from the first few
@@ -298,6 +307,8 @@ class Progress:
             self._plain_line()
 
     def _rates(self) -> str:
+        if self.tokens == "prompt":  # a job that generates nothing: its total is its prompt tokens
+            return f"{self.tokens_per_s():.1f} prompt tok/s"
         total = self.total_tokens_per_s()
         rates = "" if total is None else f"{total:.1f} tok/s, "
         return rates + f"{self.tokens_per_s():.1f} {self.tokens} tok/s"

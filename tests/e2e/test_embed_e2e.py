@@ -119,6 +119,8 @@ def test_every_row_ends_as_one_record_and_the_run_exits_3(embedded: dict[str, An
     assert report["job"] == "embed" and report["request_counts"]["completed"] == 204 + len(EXTRA)
     assert report["embedding"]["normalize"] is True and report["embedding"]["max_seq_length"] == 256
     assert report["embedding"]["truncated_inputs"] > 0
+    progress = [line for line in result.stderr.splitlines() if " bulkinfer: " in line and " rows (" in line]
+    assert progress and all(" prompt tok/s" in line and "completion" not in line for line in progress), progress
 
 
 def test_vectors_equal_sentence_transformers_encode(embedded: dict[str, Any]) -> None:

@@ -161,6 +161,26 @@ def test_tokens_per_s_counts_unfinished_rows() -> None:
     assert progress.done == 0
 
 
+def test_a_job_that_generates_nothing_counts_its_prompt_tokens(monkeypatch: pytest.MonkeyPatch) -> None:
+    """embed and score: the line gives the prompt tokens/s, and neither a
+    completion rate nor an expected one (they were 0.0 before 2026-12-07)."""
+    monkeypatch.setenv("BULKINFER_PROGRESS_INTERVAL_S", "0")
+    clock, stream = Clock(), io.StringIO()
+    progress = Progress(10, stream=stream, force_plain=True, clock=clock, tokens="prompt")
+    for _ in range(10):
+        progress.planned(40, 1)
+    clock.now = 4.0
+    progress.tick(0, 200, [])  # 200 prompt tokens in 4 s
+    assert progress.tokens_per_s() == pytest.approx(50.0)
+    for _ in range(5):
+        progress.update(done=1, lengths=[0])
+    clock.now = 8.0
+    progress.tick(0, 400, [])  # 400 in 8 s
+    line = stream.getvalue().splitlines()[-1]
+    assert line.split("bulkinfer: ")[1].startswith("5/10 rows (0 failed), 50.0 prompt tok/s, eta "), line
+    assert "completion" not in stream.getvalue() and "(run ~" not in stream.getvalue()
+
+
 def test_survival_is_kaplan_meier_with_running_rows_censored(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr("bulkinfer.report.eta.MIN_AT_RISK", 1)
     work = WorkEstimate()
