@@ -9,7 +9,7 @@ from __future__ import annotations
 import logging
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Protocol
 
 from bulkinfer.config import Settings
 from bulkinfer.default_model import DEFAULT_MODEL
@@ -22,7 +22,7 @@ from bulkinfer.io.readers import RawRow, Reader
 from bulkinfer.io.spool import Spool
 from bulkinfer.jobs.context import RunContext
 from bulkinfer.prep.planner import Planner
-from bulkinfer.prep.rows import RowParser, to_request
+from bulkinfer.prep.rows import RowParser
 from bulkinfer.prep.windows import iter_windows
 from bulkinfer.report.calibration import LengthPrior
 from bulkinfer.report.progress import Progress
@@ -54,6 +54,19 @@ class Attempt:
     input_key: tuple[int, int]
 
 
+class RowJob(Protocol):
+    """What :class:`Generation` reads of its job (:class:`bulkinfer.jobs.run.Job`)."""
+
+    @property
+    def parse(self) -> RowParser:
+        """A row -> its :class:`~bulkinfer.schema.Request` (raises RowInvalid)."""
+
+    @property
+    def kind(self) -> str:
+        """``run`` for a job that generates text; ``embed`` and ``score`` do not
+        (the progress line counts their prompt tokens, the report has no sampling)."""
+
+
 class Generation:
     """One run's rows through the feed loop (:func:`bulkinfer.engine.feed.feed`):
     windows planned as the loop pulls requests, each result appended to the
@@ -61,9 +74,7 @@ class Generation:
     Rows an earlier attempt finished (``done``) are skipped. ``length_prior``:
     an earlier run's completion lengths and whether it was this job, for the progress line's ETA (see
     :class:`~bulkinfer.report.eta.WorkEstimate`). ``parse`` turns each row
-    into a request (``embed`` gives its own); ``generates``: the job
-    generates text (embed and score do not: the progress line counts their
-    prompt tokens).
+    into a request (``embed`` gives its own), as ``job`` says.
     """
 
     def __init__(
@@ -73,13 +84,13 @@ class Generation:
         engine: Engine,
         planner: Planner,
         context: RunContext,
+        job: RowJob,
         input_rows: int | None = None,
         length_prior: LengthPrior | None = None,
-        parse: RowParser = to_request,
-        generates: bool = True,
     ):
         self.paths, self.files, self.done = attempt.paths, attempt.files, attempt.done
-        self.reader, self.settings, self.parse = attempt.reader, settings, parse
+        self.reader, self.settings, self.parse = attempt.reader, settings, job.parse
+        self.generates = job.kind == "run"
         self.engine, self.planner, self.observer, self.stop = engine, planner, context.observer, context.stop
         self.max_in_flight = settings.plan.max_in_flight or 2 * engine.max_num_seqs
         self.model_name = settings.model or DEFAULT_MODEL
@@ -93,7 +104,7 @@ class Generation:
         self.progress = Progress(
             total,
             force_plain=context.progress_plain,
-            tokens="completion" if generates else "prompt",
+            tokens="completion" if self.generates else "prompt",
             prior=length_prior,
             max_running=engine.max_num_seqs,
         )
@@ -224,10 +235,10 @@ class Generation:
             log.warning("the engine's step counts are not known: %s: %s", type(exc).__name__, exc)
             return None
 
-    def report(self, model_path: str, load_s: float, total_s: float, generated: bool = True) -> dict[str, Any]:
-        """The run report (see :mod:`bulkinfer.report.model` for the keys;
-        ``generated``: the job generated text, else it has no sampling,
-        finish reasons, structured outputs or completion lengths) and
+    def report(self, model_path: str, load_s: float, total_s: float) -> dict[str, Any]:
+        """The run report (see :mod:`bulkinfer.report.model` for the keys; a
+        job that generates no text has no sampling, finish reasons,
+        structured outputs or completion lengths) and
         ``passthrough_fields`` (see :meth:`~bulkinfer.prep.planner.Planner.passthrough_fields`)."""
         plan = self.settings.plan
         engine = self.engine.settings
@@ -240,7 +251,7 @@ class Generation:
             **{name: str(getattr(self.paths, name)) for name in ("input", "output", "errors")},
             "model": self.model_name,
             "model_path": model_path,
-            **self.stats.report(counts, self.done, (load_s, total_s), prefix, generated),
+            **self.stats.report(counts, self.done, (load_s, total_s), prefix, self.generates),
             **self.planner.padding.to_report(),
             "plan": {
                 "order": plan.order,
@@ -252,7 +263,7 @@ class Generation:
             },
             "engine": engine,
         }
-        if generated:  # the figures of generated text (an embedding job has none)
+        if self.generates:  # the figures of generated text (an embedding job has none)
             report["sampling"] = self.settings.to_dict()["sampling"]
             report["sampling_set_by_rows"] = self.planner.sampling_set_by_rows()
             report["chat_template_applied"] = self.settings.apply_chat_template

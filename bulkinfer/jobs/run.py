@@ -343,15 +343,14 @@ def _run_locked(attempt: Attempt, job: Job, settings: Settings, context: RunCont
         context.observer.engine_ready()
     settings = settings.resolve_chat_template(tokenizer)
     load_s = time.monotonic() - attempt.started
-    generates = job.kind == "run"  # embed and score generate nothing
     try:
         planner = job.planner(tokenizer, settings, engine, model)
         prior = length_prior(model, str(paths.output), this_machine(), engine.settings)
-        generation = Generation(attempt, settings, engine, planner, context, scan.rows, prior, job.parse, generates)
+        generation = Generation(attempt, settings, engine, planner, context, job, scan.rows, prior)
         generation.run(itertools.chain([first], attempt.rows) if first is not None else ())
     finally:
         engine.close()
-    report = generation.report(model, load_s, time.monotonic() - attempt.started, generated=generates)
+    report = generation.report(model, load_s, time.monotonic() - attempt.started)
     first_token = generation.stats.first_token_at
     report["seconds"]["start"] = {
         **start,
