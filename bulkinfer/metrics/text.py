@@ -209,9 +209,9 @@ def score_rows(predictions: Sequence[str], references: Sequence[Sequence[str]]) 
     order), ``rouge1``, ``rouge2``, ``rougeL`` and ``rougeLsum`` (rouge-score
     F1 with Porter stemming, best reference) and ``exact_match`` (100 when the
     stripped completion equals a stripped reference, else 0). Given to
-    :func:`score` as its ``rows``, ROUGE is computed once per row (it is most
-    of an evaluation's time: 200 ShareGPT answers, ~10 s on a 2-core AMD EPYC
-    Zen 3).
+    :func:`score` as its ``rows``, ROUGE is computed once per row (the
+    costliest metric: a pass over 200 ShareGPT answers took 6-7 s on a 2-core
+    AMD EPYC Zen 3, of 21-26 s for ``bulkinfer eval --predictions``).
 
     Raises:
         ValueError: ``predictions`` and ``references`` differ in length, a
