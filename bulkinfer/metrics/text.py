@@ -220,8 +220,7 @@ def score_rows(predictions: Sequence[str], references: Sequence[Sequence[str]]) 
     """
     import sacrebleu
 
-    if len(predictions) != len(references):
-        raise ValueError(f"{len(predictions)} predictions but {len(references)} rows of references")
+    _check_lengths(predictions, references)
     refs = [_check_row(p, r, f"row {i}") for i, (p, r) in enumerate(zip(predictions, references, strict=True))]
     rows = _rouge_rows(predictions, refs)
     for row, p, r in zip(rows, predictions, refs, strict=True):
@@ -237,6 +236,11 @@ def row_scores(prediction: str, references: Sequence[str]) -> dict[str, float]:
     """
     row = score_rows([prediction], [references])[0]
     return {name: row[name] for name in ROW_FIELDS}
+
+
+def _check_lengths(predictions: Sequence[str], references: Sequence[Sequence[str]]) -> None:
+    if len(predictions) != len(references):
+        raise ValueError(f"{len(predictions)} predictions but {len(references)} rows of references")
 
 
 def _check_row(prediction: Any, references: Any, where: str) -> list[str]:
@@ -284,8 +288,7 @@ def score(
     """
     from sacrebleu.metrics import BLEU, CHRF
 
-    if len(predictions) != len(references):
-        raise ValueError(f"{len(predictions)} predictions but {len(references)} rows of references")
+    _check_lengths(predictions, references)
     if not predictions:
         raise ValueError("nothing to score: no rows")
     if bootstrap < 0:
