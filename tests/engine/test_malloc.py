@@ -2,7 +2,8 @@
 (bulkinfer.engine.malloc): every tunable added, the user's own kept, the same
 PID, and never for help or the version; an engine in bulkinfer's process
 starts without transparent huge pages and its steps get them again, one in
-child processes runs without them; the tokenizer loads without them."""
+child processes runs without them; the tokenizer loads, and vLLM is imported,
+without them."""
 
 from __future__ import annotations
 
@@ -191,3 +192,56 @@ def test_huge_pages_cost_the_start_where_a_balloon_reports_free_pages_to_the_hos
     tmp_path: Path, thp: str, features: str | None, expected: float | None
 ) -> None:
     assert malloc.huge_page_fault_s_per_gib(_sysfs(tmp_path, thp, features)) == expected
+
+
+@pytest.mark.skipif(_thp_enabled() is None, reason="a kernel that reports THP_enabled (Linux)")
+def test_vllm_is_imported_without_huge_pages_and_a_second_call_pauses_nothing(monkeypatch: pytest.MonkeyPatch) -> None:
+    """``import_vllm`` imports vLLM (here a stand-in, which notes THP_enabled
+    as each of its modules is imported) with huge pages paused: since the
+    tokenizer's load no longer imports torch, vLLM's import is where torch's
+    and transformers' heap is faulted in. Called again (a replica's thread),
+    it pauses nothing."""
+    import importlib.abc
+    import importlib.util
+    from types import ModuleType
+
+    from bulkinfer.engine import args
+
+    seen: list[tuple[str, str | None]] = []
+
+    class StandIn(importlib.abc.MetaPathFinder, importlib.abc.Loader):
+        def find_spec(self, name: str, path: object, target: object = None) -> importlib.machinery.ModuleSpec | None:
+            if name.split(".")[0] != "vllm":
+                return None
+            return importlib.util.spec_from_loader(name, self, is_package=True)
+
+        def exec_module(self, module: ModuleType) -> None:
+            seen.append((module.__name__, _thp_enabled()))
+            for name in ("EngineArgs", "LLMEngine", "PoolingParams", "SamplingParams", "RequestOutputKind"):
+                setattr(module, name, object)
+            module.UsageContext = object  # type: ignore[attr-defined]
+
+    real = {name: module for name, module in sys.modules.items() if name.split(".")[0] == "vllm"}
+    pauses: list[bool] = []
+    pause = malloc.no_huge_pages
+
+    def recorded(active: bool = True) -> object:
+        pauses.append(active)
+        return pause(active)
+
+    monkeypatch.setattr(malloc, "no_huge_pages", recorded)
+    monkeypatch.setattr(args, "configure_environment", lambda: None)
+    monkeypatch.setattr(sys, "meta_path", [StandIn(), *sys.meta_path])
+    try:
+        for name in real:
+            del sys.modules[name]
+        args.import_vllm()
+        args.import_vllm()
+    finally:
+        for name in [name for name in sys.modules if name.split(".")[0] == "vllm"]:
+            del sys.modules[name]
+        sys.modules.update(real)
+    assert [name for name, _ in seen] == ["vllm", "vllm.sampling_params", "vllm.usage", "vllm.usage.usage_lib"]
+    assert {thp for _, thp in seen} == {"0"}
+    assert pauses == [True, False]
+    assert _thp_enabled() == "1"
