@@ -72,9 +72,9 @@ def markdown(doc: dict[str, Any]) -> str:
         torch = str(r.get("torch_imported", "-")).lower()
         lines.append(f"| {r['key']} | {r['checkout']} | {r['kind']} | {inside} | {torch} | {r['wall_s']:.2f} |")
     lines += ["", "Medians:", "", "| checkout | kind | inside | wall |", "| --- | --- | ---: | ---: |"]
-    for m_ in doc["medians"]:
-        inside = "-" if m_["inside_s"] is None else f"{m_['inside_s']:.2f}"
-        lines.append(f"| {m_['checkout']} | {m_['kind']} | {inside} | {m_['wall_s']:.2f} |")
+    for median in doc["medians"]:
+        inside = "-" if median["inside_s"] is None else f"{median['inside_s']:.2f}"
+        lines.append(f"| {median['checkout']} | {median['kind']} | {inside} | {median['wall_s']:.2f} |")
     return "\n".join(lines) + "\n"
 
 

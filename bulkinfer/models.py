@@ -307,11 +307,13 @@ def load_tokenizer(model: str, trust_remote_code: bool = False) -> Any:
     AutoTokenizer chooses a class (from ``tokenizer_config.json``,
     ``config.json`` and the files beside them) and returns that class's
     ``from_pretrained(model)``. Choosing imports transformers' model
-    registry, torch and (where installed) scikit-learn: 7-10 s of a 9 s load
-    on an AMD EPYC Zen 3, against 1.6-2.5 s for the class alone. For a local
-    directory the class is remembered in ``$BULKINFER_HOME/tokenizer-classes.json``
-    (:mod:`bulkinfer.tokenizer_choice`) and loaded directly the next time: the same class,
-    the same call, the same tokenizer.
+    registry, torch and (where installed) scikit-learn. For a local
+    directory the class is remembered in
+    ``$BULKINFER_HOME/tokenizer-classes.json``
+    (:mod:`bulkinfer.tokenizer_choice`) and called directly the next time:
+    the same class, the same call, the same tokenizer. The default model's
+    load in a fresh process took 10.0-15.4 s before, 2.5-4.5 s with the
+    class remembered (AMD EPYC Zen 3, ``bench/results/tokenizer-load-zen3.md``).
 
     Raises:
         ModelError: transformers cannot load a tokenizer from ``model``.

@@ -121,9 +121,13 @@ def test_second_run_is_refused_at_once_and_lock_freed_by_sigkill(tmp_path: Path)
     assert_every_row_once(out)
 
 
-def test_sigterm_stops_a_stream_whose_reader_stopped_reading(tmp_path: Path) -> None:
+def test_sigterm_stops_a_stream_whose_reader_stopped_reading(tmp_path: Path, tiny_home: Path) -> None:
     """Records fill the pipe to a reader that never reads: the writer blocks in
-    write(2). A SIGTERM there ends the stream (143) at once, not after SIGKILL."""
+    write(2). A SIGTERM there ends the stream (143) at once, not after SIGKILL.
+    A home of its own (the stream's log goes there) with the tiny model's
+    ``models/``: an empty one made the driver convert the real default model
+    first (40-47 s of this test in the CIs of 2026-12-07)."""
+    (tmp_path / "models").symlink_to(tiny_home / "models", target_is_directory=True)
     proc = subprocess.Popen(
         [sys.executable, str(HERE / "fault_driver.py"), "-", "-", "--step-delay", "0"],
         env={**os.environ, "BULKINFER_HOME": str(tmp_path)},
